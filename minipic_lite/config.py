@@ -1,0 +1,132 @@
+"""Every knob of the engine, in frozen dataclasses, with the defaults named once."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DEFAULT_BLOCK_SIZE = 16
+DEFAULT_MAX_NUM_SEQS = 64
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
+# Fraction of free device memory (after weights and a warm-up forward) given to the KV cache.
+DEFAULT_MEMORY_UTILIZATION = 0.85
+# On the CPU the cache is also capped, so a laptop run does not reserve most of its RAM.
+DEFAULT_CPU_KV_CACHE_GIB = 2.0
+# Decode batch sizes captured as CUDA graphs (a batch is padded up to the next bucket).
+CUDA_GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256)
+
+# Control tokens of SmolLM2's vocabulary that chat never uses (StarCoder repository-metadata tokens).
+SMOLLM2_CONTROL_TOKENS = {"ssep": "<repo_name>", "pdep": "<reponame>", "pad": "<file_sep>"}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """What the model code needs from a Hugging Face config.json (Llama family)."""
+
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position: int
+    tie_word_embeddings: bool
+    attention_bias: bool = False
+    qk_norm: bool = False
+    eos_token_ids: tuple[int, ...] = ()
+    rotary_dim: int | None = None
+
+    def __post_init__(self):
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}")
+
+    @property
+    def rope_dim(self) -> int:
+        return self.rotary_dim or self.head_dim
+
+    @classmethod
+    def from_dir(cls, model_dir: Path) -> ModelConfig:
+        cfg = json.loads((Path(model_dir) / "config.json").read_text())
+        arch = cfg.get("model_type", "?")
+        if arch not in ("llama", "mistral", "qwen2", "qwen3"):
+            raise ValueError(f"unsupported model_type {arch!r} in {model_dir}: expected a Llama-family model")
+        rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+        if rope.get("rope_type", "default") not in ("default", None):
+            raise ValueError(f"unsupported rope_type {rope.get('rope_type')!r}: only plain RoPE is implemented")
+        eos = cfg.get("eos_token_id")
+        eos = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
+        hidden, heads = cfg["hidden_size"], cfg["num_attention_heads"]
+        return cls(
+            architecture=arch,
+            vocab_size=cfg["vocab_size"],
+            hidden_size=hidden,
+            intermediate_size=cfg["intermediate_size"],
+            num_layers=cfg["num_hidden_layers"],
+            num_heads=heads,
+            num_kv_heads=cfg.get("num_key_value_heads", heads),
+            head_dim=cfg.get("head_dim") or hidden // heads,
+            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+            rope_theta=rope.get("rope_theta", cfg.get("rope_theta", 10000.0)),
+            max_position=cfg.get("max_position_embeddings", 4096),
+            tie_word_embeddings=cfg.get("tie_word_embeddings", False),
+            attention_bias=cfg.get("attention_bias", arch == "qwen2"),
+            qk_norm=arch == "qwen3",
+            eos_token_ids=eos,
+        )
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    block_size: int = DEFAULT_BLOCK_SIZE
+    num_blocks: int | None = None  # None: sized from free memory
+    memory_utilization: float = DEFAULT_MEMORY_UTILIZATION
+    cpu_kv_cache_gib: float = DEFAULT_CPU_KV_CACHE_GIB
+    position_free: bool = True
+    enable_prefix_caching: bool = True
+
+    def __post_init__(self):
+        if self.block_size <= 0 or self.block_size & (self.block_size - 1):
+            raise ValueError(f"block_size must be a positive power of two, got {self.block_size}")
+        if self.num_blocks is not None and self.num_blocks <= 0:
+            raise ValueError(f"num_blocks must be positive, got {self.num_blocks}")
+        if not 0.0 < self.memory_utilization <= 1.0:
+            raise ValueError(f"memory_utilization must be in (0, 1], got {self.memory_utilization}")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
+    max_model_len: int = 8192
+
+    def __post_init__(self):
+        if self.max_num_seqs <= 0:
+            raise ValueError(f"max_num_seqs must be positive, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens <= 0:
+            raise ValueError(f"max_num_batched_tokens must be positive, got {self.max_num_batched_tokens}")
+
+
+@dataclass(frozen=True)
+class ControlTokens:
+    """Span markers (MiniPIC): token ids of the model's own vocabulary, fed to the model like any token."""
+
+    ssep_id: int | None = None
+    pdep_id: int | None = None
+    pad_id: int | None = None
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model_dir: Path
+    model: ModelConfig
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    control: ControlTokens = field(default_factory=ControlTokens)
+    device: str = "cpu"
+    dtype: str = "float32"
+    enforce_eager: bool = False

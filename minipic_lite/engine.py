@@ -1,0 +1,189 @@
+"""The step loop: validate and admit requests, schedule, run, detokenize, finish.
+
+One step = `scheduler.schedule()` (host plan) -> `runner.execute()` (device) -> `scheduler.postprocess()`
+-> stop checks here. Bad input is rejected in `add_request`, before it reaches the scheduler, so a bad
+request never disturbs the others.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from itertools import count
+
+from minipic_lite.block_pool import BlockPool
+from minipic_lite.config import EngineConfig
+from minipic_lite.hashing import root_hash
+from minipic_lite.model_runner import ModelRunner
+from minipic_lite.outputs import RequestMetrics, RequestOutput
+from minipic_lite.sampling_params import SamplingParams
+from minipic_lite.scheduler import Scheduler
+from minipic_lite.sequence import Sequence
+
+
+@dataclass
+class EngineStats:
+    num_steps: int = 0
+    num_prompt_tokens: int = 0
+    num_cached_prompt_tokens: int = 0
+    num_computed_tokens: int = 0
+    num_generated_tokens: int = 0
+    num_preemptions: int = 0
+    step_times: list[float] = field(default_factory=list)
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig, tokenizer):
+        self.config = config
+        self.tokenizer = tokenizer
+        self.runner = ModelRunner(config)
+        self._check_cache_fits_one_request()
+        self.pool = BlockPool(self.runner.num_blocks)
+        self.scheduler = Scheduler(config.scheduler, self.pool, config.cache.enable_prefix_caching)
+        self.root = root_hash(self._namespace())
+        self.stats = EngineStats()
+        self._ids = count()
+        self._prompts: dict[int, str | None] = {}
+        self._texts: dict[int, str] = {}
+        self._stop_reasons: dict[int, str | int | None] = {}
+
+    def _namespace(self) -> str:
+        c = self.config
+        return f"minipic:{c.model_dir.name}:{c.dtype}:B{c.cache.block_size}:pf{int(c.cache.position_free)}"
+
+    def _check_cache_fits_one_request(self) -> None:
+        need = -(-self.config.scheduler.max_model_len // self.config.cache.block_size)
+        if self.runner.num_blocks < need:
+            raise ValueError(
+                f"the KV cache has {self.runner.num_blocks} blocks of {self.config.cache.block_size} tokens, "
+                f"too few for one request of max_model_len={self.config.scheduler.max_model_len} tokens "
+                f"({need} blocks): lower max_model_len or give the cache more memory"
+            )
+
+    # -- requests ----------------------------------------------------------------------------------------
+
+    def validate(self, token_ids: list[int], params: SamplingParams) -> None:
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
+        if not token_ids:
+            raise ValueError("the prompt is empty")
+        vocab = self.config.model.vocab_size
+        bad = next((t for t in token_ids if not isinstance(t, int) or not 0 <= t < vocab), None)
+        if bad is not None:
+            raise ValueError(f"token id {bad!r} is outside the vocabulary [0, {vocab})")
+        max_len = self.config.scheduler.max_model_len
+        if len(token_ids) >= max_len:
+            raise ValueError(
+                f"the prompt has {len(token_ids)} tokens; the model's context is {max_len} "
+                "(at least one token must be left to generate)"
+            )
+
+    def add_request(
+        self,
+        token_ids: list[int],
+        params: SamplingParams,
+        prompt: str | None = None,
+        visible_start: list[int] | None = None,
+    ) -> int:
+        """Queue one request (validated first: a bad one raises here and nothing else is touched)."""
+        token_ids = list(token_ids)
+        self.validate(token_ids, params)
+        seq = Sequence(next(self._ids), token_ids, params, self.config.cache.block_size, self.root,
+                       visible_start=visible_start)
+        self._prompts[seq.seq_id], self._texts[seq.seq_id] = prompt, ""
+        self.scheduler.add(seq)
+        self.stats.num_prompt_tokens += len(token_ids)
+        return seq.seq_id
+
+    def abort(self, seq_id: int) -> None:
+        for seq in [*self.scheduler.running, *self.scheduler.waiting]:
+            if seq.seq_id == seq_id:
+                self.scheduler.finish(seq, "abort")
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished
+
+    # -- the loop ----------------------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        """One scheduler step. Returns an output for every request that got a token (or finished)."""
+        start = time.perf_counter()
+        out = self.scheduler.schedule()
+        if out.is_empty:
+            return []
+        sampled = self.runner.execute(out)
+        advanced = self.scheduler.postprocess(out, sampled)
+        now = time.perf_counter()
+        self._count(out, advanced, now - start)
+        results = []
+        for seq in advanced:
+            if seq.first_token_time is None:
+                seq.first_token_time = now
+            self._check_stop(seq)
+            if seq.is_finished:
+                seq.finish_time = now
+                self.runner.sampler.forget(seq.seq_id)
+            results.append(self._output(seq))
+        return results
+
+    def _count(self, out, advanced, elapsed: float) -> None:
+        s = self.stats
+        s.num_steps += 1
+        s.num_computed_tokens += out.num_batched_tokens
+        s.num_generated_tokens += len(advanced)
+        s.num_preemptions += len(out.preempted)
+        s.step_times.append(elapsed)
+        for seq in advanced:
+            if seq.num_output_tokens == 1:
+                s.num_cached_prompt_tokens += seq.num_cached_tokens
+
+    def _check_stop(self, seq: Sequence) -> None:
+        params, token = seq.sampling_params, seq.token_ids[-1]
+        text = self.tokenizer.decode(seq.output_token_ids, skip_special_tokens=params.skip_special_tokens)
+        self._texts[seq.seq_id] = text
+        eos = () if params.ignore_eos else self.config.model.eos_token_ids
+        hit = next((s for s in params.stop if s in text), None)
+        if hit is not None:
+            self._texts[seq.seq_id] = text[: text.index(hit)]
+            self._finish(seq, "stop", hit)
+        elif token in eos or token in params.stop_token_ids:
+            self._finish(seq, "stop", token)
+        elif seq.num_output_tokens >= params.max_tokens or len(seq) >= self.config.scheduler.max_model_len:
+            self._finish(seq, "length", None)
+
+    def _finish(self, seq: Sequence, reason: str, stop_reason) -> None:
+        self._stop_reasons[seq.seq_id] = stop_reason
+        self.scheduler.finish(seq, reason)
+
+    def _output(self, seq: Sequence) -> RequestOutput:
+        output = RequestOutput(
+            request_id=seq.seq_id,
+            prompt=self._prompts[seq.seq_id],
+            prompt_token_ids=seq.token_ids[: seq.num_prompt_tokens],
+            text=self._texts[seq.seq_id],
+            token_ids=list(seq.output_token_ids),
+            num_cached_tokens=seq.num_cached_tokens,
+            finished=seq.is_finished,
+            finish_reason=seq.finish_reason,
+            metrics=RequestMetrics(seq.arrival_time, seq.first_token_time, seq.finish_time, seq.num_preemptions),
+            stop_reason=self._stop_reasons.get(seq.seq_id),
+        )
+        if seq.is_finished:
+            for table in (self._prompts, self._texts, self._stop_reasons):
+                table.pop(seq.seq_id, None)
+        return output
+
+    def cache_stats(self) -> dict:
+        pool = self.pool
+        s = self.stats
+        return {
+            "num_blocks": pool.num_blocks,
+            "num_free_blocks": pool.num_free_blocks,
+            "num_used_blocks": pool.num_blocks - pool.num_free_blocks,
+            "num_cached_blocks": pool.num_cached_blocks,
+            "block_hit_rate": pool.num_hits / pool.num_lookups if pool.num_lookups else 0.0,
+            "prompt_token_hit_rate": s.num_cached_prompt_tokens / s.num_prompt_tokens if s.num_prompt_tokens else 0.0,
+            "num_running": len(self.scheduler.running),
+            "num_waiting": len(self.scheduler.waiting),
+            "num_preemptions": s.num_preemptions,
+        }

@@ -1,0 +1,171 @@
+"""Owns every device tensor: the weights, the paged KV cache, per-step inputs, CUDA graphs and sampling.
+
+It receives the scheduler's host-side plan (`SchedulerOutput`) and returns one token per sampling request;
+it never touches queues or block ref counts.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from minipic_lite.config import CUDA_GRAPH_BATCH_SIZES, EngineConfig
+from minipic_lite.models.llama import AttentionMetadata, LlamaForCausalLM
+from minipic_lite.sampler import Sampler
+from minipic_lite.scheduler import SchedulerOutput
+
+logger = logging.getLogger(__name__)
+GIB = 1 << 30
+
+
+@dataclass(slots=True)
+class StepInputs:
+    input_ids: torch.Tensor  # [num_tokens]
+    meta: AttentionMetadata
+    logits_indices: torch.Tensor  # [num_sampling_seqs]: row of each sampling request's last query token
+
+
+def build_model(config: EngineConfig) -> LlamaForCausalLM:
+    dtype = getattr(torch, config.dtype)
+    with torch.device(config.device):
+        default_dtype = torch.get_default_dtype()
+        torch.set_default_dtype(dtype)
+        try:
+            model = LlamaForCausalLM(config.model, position_free=config.cache.position_free)
+        finally:
+            torch.set_default_dtype(default_dtype)
+    model.load_weights(config.model_dir)
+    model.cos_sin = model.cos_sin.float()
+    return model.eval()
+
+
+def cpu_available_bytes() -> int:
+    with open("/proc/meminfo") as f:
+        info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f}
+    return info.get("MemAvailable", info["MemTotal"])
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        self.device = torch.device(config.device)
+        self.dtype = getattr(torch, config.dtype)
+        self.block_size = config.cache.block_size
+        self.model = build_model(config)
+        self.num_blocks = config.cache.num_blocks or self._num_blocks_from_memory()
+        cfg = config.model
+        self.kv_cache = torch.empty(  # (2, layers, blocks, B, KVH, D)
+            2, cfg.num_layers, self.num_blocks, self.block_size, cfg.num_kv_heads, cfg.head_dim,
+            dtype=self.dtype, device=self.device,
+        )
+        self.sampler = Sampler(self.device)
+        self.graphs = None
+        if self.device.type == "cuda" and not config.enforce_eager:
+            from minipic_lite.cuda_graphs import DecodeGraphs
+
+            self.graphs = DecodeGraphs(self, CUDA_GRAPH_BATCH_SIZES)
+
+    @property
+    def block_bytes(self) -> int:
+        cfg = self.config.model
+        return 2 * cfg.num_layers * self.block_size * cfg.num_kv_heads * cfg.head_dim * self.dtype.itemsize
+
+    def _num_blocks_from_memory(self) -> int:
+        cache = self.config.cache
+        if self.device.type == "cuda":
+            budget = self._cuda_budget_after_warmup()
+        else:
+            budget = min(cache.cpu_kv_cache_gib * GIB, cpu_available_bytes() * cache.memory_utilization)
+        return int(budget // self.block_bytes)
+
+    @torch.inference_mode()
+    def _cuda_budget_after_warmup(self) -> int:
+        """Free memory for the cache, after a forward of a full token budget measured the activation peak."""
+        num_tokens = self.config.scheduler.max_num_batched_tokens
+        cfg = self.config.model
+        num_blocks = -(-num_tokens // self.block_size)
+        cache = torch.zeros(2, cfg.num_layers, num_blocks, self.block_size, cfg.num_kv_heads, cfg.head_dim,
+                            dtype=self.dtype, device=self.device)
+        torch.cuda.reset_peak_memory_stats()
+        meta = self._meta_for_one_sequence(num_tokens)
+        hidden = self.model(torch.zeros(num_tokens, dtype=torch.long, device=self.device), meta, cache)
+        self.model.compute_logits(hidden[-1:])
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated() - cache.numel() * cache.element_size()
+        del cache, hidden
+        torch.cuda.empty_cache()
+        free, total = torch.cuda.mem_get_info()
+        used_by_others = total - free - torch.cuda.memory_allocated()
+        return total * self.config.cache.memory_utilization - used_by_others - peak
+
+    def _meta_for_one_sequence(self, num_tokens: int) -> AttentionMetadata:
+        dev = self.device
+        num_blocks = -(-num_tokens // self.block_size)
+        positions = torch.arange(num_tokens, device=dev)
+        return AttentionMetadata(
+            slot_mapping=positions,
+            block_tables=torch.arange(num_blocks, dtype=torch.int32, device=dev)[None],
+            cu_seqlens_q=torch.tensor([0, num_tokens], dtype=torch.int32, device=dev),
+            positions=positions,
+            kv_lens=torch.tensor([num_tokens], dtype=torch.int32, device=dev),
+            visible_start=torch.zeros(num_tokens, dtype=torch.int32, device=dev),
+        )
+
+    # -- per step ----------------------------------------------------------------------------------------
+
+    def prepare(self, out: SchedulerOutput) -> StepInputs:
+        """Flatten the scheduled chunks into the op's per-token and per-sequence tensors."""
+        input_ids, positions, slots, visible, cu, kv_lens, logits_indices = [], [], [], [], [0], [], []
+        B = self.block_size
+        for s in out.scheduled:
+            seq = s.seq
+            for start, end in s.query_ranges:
+                input_ids += seq.token_ids[start:end]
+                positions += range(start, end)
+                slots += (seq.block_table[p // B] * B + p % B for p in range(start, end))
+                visible += seq.visible_start[start:end] if seq.visible_start else [0] * (end - start)
+            cu.append(len(positions))
+            kv_lens.append(s.kv_len)
+            if s.do_sample:
+                logits_indices.append(len(positions) - 1)
+        max_blocks = max(len(s.seq.block_table) for s in out.scheduled)
+        tables = [s.seq.block_table + [0] * (max_blocks - len(s.seq.block_table)) for s in out.scheduled]
+        dev, i32 = self.device, torch.int32
+        meta = AttentionMetadata(
+            slot_mapping=torch.tensor(slots, dtype=torch.long).to(dev, non_blocking=True),
+            block_tables=torch.tensor(tables, dtype=i32).to(dev, non_blocking=True),
+            cu_seqlens_q=torch.tensor(cu, dtype=i32).to(dev, non_blocking=True),
+            positions=torch.tensor(positions, dtype=torch.long).to(dev, non_blocking=True),
+            kv_lens=torch.tensor(kv_lens, dtype=i32).to(dev, non_blocking=True),
+            visible_start=torch.tensor(visible, dtype=i32).to(dev, non_blocking=True),
+        )
+        return StepInputs(
+            torch.tensor(input_ids, dtype=torch.long).to(dev, non_blocking=True),
+            meta,
+            torch.tensor(logits_indices, dtype=torch.long).to(dev, non_blocking=True),
+        )
+
+    @torch.inference_mode()
+    def execute(self, out: SchedulerOutput) -> list[int | None]:
+        """Run one step; return the sampled token of each scheduled request (None where it only prefilled)."""
+        inputs = self.prepare(out)
+        sampling = [s for s in out.scheduled if s.do_sample]
+        if self.graphs is not None and self.graphs.can_run(out):
+            logits = self.graphs.run(inputs, len(out.scheduled))
+        else:
+            hidden = self.model(inputs.input_ids, inputs.meta, self.kv_cache)
+            logits = self.model.compute_logits(hidden[inputs.logits_indices]) if sampling else None
+        tokens = iter([])
+        if sampling:
+            seq_ids = [s.seq.seq_id for s in sampling]
+            params = [s.seq.sampling_params for s in sampling]
+            tokens = iter(self.sampler(logits, seq_ids, params).tolist())  # the step's one host sync
+        return [next(tokens) if s.do_sample else None for s in out.scheduled]
+
+    @torch.inference_mode()
+    def prompt_logits(self, out: SchedulerOutput) -> torch.Tensor:
+        """Logits of every query token of one step (tests compare them with transformers)."""
+        inputs = self.prepare(out)
+        return self.model.compute_logits(self.model(inputs.input_ids, inputs.meta, self.kv_cache))

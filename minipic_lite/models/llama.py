@@ -1,0 +1,167 @@
+"""The Llama family (Llama, SmolLM2, Mistral, Qwen2, Qwen3) written for the paged KV cache.
+
+Tokens of all requests in a step are flattened into one batch `[num_tokens, ...]`; the per-step
+`AttentionMetadata` says where each token's K/V goes (slot_mapping) and what each query may read. Weights are
+read from safetensors with q/k/v and gate/up fused into one matmul each.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from torch import nn
+from torch.nn import functional as F
+
+from minipic_lite.config import ModelConfig
+from ops import apply_rope, rope_paged_attention
+
+
+@dataclass(slots=True)
+class AttentionMetadata:
+    """Per-step tensors, built by the model runner; shapes in the op's contract (ops/README.md)."""
+
+    slot_mapping: torch.Tensor  # [num_tokens] int64: flat cache slot of each new token's K/V
+    block_tables: torch.Tensor  # [num_seqs, max_blocks] int32
+    cu_seqlens_q: torch.Tensor  # [num_seqs + 1] int32
+    positions: torch.Tensor  # [num_tokens] int64: logical position of each query token
+    kv_lens: torch.Tensor  # [num_seqs] int32
+    visible_start: torch.Tensor  # [num_tokens] int32
+    rope_impl: str = "auto"
+
+
+def rope_table(cfg: ModelConfig, device=None) -> torch.Tensor:
+    """[max_position, rotary_dim] cos|sin rows, computed in float32 the way transformers computes them.
+
+    NOTE: float32 angles (not float64) on purpose: the engine must match the HF oracle to 1e-4 on logits.
+    """
+    dim = cfg.rope_dim
+    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    angles = torch.arange(cfg.max_position, dtype=torch.float32)[:, None] * inv_freq[None, :]
+    return torch.cat([angles.cos(), angles.sin()], dim=-1).to(device)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, position_free: bool):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias)
+        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
+        self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.position_free = position_free
+        self.scale = self.head_dim**-0.5
+
+    def forward(self, x, meta: AttentionMetadata, k_cache, v_cache, cos_sin) -> torch.Tensor:
+        num_tokens = x.shape[0]
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(num_tokens, self.num_heads, self.head_dim)  # (T, H, D)
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)  # (T, KVH, D)
+        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)  # (T, KVH, D)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = apply_rope(q, meta.positions, cos_sin)
+        if not self.position_free:
+            k = apply_rope(k, meta.positions, cos_sin)  # the vanilla baseline: keys stored rotated
+        # NOTE: K/V of this step's tokens are written before attention reads the cache (DESIGN §2).
+        k_cache.view(-1, self.num_kv_heads, self.head_dim).index_copy_(0, meta.slot_mapping, k)
+        v_cache.view(-1, self.num_kv_heads, self.head_dim).index_copy_(0, meta.slot_mapping, v)
+        out = rope_paged_attention(
+            q, k_cache, v_cache, meta.block_tables, meta.cu_seqlens_q, meta.positions, meta.kv_lens,
+            meta.visible_start, cos_sin if self.position_free else None, self.scale,
+            impl=meta.rope_impl, check=False,
+        )  # (T, H, D)
+        return self.o_proj(out.reshape(num_tokens, self.q_size))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, position_free: bool):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg, position_free)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, meta, k_cache, v_cache, cos_sin):
+        x = x + self.self_attn(self.input_layernorm(x), meta, k_cache, v_cache, cos_sin)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, cfg: ModelConfig, position_free: bool = True):
+        super().__init__()
+        self.cfg = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, position_free) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        self.register_buffer("cos_sin", rope_table(cfg), persistent=False)
+
+    def forward(self, input_ids, meta: AttentionMetadata, kv_cache: torch.Tensor) -> torch.Tensor:
+        """input_ids [T] -> hidden states [T, hidden]; kv_cache [2, layers, blocks, B, KVH, D]."""
+        x = self.embed_tokens(input_ids)  # (T, hidden)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, meta, kv_cache[0, i], kv_cache[1, i], self.cos_sin)
+        return self.norm(x)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden).float()  # (N, vocab)
+
+    @torch.no_grad()
+    def load_weights(self, model_dir: Path) -> None:
+        files = sorted(Path(model_dir).glob("*.safetensors"))
+        if not files:
+            raise ValueError(f"no *.safetensors weights in {model_dir} (pickle checkpoints are not loaded)")
+        fused = {"q_proj": 0, "k_proj": 1, "v_proj": 2, "gate_proj": 0, "up_proj": 1}
+        pending: dict[str, dict[int, torch.Tensor]] = {}
+        params = dict(self.named_parameters())
+        for file in files:
+            with safe_open(str(file), framework="pt") as f:
+                for name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                    target, part = _target_name(name, fused)
+                    if target not in params:
+                        continue
+                    tensor = f.get_tensor(name)
+                    if part is None:
+                        params[target].copy_(tensor)
+                    else:
+                        pending.setdefault(target, {})[part] = tensor
+        for target, parts in pending.items():
+            params[target].copy_(torch.cat([parts[i] for i in sorted(parts)], dim=0))
+
+
+def _target_name(name: str, fused: dict[str, int]) -> tuple[str, int | None]:
+    name = name.removeprefix("model.")
+    for proj, part in fused.items():
+        if f".{proj}." in name:
+            merged = "qkv_proj" if proj in ("q_proj", "k_proj", "v_proj") else "gate_up_proj"
+            return name.replace(proj, merged), part
+    return name, None

@@ -1,0 +1,37 @@
+"""What a request gives back (vLLM's shape)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RequestMetrics:
+    arrival_time: float
+    first_token_time: float | None = None
+    finish_time: float | None = None
+    num_preemptions: int = 0
+
+    @property
+    def ttft(self) -> float | None:
+        """Time to first token, seconds."""
+        return None if self.first_token_time is None else self.first_token_time - self.arrival_time
+
+    @property
+    def total_time(self) -> float | None:
+        return None if self.finish_time is None else self.finish_time - self.arrival_time
+
+
+@dataclass
+class RequestOutput:
+    request_id: int
+    prompt: str | None
+    prompt_token_ids: list[int]
+    text: str
+    token_ids: list[int]
+    num_cached_tokens: int
+    finished: bool
+    finish_reason: str | None  # "stop" (EOS, stop token or stop string), "length", "abort"
+    metrics: RequestMetrics
+    stop_reason: str | int | None = None  # the stop string or token that ended it
+    cache_report: list = field(default_factory=list)

@@ -1,0 +1,101 @@
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from minipic_lite.block_pool import BlockPool, NoFreeBlocksError
+from minipic_lite.hashing import chain_hashes, hash_block, root_hash
+
+import pytest
+
+
+def test_allocate_hands_out_blocks_in_lru_order():
+    pool = BlockPool(4)
+    assert [pool.allocate() for _ in range(4)] == [0, 1, 2, 3]
+    with pytest.raises(NoFreeBlocksError):
+        pool.allocate()
+    pool.free([2, 0])
+    assert list(pool.free_queue) == [2, 0]
+    assert pool.allocate() == 2
+    pool.check_integrity()
+
+
+def test_free_block_keeps_its_hash_until_reused():
+    pool = BlockPool(3)
+    a, b = pool.allocate(), pool.allocate()
+    pool.cache(a, b"h-a")
+    pool.cache(b, b"h-b")
+    pool.free([b, a])  # b evicted first
+    assert pool.lookup(b"h-a") == a and pool.lookup(b"h-b") == b
+    assert pool.allocate() == 2  # never-used block first
+    assert pool.allocate() == b  # then the LRU head: b's hash is dropped
+    assert pool.lookup(b"h-b") is None and pool.lookup(b"h-a") == a
+    assert pool.num_hits == 3 and pool.num_lookups == 4
+    pool.check_integrity()
+
+
+def test_touch_pulls_a_cached_free_block_back_into_use():
+    pool = BlockPool(2)
+    a = pool.allocate()
+    pool.cache(a, b"x")
+    pool.free([a])
+    assert pool.num_free_blocks == 2
+    pool.touch(a)
+    pool.touch(a)
+    assert pool.blocks[a].ref_cnt == 2 and pool.num_free_blocks == 1
+    pool.free([a])
+    assert pool.num_free_blocks == 1  # still one reference
+    pool.free([a])
+    assert list(pool.free_queue) == [1, a]
+    pool.check_integrity()
+
+
+def test_double_free_raises():
+    pool = BlockPool(2)
+    a = pool.allocate()
+    pool.free([a])
+    with pytest.raises(RuntimeError, match="double free of block 0"):
+        pool.free([a])
+
+
+def test_a_published_hash_keeps_its_first_block():
+    pool = BlockPool(2)
+    a, b = pool.allocate(), pool.allocate()
+    pool.cache(a, b"same")
+    pool.cache(b, b"same")  # same content computed twice: the first copy stays the cached one
+    assert pool.lookup(b"same") == a and pool.blocks[b].block_hash is None
+    pool.check_integrity()
+
+
+def test_hash_chain_depends_on_every_earlier_token():
+    root = root_hash("ns")
+    base = chain_hashes(root, list(range(40)), 16)
+    assert len(base) == 2  # the partial tail block has no hash
+    assert base[0] == hash_block(root, list(range(16)))
+    assert base[1] == hash_block(base[0], list(range(16, 32)))
+    changed = chain_hashes(root, [99] + list(range(1, 40)), 16)
+    assert changed[0] != base[0] and changed[1] != base[1]
+    assert chain_hashes(root_hash("other"), list(range(40)), 16)[0] != base[0]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["alloc", "free", "cache", "hit"]), st.integers(0, 7)), max_size=80))
+def test_random_operations_never_leak_or_double_free(ops):
+    pool = BlockPool(6)
+    held: list[int] = []  # one entry per reference we own
+    for op, arg in ops:
+        if op == "alloc" and pool.can_allocate(1):
+            held.append(pool.allocate())
+        elif op == "free" and held:
+            pool.free([held.pop(arg % len(held))])
+        elif op == "cache" and held:
+            pool.cache(held[arg % len(held)], bytes([arg]))
+        elif op == "hit":
+            block_id = pool.lookup(bytes([arg]))
+            if block_id is not None:
+                pool.touch(block_id)
+                held.append(block_id)
+        pool.check_integrity()
+        for block in pool.blocks:
+            assert block.ref_cnt == held.count(block.block_id)
+    pool.free(held)
+    assert pool.num_free_blocks == 6
+    pool.check_integrity()
