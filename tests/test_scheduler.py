@@ -1,0 +1,138 @@
+"""Scheduler + block pool on the CPU with exact block ids (no model)."""
+
+import pytest
+
+from minipic_lite.block_pool import BlockPool
+from minipic_lite.config import SchedulerConfig
+from minipic_lite.hashing import root_hash
+from minipic_lite.sampling_params import SamplingParams
+from minipic_lite.scheduler import Scheduler, plan_chunk
+from minipic_lite.sequence import Sequence
+
+B = 4
+ROOT = root_hash("test")
+
+
+def make_seq(seq_id, token_ids):
+    return Sequence(seq_id, list(token_ids), SamplingParams(max_tokens=8), B, ROOT)
+
+
+def make_scheduler(num_blocks=16, max_num_seqs=8, budget=64):
+    pool = BlockPool(num_blocks)
+    return Scheduler(SchedulerConfig(max_num_seqs, budget, 1024), pool), pool
+
+
+def run_step(sched, token=7):
+    out = sched.schedule()
+    sched.postprocess(out, [token if s.do_sample else None for s in out.scheduled])
+    sched.pool.check_integrity()
+    return out
+
+
+def test_plan_chunk_skips_cached_blocks_and_respects_the_budget():
+    seq = make_seq(0, range(14))
+    seq.cached_block_ids = {0, 2}
+    assert plan_chunk(seq, 100) == ([(4, 8), (12, 14)], 14)
+    assert plan_chunk(seq, 3) == ([(4, 7)], 7)
+    seq.num_computed_tokens = 7
+    assert plan_chunk(seq, 2) == ([(7, 8), (12, 13)], 13)
+
+
+def test_prefill_is_chunked_under_the_token_budget():
+    sched, pool = make_scheduler(budget=6)
+    sched.add(make_seq(0, range(10)))
+    out = run_step(sched)
+    assert [(s.query_ranges, s.kv_len, s.do_sample) for s in out.scheduled] == [([(0, 6)], 6, False)]
+    out = run_step(sched)
+    assert [(s.query_ranges, s.kv_len, s.do_sample) for s in out.scheduled] == [([(6, 10)], 10, True)]
+    seq = sched.running[0]
+    assert seq.block_table == [0, 1, 2] and seq.token_ids[-1] == 7
+    out = run_step(sched)  # decode: one token at position 10
+    assert out.scheduled[0].query_ranges == [(10, 11)]
+
+
+def test_mixed_step_decodes_running_and_prefills_new_requests():
+    sched, pool = make_scheduler(budget=8)
+    sched.add(make_seq(0, range(5)))
+    run_step(sched)
+    sched.add(make_seq(1, range(100, 120)))
+    out = run_step(sched)
+    assert [(s.seq.seq_id, s.query_ranges) for s in out.scheduled] == [(0, [(5, 6)]), (1, [(0, 7)])]
+    assert out.num_batched_tokens == 8
+
+
+def test_second_request_hits_every_full_block_but_the_last_token():
+    sched, pool = make_scheduler()
+    first = make_seq(0, range(12))
+    sched.add(first)
+    run_step(sched)
+    sched.finish(first, "stop")
+    assert list(pool.free_queue)[-3:] == [2, 1, 0]  # freed tail first
+    second = make_seq(1, range(12))
+    sched.add(second)
+    out = run_step(sched)
+    # blocks 0 and 1 hit; block 2 holds the last prompt token and is computed
+    assert second.cached_block_ids == {0, 1} and second.num_cached_tokens == 8
+    assert second.block_table[:2] == [0, 1]
+    assert out.scheduled[0].query_ranges == [(8, 12)]
+
+
+def test_a_cached_block_after_a_missing_one_is_reused():
+    sched, pool = make_scheduler(num_blocks=8)
+    first = make_seq(0, range(12))
+    sched.add(first)
+    run_step(sched)
+    sched.finish(first, "stop")
+    # evict only block 0's copy: drop its hash as if its block were reused
+    pool.hash_to_block.pop(first.block_hashes[0])
+    pool.blocks[0].block_hash = None
+    second = make_seq(1, range(12))
+    sched.add(second)
+    out = run_step(sched)
+    assert second.cached_block_ids == {1}
+    assert out.scheduled[0].query_ranges == [(0, 4), (8, 12)]
+    assert out.scheduled[0].kv_len == 12
+
+
+def test_two_requests_admitted_in_one_step_share_published_blocks():
+    sched, pool = make_scheduler()
+    a, b = make_seq(0, range(9)), make_seq(1, range(9))
+    sched.add(a)
+    sched.add(b)
+    run_step(sched)
+    # a's two full blocks are published when scheduled, so b hits them in the same step
+    assert b.block_table[:2] == a.block_table[:2]
+    assert pool.blocks[a.block_table[0]].ref_cnt == 2
+
+
+def test_preemption_frees_the_newest_request_and_recomputes_it_later():
+    sched, pool = make_scheduler(num_blocks=4, budget=64)
+    a, b = make_seq(0, range(8)), make_seq(1, range(50, 57))
+    sched.add(a)
+    sched.add(b)
+    run_step(sched)  # a: blocks 0,1 (+ token 8 sampled); b: blocks 2,3
+    assert a.block_table == [0, 1] and b.block_table == [2, 3]
+    out = run_step(sched)  # a needs a third block for position 8: b is preempted
+    assert out.preempted == [b] and b.num_computed_tokens == 0 and b.block_table == []
+    assert list(sched.waiting) == [b] and len(b.token_ids) == 8  # its sampled token is kept
+    assert a.block_table == [0, 1, 3]
+    sched.finish(a, "stop")
+    run_step(sched)
+    assert b.num_computed_tokens == 8 and b.num_preemptions == 1
+
+
+@pytest.mark.parametrize("max_num_seqs", [1, 2])
+def test_max_num_seqs_caps_the_running_batch(max_num_seqs):
+    sched, _ = make_scheduler(max_num_seqs=max_num_seqs)
+    for i in range(3):
+        sched.add(make_seq(i, range(i * 10, i * 10 + 3)))
+    run_step(sched)
+    assert len(sched.running) == max_num_seqs and len(sched.waiting) == 3 - max_num_seqs
+
+
+def test_waiting_request_that_does_not_fit_waits():
+    sched, pool = make_scheduler(num_blocks=3)
+    sched.add(make_seq(0, range(8)))
+    sched.add(make_seq(1, range(20, 28)))
+    run_step(sched)
+    assert len(sched.running) == 1 and len(sched.waiting) == 1
