@@ -23,12 +23,13 @@ def main(argv: list[str] | None = None) -> int:
     llm = LLM(args.model, device=args.device)
     prompt = args.prompt if args.raw else [{"role": "user", "content": args.prompt}]
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature)
-    for output in llm.stream(prompt, params):
-        pass
+    (output,) = llm.generate([prompt], params, use_tqdm=False)
     print(output.text)
     m = output.metrics
-    print(f"[{len(output.token_ids)} tokens, ttft {m.ttft * 1e3:.0f} ms, total {m.total_time:.2f} s]",
-          file=sys.stderr)
+    print(
+        f"[{len(output.token_ids)} tokens, ttft {m.ttft * 1e3:.0f} ms, total {m.total_time:.2f} s]",
+        file=sys.stderr,
+    )
     return 0
 
 

@@ -43,7 +43,9 @@ class ModelConfig:
 
     def __post_init__(self):
         if self.num_heads % self.num_kv_heads:
-            raise ValueError(f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}")
+            raise ValueError(
+                f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}"
+            )
 
     @property
     def rope_dim(self) -> int:
@@ -57,7 +59,9 @@ class ModelConfig:
             raise ValueError(f"unsupported model_type {arch!r} in {model_dir}: expected a Llama-family model")
         rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
         if rope.get("rope_type", "default") not in ("default", None):
-            raise ValueError(f"unsupported rope_type {rope.get('rope_type')!r}: only plain RoPE is implemented")
+            raise ValueError(
+                f"unsupported rope_type {rope.get('rope_type')!r}: only plain RoPE is implemented"
+            )
         eos = cfg.get("eos_token_id")
         eos = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
         hidden, heads = cfg["hidden_size"], cfg["num_attention_heads"]

@@ -44,8 +44,9 @@ class LLMEngine:
         self.stats = EngineStats()
         self._ids = count()
         self._prompts: dict[int, str | None] = {}
-        self._texts: dict[int, str] = {}
+        self._texts: dict[int, str] = {}  # text cut at a stop string
         self._stop_reasons: dict[int, str | int | None] = {}
+        self._streaming: set[int] = set()  # requests whose every output carries the text so far
 
     def _namespace(self) -> str:
         c = self.config
@@ -84,13 +85,22 @@ class LLMEngine:
         params: SamplingParams,
         prompt: str | None = None,
         visible_start: list[int] | None = None,
+        stream: bool = False,
     ) -> int:
         """Queue one request (validated first: a bad one raises here and nothing else is touched)."""
         token_ids = list(token_ids)
         self.validate(token_ids, params)
-        seq = Sequence(next(self._ids), token_ids, params, self.config.cache.block_size, self.root,
-                       visible_start=visible_start)
-        self._prompts[seq.seq_id], self._texts[seq.seq_id] = prompt, ""
+        seq = Sequence(
+            next(self._ids),
+            token_ids,
+            params,
+            self.config.cache.block_size,
+            self.root,
+            visible_start=visible_start,
+        )
+        self._prompts[seq.seq_id] = prompt
+        if stream:
+            self._streaming.add(seq.seq_id)
         self.scheduler.add(seq)
         self.stats.num_prompt_tokens += len(token_ids)
         return seq.seq_id
@@ -139,9 +149,10 @@ class LLMEngine:
 
     def _check_stop(self, seq: Sequence) -> None:
         params, token = seq.sampling_params, seq.token_ids[-1]
-        text = self.tokenizer.decode(seq.output_token_ids, skip_special_tokens=params.skip_special_tokens)
-        self._texts[seq.seq_id] = text
         eos = () if params.ignore_eos else self.config.model.eos_token_ids
+        # NOTE: text is decoded only where it is needed (stop strings, streaming, the final output):
+        # decoding every request's whole output every step would cost more than a GPU decode step.
+        text = self._decode(seq) if params.stop else ""
         hit = next((s for s in params.stop if s in text), None)
         if hit is not None:
             self._texts[seq.seq_id] = text[: text.index(hit)]
@@ -151,26 +162,42 @@ class LLMEngine:
         elif seq.num_output_tokens >= params.max_tokens or len(seq) >= self.config.scheduler.max_model_len:
             self._finish(seq, "length", None)
 
+    def _decode(self, seq: Sequence) -> str:
+        params = seq.sampling_params
+        if not params.detokenize:
+            return ""
+        return self.tokenizer.decode(seq.output_token_ids, skip_special_tokens=params.skip_special_tokens)
+
     def _finish(self, seq: Sequence, reason: str, stop_reason) -> None:
         self._stop_reasons[seq.seq_id] = stop_reason
         self.scheduler.finish(seq, reason)
+
+    def _text(self, seq: Sequence) -> str:
+        if isinstance(self._stop_reasons.get(seq.seq_id), str):
+            return self._texts[seq.seq_id]  # cut before the stop string in _check_stop
+        if seq.is_finished or seq.seq_id in self._streaming:
+            return self._decode(seq)
+        return ""
 
     def _output(self, seq: Sequence) -> RequestOutput:
         output = RequestOutput(
             request_id=seq.seq_id,
             prompt=self._prompts[seq.seq_id],
             prompt_token_ids=seq.token_ids[: seq.num_prompt_tokens],
-            text=self._texts[seq.seq_id],
+            text=self._text(seq),
             token_ids=list(seq.output_token_ids),
             num_cached_tokens=seq.num_cached_tokens,
             finished=seq.is_finished,
             finish_reason=seq.finish_reason,
-            metrics=RequestMetrics(seq.arrival_time, seq.first_token_time, seq.finish_time, seq.num_preemptions),
+            metrics=RequestMetrics(
+                seq.arrival_time, seq.first_token_time, seq.finish_time, seq.num_preemptions
+            ),
             stop_reason=self._stop_reasons.get(seq.seq_id),
         )
         if seq.is_finished:
             for table in (self._prompts, self._texts, self._stop_reasons):
                 table.pop(seq.seq_id, None)
+            self._streaming.discard(seq.seq_id)
         return output
 
     def cache_stats(self) -> dict:
@@ -182,7 +209,9 @@ class LLMEngine:
             "num_used_blocks": pool.num_blocks - pool.num_free_blocks,
             "num_cached_blocks": pool.num_cached_blocks,
             "block_hit_rate": pool.num_hits / pool.num_lookups if pool.num_lookups else 0.0,
-            "prompt_token_hit_rate": s.num_cached_prompt_tokens / s.num_prompt_tokens if s.num_prompt_tokens else 0.0,
+            "prompt_token_hit_rate": s.num_cached_prompt_tokens / s.num_prompt_tokens
+            if s.num_prompt_tokens
+            else 0.0,
             "num_running": len(self.scheduler.running),
             "num_waiting": len(self.scheduler.waiting),
             "num_preemptions": s.num_preemptions,

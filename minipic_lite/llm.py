@@ -44,7 +44,9 @@ def normalize_prompts(prompts) -> list:
         return [prompts]
     if isinstance(prompts, list | tuple):
         return list(prompts)
-    raise TypeError(f"prompts must be text, token ids, chat messages or a list of these, got {type(prompts).__name__}")
+    raise TypeError(
+        f"prompts must be text, token ids, chat messages or a list of these, got {type(prompts).__name__}"
+    )
 
 
 def default_control_tokens(tokenizer) -> ControlTokens:
@@ -93,10 +95,16 @@ class LLM:
         config = EngineConfig(
             model_dir=model_dir,
             model=model_config,
-            cache=CacheConfig(block_size, num_blocks, memory_utilization, position_free=position_free,
-                              enable_prefix_caching=enable_prefix_caching),
-            scheduler=SchedulerConfig(max_num_seqs, max_num_batched_tokens,
-                                      max_model_len or model_config.max_position),
+            cache=CacheConfig(
+                block_size,
+                num_blocks,
+                memory_utilization,
+                position_free=position_free,
+                enable_prefix_caching=enable_prefix_caching,
+            ),
+            scheduler=SchedulerConfig(
+                max_num_seqs, max_num_batched_tokens, max_model_len or model_config.max_position
+            ),
             control=control_tokens or default_control_tokens(self.tokenizer),
             device=device,
             dtype=dtype,
@@ -114,13 +122,15 @@ class LLM:
         if isinstance(prompt, str):
             return self.tokenizer.encode(prompt, add_special_tokens=False), prompt
         if _is_chat(prompt):
-            text = self.tokenizer.apply_chat_template(list(prompt), tokenize=False, add_generation_prompt=True)
+            text = self.tokenizer.apply_chat_template(
+                list(prompt), tokenize=False, add_generation_prompt=True
+            )
             return self.tokenizer.encode(text, add_special_tokens=False), text
         if isinstance(prompt, list | tuple):
             return list(prompt), None
         raise TypeError(f"a prompt must be text, token ids or chat messages, got {type(prompt).__name__}")
 
-    def _add_all(self, prompts: list, params: list[SamplingParams]) -> list[int]:
+    def _add_all(self, prompts: list, params: list[SamplingParams], stream: bool = False) -> list[int]:
         encoded = []
         for i, prompt in enumerate(prompts):
             try:
@@ -129,7 +139,10 @@ class LLM:
             except (ValueError, TypeError) as e:
                 raise type(e)(f"prompt {i}: {e}") from None
             encoded.append((token_ids, text))
-        return [self.engine.add_request(ids, p, text) for (ids, text), p in zip(encoded, params, strict=True)]
+        return [
+            self.engine.add_request(ids, p, text, stream=stream)
+            for (ids, text), p in zip(encoded, params, strict=True)
+        ]
 
     def generate(
         self,
@@ -158,14 +171,16 @@ class LLM:
             bar.close()
         return [done[i] for i in ids]
 
-    def stream(self, prompt: PromptType, sampling_params: SamplingParams | None = None) -> Iterator[RequestOutput]:
+    def stream(
+        self, prompt: PromptType, sampling_params: SamplingParams | None = None
+    ) -> Iterator[RequestOutput]:
         """Yield the request's output after every new token (text so far); the last one has finished=True.
 
         Other requests queued on this engine keep running in the same steps.
         """
         params = sampling_params or SamplingParams()
         with self._lock:
-            (request_id,) = self._add_all([prompt], [params])
+            (request_id,) = self._add_all([prompt], [params], stream=True)
         finished = False
         try:
             while not finished:
@@ -194,8 +209,15 @@ def get_default_llm() -> LLM:
     return _default_llm
 
 
-def generate(prompts, sampling_params: SamplingParams | None = None, *, max_tokens: int | None = None,
-             temperature: float | None = None, use_tqdm: bool = False, **kwargs):
+def generate(
+    prompts,
+    sampling_params: SamplingParams | None = None,
+    *,
+    max_tokens: int | None = None,
+    temperature: float | None = None,
+    use_tqdm: bool = False,
+    **kwargs,
+):
     """Generate with the default embedded model (built on first use).
 
     `minipic_lite.generate("Hello", max_tokens=32).text`: one prompt gives one `RequestOutput`, a list of

@@ -55,10 +55,18 @@ class ModelRunner:
         self.block_size = config.cache.block_size
         self.model = build_model(config)
         self.num_blocks = config.cache.num_blocks or self._num_blocks_from_memory()
+        # NOTE: one extra block that the block pool never hands out: CUDA-graph padding rows write there.
+        self.scratch_block = self.num_blocks
         cfg = config.model
-        self.kv_cache = torch.empty(  # (2, layers, blocks, B, KVH, D)
-            2, cfg.num_layers, self.num_blocks, self.block_size, cfg.num_kv_heads, cfg.head_dim,
-            dtype=self.dtype, device=self.device,
+        self.kv_cache = torch.zeros(  # (2, layers, blocks + 1, B, KVH, D)
+            2,
+            cfg.num_layers,
+            self.num_blocks + 1,
+            self.block_size,
+            cfg.num_kv_heads,
+            cfg.head_dim,
+            dtype=self.dtype,
+            device=self.device,
         )
         self.sampler = Sampler(self.device)
         self.graphs = None
@@ -78,7 +86,7 @@ class ModelRunner:
             budget = self._cuda_budget_after_warmup()
         else:
             budget = min(cache.cpu_kv_cache_gib * GIB, cpu_available_bytes() * cache.memory_utilization)
-        return int(budget // self.block_bytes)
+        return int(budget // self.block_bytes) - 1
 
     @torch.inference_mode()
     def _cuda_budget_after_warmup(self) -> int:
@@ -86,8 +94,16 @@ class ModelRunner:
         num_tokens = self.config.scheduler.max_num_batched_tokens
         cfg = self.config.model
         num_blocks = -(-num_tokens // self.block_size)
-        cache = torch.zeros(2, cfg.num_layers, num_blocks, self.block_size, cfg.num_kv_heads, cfg.head_dim,
-                            dtype=self.dtype, device=self.device)
+        cache = torch.zeros(
+            2,
+            cfg.num_layers,
+            num_blocks,
+            self.block_size,
+            cfg.num_kv_heads,
+            cfg.head_dim,
+            dtype=self.dtype,
+            device=self.device,
+        )
         torch.cuda.reset_peak_memory_stats()
         meta = self._meta_for_one_sequence(num_tokens)
         hidden = self.model(torch.zeros(num_tokens, dtype=torch.long, device=self.device), meta, cache)

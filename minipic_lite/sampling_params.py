@@ -17,6 +17,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
     ignore_eos: bool = False
     skip_special_tokens: bool = True
+    detokenize: bool = True  # False: token ids only (text stays ""), e.g. for models without a tokenizer
 
     def __post_init__(self):
         if isinstance(self.stop, str):
@@ -35,6 +36,8 @@ class SamplingParams:
             raise TypeError(f"seed must be an int or None, got {type(self.seed).__name__}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise ValueError(f"stop must be non-empty strings, got {self.stop!r}")
+        if self.stop and not self.detokenize:
+            raise ValueError("stop strings need detokenize=True")
         if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
             raise ValueError(f"stop_token_ids must be non-negative ints, got {self.stop_token_ids!r}")
 

@@ -82,9 +82,18 @@ class Attention(nn.Module):
         k_cache.view(-1, self.num_kv_heads, self.head_dim).index_copy_(0, meta.slot_mapping, k)
         v_cache.view(-1, self.num_kv_heads, self.head_dim).index_copy_(0, meta.slot_mapping, v)
         out = rope_paged_attention(
-            q, k_cache, v_cache, meta.block_tables, meta.cu_seqlens_q, meta.positions, meta.kv_lens,
-            meta.visible_start, cos_sin if self.position_free else None, self.scale,
-            impl=meta.rope_impl, check=False,
+            q,
+            k_cache,
+            v_cache,
+            meta.block_tables,
+            meta.cu_seqlens_q,
+            meta.positions,
+            meta.kv_lens,
+            meta.visible_start,
+            cos_sin if self.position_free else None,
+            self.scale,
+            impl=meta.rope_impl,
+            check=False,
         )  # (T, H, D)
         return self.o_proj(out.reshape(num_tokens, self.q_size))
 
