@@ -134,3 +134,4 @@ class EngineConfig:
     device: str = "cpu"
     dtype: str = "float32"
     enforce_eager: bool = False
+    load_format: str = "auto"  # "auto": safetensors from model_dir; "dummy": random weights (benchmarks)

@@ -164,7 +164,7 @@ class LLMEngine:
 
     def _decode(self, seq: Sequence) -> str:
         params = seq.sampling_params
-        if not params.detokenize:
+        if not params.detokenize or self.tokenizer is None:
             return ""
         return self.tokenizer.decode(seq.output_token_ids, skip_special_tokens=params.skip_special_tokens)
 

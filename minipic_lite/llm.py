@@ -84,11 +84,16 @@ class LLM:
         enable_prefix_caching: bool = True,
         enforce_eager: bool = False,
         control_tokens: ControlTokens | None = None,
+        load_format: str = "auto",
     ):
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         dtype = dtype or ("bfloat16" if device.startswith("cuda") else "float32")
         if dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be float32, bfloat16 or float16, got {dtype!r}")
+        if load_format not in ("auto", "dummy"):
+            raise ValueError(f"load_format must be 'auto' or 'dummy', got {load_format!r}")
+        if device.startswith("cuda") and not torch.cuda.is_available():
+            raise ValueError("device='cuda' was asked for, but torch sees no CUDA device")
         model_dir = resolve_model_dir(model)
         model_config = ModelConfig.from_dir(model_dir)
         self.tokenizer = load_tokenizer(model_dir)
@@ -105,10 +110,11 @@ class LLM:
             scheduler=SchedulerConfig(
                 max_num_seqs, max_num_batched_tokens, max_model_len or model_config.max_position
             ),
-            control=control_tokens or default_control_tokens(self.tokenizer),
+            control=control_tokens or (default_control_tokens(self.tokenizer) if self.tokenizer else ControlTokens()),
             device=device,
             dtype=dtype,
             enforce_eager=enforce_eager,
+            load_format=load_format,
         )
         self.engine = LLMEngine(config, self.tokenizer)
         self._lock = threading.Lock()  # one thread steps the engine at a time (the UI streams from threads)
@@ -119,6 +125,8 @@ class LLM:
 
     def encode(self, prompt: PromptType) -> tuple[list[int], str | None]:
         """Token ids (and the text, where there is one) of one prompt; chats get the chat template."""
+        if self.tokenizer is None and (isinstance(prompt, str) or _is_chat(prompt)):
+            raise ValueError(f"{self.config.model_dir} has no tokenizer: pass prompts as token ids")
         if isinstance(prompt, str):
             return self.tokenizer.encode(prompt, add_special_tokens=False), prompt
         if _is_chat(prompt):

@@ -36,7 +36,10 @@ def build_model(config: EngineConfig) -> LlamaForCausalLM:
             model = LlamaForCausalLM(config.model, position_free=config.cache.position_free)
         finally:
             torch.set_default_dtype(default_dtype)
-    model.load_weights(config.model_dir)
+    if config.load_format == "dummy":
+        model.init_dummy_weights()
+    else:
+        model.load_weights(config.model_dir)
     model.cos_sin = model.cos_sin.float()
     return model.eval()
 

@@ -1,48 +1,76 @@
-"""Overlap-depth estimators: what the DP plans for, learned online from the depths requests reach.
+"""Overlap-depth estimators: the distribution the DP plans for, learned online from the depths requests reach.
 
-An observation is (depth, entry_len): a request shared `depth` tokens with a cached entry of `entry_len`
-tokens. Each observation gets weight γ^age, age = number of observations after it (γ = 1: the empirical
-histogram; γ < 1: exponentially weighted, for drifting traffic). `weights(num_tokens)` is the estimate of
-the depth mass over 0..N for a new entry of N tokens:
+An observation is a served request: its token ids, and its overlap `depth` with the cached entry it shared
+most with (of `entry_len` tokens; None when nothing was cached). Observation i weighs γ^age, age = number
+of observations after it (γ = 1: empirical; γ < 1: exponentially weighted, for drifting traffic). Every
+estimator answers `weights_for(entry_token_ids)`: the estimated mass of depths 0..N that future requests
+will reach on a new entry of N tokens. Three ways to condition that estimate:
 
-- `DepthHistogram` keys observations by the depth itself, one histogram for all entries (the plain estimate;
-  depths beyond N are dropped, the entry cannot be shared deeper than its length);
-- `SuffixHistogram` keys them by how far before the entry's end the request left it, d = entry_len − depth,
-  and maps d back onto the new entry as t = N − d: the depth distribution conditioned on the entry's length.
+- `DepthHistogram`: one histogram of depths for all entries (the plain estimate; depths past N are dropped,
+  nothing can share an entry deeper than its length). It conditions on nothing.
+- `SuffixHistogram`: conditions on the entry's length. It keys each observation by how far before the end
+  of its entry the request left, d = entry_len − depth, and maps d onto the new entry as t = N − d.
+- `EntryHistory`: conditions on the entry's tokens. The depths the last `window` requests would have reached
+  on this very entry (their common prefix with it) are an empirical sample of its future; beyond the deepest
+  of them (the entry's known prefix a) history is silent, so the entry's own request adds one observation
+  spread over (a, N] by a `SuffixHistogram`.
+
+Each histogram also carries `prior_weight` observations of a scale-free prior over the distance from the end,
+p(d) ∝ 1/(d + 1): with no data, the DP then spaces checkpoints geometrically towards the end of the entry.
 """
 
 from __future__ import annotations
+
+from collections import deque
 
 import numpy as np
 
 # NOTE: the decayed masses are kept scaled by γ^(−n) and rescaled once the scale passes this bound.
 MAX_SCALE = 1e150
+DEFAULT_PRIOR_WEIGHT = 1.0  # observations' worth of the scale-free prior
+DEFAULT_WINDOW = 512  # past requests an EntryHistory compares a new entry with
+
+
+def common_prefix_len(a: np.ndarray, b: np.ndarray) -> int:
+    n = min(a.size, b.size)
+    mismatch = np.flatnonzero(a[:n] != b[:n])
+    return int(mismatch[0]) if mismatch.size else n
+
+
+def scale_free_prior(num_tokens: int) -> np.ndarray:
+    """[N + 1] mass ∝ 1/(N − t + 1) on depths t = 1..N (none at 0), summing to 1."""
+    prior = np.zeros(num_tokens + 1)
+    prior[1:] = 1.0 / np.arange(num_tokens, 0, -1)
+    return prior / prior.sum()
+
+
+def _check_gamma(gamma: float) -> None:
+    if not 0.0 < gamma <= 1.0:
+        raise ValueError(f"gamma must lie in (0, 1], got {gamma}")
 
 
 class DepthHistogram:
-    """Mass of each depth key, with weight γ^age per observation."""
+    """Mass of each depth key, observation weights γ^age, plus `prior_weight` of the scale-free prior."""
 
-    def __init__(self, gamma: float = 1.0):
-        if not 0.0 < gamma <= 1.0:
-            raise ValueError(f"gamma must lie in (0, 1], got {gamma}")
+    def __init__(self, gamma: float = 1.0, prior_weight: float = DEFAULT_PRIOR_WEIGHT):
+        _check_gamma(gamma)
+        if not prior_weight >= 0:
+            raise ValueError(f"prior_weight must be >= 0, got {prior_weight}")
         self.gamma = gamma
+        self.prior_weight = prior_weight
+        self._known_prefix: dict[int, int] = {}  # entry key -> the deepest depth history had reached on it
         self.num_observations = 0
         self._mass = np.zeros(0)  # [max_key + 1], scaled by self._scale
         self._scale = 1.0
 
-    def observe(self, depth: int, entry_len: int | None = None) -> None:
-        if depth < 0:
-            raise ValueError(f"overlap depth must be >= 0, got {depth}")
-        if entry_len is not None and depth > entry_len:
-            raise ValueError(f"overlap depth {depth} exceeds the entry's length {entry_len}")
-        self._add(self._key(depth, entry_len))
-
-    def _key(self, depth: int, entry_len: int | None) -> int:
-        return depth
-
-    def _add(self, key: int) -> None:
+    def observe(self, depth: int, entry_len: int) -> None:
+        if depth < 0 or depth > entry_len:
+            raise ValueError(f"overlap depth must lie in 0..entry_len = {entry_len}, got {depth}")
+        key = self._key(depth, entry_len)
         if key >= self._mass.size:
-            self._mass = np.concatenate([self._mass, np.zeros(max(key + 1 - self._mass.size, self._mass.size))])
+            self._mass = np.concatenate(
+                [self._mass, np.zeros(max(key + 1 - self._mass.size, self._mass.size))]
+            )
         self._scale /= self.gamma  # NOTE: older mass shrinks by γ relative to the newest (weight 1).
         if self._scale > MAX_SCALE:
             self._mass /= self._scale
@@ -50,33 +78,110 @@ class DepthHistogram:
         self._mass[key] += self._scale
         self.num_observations += 1
 
+    def _key(self, depth: int, entry_len: int) -> int:
+        return depth
+
     def key_mass(self) -> np.ndarray:
-        """[max_key + 1] mass per key, the newest observation weighing 1."""
+        """[max_key + 1] observed mass per key, the newest observation weighing 1."""
         return self._mass / self._scale
 
-    def weights(self, num_tokens: int) -> np.ndarray:
-        """[num_tokens + 1] estimated mass of depths 0..num_tokens."""
+    def observed_weights(self, num_tokens: int) -> np.ndarray:
+        """[num_tokens + 1] observed mass of depths 0..num_tokens (no prior)."""
         mass = self.key_mass()[: num_tokens + 1]
         return np.pad(mass, (0, num_tokens + 1 - mass.size))
 
+    def weights(self, num_tokens: int) -> np.ndarray:
+        """[num_tokens + 1] estimated mass of depths 0..num_tokens: observed + prior."""
+        if num_tokens < 1:
+            raise ValueError(f"an entry needs N >= 1 tokens, got {num_tokens}")
+        return self.observed_weights(num_tokens) + self.prior_weight * scale_free_prior(num_tokens)
+
+    # -- the planner's interface --
+    def observe_request(self, token_ids: np.ndarray, depth: int, entry_token_ids: np.ndarray | None) -> None:
+        if entry_token_ids is not None:
+            self.observe(depth, len(entry_token_ids))
+
+    def weights_for(self, entry_token_ids: np.ndarray) -> np.ndarray:
+        return self.weights(len(entry_token_ids))
+
+    def plan_key(self, entry_token_ids: np.ndarray):
+        """Entries with equal keys get the same plan (until the planner re-plans)."""
+        return len(entry_token_ids)
+
 
 class SuffixHistogram(DepthHistogram):
-    """Mass of each distance from the entry's end, d = entry_len − depth, mapped to t = N − d."""
+    """Mass of each distance from the entry's end, d = entry_len − depth, mapped to depth t = N − d."""
 
-    def _key(self, depth: int, entry_len: int | None) -> int:
-        if entry_len is None:
-            raise ValueError("SuffixHistogram needs the entry's length with every observation")
+    def _key(self, depth: int, entry_len: int) -> int:
         return entry_len - depth
 
-    def weights(self, num_tokens: int) -> np.ndarray:
-        mass = self.key_mass()[: num_tokens + 1][::-1]  # index N − d
+    def observed_weights(self, num_tokens: int) -> np.ndarray:
+        mass = self.key_mass()[: num_tokens + 1][::-1]  # NOTE: index N − d; distances d > N fall off.
         return np.pad(mass, (num_tokens + 1 - mass.size, 0))
 
 
-ESTIMATORS = {"depth": DepthHistogram, "suffix": SuffixHistogram}
+class EntryHistory:
+    """Per-entry estimate: the depths recent requests would reach on this entry, plus its own request."""
+
+    def __init__(
+        self,
+        gamma: float = 1.0,
+        window: int = DEFAULT_WINDOW,
+        prior_weight: float = DEFAULT_PRIOR_WEIGHT,
+    ):
+        _check_gamma(gamma)
+        if window < 1:
+            raise ValueError(f"window must be >= 1 request, got {window}")
+        self.gamma = gamma
+        self.history: deque[np.ndarray] = deque(maxlen=window)  # NOTE: newest last
+        self.suffix = SuffixHistogram(gamma, prior_weight)
+        self.prior_weight = prior_weight
+        self._known_prefix: dict[int, int] = {}  # entry key -> the deepest depth history had reached on it
+        self.num_observations = 0
+
+    def observe_request(self, token_ids: np.ndarray, depth: int, entry_token_ids: np.ndarray | None) -> None:
+        self.history.append(np.asarray(token_ids))
+        if entry_token_ids is not None:
+            known = self._known_prefix.get(_entry_key(entry_token_ids), 0)
+            if depth > known:  # NOTE: only requests that left the entry past its known prefix teach d.
+                self.suffix.observe(depth, len(entry_token_ids))
+        self.num_observations += 1
+
+    def history_weights(self, entry_token_ids: np.ndarray) -> np.ndarray:
+        """[N + 1] Σ_i γ^age_i · [LCP(request_i without its last token, entry) = t]."""
+        entry = np.asarray(entry_token_ids)
+        weights = np.zeros(entry.size + 1)
+        for age, request in enumerate(reversed(self.history)):
+            weights[common_prefix_len(request[:-1], entry)] += self.gamma**age
+        return weights
+
+    def weights_for(self, entry_token_ids: np.ndarray) -> np.ndarray:
+        weights = self.history_weights(entry_token_ids)
+        known = int(np.flatnonzero(weights)[-1]) if weights.any() else 0  # a: the deepest depth seen
+        self._remember(entry_token_ids, known)
+        beyond = self.suffix.weights(weights.size - 1)
+        beyond[: known + 1] = 0.0
+        if beyond.sum() > 0:
+            weights += beyond / beyond.sum()  # NOTE: the entry's own request, one observation's worth.
+        return weights + self.prior_weight * scale_free_prior(weights.size - 1)
+
+    def plan_key(self, entry_token_ids: np.ndarray):
+        return None  # every entry is planned for itself
+
+    def _remember(self, entry_token_ids: np.ndarray, known: int) -> None:
+        if len(self._known_prefix) >= 4 * self.history.maxlen:
+            del self._known_prefix[next(iter(self._known_prefix))]  # NOTE: dicts keep insertion order.
+        self._known_prefix[_entry_key(entry_token_ids)] = known
 
 
-def make_estimator(kind: str, gamma: float = 1.0) -> DepthHistogram:
+def _entry_key(token_ids: np.ndarray) -> int:
+    return hash(np.asarray(token_ids, dtype=np.int64).tobytes())
+
+
+ESTIMATORS = {"depth": DepthHistogram, "suffix": SuffixHistogram, "entry": EntryHistory}
+
+
+def make_estimator(kind: str, **options):
     if kind not in ESTIMATORS:
         raise ValueError(f"unknown estimator {kind!r}; choose from {sorted(ESTIMATORS)}")
-    return ESTIMATORS[kind](gamma)
+    return ESTIMATORS[kind](**options)

@@ -5,11 +5,11 @@ The life of one request R of L tokens:
    (its logits start decoding), so no request resumes past L − 1.
 2. It resumes from the best entry, at max_e ℓ(t_e; C_e), and recomputes the other L − ℓ tokens; a run
    without a cache computes all L.
-3. The planner observes (depth, entry_len) of the entry with the deepest overlap (ties: the most recently
-   used), and that entry counts as used (LRU): the same entry the attention KV would be read from, so the
-   cache's contents do not depend on the placement policy.
+3. The entry with the deepest overlap (ties: the most recently used) counts as used (LRU): the entry the
+   attention KV would be read from, so the cache's contents do not depend on the placement policy.
 4. R becomes a new entry (unless an identical one is cached), with the checkpoints the planner places for
-   L tokens; beyond `num_entries` the oldest insertion (FIFO) or least recently used entry (LRU) goes.
+   it; beyond `num_entries` the oldest insertion (FIFO) or least recently used entry (LRU) goes.
+5. The planner observes R, its depth and its best entry: plans use only requests seen before.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from minipic_lite.checkpoints.estimators import common_prefix_len
 from minipic_lite.checkpoints.planner import Planner
 
 EVICTIONS = ("fifo", "lru")
@@ -54,12 +55,6 @@ class SimResult:
     @property
     def checkpoints_per_request(self) -> float:
         return self.num_checkpoints / max(self.num_requests, 1)
-
-
-def common_prefix_len(a: np.ndarray, b: np.ndarray) -> int:
-    n = min(a.size, b.size)
-    mismatch = np.flatnonzero(a[:n] != b[:n])
-    return int(mismatch[0]) if mismatch.size else n
 
 
 class CheckpointCache:
@@ -102,7 +97,10 @@ class CheckpointCache:
         self.entries.append(Entry(token_ids, positions, inserted_at=now, last_used=now))
 
     def contains(self, token_ids: np.ndarray) -> bool:
-        return any(e.token_ids.size == token_ids.size and np.array_equal(e.token_ids, token_ids) for e in self.entries)
+        return any(
+            e.token_ids.size == token_ids.size and np.array_equal(e.token_ids, token_ids)
+            for e in self.entries
+        )
 
 
 def simulate(
@@ -110,10 +108,10 @@ def simulate(
 ) -> SimResult:
     """Replay `requests` (token id lists, in arrival order) and count tokens recomputed vs no cache."""
     cache, result = CheckpointCache(num_entries, eviction), SimResult()
-    for now, tokens in enumerate(requests):
+    for index, tokens in enumerate(requests):
         token_ids = np.asarray(tokens, dtype=np.int64)
         if token_ids.size == 0:
-            raise ValueError(f"request {now} has no tokens")
+            raise ValueError(f"request {index} has no tokens")
         resume, best, depth = cache.match(token_ids)
         result.num_requests += 1
         result.num_prompt_tokens += token_ids.size
@@ -121,10 +119,10 @@ def simulate(
         result.num_resumed += resume > 0
         result.recomputed_per_request.append(token_ids.size - resume)
         if best is not None:
-            planner.observe(depth, best.token_ids.size)
             cache.touch(best)
         if not cache.contains(token_ids):
-            checkpoints = planner.plan(token_ids.size)
+            checkpoints = planner.plan(token_ids)
             cache.insert(token_ids, checkpoints)
             result.num_checkpoints += len(checkpoints)
+        planner.observe(token_ids, depth, None if best is None else best.token_ids)
     return result

@@ -82,7 +82,9 @@ def _span(rng: random.Random, words: list[str], min_words: int, max_words: int) 
 
 def chat(system: str, user: str) -> str:
     """SmolLM2's chat format, ending with the assistant header the answer follows."""
-    return f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"
+    return (
+        f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"
+    )
 
 
 # -- essay_questions: QuALITY-like --------------------------------------------------------------------------
@@ -185,7 +187,8 @@ STREAMS = {"essay_questions": essay_question_texts, "system_prompts": system_pro
 
 def load_tokenizer():
     """SmolLM2's tokenizer (the engine's default model), cached on disk."""
-    from minipic_lite.models.loader import load_tokenizer as load, resolve_model_dir
+    from minipic_lite.models.loader import load_tokenizer as load
+    from minipic_lite.models.loader import resolve_model_dir
 
     return load(resolve_model_dir(None))
 

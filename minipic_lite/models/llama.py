@@ -145,6 +145,16 @@ class LlamaForCausalLM(nn.Module):
         return self.lm_head(hidden).float()  # (N, vocab)
 
     @torch.no_grad()
+    def init_dummy_weights(self, seed: int = 0, std: float = 0.02) -> None:
+        """Random weights (vLLM's load_format="dummy"): benchmarks of model shapes we do not ship."""
+        gen = torch.Generator(self.embed_tokens.weight.device).manual_seed(seed)
+        for name, param in self.named_parameters():
+            if name.endswith("norm.weight"):
+                param.fill_(1.0)
+            else:
+                param.normal_(0.0, std, generator=gen)
+
+    @torch.no_grad()
     def load_weights(self, model_dir: Path) -> None:
         files = sorted(Path(model_dir).glob("*.safetensors"))
         if not files:

@@ -93,6 +93,9 @@ def convert_gguf(path: Path) -> Path:
 
 
 def load_tokenizer(model_dir: Path):
+    """The directory's tokenizer, or None when it ships none (then prompts must be token ids)."""
     from transformers import AutoTokenizer
 
+    if not any((Path(model_dir) / f).is_file() for f in ("tokenizer.json", "tokenizer.model", "vocab.json")):
+        return None
     return AutoTokenizer.from_pretrained(model_dir)

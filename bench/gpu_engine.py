@@ -1,0 +1,263 @@
+"""Engine benchmark on a GPU: a Llama-3-8B-shaped model (random bf16 weights) vs HF transformers, same weights.
+
+Checks our logits against transformers first, then measures side by side in one run:
+- the two ceilings: bf16 matmul TFLOP/s (8192^3, random data) and device-to-device copy GB/s;
+- prefill of 4 x 2048 tokens: tokens/s and model FLOP utilisation vs the measured matmul peak;
+- decode tokens/s at batch 1 and 64 against the HBM roofline (weights + KV bytes per step / copy bandwidth);
+- the same decode with position-free keys off (the rotated-key baseline): MiniPIC's cost.
+
+    python bench/gpu_engine.py --out results.json          # on the H200
+    python bench/gpu_engine.py --tiny                      # a small model on the CPU: checks the script runs
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+LLAMA3_8B = dict(
+    architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=4096, intermediate_size=14336,
+    num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=128256,
+    rms_norm_eps=1e-5, rope_theta=500000.0, max_position_embeddings=8192, tie_word_embeddings=False,
+    bos_token_id=128000, eos_token_id=128001,
+)  # fmt: skip
+TINY = dict(LLAMA3_8B, hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=8,
+            num_key_value_heads=2, head_dim=32, vocab_size=1024, max_position_embeddings=2048, bos_token_id=1,
+            eos_token_id=2)  # fmt: skip
+
+
+def sync(device):
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def timed(fn, device, repeat=3):
+    """Median wall time of fn() over `repeat` runs after one warm-up."""
+    fn()
+    times = []
+    for _ in range(repeat):
+        sync(device)
+        start = time.perf_counter()
+        fn()
+        sync(device)
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]
+
+
+def ceilings(device):
+    if device != "cuda":
+        return {"matmul_tflops": float("nan"), "copy_gbps": float("nan")}
+    a = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
+    t = timed(lambda: [a @ b for _ in range(10)], device) / 10
+    src = torch.randn(1 << 30, device=device, dtype=torch.float32)  # 4 GiB
+    dst = torch.empty_like(src)
+    c = timed(lambda: dst.copy_(src), device)
+    return {"matmul_tflops": 2 * 8192**3 / t / 1e12, "copy_gbps": 2 * src.numel() * 4 / c / 1e9}
+
+
+def hf_from_engine(llm, cfg_dict, device, dtype):
+    """transformers' LlamaForCausalLM holding exactly our engine's weights (q/k/v and gate/up unfused)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(**{k: v for k, v in cfg_dict.items() if k not in ("architectures", "model_type")})
+    with torch.device("meta"):
+        hf = LlamaForCausalLM(config)
+    ours = llm.engine.runner.model
+    q, kv = config.num_attention_heads * config.head_dim, config.num_key_value_heads * config.head_dim
+    state = {}
+    for name, tensor in ours.state_dict().items():
+        if name == "cos_sin":
+            continue
+        hf_name = "lm_head.weight" if name == "lm_head.weight" else "model." + name
+        if "qkv_proj" in name:
+            for part, chunk in zip(("q_proj", "k_proj", "v_proj"), tensor.split([q, kv, kv]), strict=True):
+                state[hf_name.replace("qkv_proj", part)] = chunk
+        elif "gate_up_proj" in name:
+            for part, chunk in zip(("gate_proj", "up_proj"), tensor.chunk(2), strict=True):
+                state[hf_name.replace("gate_up_proj", part)] = chunk
+        else:
+            state[hf_name] = tensor
+    hf.load_state_dict(state, assign=True, strict=True)
+    hf.model.rotary_emb = type(hf.model.rotary_emb)(config).to(device)  # its buffers were on meta
+    hf.generation_config.eos_token_id = None  # decode exactly max_new_tokens, as ours with ignore_eos
+    hf.generation_config.pad_token_id = 0
+    return hf.to(dtype).eval()
+
+
+def check_logits(llm, hf, vocab, device):
+    """Our prefill logits vs transformers' on the same random prompt (bf16: a loose, documented bound)."""
+    import minipic_lite as mp
+
+    ids = torch.randint(0, vocab, (300,), generator=torch.Generator().manual_seed(1)).tolist()
+    engine = llm.engine
+    seq_id = engine.add_request(ids, mp.SamplingParams(max_tokens=1, detokenize=False))
+    out = engine.scheduler.schedule()
+    ours = engine.runner.prompt_logits(out)
+    engine.abort(seq_id)
+    with torch.no_grad():
+        ref = hf(torch.tensor([ids], device=device)).logits[0].float()
+    err = (ours - ref).abs()
+    agree = (ours.argmax(-1) == ref.argmax(-1)).float().mean().item()
+    return {"max_abs_err": err.max().item(), "mean_abs_err": err.mean().item(),
+            "ref_abs_max": ref.abs().max().item(), "argmax_agreement": agree}  # fmt: skip
+
+
+def prompts(n, length, vocab, seed):
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, vocab, (length,), generator=gen).tolist() for _ in range(n)]
+
+
+def bench_prefill(llm, hf, vocab, device, batch, length, num_params, cfg, peak):
+    import minipic_lite as mp
+
+    params = mp.SamplingParams(max_tokens=1, detokenize=False)
+    seeds = iter(range(100, 200))
+    llm.engine.pool.reset_prefix_cache()
+
+    def ours():
+        llm.generate(prompts(batch, length, vocab, next(seeds)), params, use_tqdm=False)
+
+    t_ours = timed(ours, device)
+    x = torch.tensor(prompts(batch, length, vocab, 7), device=device)
+    with torch.no_grad():
+        t_hf = timed(lambda: hf(x, logits_to_keep=1), device)
+    tokens = batch * length
+    attn = 2 * 2 * cfg["num_hidden_layers"] * batch * length * length / 2 * cfg["num_attention_heads"] * cfg["head_dim"]
+    flops = 2 * num_params * tokens + attn
+    return {
+        "tokens": tokens, "ours_tok_s": tokens / t_ours, "hf_tok_s": tokens / t_hf,
+        "ours_mfu": flops / t_ours / 1e12 / peak, "hf_mfu": flops / t_hf / 1e12 / peak,
+        "ratio_ours_over_hf": t_hf / t_ours,
+    }  # fmt: skip
+
+
+def bench_decode(llm, hf, vocab, device, batch, prompt_len, new_tokens, weight_bytes, kv_token_bytes, bw, run_hf):
+    import minipic_lite as mp
+
+    params = mp.SamplingParams(max_tokens=new_tokens, ignore_eos=True, detokenize=False)
+    outs = []
+
+    def ours():
+        llm.engine.pool.reset_prefix_cache()
+        outs[:] = llm.generate(prompts(batch, prompt_len, vocab, 3), params, use_tqdm=False)
+
+    ours()
+    decode_s = sorted(o.metrics.total_time - o.metrics.ttft for o in outs)[len(outs) // 2]
+    ours_tok_s = batch * (new_tokens - 1) / decode_s
+    # the roofline: every decode step reads all weights once plus each sequence's KV
+    ctx = prompt_len + new_tokens / 2
+    step_bytes = weight_bytes + batch * ctx * kv_token_bytes
+    roofline_tok_s = batch * bw * 1e9 / step_bytes
+    result = {"batch": batch, "prompt_len": prompt_len, "new_tokens": new_tokens, "ours_tok_s": ours_tok_s,
+              "roofline_tok_s": roofline_tok_s, "ours_frac_roofline": ours_tok_s / roofline_tok_s}  # fmt: skip
+    if run_hf:
+        x = torch.tensor(prompts(batch, prompt_len, vocab, 3), device=device)
+
+        def hf_generate(n):
+            with torch.no_grad():
+                hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n, do_sample=False)
+
+        hf_generate(2)  # warm-up
+        # HF's decode time = generate(n) - generate(1): its prefill is not counted against it
+        hf_decode_s = timed(lambda: hf_generate(new_tokens), device, 1) - timed(lambda: hf_generate(1), device, 1)
+        hf_tok_s = batch * (new_tokens - 1) / hf_decode_s
+        result |= {"hf_tok_s": hf_tok_s, "ratio_ours_over_hf": ours_tok_s / hf_tok_s}
+    return result
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--tiny", action="store_true")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    import minipic_lite as mp
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    cfg = TINY if args.tiny else LLAMA3_8B
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    results = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "model": cfg}
+    try:
+        results["git_sha"] = subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True).strip()
+    except Exception:
+        results["git_sha"] = "unknown"
+    results["ceilings"] = ceil = ceilings(device)
+    print("ceilings", ceil, flush=True)
+    model_dir = Path(tempfile.mkdtemp()) / "llama3-8b-shape"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text(json.dumps(cfg))
+    small = args.tiny
+    engines = {}
+    for position_free in (True, False):
+        start = time.perf_counter()
+        engines[position_free] = mp.LLM(
+            str(model_dir), device=device, dtype=str(dtype).removeprefix("torch."), load_format="dummy",
+            position_free=position_free, max_model_len=4096 if not small else 1024, max_num_seqs=64,
+            max_num_batched_tokens=8192 if not small else 1024, memory_utilization=0.35,
+        )  # fmt: skip
+        results[f"startup_s_pf{int(position_free)}"] = time.perf_counter() - start
+        if not position_free:
+            break
+        llm = engines[True]
+        hf = hf_from_engine(llm, cfg, device, dtype)
+        results["logits_check"] = check_logits(llm, hf, cfg["vocab_size"], device)
+        print("logits", results["logits_check"], flush=True)
+        model = llm.engine.runner.model
+        num_params = sum(p.numel() for n, p in model.named_parameters() if "embed_tokens" not in n)
+        weight_bytes = num_params * dtype.itemsize
+        kv_token_bytes = 2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * cfg["head_dim"] * dtype.itemsize
+        pre = (1, 256) if small else (4, 2048)
+        results["prefill"] = bench_prefill(llm, hf, cfg["vocab_size"], device, *pre, num_params, cfg,
+                                           ceil["matmul_tflops"])  # fmt: skip
+        print("prefill", results["prefill"], flush=True)
+        for batch in (1, 64):
+            r = bench_decode(llm, hf, cfg["vocab_size"], device, batch, 512 if not small else 64,
+                             128 if not small else 8, weight_bytes, kv_token_bytes, ceil["copy_gbps"], True)  # fmt: skip
+            results[f"decode_b{batch}"] = r
+            print(f"decode b{batch}", r, flush=True)
+        del hf
+        if device == "cuda":
+            torch.cuda.empty_cache()
+        # the rotated-key engine needs the memory: free ours first
+        del engines[True], llm, model
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    llm = engines[False]
+    r = bench_decode(llm, None, cfg["vocab_size"], device, 64, 512 if not small else 64, 128 if not small else 8,
+                     weight_bytes, kv_token_bytes, ceil["copy_gbps"], False)  # fmt: skip
+    results["decode_b64_rotated_keys"] = r
+    results["position_free_decode_overhead"] = r["ours_tok_s"] / results["decode_b64"]["ours_tok_s"] - 1
+    print("decode b64 rotated keys", r, flush=True)
+    text = json.dumps(results, indent=2)
+    if args.out:
+        Path(args.out).write_text(text)
+    print(summary(results))
+
+
+def summary(r):
+    p, d1, d64 = r["prefill"], r["decode_b1"], r["decode_b64"]
+    lines = [
+        f"device {r['device']}  sha {r['git_sha']}  matmul {r['ceilings']['matmul_tflops']:.0f} TFLOP/s  "
+        f"copy {r['ceilings']['copy_gbps']:.0f} GB/s",
+        f"logits vs HF: max abs {r['logits_check']['max_abs_err']:.3g} (|ref| max "
+        f"{r['logits_check']['ref_abs_max']:.3g}), argmax agreement {r['logits_check']['argmax_agreement']:.3f}",
+        f"prefill {p['tokens']} tok: ours {p['ours_tok_s']:.0f} tok/s (MFU {p['ours_mfu']:.2f}) | HF "
+        f"{p['hf_tok_s']:.0f} tok/s (MFU {p['hf_mfu']:.2f}) | ours/HF {p['ratio_ours_over_hf']:.2f}",
+    ]
+    for name, d in (("b1", d1), ("b64", d64)):
+        lines.append(
+            f"decode {name}: ours {d['ours_tok_s']:.0f} tok/s = {d['ours_frac_roofline']:.2f} of roofline "
+            f"{d['roofline_tok_s']:.0f} | HF {d['hf_tok_s']:.0f} tok/s | ours/HF {d['ratio_ours_over_hf']:.2f}"
+        )
+    lines.append(f"position-free vs rotated keys, decode b64: rotated is {r['position_free_decode_overhead']:+.1%}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
