@@ -1,0 +1,153 @@
+"""The public API on the real SmolLM2: prompts of every kind, sampling, stopping, streaming, bad input."""
+
+import numpy as np
+import pytest
+import torch
+
+import minipic_lite as mp
+from minipic_lite.sampler import apply_top_k_top_p
+
+GREEDY8 = mp.SamplingParams(max_tokens=8, temperature=0.0)
+
+
+def assert_engine_idle(llm):
+    assert not llm.engine.has_unfinished()
+    llm.engine.pool.check_integrity()
+    assert llm.engine.pool.num_free_blocks == llm.engine.pool.num_blocks
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"temperature": -1.0}, "temperature"),
+        ({"temperature": float("nan")}, "temperature"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_k": -2}, "top_k"),
+        ({"stop": [""]}, "stop"),
+        ({"stop_token_ids": [-1]}, "stop_token_ids"),
+        ({"stop": ["x"], "detokenize": False}, "detokenize"),
+    ],
+)
+def test_nonsense_sampling_params_are_rejected(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        mp.SamplingParams(**kwargs)
+
+
+@pytest.mark.parametrize(
+    ("prompt", "message"),
+    [
+        ("", "prompt 1: the prompt is empty"),
+        ([5, 49152], "prompt 1: token id 49152 is outside the vocabulary"),
+        ([1] * 2048, "prompt 1: the prompt has 2048 tokens; the model's context is 2048"),
+    ],
+)
+def test_bad_prompt_names_itself_and_the_engine_keeps_serving(llm, prompt, message):
+    with pytest.raises(ValueError, match=message):
+        llm.generate(["Hello", prompt], GREEDY8, use_tqdm=False)
+    assert_engine_idle(llm)  # nothing of the batch was queued
+    assert len(llm.generate("Hello", GREEDY8, use_tqdm=False)[0].token_ids) == 8
+
+
+def test_prompt_of_the_wrong_type_is_a_type_error(llm):
+    with pytest.raises(TypeError, match="prompt 0"):
+        llm.generate([3.5], GREEDY8, use_tqdm=False)
+
+
+def test_unknown_model_path_and_unsupported_gguf(tmp_path):
+    with pytest.raises(ValueError, match="unknown model"):
+        mp.LLM(str(tmp_path / "nope"))
+    import gguf
+
+    path = tmp_path / "mamba.gguf"
+    writer = gguf.GGUFWriter(str(path), "mamba")
+    writer.add_tensor("x", np.ones(4, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(ValueError, match="holds a 'mamba' model"):
+        mp.LLM(str(path))
+
+
+def test_text_token_ids_and_chat_prompts_agree(llm):
+    messages = [{"role": "user", "content": "Name a color."}]
+    text = llm.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    ids = llm.tokenizer.encode(text, add_special_tokens=False)
+    by_chat, by_text, by_ids = llm.generate([messages, text, ids], GREEDY8, use_tqdm=False)
+    assert by_chat.token_ids == by_text.token_ids == by_ids.token_ids
+    assert by_chat.prompt_token_ids == ids and by_chat.prompt == text
+
+
+def test_finish_reasons_and_stops(llm):
+    prompt = "1, 2, 3, 4, 5, 6,"
+    base = llm.generate(prompt, mp.SamplingParams(max_tokens=12, temperature=0.0), use_tqdm=False)[0]
+    assert base.finish_reason == "length" and len(base.token_ids) == 12
+    assert base.text == llm.tokenizer.decode(base.token_ids, skip_special_tokens=True)
+    stop_text = base.text.split(",")[2]  # e.g. " 9"
+    by_string = llm.generate(prompt, mp.SamplingParams(max_tokens=12, temperature=0.0, stop=[stop_text]),
+                             use_tqdm=False)[0]  # fmt: skip
+    assert by_string.finish_reason == "stop" and by_string.stop_reason == stop_text
+    assert by_string.text == base.text[: base.text.index(stop_text)]
+    stop_id = base.token_ids[3]
+    by_token = llm.generate(prompt, mp.SamplingParams(max_tokens=12, temperature=0.0, stop_token_ids=[stop_id]),
+                            use_tqdm=False)[0]  # fmt: skip
+    assert by_token.finish_reason == "stop" and by_token.token_ids[-1] == stop_id
+    assert by_token.token_ids == base.token_ids[: base.token_ids.index(stop_id) + 1]
+    assert base.metrics.ttft > 0 and base.metrics.total_time >= base.metrics.ttft
+
+
+def test_eos_stops_unless_ignored(llm):
+    chat = [{"role": "user", "content": "Say hi."}]
+    out = llm.generate(chat, mp.SamplingParams(max_tokens=64, temperature=0.0), use_tqdm=False)[0]
+    assert out.finish_reason == "stop" and out.token_ids[-1] == 2  # <|im_end|>
+    ignored = llm.generate(chat, mp.SamplingParams(max_tokens=len(out.token_ids) + 3, temperature=0.0,
+                                                   ignore_eos=True), use_tqdm=False)[0]  # fmt: skip
+    assert ignored.finish_reason == "length" and ignored.token_ids[: len(out.token_ids)] == out.token_ids
+
+
+def test_seeded_sampling_is_reproducible_and_batch_independent(llm):
+    params = [mp.SamplingParams(max_tokens=16, temperature=1.0, seed=s) for s in (1, 1, 2)]
+    a, b, c = llm.generate(["Once upon a time"] * 3, params, use_tqdm=False)
+    assert a.token_ids == b.token_ids != c.token_ids
+    alone = llm.generate("Once upon a time", params[2], use_tqdm=False)[0]
+    assert alone.token_ids == c.token_ids
+
+
+def test_top_k_one_is_greedy(llm):
+    greedy = llm.generate("The sky is", mp.SamplingParams(max_tokens=8, temperature=0.0), use_tqdm=False)[0]
+    top1 = llm.generate("The sky is", mp.SamplingParams(max_tokens=8, temperature=0.8, top_k=1, seed=3),
+                        use_tqdm=False)[0]  # fmt: skip
+    assert top1.token_ids == greedy.token_ids
+
+
+def test_top_k_top_p_masks_exactly():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05], [0.1, 0.2, 0.3, 0.4]]))
+    masked = apply_top_k_top_p(logits, torch.tensor([0, 2]), torch.tensor([0.7, 1.0]))
+    kept = torch.isfinite(masked)
+    # row 0: top-p 0.7 keeps 0.5 and 0.3 (mass before 0.3 is 0.5 < 0.7; before 0.15 it is 0.8)
+    # row 1: top-k 2 keeps 0.4 and 0.3
+    assert kept.tolist() == [[True, True, False, False], [False, False, True, True]]
+    assert torch.equal(masked[kept], logits[kept])
+
+
+def test_stream_yields_growing_text_and_matches_generate(llm):
+    params = mp.SamplingParams(max_tokens=10, temperature=0.0)
+    chunks = list(llm.stream("The quick brown fox", params))
+    assert len(chunks) == 10 and chunks[-1].finished and not chunks[0].finished
+    assert all(b.text.startswith(a.text) for a, b in zip(chunks, chunks[1:]))
+    assert chunks[-1].token_ids == llm.generate("The quick brown fox", params, use_tqdm=False)[0].token_ids
+
+
+def test_closing_a_stream_early_frees_its_request(llm):
+    stream = llm.stream("Tell me a long story.", mp.SamplingParams(max_tokens=50))
+    next(stream)
+    stream.close()
+    assert_engine_idle(llm)
+
+
+def test_module_level_generate_uses_the_embedded_model():
+    out = mp.generate("The capital of France is", max_tokens=4)
+    assert isinstance(out, mp.RequestOutput) and len(out.token_ids) == 4
+    assert "Paris" in out.text
+    assert [o.text for o in mp.generate(["a", "b"], max_tokens=2)] != []
