@@ -1,10 +1,9 @@
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minipic_lite.block_pool import BlockPool, NoFreeBlocksError
 from minipic_lite.hashing import chain_hashes, hash_block, root_hash
-
-import pytest
 
 
 def test_allocate_hands_out_blocks_in_lru_order():
@@ -77,7 +76,9 @@ def test_hash_chain_depends_on_every_earlier_token():
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["alloc", "free", "cache", "hit"]), st.integers(0, 7)), max_size=80))
+@given(
+    st.lists(st.tuples(st.sampled_from(["alloc", "free", "cache", "hit"]), st.integers(0, 7)), max_size=80)
+)
 def test_random_operations_never_leak_or_double_free(ops):
     pool = BlockPool(6)
     held: list[int] = []  # one entry per reference we own
