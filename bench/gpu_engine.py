@@ -13,6 +13,7 @@ Checks our logits against transformers first, then measures side by side in one 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import subprocess
 import tempfile
@@ -97,6 +98,7 @@ def check_logits(llm, hf, vocab, device):
 
     ids = torch.randint(0, vocab, (300,), generator=torch.Generator().manual_seed(1)).tolist()
     engine = llm.engine
+    engine.pool.reset_prefix_cache()
     seq_id = engine.add_request(ids, mp.SamplingParams(max_tokens=1, detokenize=False))
     out = engine.scheduler.schedule()
     ours = engine.runner.prompt_logits(out)
@@ -221,11 +223,9 @@ def main():
                              128 if not small else 8, weight_bytes, kv_token_bytes, ceil["copy_gbps"], True)  # fmt: skip
             results[f"decode_b{batch}"] = r
             print(f"decode b{batch}", r, flush=True)
-        del hf
-        if device == "cuda":
-            torch.cuda.empty_cache()
-        # the rotated-key engine needs the memory: free ours first
-        del engines[True], llm, model
+        # the rotated-key engine needs the memory: free ours first (gc: runner <-> graphs is a cycle)
+        del hf, engines[True], llm, model
+        gc.collect()
         if device == "cuda":
             torch.cuda.empty_cache()
     llm = engines[False]

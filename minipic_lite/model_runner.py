@@ -89,7 +89,13 @@ class ModelRunner:
             budget = self._cuda_budget_after_warmup()
         else:
             budget = min(cache.cpu_kv_cache_gib * GIB, cpu_available_bytes() * cache.memory_utilization)
-        return int(budget // self.block_bytes) - 1
+        num_blocks = int(budget // self.block_bytes) - 1
+        if num_blocks <= 0:
+            raise ValueError(
+                f"no memory is left for the KV cache on {self.device} ({budget / GIB:.2f} GiB after weights and "
+                "activations): raise memory_utilization, pass num_blocks, or free memory"
+            )
+        return num_blocks
 
     @torch.inference_mode()
     def _cuda_budget_after_warmup(self) -> int:
