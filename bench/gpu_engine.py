@@ -174,6 +174,43 @@ def bench_decode(llm, hf, vocab, device, batch, prompt_len, new_tokens, weight_b
     return result
 
 
+def profile_decode(llm, vocab, device, batch, prompt_len, steps=8):
+    """Where a decode step's time goes: engine phases on the host, kernels on the device (torch.profiler)."""
+    import minipic_lite as mp
+
+    engine = llm.engine
+    engine.pool.reset_prefix_cache()
+    params = mp.SamplingParams(max_tokens=10_000, ignore_eos=True, detokenize=False)
+    ids = [engine.add_request(p, params) for p in prompts(batch, prompt_len, vocab, 5)]
+    while any(s.num_computed_tokens < s.num_prompt_tokens for s in engine.scheduler.running) or engine.scheduler.waiting:
+        engine.step()
+    phases = {"schedule": 0.0, "prepare": 0.0, "execute": 0.0, "postprocess": 0.0}
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        out = engine.scheduler.schedule()
+        t1 = time.perf_counter()
+        engine.runner.prepare(out)
+        t2 = time.perf_counter()
+        sampled = engine.runner.execute(out)  # prepares again: execute's time includes one prepare
+        t3 = time.perf_counter()
+        engine.scheduler.postprocess(out, sampled)
+        t4 = time.perf_counter()
+        for name, dt in zip(phases, (t1 - t0, t2 - t1, t3 - t2 - (t2 - t1), t4 - t3), strict=True):
+            phases[name] += dt * 1e3 / steps
+    table = ""
+    if device == "cuda":
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(steps):
+                engine.step()
+            torch.cuda.synchronize()
+        table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=15)
+    for i in ids:
+        engine.abort(i)
+    return {"host_ms_per_step": phases}, table
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--tiny", action="store_true")
@@ -224,6 +261,10 @@ def main():
             results[f"decode_b{batch}"] = r
             print(f"decode b{batch}", r, flush=True)
         # the rotated-key engine needs the memory: free ours first (gc: runner <-> graphs is a cycle)
+        results["decode_b64_profile"], table = profile_decode(llm, cfg["vocab_size"], device, 64,
+                                                              512 if not small else 64)  # fmt: skip
+        print("decode b64 host phases (ms/step)", results["decode_b64_profile"], flush=True)
+        print(table, flush=True)
         del hf, engines[True], llm, model
         gc.collect()
         if device == "cuda":
