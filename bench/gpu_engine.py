@@ -25,7 +25,8 @@ import torch
 LLAMA3_8B = dict(
     architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=4096, intermediate_size=14336,
     num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=128256,
-    rms_norm_eps=1e-5, rope_theta=500000.0, max_position_embeddings=8192, tie_word_embeddings=False,
+    rms_norm_eps=1e-5, rope_theta=500000.0, rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
+    max_position_embeddings=8192, tie_word_embeddings=False,
     bos_token_id=128000, eos_token_id=128001,
 )  # fmt: skip
 TINY = dict(LLAMA3_8B, hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=8,
@@ -87,6 +88,11 @@ def hf_from_engine(llm, cfg_dict, device, dtype):
             state[hf_name] = tensor
     hf.load_state_dict(state, assign=True, strict=True)
     hf.model.rotary_emb = type(hf.model.rotary_emb)(config).to(device)  # its buffers were on meta
+    inv_freq = hf.model.rotary_emb.inv_freq.float().cpu()
+    half = inv_freq.numel()
+    ours_inv_freq = torch.atan2(ours.cos_sin[1, half:], ours.cos_sin[1, :half]).cpu()  # row 1: angle = inv_freq
+    if not torch.allclose(inv_freq, ours_inv_freq, rtol=1e-3, atol=1e-6):
+        raise RuntimeError("transformers and minipic_lite disagree on RoPE frequencies (rope_theta?)")
     hf.generation_config.eos_token_id = None  # decode exactly max_new_tokens, as ours with ignore_eos
     hf.generation_config.pad_token_id = 0
     return hf.to(dtype).eval()
