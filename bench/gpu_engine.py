@@ -149,16 +149,21 @@ def bench_prefill(llm, hf, vocab, device, batch, length, num_params, cfg, peak):
 def bench_decode(llm, hf, vocab, device, batch, prompt_len, new_tokens, weight_bytes, kv_token_bytes, bw, run_hf):
     import minipic_lite as mp
 
+    engine = llm.engine
+    engine.pool.reset_prefix_cache()
     params = mp.SamplingParams(max_tokens=new_tokens, ignore_eos=True, detokenize=False)
-    outs = []
-
-    def ours():
-        llm.engine.pool.reset_prefix_cache()
-        outs[:] = llm.generate(prompts(batch, prompt_len, vocab, 3), params, use_tqdm=False)
-
-    ours()
-    decode_s = sorted(o.metrics.total_time - o.metrics.ttft for o in outs)[len(outs) // 2]
-    ours_tok_s = batch * (new_tokens - 1) / decode_s
+    for p in prompts(batch, prompt_len, vocab, 3):
+        engine.add_request(p, params)
+    # prefill (and the mixed steps that finish it) first; then time the steady decode steps alone
+    while engine.scheduler.waiting or any(s.num_output_tokens == 0 for s in engine.scheduler.running):
+        engine.step()
+    num_tokens = 0
+    sync(device)
+    start = time.perf_counter()
+    while engine.has_unfinished():
+        num_tokens += len(engine.step())
+    sync(device)
+    ours_tok_s = num_tokens / (time.perf_counter() - start)
     # the roofline: every decode step reads all weights once plus each sequence's KV
     ctx = prompt_len + new_tokens / 2
     step_bytes = weight_bytes + batch * ctx * kv_token_bytes
