@@ -1,7 +1,12 @@
 """Shared fixtures: the real SmolLM2 weights (fp32, CPU) in our engine and in transformers (the oracle)."""
 
-import pytest
-import torch
+import os
+
+# NOTE: before anything imports triton: the op's kernel runs on the CPU through Triton's interpreter.
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 
 @pytest.fixture(scope="session")

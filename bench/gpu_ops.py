@@ -1,0 +1,541 @@
+"""GPU validation and benchmark of ``ops.rope_paged_attention`` (the Triton kernel), in one run.
+
+    python bench/gpu_ops.py [--sweep] [--out DIR]      # on a CUDA machine; results in $OUT or --out
+    TRITON_INTERPRET=1 python bench/gpu_ops.py --smoke  # CPU dry run of the script's logic, tiny shapes
+
+1. Ceilings: device-to-device copy bandwidth (bytes read + written) and a bf16 8192^3 matmul.
+2. Validation on the GPU: the kernel (NaN-poisoned output) against the float32 reference (small cases) or the
+   vectorized torch impl (large cases): holes, SSEP segments, repeated / shared physical blocks, GQA 1/3/4,
+   partial rotary, fp32/fp16/bf16, head_dim 64/128/256, block size 16/32, forced split-KV, int64 offsets
+   (a cache of more than 2^31 elements, used blocks at the top).
+3. Benchmarks, side by side in the same process: (a) torch SDPA, flash backend, on the same problem unpaged
+   with pre-rotated keys (causal for prefill), (b) the op with ``cos_sin=None`` (keys rotated at write),
+   (c) the op in position-free mode (keys rotated in the kernel). Llama-3-8B heads (32/8, d=128) and
+   SmolLM2-135M heads (9/3, d=64), bf16, block size 16, shuffled physical blocks.
+   With ``--sweep`` the kernel's tile configs are swept too (best config reported beside the default).
+
+Writes ``gpu_ops.json`` and ``gpu_ops.txt`` and prints the short table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+import traceback
+import zlib
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from ops import rope_paged_attention  # noqa: E402
+from ops.rope import rope_cos_sin  # noqa: E402
+from ops.testing import Problem, SeqSpec, make_problem  # noqa: E402
+from ops.triton_kernel import pick_config, rope_paged_attention_triton  # noqa: E402
+
+LLAMA = dict(num_heads=32, num_kv_heads=8, head_dim=128)
+SMOL = dict(num_heads=9, num_kv_heads=3, head_dim=64)
+# (BLOCK_M, TILE_N, num_warps, num_stages[, PRE_ROTATE]) candidates for --sweep
+PREFILL_SWEEP = [(128, 128, 8, 2, False), (128, 64, 8, 3, False), (128, 64, 8, 3, True), (128, 128, 8, 2, True)]
+DECODE_SWEEP = [(16, 64, 8, 3), (16, 64, 4, 3), (16, 128, 4, 2), (16, 32, 4, 3), (16, 128, 8, 2)]
+SPLIT_SWEEP = [1, 2, 4, 8, 16]
+
+
+class Clock:
+    """Median GPU time of a callable in ms, or one wall-clock run in smoke mode.
+
+    Replays a CUDA graph of many calls (triton's do_bench_cudagraph), so Python launch overhead (tens of
+    microseconds for a small decode) stays out of both the baseline's and the op's numbers; falls back to
+    do_bench (L2 flushed between calls) if capture fails. Inputs smaller than the 60 MB L2 stay cached
+    between graph replays, for the baseline and the op alike.
+    """
+
+    def __init__(self, smoke: bool):
+        self.smoke = smoke
+
+    def __call__(self, fn, graph: bool = True) -> float:
+        if self.smoke:
+            start = time.perf_counter()
+            fn()
+            return (time.perf_counter() - start) * 1e3
+        import triton.testing
+
+        fn()  # compile and warm up outside the capture
+        torch.cuda.synchronize()
+        if not graph:
+            return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+        try:
+            return triton.testing.do_bench_cudagraph(fn, rep=50, return_mode="median")
+        except Exception:  # noqa: BLE001 -- some callables cannot be captured
+            torch.cuda.synchronize()
+            return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+# ------------------------------------------------------------------------------------------------------
+# 1. ceilings
+# ------------------------------------------------------------------------------------------------------
+
+
+def measure_ceilings(clock: Clock, device) -> dict:
+    x = torch.randn(1 << 29, device=device, dtype=torch.bfloat16)  # 1 GiB
+    y = torch.empty_like(x)
+    # NOTE: timed without a graph: graph-replayed 1 GiB copies read 2.7 TB/s on the H200 (runs 2 and 3 of
+    # bench/results), below what the decode kernel itself moves (3.8 TB/s); do_bench read 4.2 TB/s.
+    ms = clock(lambda: y.copy_(x), graph=False)
+    copy_gbs = 2 * x.numel() * x.element_size() / ms / 1e6
+    n = 8192
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    ms = clock(lambda: a @ b, graph=False)
+    return {"copy_GBps": copy_gbs, "bf16_matmul_TFLOPs": 2 * n**3 / ms / 1e9}
+
+
+# ------------------------------------------------------------------------------------------------------
+# 2. validation
+# ------------------------------------------------------------------------------------------------------
+
+
+def rel_error(actual: torch.Tensor, expected: torch.Tensor) -> tuple[float, float]:
+    diff = actual.float() - expected.float()
+    return (diff.norm() / expected.float().norm()).item(), diff.abs().max().item()
+
+
+TOLERANCE = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 1e-2}  # on ||out - ref|| / ||ref||
+
+
+def validation_cases(smoke: bool) -> list[dict]:
+    mixed = [
+        SeqSpec(130, ((0, 16), (48, 80), (112, 130)), ((16, 48), (48, 112))),
+        SeqSpec.decode(77),
+        SeqSpec(200, ((150, 200),), ((144, 200),)),
+        SeqSpec.decode(1),
+    ]
+    decodes = [SeqSpec.decode(n) for n in (1, 17, 300, 513, 1000, 64, 1500, 2)]
+    small = dict(repeat_block=True, share_span=True, reference="ref")
+    cases = [
+        dict(
+            name="mixed holes ssep gqa4 bf16 d128",
+            specs=mixed,
+            num_heads=8,
+            num_kv_heads=2,
+            head_dim=128,
+            dtype=torch.bfloat16,
+            **small,
+        ),
+        dict(
+            name="mixed gqa3 fp16 d64 B32 rot32",
+            specs=mixed,
+            num_heads=9,
+            num_kv_heads=3,
+            head_dim=64,
+            block_size=32,
+            rotary_dim=32,
+            dtype=torch.float16,
+            **small,
+        ),
+        dict(
+            name="mixed mha fp32 d256 rot64",
+            specs=mixed,
+            num_heads=4,
+            num_kv_heads=4,
+            head_dim=256,
+            rotary_dim=64,
+            dtype=torch.float32,
+            **small,
+        ),
+        dict(
+            name="mixed gqa4 bf16 d128 keys-as-stored",
+            specs=mixed,
+            num_heads=8,
+            num_kv_heads=2,
+            head_dim=128,
+            dtype=torch.bfloat16,
+            position_free=False,
+            **small,
+        ),
+        dict(
+            name="decode split4 bf16 gqa4",
+            specs=decodes,
+            num_heads=8,
+            num_kv_heads=2,
+            head_dim=128,
+            dtype=torch.bfloat16,
+            config=dict(NUM_SPLITS=4),
+            **small,
+        ),
+        dict(
+            name="mixed BLOCK_M64 fp16 gqa4",
+            specs=mixed,
+            num_heads=8,
+            num_kv_heads=2,
+            head_dim=128,
+            dtype=torch.float16,
+            config=dict(BLOCK_M=64),
+            **small,
+        ),
+        dict(
+            name="mixed in-kernel rope bf16 gqa4",
+            specs=mixed,
+            num_heads=8,
+            num_kv_heads=2,
+            head_dim=128,
+            dtype=torch.bfloat16,
+            config=dict(PRE_ROTATE=False),
+            **small,
+        ),
+        dict(
+            name="decode pre-rotated gqa3 d64 rot32",
+            specs=decodes,
+            num_heads=9,
+            num_kv_heads=3,
+            head_dim=64,
+            rotary_dim=32,
+            dtype=torch.bfloat16,
+            config=dict(PRE_ROTATE=True),
+            **small,
+        ),
+    ]
+    if smoke:
+        return cases[:2]
+    big = dict(reference="torch", dtype=torch.bfloat16, **LLAMA)
+    holes = SeqSpec(2048, ((0, 512), (1024, 2048)), ((512, 1536),))
+    decode_64 = [SeqSpec.decode(1000 + 16 * i) for i in range(64)]
+    chunk_and_decodes = [SeqSpec(1536, ((1024, 1536),))] + [SeqSpec.decode(300 + 37 * i) for i in range(31)]
+    smol = dict(specs=[SeqSpec.prefill(1024)], reference="torch", dtype=torch.bfloat16, **SMOL)
+    cases += [
+        dict(name="prefill 2k holes ssep llama", specs=[holes], **big),
+        dict(name="prefill 2k holes in-kernel rope", specs=[holes], config=dict(PRE_ROTATE=False), **big),
+        dict(name="decode 64x~2k llama default", specs=decode_64, **big),
+        dict(name="decode 64x~2k llama split8", specs=decode_64, config=dict(NUM_SPLITS=8), **big),
+        dict(name="mixed chunk512+31 decodes llama", specs=chunk_and_decodes, **big),
+        dict(name="prefill 1k smollm2 keys-as-stored", position_free=False, **smol),
+        dict(name="prefill 1k smollm2", **smol),
+    ]
+    return cases
+
+
+def run_validation_case(case: dict, device) -> dict:
+    case = dict(case)
+    name, reference, config = case.pop("name"), case.pop("reference"), case.pop("config", None)
+    problem = make_problem(device=device, seed=zlib.crc32(name.encode()) % 1000, **case)
+    out = torch.full_like(problem.q, float("nan"))  # poisoned: every element must be written
+    rope_paged_attention_triton(*problem.args(), config=config, out=out)
+    expected = rope_paged_attention(*problem.args(), impl=reference)
+    return check_result(name, out, expected, problem.q.dtype, reference)
+
+
+def check_result(name, out, expected, dtype, reference) -> dict:
+    rel, max_abs = rel_error(out, expected)
+    ok = bool(torch.isfinite(out).all()) and rel < TOLERANCE[dtype]
+    return dict(name=name, reference=reference, rel_err=rel, max_abs_err=max_abs, ok=ok)
+
+
+def run_int64_case(device) -> dict:
+    """A cache of more than 2^31 elements per tensor; the sequences use the highest block ids."""
+    block_size, kv_heads, head_dim = 16, 8, 128
+    num_blocks = (1 << 31) // (block_size * kv_heads * head_dim) + 2048
+    cache_shape = (num_blocks, block_size, kv_heads, head_dim)
+    k_cache = torch.randn(cache_shape, device=device, dtype=torch.bfloat16)
+    v_cache = torch.randn(cache_shape, device=device, dtype=torch.bfloat16)
+    specs = [SeqSpec(1500, ((0, 300), (1200, 1500))), SeqSpec.decode(2000), SeqSpec.decode(777)]
+    small = make_problem(specs, num_heads=32, num_kv_heads=kv_heads, head_dim=head_dim, dtype=torch.bfloat16,
+                         device=device, seed=7)  # fmt: skip
+    top = torch.randperm(2000, device=device)[: small.block_tables.numel()] + (num_blocks - 2000)
+    tables = torch.where(small.block_tables >= 0, top.view_as(small.block_tables).int(), -1)
+    problem = Problem(small.q, k_cache, v_cache, tables, *small.args()[4:])
+    assert int(tables.max()) * block_size * kv_heads * head_dim > 2**31
+    out = torch.full_like(problem.q, float("nan"))
+    rope_paged_attention_triton(*problem.args(), out=out)
+    expected = rope_paged_attention(*problem.args(), impl="torch")
+    result = check_result("int64 offsets (cache > 2^31 elems)", out, expected, torch.bfloat16, "torch")
+    del k_cache, v_cache, problem
+    torch.cuda.empty_cache()
+    return result
+
+
+# ------------------------------------------------------------------------------------------------------
+# 3. benchmarks
+# ------------------------------------------------------------------------------------------------------
+
+
+def paged_problem(kind: str, batch: int, length: int, heads: dict, device, dtype=torch.bfloat16):
+    """A paged problem built on the device: prefill (one sequence, ``length`` queries) or decode."""
+    block_size = 16
+    num_heads, num_kv_heads, head_dim = heads["num_heads"], heads["num_kv_heads"], heads["head_dim"]
+    blocks_per_seq = math.ceil(length / block_size)
+    num_blocks = batch * blocks_per_seq
+    tables = torch.randperm(num_blocks, device=device).int().view(batch, blocks_per_seq)
+    q_len = length if kind == "prefill" else 1
+    num_tokens = batch * q_len
+    cu = torch.arange(batch + 1, device=device, dtype=torch.int32) * q_len
+    positions = (torch.arange(num_tokens, device=device) % q_len) + (length - q_len)
+    cache_shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    return Problem(
+        q=torch.randn(num_tokens, num_heads, head_dim, device=device, dtype=dtype),
+        k_cache=torch.randn(cache_shape, device=device, dtype=dtype),
+        v_cache=torch.randn(cache_shape, device=device, dtype=dtype),
+        block_tables=tables,
+        cu_seqlens_q=cu,
+        q_positions=positions.int(),
+        kv_lens=torch.full((batch,), length, device=device, dtype=torch.int32),
+        visible_start=torch.zeros(num_tokens, device=device, dtype=torch.int32),
+        cos_sin=rope_cos_sin(length, head_dim, device=device),
+        scale=head_dim**-0.5,
+    )
+
+
+def sdpa_baseline(kind: str, batch: int, length: int, heads: dict, device, dtype=torch.bfloat16):
+    """torch SDPA (flash backend) on the unpaged problem; returns (callable, note)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    num_heads, num_kv_heads, head_dim = heads["num_heads"], heads["num_kv_heads"], heads["head_dim"]
+    q_len = length if kind == "prefill" else 1
+    q = torch.randn(batch, num_heads, q_len, head_dim, device=device, dtype=dtype)
+    k = torch.randn(batch, num_kv_heads, length, head_dim, device=device, dtype=dtype)
+    v = torch.randn(batch, num_kv_heads, length, head_dim, device=device, dtype=dtype)
+    causal = kind == "prefill"
+
+    def gqa():
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+
+    try:
+        gqa()
+        return gqa, "flash, enable_gqa"
+    except RuntimeError:
+        group = num_heads // num_kv_heads
+        k_rep, v_rep = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+
+        def expanded():
+            with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                return F.scaled_dot_product_attention(q, k_rep, v_rep, is_causal=causal)
+
+        expanded()
+        return expanded, "flash, kv expanded to all heads"
+
+
+def problem_cost(kind: str, batch: int, length: int, heads: dict) -> tuple[float, float]:
+    """(flops, minimal bytes): causal pairs for prefill; K+V read once (+ q, out) for decode."""
+    num_heads, num_kv_heads, head_dim = heads["num_heads"], heads["num_kv_heads"], heads["head_dim"]
+    q_len = length if kind == "prefill" else 1
+    pairs = batch * (length * (length + 1) // 2 if kind == "prefill" else length)
+    flops = 4.0 * pairs * num_heads * head_dim
+    bytes_ = 2.0 * (2 * batch * length * num_kv_heads * head_dim + 2 * batch * q_len * num_heads * head_dim)
+    return flops, bytes_
+
+
+def op_callable(problem: Problem, position_free: bool, config: dict | None):
+    args = list(problem.args())
+    if not position_free:
+        args[8] = None
+    if config is None:
+        return lambda: rope_paged_attention(*args, impl="triton", check=False)
+    return lambda: rope_paged_attention_triton(*args, config=config)
+
+
+def sweep_configs(kind: str, problem: Problem) -> list[dict]:
+    if kind == "prefill":
+        return [
+            dict(BLOCK_M=m, TILE_N=n, num_warps=w, num_stages=s, NUM_SPLITS=1, PRE_ROTATE=r)
+            for m, n, w, s, r in PREFILL_SWEEP
+        ]
+    configs = [dict(BLOCK_M=m, TILE_N=n, num_warps=w, num_stages=s) for m, n, w, s in DECODE_SWEEP]
+    return configs + [dict(NUM_SPLITS=s) for s in SPLIT_SWEEP]
+
+
+def default_config(kind: str, batch: int, length: int, heads: dict, device) -> dict:
+    q_len = length if kind == "prefill" else 1
+    group = heads["num_heads"] // heads["num_kv_heads"]
+    max_context = math.ceil(length / 16) * 16
+    return pick_config(batch * q_len, batch, heads["num_kv_heads"], group, heads["head_dim"], max_context, True, device)
+
+
+def run_benchmark(name, kind, batch, length, heads, clock, device) -> dict:
+    problem = paged_problem(kind, batch, length, heads, device)
+    sdpa, note = sdpa_baseline(kind, batch, length, heads, device)
+    flops, bytes_ = problem_cost(kind, batch, length, heads)
+    row = dict(name=name, kind=kind, batch=batch, length=length, heads=heads, flops=flops, bytes=bytes_)
+    row["sdpa_note"] = note
+    row["config"] = default_config(kind, batch, length, heads, device)
+    row["sdpa_ms"] = clock(sdpa)
+    row["op_none_ms"] = clock(op_callable(problem, False, None))
+    row["op_pf_ms"] = clock(op_callable(problem, True, None))
+    return row
+
+
+def run_sweep(row: dict, clock, device, deadline: float) -> None:
+    """Time the op under each candidate config (until the deadline); fills ``row["sweep"]``."""
+    problem = paged_problem(row["kind"], row["batch"], row["length"], row["heads"], device)
+    row["sweep"] = []
+    for config in sweep_configs(row["kind"], problem):
+        if time.time() > deadline:
+            break
+        entry = dict(config=config)
+        for mode, pf in (("none", False), ("pf", True)):
+            try:
+                entry[f"{mode}_ms"] = clock(op_callable(problem, pf, config))
+            except Exception as exc:  # noqa: BLE001 -- a config may not fit (shared memory, registers)
+                entry[f"{mode}_ms"] = None
+                entry["error"] = f"{type(exc).__name__}: {str(exc)[:120]}"
+        row["sweep"].append(entry)
+
+
+SWEPT = (
+    "llama decode b64 x 8k",
+    "llama prefill 16k",
+    "llama decode b16 x 8k",
+    "smollm2 decode b64 x 8k",
+    "llama prefill 4k",
+    "llama decode b1 x 8k",
+)
+
+
+def benchmark_plan(smoke: bool) -> list[tuple]:
+    if smoke:
+        return [("smoke prefill", "prefill", 1, 64, SMOL), ("smoke decode", "decode", 4, 80, SMOL)]
+    plan = [(f"llama prefill {n // 1024}k", "prefill", 1, n, LLAMA) for n in (1024, 4096, 16384)]
+    plan += [(f"llama decode b{b} x {n // 1024}k", "decode", b, n, LLAMA) for b in (1, 16, 64) for n in (1024, 8192)]
+    plan += [
+        ("smollm2 prefill 4k", "prefill", 1, 4096, SMOL),
+        ("smollm2 prefill 16k", "prefill", 1, 16384, SMOL),
+        ("smollm2 decode b64 x 1k", "decode", 64, 1024, SMOL),
+        ("smollm2 decode b64 x 8k", "decode", 64, 8192, SMOL),
+    ]
+    return plan
+
+
+# ------------------------------------------------------------------------------------------------------
+# report
+# ------------------------------------------------------------------------------------------------------
+
+
+def summarize(row: dict, ceilings: dict) -> dict:
+    best = {}
+    for entry in row.get("sweep", []):
+        for mode in ("none", "pf"):
+            ms = entry.get(f"{mode}_ms")
+            if ms is not None and ms < best.get(mode, (math.inf, None))[0]:
+                best[mode] = (ms, entry["config"])
+    row["best"] = {mode: dict(ms=ms, config=cfg) for mode, (ms, cfg) in best.items()}
+    per_s = 1e3 / row["op_pf_ms"]
+    row["rope_overhead"] = row["op_pf_ms"] / row["op_none_ms"] - 1
+    row["sdpa_over_none"] = row["sdpa_ms"] / row["op_none_ms"]
+    row["sdpa_over_pf"] = row["sdpa_ms"] / row["op_pf_ms"]
+    row["pf_TFLOPs"] = row["flops"] * per_s / 1e12
+    row["pf_GBps"] = row["bytes"] * per_s / 1e9
+    row["sdpa_TFLOPs"] = row["flops"] / row["sdpa_ms"] / 1e9
+    row["sdpa_GBps"] = row["bytes"] / row["sdpa_ms"] / 1e6
+    if ceilings.get("copy_GBps"):
+        row["pf_frac_hbm"] = row["pf_GBps"] / ceilings["copy_GBps"]
+        row["sdpa_frac_hbm"] = row["sdpa_GBps"] / ceilings["copy_GBps"]
+    return row
+
+
+def table(rows: list[dict], ceilings: dict) -> str:
+    head = (
+        f"{'case':26s} {'sdpa ms':>8s} {'none ms':>8s} {'pf ms':>8s} {'sdpa/none':>9s} {'sdpa/pf':>8s} "
+        f"{'rope +%':>7s} {'pf TF/s':>8s} {'pf GB/s':>8s} {'%copy':>6s} {'best pf ms':>10s}"
+    )
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        best_pf = r.get("best", {}).get("pf", {}).get("ms")
+        lines.append(
+            f"{r['name']:26s} {r['sdpa_ms']:8.3f} {r['op_none_ms']:8.3f} {r['op_pf_ms']:8.3f} "
+            f"{r['sdpa_over_none']:9.2f} {r['sdpa_over_pf']:8.2f} {100 * r['rope_overhead']:7.1f} "
+            f"{r['pf_TFLOPs']:8.1f} {r['pf_GBps']:8.0f} {100 * r.get('pf_frac_hbm', 0):6.1f} "
+            f"{best_pf if best_pf is None else round(best_pf, 3)!s:>10s}"
+        )
+    if ceilings:
+        lines.append(
+            f"ceilings: copy {ceilings['copy_GBps']:.0f} GB/s (read + write), "
+            f"bf16 matmul {ceilings['bf16_matmul_TFLOPs']:.0f} TFLOP/s"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sweep", action="store_true", help="also sweep the kernel's tile configs")
+    parser.add_argument("--smoke", action="store_true", help="CPU dry run (TRITON_INTERPRET=1), tiny shapes")
+    parser.add_argument("--only", default="", help="run only benchmarks whose name contains this")
+    parser.add_argument("--skip-validation", action="store_true")
+    parser.add_argument("--out", default=os.environ.get("OUT", "bench/results"))
+    parser.add_argument("--budget-s", type=float, default=400.0, help="stop sweeping after this many seconds")
+    args = parser.parse_args()
+    start = time.time()
+    deadline = start + args.budget_s
+    device = torch.device("cpu" if args.smoke else "cuda")
+    if args.smoke:
+        from ops.testing import patch_interpreter_bf16_dot
+
+        patch_interpreter_bf16_dot()
+    os.makedirs(args.out, exist_ok=True)
+    clock = Clock(args.smoke)
+    report: dict = dict(meta=dict(torch=torch.__version__, smoke=args.smoke))
+    if not args.smoke:
+        import triton
+
+        report["meta"].update(
+            triton=triton.__version__, device=torch.cuda.get_device_name(), git=os.environ.get("GIT_SHA")
+        )
+    json_path = os.path.join(args.out, "gpu_ops.json")
+
+    def save():
+        with open(json_path, "w") as f:
+            json.dump(report, f, indent=1, default=str)
+
+    report["ceilings"] = {} if args.smoke else measure_ceilings(clock, device)
+    print("ceilings", report["ceilings"], flush=True)
+    report["validation"] = []
+    for case in [] if args.skip_validation else validation_cases(args.smoke):
+        try:
+            result = run_validation_case(case, device)
+        except Exception:  # noqa: BLE001 -- record and go on: the rest of the run still informs
+            result = dict(name=case["name"], ok=False, error=traceback.format_exc()[-800:])
+        print("validate", result, flush=True)
+        report["validation"].append(result)
+        save()
+    if not (args.smoke or args.skip_validation):
+        try:
+            result = run_int64_case(device)
+        except Exception:  # noqa: BLE001
+            result = dict(name="int64 offsets", ok=False, error=traceback.format_exc()[-800:])
+        print("validate", result, flush=True)
+        report["validation"].append(result)
+    save()
+    rows = []
+    for name, kind, batch, length, heads in benchmark_plan(args.smoke):
+        if args.only not in name:
+            continue
+        try:
+            row = run_benchmark(name, kind, batch, length, heads, clock, device)
+        except Exception:  # noqa: BLE001
+            print("bench failed", name, traceback.format_exc()[-800:], flush=True)
+            continue
+        rows.append(summarize(row, report["ceilings"]))
+        print("bench", row, flush=True)
+        report["bench"] = rows
+        save()
+    if args.sweep:
+        for row in rows:
+            if time.time() < deadline and (row["name"] in SWEPT or args.smoke):
+                run_sweep(row, clock, device, deadline)
+                summarize(row, report["ceilings"])
+                print("sweep", row["name"], row["best"], flush=True)
+                save()
+    text = table(rows, report["ceilings"])
+    num_ok = sum(r["ok"] for r in report["validation"])
+    text += f"\nvalidation: {num_ok}/{len(report['validation'])} cases pass; wall {time.time() - start:.0f} s"
+    with open(os.path.join(args.out, "gpu_ops.txt"), "w") as f:
+        f.write(text + "\n")
+    save()
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,508 @@
+"""Triton kernel for ``rope_paged_attention``: one launch for prefill chunks, holes, decode and mixed batches.
+
+Design (after vLLM's unified attention and Triton tutorial 06):
+
+* A program owns one *query tile* of one sequence and one kv head. The tile's ``BLOCK_M`` rows are
+  ``BLOCK_Q`` consecutive query tokens x the ``GROUP`` query heads that share the kv head (GQA packing),
+  so a decode token with 4 query heads per kv head fills 4 rows of a 16-row tile instead of 1.
+* The grid has ``num_tokens // BLOCK_Q + num_seqs`` tiles (an upper bound that needs no host sync); each
+  program finds its sequence by binary search over ``cu_seqlens_q`` and exits if its tile is past the end.
+* It walks key tiles of ``TILE_N`` logical positions; key j is read from physical block
+  ``block_tables[s, j // BLOCK_SIZE]`` (int64 address math) and, in position-free mode, rotated in
+  registers at position j: the two rotary halves are loaded through offset pointers and combined with the
+  cos/sin rows of the key positions in fp32, then rounded to the cache dtype for ``tl.dot``.
+  Online softmax in fp32 (base 2).
+* Only key tiles inside ``[min visible_start, max position]`` of the query tile are visited; tiles inside
+  ``[max visible_start, min position]`` are visible to every row and skip the mask.
+* Prefill-like batches (many query tiles per key tile) in position-free mode first rotate every key once
+  into a per-call scratch (``_rotate_keys_kernel``, one extra pass over the keys) and then run the kernel
+  with keys as stored: rotating inside the kernel would redo it in every query tile (measured +33% at 16k).
+* Split-KV (flash-decoding): with ``NUM_SPLITS > 1`` the key range of a tile is cut into NUM_SPLITS chunks
+  run by separate programs that write partial (out, max, sum) to fp32 scratch; ``_reduce_splits_kernel``
+  merges them.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+MIN_KEYS_PER_SPLIT = 512
+
+
+@triton.jit
+def _find_seq(cu_seqlens_q_ptr, tile_id, num_seqs, BLOCK_Q: tl.constexpr):
+    """Largest s with ``cu[s] // BLOCK_Q + s <= tile_id``: the sequence that owns query tile ``tile_id``."""
+    left = 0
+    right = num_seqs
+    while left < right:
+        mid = (left + right) // 2
+        first_tile = tl.load(cu_seqlens_q_ptr + mid) // BLOCK_Q + mid
+        if first_tile <= tile_id:
+            left = mid + 1
+        else:
+            right = mid
+    return left - 1
+
+
+@triton.jit
+def _attend_key_tiles(
+    acc,
+    m_i,
+    l_i,
+    q_lo,  # [BLOCK_M, HALF_PAD] (rotary mode) or [BLOCK_M, HEAD_DIM]
+    q_hi,  # [BLOCK_M, HALF_PAD] (rotary mode only)
+    q_pass,  # [BLOCK_M, HEAD_DIM] dims >= ROTARY_DIM (only when ROTARY_DIM < HEAD_DIM)
+    row_pos,  # [BLOCK_M] query positions
+    row_vis,  # [BLOCK_M] visible_start
+    tile_begin,
+    tile_end,
+    key_end,  # keys j >= key_end are never read
+    k_cache_ptr,  # [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD_DIM]
+    v_cache_ptr,  # [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD_DIM]
+    k_table_ptr,  # [max_blocks] this sequence's row of the key block table
+    v_table_ptr,  # [max_blocks] this sequence's row of the value block table
+    cos_sin_ptr,  # [max_position, ROTARY_DIM]
+    kv_head,
+    qk_scale,
+    stride_k_blk,
+    stride_k_slot,
+    stride_k_head,
+    stride_v_blk,
+    stride_v_slot,
+    stride_v_head,
+    stride_cs_pos,
+    BLOCK_SIZE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    ROTARY_DIM: tl.constexpr,
+    HALF_PAD: tl.constexpr,
+    TILE_N: tl.constexpr,
+    APPLY_MASK: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    HALF: tl.constexpr = ROTARY_DIM // 2
+    offs_n = tl.arange(0, TILE_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    offs_h = tl.arange(0, HALF_PAD)
+    for tile in range(tile_begin, tile_end):
+        key_pos = tile * TILE_N + offs_n  # [TILE_N] logical key positions
+        key_ok = key_pos < key_end
+        # -- address keys through the block table (int64: num_blocks * B * heads * d may exceed 2^31) --
+        k_blocks = tl.load(k_table_ptr + key_pos // BLOCK_SIZE, mask=key_ok, other=0).to(tl.int64)
+        v_blocks = tl.load(v_table_ptr + key_pos // BLOCK_SIZE, mask=key_ok, other=0).to(tl.int64)
+        slots = (key_pos % BLOCK_SIZE).to(tl.int64)
+        k_base = k_blocks * stride_k_blk + slots * stride_k_slot + kv_head * stride_k_head  # [TILE_N]
+        v_base = v_blocks * stride_v_blk + slots * stride_v_slot + kv_head * stride_v_head  # [TILE_N]
+        # -- compute qk --
+        if ROTARY_DIM > 0:
+            half_ok = key_ok[None, :] & (offs_h[:, None] < HALF)  # [HALF_PAD, TILE_N]
+            k_ptrs = k_cache_ptr + k_base[None, :] + offs_h[:, None]  # K^T, first rotary half
+            k1 = tl.load(k_ptrs, mask=half_ok, other=0.0).to(tl.float32)  # [HALF_PAD, TILE_N]
+            k2 = tl.load(k_ptrs + HALF, mask=half_ok, other=0.0).to(tl.float32)  # [HALF_PAD, TILE_N]
+            cs_ptrs = cos_sin_ptr + key_pos[None, :].to(tl.int64) * stride_cs_pos + offs_h[:, None]
+            cos = tl.load(cs_ptrs, mask=half_ok, other=0.0).to(tl.float32)  # [HALF_PAD, TILE_N]
+            sin = tl.load(cs_ptrs + HALF, mask=half_ok, other=0.0).to(tl.float32)  # [HALF_PAD, TILE_N]
+            k1_rot = (k1 * cos - k2 * sin).to(q_lo.dtype)
+            k2_rot = (k2 * cos + k1 * sin).to(q_lo.dtype)
+            qk = tl.dot(q_lo, k1_rot, input_precision=DOT_PRECISION)
+            qk = tl.dot(q_hi, k2_rot, qk, input_precision=DOT_PRECISION)  # [BLOCK_M, TILE_N]
+            if ROTARY_DIM < HEAD_DIM:  # dims past rotary_dim pass through unrotated
+                pass_ok = key_ok[None, :] & (offs_d[:, None] >= ROTARY_DIM)
+                k_pass = tl.load(k_cache_ptr + k_base[None, :] + offs_d[:, None], mask=pass_ok, other=0.0)
+                qk = tl.dot(q_pass, k_pass, qk, input_precision=DOT_PRECISION)
+        else:
+            k_ptrs = k_cache_ptr + k_base[None, :] + offs_d[:, None]
+            k = tl.load(k_ptrs, mask=key_ok[None, :], other=0.0)  # [HEAD_DIM, TILE_N]
+            qk = tl.dot(q_lo, k, input_precision=DOT_PRECISION)  # [BLOCK_M, TILE_N]
+        qk = qk * qk_scale
+        if APPLY_MASK:
+            visible = (key_pos[None, :] >= row_vis[:, None]) & (key_pos[None, :] <= row_pos[:, None])
+            qk = tl.where(visible, qk, float("-inf"))
+        # -- online softmax (base 2); rows with nothing visible yet keep m = -inf and contribute 0 --
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.math.exp2(qk - m_safe[:, None])  # [BLOCK_M, TILE_N]
+        alpha = tl.math.exp2(m_i - m_safe)  # [BLOCK_M]
+        l_i = l_i * alpha + tl.sum(p, 1)
+        # -- compute pv --
+        v = tl.load(v_cache_ptr + v_base[:, None] + offs_d[None, :], mask=key_ok[:, None], other=0.0)
+        acc = acc * alpha[:, None]
+        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)  # [BLOCK_M, HEAD_DIM]
+        m_i = m_new
+    return acc, m_i, l_i
+
+
+@triton.jit
+def _rope_paged_attention_kernel(
+    out_ptr,  # [num_tokens, num_heads, HEAD_DIM]
+    q_ptr,  # [num_tokens, num_heads, HEAD_DIM]
+    k_cache_ptr,  # [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD_DIM]
+    v_cache_ptr,  # [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD_DIM]
+    k_block_tables_ptr,  # [num_seqs, max_blocks] (an identity table over the scratch when pre-rotated)
+    v_block_tables_ptr,  # [num_seqs, max_blocks]
+    cu_seqlens_q_ptr,  # [num_seqs + 1]
+    q_positions_ptr,  # [num_tokens]
+    visible_start_ptr,  # [num_tokens]
+    cos_sin_ptr,  # [max_position, ROTARY_DIM] (unused when ROTARY_DIM == 0)
+    partial_out_ptr,  # [num_tokens, num_heads, NUM_SPLITS, HEAD_DIM] fp32 (NUM_SPLITS > 1 only)
+    partial_m_ptr,  # [num_tokens, num_heads, NUM_SPLITS] fp32
+    partial_l_ptr,  # [num_tokens, num_heads, NUM_SPLITS] fp32
+    qk_scale,  # softmax scale * log2(e)
+    num_seqs,
+    num_heads,
+    stride_q_tok,
+    stride_q_head,
+    stride_o_tok,
+    stride_o_head,
+    stride_k_blk,
+    stride_k_slot,
+    stride_k_head,
+    stride_v_blk,
+    stride_v_slot,
+    stride_v_head,
+    stride_kbt_seq,
+    stride_vbt_seq,
+    stride_cs_pos,
+    BLOCK_SIZE: tl.constexpr,
+    GROUP: tl.constexpr,  # query heads per kv head
+    HEAD_DIM: tl.constexpr,
+    ROTARY_DIM: tl.constexpr,  # 0: keys used as stored
+    HALF_PAD: tl.constexpr,  # next power of two >= max(ROTARY_DIM // 2, 16)
+    BLOCK_M: tl.constexpr,  # rows per tile = BLOCK_Q tokens x GROUP heads (padded)
+    BLOCK_Q: tl.constexpr,
+    TILE_N: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    # NOTE: tiles are taken in reverse so the last tiles of a causal prefill (the most keys) start first.
+    tile_id = tl.num_programs(0) - 1 - tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    seq = _find_seq(cu_seqlens_q_ptr, tile_id, num_seqs, BLOCK_Q)
+    q_start = tl.load(cu_seqlens_q_ptr + seq)
+    q_end = tl.load(cu_seqlens_q_ptr + seq + 1)
+    first_token = q_start + (tile_id - (q_start // BLOCK_Q + seq)) * BLOCK_Q
+    if first_token >= q_end:
+        return
+
+    # -- rows: (token, head) pairs of this tile --
+    offs_m = tl.arange(0, BLOCK_M)
+    tokens = first_token + offs_m // GROUP  # [BLOCK_M]
+    heads = kv_head * GROUP + offs_m % GROUP  # [BLOCK_M]
+    row_ok = (offs_m < BLOCK_Q * GROUP) & (tokens < q_end)
+    row_pos = tl.load(q_positions_ptr + tokens, mask=row_ok, other=0).to(tl.int32)
+    row_vis = tl.load(visible_start_ptr + tokens, mask=row_ok, other=0).to(tl.int32)
+    big = 2147483647
+    key_begin = tl.min(tl.where(row_ok, row_vis, big))  # first key any row sees
+    key_end = tl.max(tl.where(row_ok, row_pos, -1)) + 1  # one past the last key any row sees
+    full_begin = tl.max(tl.where(row_ok, row_vis, 0))  # keys in [full_begin, full_end) are seen by all rows
+    full_end = tl.min(tl.where(row_ok, row_pos, big)) + 1
+
+    # -- load the query tile (already rotated by the caller) --
+    offs_d = tl.arange(0, HEAD_DIM)
+    q_rows = q_ptr + tokens.to(tl.int64)[:, None] * stride_q_tok + heads[:, None] * stride_q_head
+    if ROTARY_DIM > 0:
+        HALF: tl.constexpr = ROTARY_DIM // 2
+        offs_h = tl.arange(0, HALF_PAD)
+        half_ok = row_ok[:, None] & (offs_h[None, :] < HALF)
+        q_lo = tl.load(q_rows + offs_h[None, :], mask=half_ok, other=0.0)  # [BLOCK_M, HALF_PAD]
+        q_hi = tl.load(q_rows + HALF + offs_h[None, :], mask=half_ok, other=0.0)  # [BLOCK_M, HALF_PAD]
+        pass_ok = row_ok[:, None] & (offs_d[None, :] >= ROTARY_DIM)
+        q_pass = tl.load(q_rows + offs_d[None, :], mask=pass_ok, other=0.0)  # [BLOCK_M, HEAD_DIM]
+    else:
+        q_lo = tl.load(q_rows + offs_d[None, :], mask=row_ok[:, None], other=0.0)  # [BLOCK_M, HEAD_DIM]
+        q_hi = q_lo
+        q_pass = q_lo
+
+    # -- this program's key tiles: [tile_begin, tile_end), cut into a masked head, an unmasked body and a
+    #    masked tail --
+    tile_begin = key_begin // TILE_N
+    tile_end = tl.cdiv(key_end, TILE_N)
+    if NUM_SPLITS > 1:
+        tiles_per_split = tl.cdiv(tile_end - tile_begin, NUM_SPLITS)
+        tile_begin = tile_begin + split * tiles_per_split
+        tile_end = tl.minimum(tile_end, tile_begin + tiles_per_split)
+        tile_end = tl.maximum(tile_end, tile_begin)
+    body_begin = tl.minimum(tl.maximum(tl.cdiv(full_begin, TILE_N), tile_begin), tile_end)
+    body_end = tl.maximum(tl.minimum(full_end // TILE_N, tile_end), body_begin)
+
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    k_table_ptr = k_block_tables_ptr + seq.to(tl.int64) * stride_kbt_seq
+    v_table_ptr = v_block_tables_ptr + seq.to(tl.int64) * stride_vbt_seq
+    for part in tl.static_range(3):
+        if part == 0:
+            lo, hi = tile_begin, body_begin
+        elif part == 1:
+            lo, hi = body_begin, body_end
+        else:
+            lo, hi = body_end, tile_end
+        acc, m_i, l_i = _attend_key_tiles(
+            acc, m_i, l_i, q_lo, q_hi, q_pass, row_pos, row_vis, lo, hi, key_end,
+            k_cache_ptr, v_cache_ptr, k_table_ptr, v_table_ptr, cos_sin_ptr, kv_head, qk_scale,
+            stride_k_blk, stride_k_slot, stride_k_head, stride_v_blk, stride_v_slot, stride_v_head,
+            stride_cs_pos, BLOCK_SIZE, HEAD_DIM, ROTARY_DIM, HALF_PAD, TILE_N,
+            part != 1, DOT_PRECISION,
+        )  # fmt: skip
+
+    # -- epilogue --
+    l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+    out = acc / l_safe[:, None]  # [BLOCK_M, HEAD_DIM]
+    if NUM_SPLITS == 1:
+        o_ptrs = out_ptr + tokens.to(tl.int64)[:, None] * stride_o_tok + heads[:, None] * stride_o_head
+        tl.store(o_ptrs + offs_d[None, :], out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+    else:
+        row = (tokens.to(tl.int64) * num_heads + heads) * NUM_SPLITS + split  # [BLOCK_M]
+        tl.store(partial_out_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], out, mask=row_ok[:, None])
+        tl.store(partial_m_ptr + row, m_i, mask=row_ok)
+        tl.store(partial_l_ptr + row, l_i, mask=row_ok)
+
+
+@triton.jit
+def _rotate_keys_kernel(
+    scratch_ptr,  # [num_seqs * max_blocks, BLOCK_SIZE, num_kv_heads, HEAD_DIM] contiguous
+    k_cache_ptr,  # [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD_DIM]
+    block_tables_ptr,  # [num_seqs, max_blocks]
+    kv_lens_ptr,  # [num_seqs]
+    cos_sin_ptr,  # [max_position, ROTARY_DIM]
+    max_blocks,
+    stride_k_blk,
+    stride_k_slot,
+    stride_k_head,
+    stride_bt_seq,
+    stride_cs_pos,
+    BLOCK_SIZE: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    ROTARY_DIM: tl.constexpr,
+    HALF_PAD: tl.constexpr,
+    ROWS_PAD: tl.constexpr,  # next power of two >= BLOCK_SIZE * NUM_KV_HEADS
+):
+    """Rotate logical block i of sequence s at its positions into scratch block s * max_blocks + i."""
+    logical_block = tl.program_id(0)
+    seq = tl.program_id(1)
+    if logical_block * BLOCK_SIZE >= tl.load(kv_lens_ptr + seq):
+        return
+    HALF: tl.constexpr = ROTARY_DIM // 2
+    block_id = tl.load(block_tables_ptr + seq.to(tl.int64) * stride_bt_seq + logical_block).to(tl.int64)
+    offs_r = tl.arange(0, ROWS_PAD)  # rows: (slot, kv head) pairs of the block
+    slots = offs_r // NUM_KV_HEADS
+    row_ok = offs_r < BLOCK_SIZE * NUM_KV_HEADS
+    src = k_cache_ptr + block_id * stride_k_blk + slots * stride_k_slot + (offs_r % NUM_KV_HEADS) * stride_k_head
+    dst = scratch_ptr + (seq.to(tl.int64) * max_blocks + logical_block) * (BLOCK_SIZE * NUM_KV_HEADS * HEAD_DIM)
+    dst = dst + offs_r * HEAD_DIM  # [ROWS_PAD]
+    offs_h = tl.arange(0, HALF_PAD)
+    half_ok = row_ok[:, None] & (offs_h[None, :] < HALF)
+    x1 = tl.load(src[:, None] + offs_h[None, :], mask=half_ok, other=0.0)  # [ROWS_PAD, HALF_PAD]
+    x2 = tl.load(src[:, None] + HALF + offs_h[None, :], mask=half_ok, other=0.0)
+    cs = cos_sin_ptr + (logical_block * BLOCK_SIZE + slots).to(tl.int64)[:, None] * stride_cs_pos + offs_h[None, :]
+    cos = tl.load(cs, mask=half_ok, other=0.0).to(tl.float32)
+    sin = tl.load(cs + HALF, mask=half_ok, other=0.0).to(tl.float32)
+    x1f, x2f = x1.to(tl.float32), x2.to(tl.float32)
+    tl.store(dst[:, None] + offs_h[None, :], (x1f * cos - x2f * sin).to(x1.dtype), mask=half_ok)
+    tl.store(dst[:, None] + HALF + offs_h[None, :], (x2f * cos + x1f * sin).to(x1.dtype), mask=half_ok)
+    if ROTARY_DIM < HEAD_DIM:  # dims past rotary_dim are copied unrotated
+        offs_d = tl.arange(0, HEAD_DIM)
+        pass_ok = row_ok[:, None] & (offs_d[None, :] >= ROTARY_DIM)
+        x = tl.load(src[:, None] + offs_d[None, :], mask=pass_ok, other=0.0)
+        tl.store(dst[:, None] + offs_d[None, :], x, mask=pass_ok)
+
+
+@triton.jit
+def _reduce_splits_kernel(
+    out_ptr,  # [num_tokens, num_heads, HEAD_DIM]
+    partial_out_ptr,  # [num_tokens, num_heads, NUM_SPLITS, HEAD_DIM] fp32
+    partial_m_ptr,  # [num_tokens, num_heads, NUM_SPLITS] fp32 (base-2 running max)
+    partial_l_ptr,  # [num_tokens, num_heads, NUM_SPLITS] fp32
+    num_heads,
+    stride_o_tok,
+    stride_o_head,
+    HEAD_DIM: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+):
+    token = tl.program_id(0)
+    head = tl.program_id(1)
+    row = (token.to(tl.int64) * num_heads + head) * NUM_SPLITS
+    offs_s = tl.arange(0, NUM_SPLITS)
+    offs_d = tl.arange(0, HEAD_DIM)
+    m_part = tl.load(partial_m_ptr + row + offs_s)  # [NUM_SPLITS]
+    l_part = tl.load(partial_l_ptr + row + offs_s)  # [NUM_SPLITS]
+    m_max = tl.max(m_part, 0)
+    weight = tl.where(l_part > 0.0, l_part * tl.math.exp2(m_part - m_max), 0.0)  # empty splits weigh 0
+    parts = tl.load(partial_out_ptr + (row + offs_s)[:, None] * HEAD_DIM + offs_d[None, :])
+    out = tl.sum(parts * weight[:, None], 0) / tl.sum(weight, 0)  # [HEAD_DIM]
+    o_ptrs = out_ptr + token.to(tl.int64) * stride_o_tok + head * stride_o_head + offs_d
+    tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# host side
+# ---------------------------------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=8)
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _next_pow2(x: int) -> int:
+    return 1 << max(x - 1, 0).bit_length()
+
+
+def pick_config(
+    num_tokens: int,
+    num_seqs: int,
+    num_kv_heads: int,
+    group: int,
+    head_dim: int,
+    max_context: int,
+    is_rotary: bool,
+    device: torch.device,
+) -> dict:
+    """Tile sizes, warps, stages, split count and pre-rotation from shapes only (no host sync).
+
+    Measured on an H200 (bench/results): decode-like batches (<= 16 query rows per sequence) use 16-row
+    tiles and split the key range when too few programs would fill the GPU (flash-decoding); prefill-like
+    batches use 128-row tiles and, in position-free mode, rotate each key once per call into a scratch
+    buffer (PRE_ROTATE) instead of once per query tile.
+    """
+    rows_per_seq = math.ceil(num_tokens / num_seqs) * group
+    if rows_per_seq <= 16:  # decode: memory bound
+        block_m, tile_n, num_warps, num_stages = 16, 128, 4, 2
+        if is_rotary and head_dim >= 128:  # in-kernel rotation: more warps keep more loads in flight
+            tile_n, num_warps, num_stages = 64, 8, 3
+    elif rows_per_seq <= 64:
+        block_m, tile_n, num_warps, num_stages = 64, 64, 4, 3
+    elif head_dim <= 64:
+        block_m, tile_n, num_warps, num_stages = 128, 64, 8, 3
+    else:
+        block_m, tile_n, num_warps, num_stages = 128, 128, 8, 2
+    if head_dim >= 256:
+        block_m, tile_n, num_warps, num_stages = min(block_m, 64), 32, 8, 2
+    block_m = max(block_m, _next_pow2(group))
+    num_splits = 1
+    if device.type == "cuda" and rows_per_seq <= 16:
+        # flash-decoding: aim at ~8 programs per SM, each split keeping >= MIN_KEYS_PER_SPLIT keys
+        want = 8 * _num_sms(device.index or 0) // (num_seqs * num_kv_heads)
+        want = min(want, max_context // MIN_KEYS_PER_SPLIT, 32)
+        num_splits = 1 << (max(want, 1).bit_length() - 1)  # largest power of two <= want
+    return dict(
+        BLOCK_M=block_m,
+        TILE_N=tile_n,
+        num_warps=num_warps,
+        num_stages=num_stages,
+        NUM_SPLITS=num_splits,
+        PRE_ROTATE=is_rotary and rows_per_seq > 16,
+    )
+
+
+def check_triton_support(q: torch.Tensor, k_cache: torch.Tensor, cos_sin: torch.Tensor | None) -> None:
+    """Constraints of the kernel beyond the op's contract (shape-only)."""
+    head_dim = q.shape[-1]
+    if head_dim < 16 or head_dim & (head_dim - 1):
+        raise ValueError(f"q: the Triton kernel needs head_dim a power of two >= 16, got {head_dim}")
+    if not (q.is_cuda or _interpreting()):
+        raise ValueError(f"q: the Triton kernel needs CUDA tensors (or TRITON_INTERPRET=1), got {q.device}")
+
+
+def _interpreting() -> bool:
+    import os
+
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def rotate_keys_to_scratch(
+    k_cache: torch.Tensor, block_tables: torch.Tensor, kv_lens: torch.Tensor, cos_sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keys of every sequence rotated at their positions, in a per-call scratch (the cache is untouched).
+
+    Returns ``(scratch, identity_tables)``: scratch ``[num_seqs * max_blocks, B, H_kv, d]`` holds logical
+    block i of sequence s at ``s * max_blocks + i``, which ``identity_tables`` ``[num_seqs, max_blocks]`` maps.
+    Blocks past a sequence's ``kv_len`` are left unwritten (the attention kernel never reads them).
+    """
+    num_seqs, max_blocks = block_tables.shape
+    _, block_size, num_kv_heads, head_dim = k_cache.shape
+    scratch = torch.empty((num_seqs * max_blocks, *k_cache.shape[1:]), device=k_cache.device, dtype=k_cache.dtype)
+    identity = torch.arange(num_seqs * max_blocks, device=k_cache.device, dtype=torch.int32)
+    rotary_dim = cos_sin.shape[1]
+    _rotate_keys_kernel[(max_blocks, num_seqs)](
+        scratch, k_cache, block_tables, kv_lens, cos_sin, max_blocks,
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0), cos_sin.stride(0),
+        BLOCK_SIZE=block_size, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, ROTARY_DIM=rotary_dim,
+        HALF_PAD=max(_next_pow2(rotary_dim // 2), 16), ROWS_PAD=_next_pow2(block_size * num_kv_heads),
+        num_warps=4,
+    )  # fmt: skip
+    return scratch, identity.view(num_seqs, max_blocks)
+
+
+def rope_paged_attention_triton(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    q_positions: torch.Tensor,
+    kv_lens: torch.Tensor,
+    visible_start: torch.Tensor,
+    cos_sin: torch.Tensor | None,
+    scale: float,
+    config: dict | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Launch the kernel (arguments as ``ops.rope_paged_attention``).
+
+    ``config`` overrides ``pick_config``'s choice (benchmarks sweep it); ``out`` is an optional
+    preallocated output (tests pass a NaN-poisoned one to check that every element gets written).
+    """
+    num_tokens, num_heads, head_dim = q.shape
+    num_blocks, block_size, num_kv_heads, _ = k_cache.shape
+    num_seqs = block_tables.shape[0]
+    group = num_heads // num_kv_heads
+    max_context = block_tables.shape[1] * block_size
+    cfg = pick_config(num_tokens, num_seqs, num_kv_heads, group, head_dim, max_context, cos_sin is not None, q.device)
+    cfg.update(config or {})
+    block_m, num_splits = cfg["BLOCK_M"], cfg["NUM_SPLITS"]
+    block_q = max(block_m // group, 1)
+    if block_q * group > block_m:
+        block_m = _next_pow2(group)
+    k_tables = block_tables
+    if cos_sin is not None and cfg.get("PRE_ROTATE", False):
+        # NOTE: prefill-like batches: each key tile is read by many query tiles, so rotating it once per call
+        # (one extra pass over the keys) is far cheaper than rotating it in every program that reads it.
+        k_cache, k_tables = rotate_keys_to_scratch(k_cache, block_tables, kv_lens, cos_sin)
+        cos_sin = None
+    rotary_dim = 0 if cos_sin is None else cos_sin.shape[1]
+    out = torch.empty_like(q) if out is None else out
+    if num_splits > 1:
+        partial_out = torch.empty(num_tokens, num_heads, num_splits, head_dim, device=q.device, dtype=torch.float32)
+        partial_m = torch.empty(num_tokens, num_heads, num_splits, device=q.device, dtype=torch.float32)
+        partial_l = torch.empty_like(partial_m)
+    else:
+        partial_out = partial_m = partial_l = out  # unused
+    grid = (num_tokens // block_q + num_seqs, num_kv_heads, num_splits)
+    _rope_paged_attention_kernel[grid](
+        out, q, k_cache, v_cache, k_tables, block_tables, cu_seqlens_q, q_positions, visible_start,
+        q if cos_sin is None else cos_sin, partial_out, partial_m, partial_l,
+        scale * LOG2E, num_seqs, num_heads,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        k_tables.stride(0), block_tables.stride(0), 0 if cos_sin is None else cos_sin.stride(0),
+        BLOCK_SIZE=block_size, GROUP=group, HEAD_DIM=head_dim, ROTARY_DIM=rotary_dim,
+        HALF_PAD=max(_next_pow2(rotary_dim // 2), 16), BLOCK_M=block_m, BLOCK_Q=block_q,
+        TILE_N=cfg["TILE_N"], NUM_SPLITS=num_splits,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    )  # fmt: skip
+    if num_splits > 1:
+        _reduce_splits_kernel[(num_tokens, num_heads)](
+            out, partial_out, partial_m, partial_l, num_heads, out.stride(0), out.stride(1),
+            HEAD_DIM=head_dim, NUM_SPLITS=num_splits,
+        )  # fmt: skip
+    return out

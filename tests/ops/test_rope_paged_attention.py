@@ -1,0 +1,356 @@
+"""rope_paged_attention: every implementation against the float32 reference, plus RoPE and launcher checks.
+
+The Triton kernel runs under ``TRITON_INTERPRET=1`` (set in ``conftest.py`` before triton is imported) at
+small shapes; the vectorized torch implementation runs a wider grid at larger shapes.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ops import apply_rope, rope_paged_attention, rope_paged_attention_ref
+from ops.rope import rope_cos_sin
+from ops.testing import Problem, SeqSpec, assert_close, make_problem
+
+TOLERANCE = {torch.float32: 2e-5, torch.float16: 5e-3, torch.bfloat16: 3e-2}  # atol = rtol, vs float32 ref
+DTYPE_IDS = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+
+# -- scenarios: lists of SeqSpec (kv_len, queried position ranges, SSEP segments) --
+SCENARIOS = {
+    "prefill_T63": [SeqSpec.prefill(63)],
+    "decode_only": [SeqSpec.decode(n) for n in (1, 17, 40, 100)],
+    "holes": [SeqSpec(80, ((0, 16), (48, 64), (70, 80)))],
+    "ssep_segments": [SeqSpec(96, ((0, 96),), ((16, 48), (48, 80)))],
+    "mixed": [
+        SeqSpec(63, ((0, 16), (48, 63)), ((16, 48),)),
+        SeqSpec.decode(40),
+        SeqSpec(70, ((20, 70),), ((16, 50),)),
+        SeqSpec.decode(1),
+    ],
+    "chunk_after_cache": [SeqSpec(77, ((45, 77),)), SeqSpec(33, ((32, 33),))],
+}
+LARGE_SCENARIOS = {
+    "many_blocks_prefill": [SeqSpec(1000, ((0, 200), (600, 1000)), ((200, 600),))],
+    "many_blocks_decode": [SeqSpec.decode(n) for n in (1, 63, 500, 999, 1024, 257)],
+    "many_blocks_mixed": [SeqSpec(700, ((512, 700),))] + [SeqSpec.decode(100 + 37 * i) for i in range(12)],
+}
+HEADS = {"mha4": (4, 4), "gqa3": (9, 3), "gqa4": (8, 2)}
+
+
+def run_impl(problem: Problem, impl: str, **kwargs) -> torch.Tensor:
+    if impl == "triton":
+        from ops.triton_kernel import rope_paged_attention_triton
+
+        out = torch.full_like(problem.q, float("nan"))  # poisoned: every element must be written
+        return rope_paged_attention_triton(*problem.args(), out=out, **kwargs)
+    return rope_paged_attention(*problem.args(), impl=impl)
+
+
+def check_against_ref(problem: Problem, impl: str, what: str, **kwargs) -> None:
+    k_before, v_before = problem.k_cache.clone(), problem.v_cache.clone()
+    actual = run_impl(problem, impl, **kwargs)
+    expected = rope_paged_attention_ref(*problem.args())
+    tol = TOLERANCE[problem.q.dtype]
+    assert actual.dtype == problem.q.dtype and actual.shape == problem.q.shape
+    assert_close(actual, expected, atol=tol, rtol=tol, what=what)
+    assert torch.equal(problem.k_cache, k_before) and torch.equal(problem.v_cache, v_before), "cache written"
+
+
+# ------------------------------------------------------------------------------------------------------
+# the Triton kernel (interpreter): a curated grid, each axis covered at least once
+# ------------------------------------------------------------------------------------------------------
+
+TRITON_CASES = [
+    # scenario, heads, head_dim, rotary_dim, block_size, dtype, position_free, extra, config
+    ("prefill_T63", "gqa4", 64, None, 16, torch.float32, True, {}, None),
+    ("decode_only", "gqa4", 64, None, 16, torch.float32, True, {}, None),
+    ("holes", "gqa3", 64, None, 16, torch.float32, True, {}, None),
+    ("ssep_segments", "mha4", 64, None, 32, torch.float32, True, {}, None),
+    ("mixed", "gqa4", 64, None, 16, torch.float32, True, {"repeat_block": True}, None),
+    ("mixed", "gqa4", 64, None, 16, torch.float32, True, {"share_span": True}, None),
+    ("mixed", "gqa3", 64, 32, 16, torch.float32, True, {}, None),
+    ("mixed", "gqa4", 64, None, 16, torch.float32, False, {}, None),
+    ("mixed", "gqa4", 128, None, 32, torch.bfloat16, True, {"repeat_block": True}, None),
+    ("mixed", "gqa4", 128, 64, 16, torch.float16, True, {"share_span": True}, None),
+    ("mixed", "mha4", 256, 64, 16, torch.float32, True, {}, None),
+    ("chunk_after_cache", "gqa3", 64, None, 16, torch.bfloat16, True, {}, None),
+    ("mixed", "gqa4", 64, None, 16, torch.float32, True, {}, {"PRE_ROTATE": False}),
+    ("mixed", "gqa4", 128, 32, 32, torch.bfloat16, True, {}, {"PRE_ROTATE": False, "BLOCK_M": 64}),
+    ("decode_only", "gqa3", 64, None, 16, torch.float32, True, {}, {"PRE_ROTATE": True}),
+    ("decode_only", "gqa4", 64, None, 16, torch.float32, True, {}, {"NUM_SPLITS": 4}),
+    ("mixed", "gqa3", 64, 32, 16, torch.float16, True, {"repeat_block": True}, {"NUM_SPLITS": 2, "TILE_N": 32}),
+]
+
+
+def case_id(case) -> str:
+    scenario, heads, head_dim, rotary_dim, block_size, dtype, pf, extra, config = case
+    parts = [scenario, heads, f"d{head_dim}", f"B{block_size}", DTYPE_IDS[dtype]]
+    parts.append("rope" + ("" if rotary_dim is None else str(rotary_dim)) if pf else "stored")
+    parts += list(extra) + [f"{k}={v}" for k, v in (config or {}).items()]
+    return "-".join(parts)
+
+
+@pytest.mark.parametrize("case", TRITON_CASES, ids=[case_id(c) for c in TRITON_CASES])
+def test_triton_matches_reference(case):
+    scenario, heads, head_dim, rotary_dim, block_size, dtype, pf, extra, config = case
+    num_heads, num_kv_heads = HEADS[heads]
+    problem = make_problem(
+        SCENARIOS[scenario], num_heads, num_kv_heads, head_dim, block_size, dtype, rotary_dim, pf,
+        seed=zlib.crc32(case_id(case).encode()) % 10_000, **extra,
+    )  # fmt: skip
+    check_against_ref(problem, "triton", case_id(case), config=config)
+
+
+def test_triton_runs_in_the_interpreter():
+    """The CPU tests must exercise the real kernel, not silently skip it."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    from ops.triton_kernel import _rope_paged_attention_kernel, _rotate_keys_kernel
+
+    assert isinstance(_rope_paged_attention_kernel, InterpretedFunction)
+    assert isinstance(_rotate_keys_kernel, InterpretedFunction)
+
+
+# ------------------------------------------------------------------------------------------------------
+# the torch implementation: the full Cartesian grid at small shapes, larger shapes on a few axes
+# ------------------------------------------------------------------------------------------------------
+
+
+TORCH_GRID = [  # (block_size, dtype): every dtype at B=16, float32 at B=32
+    (16, torch.float32),
+    (16, torch.float16),
+    (16, torch.bfloat16),
+    (32, torch.float32),
+]
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """These problems are small: one intra-op thread is faster and steadier on shared CI cores."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("block_size,dtype", TORCH_GRID, ids=[f"B{b}-{DTYPE_IDS[d]}" for b, d in TORCH_GRID])
+@pytest.mark.parametrize("heads", list(HEADS))
+@pytest.mark.parametrize("head_dim,rotary_dim", [(64, None), (128, 32), (256, 64)], ids=["d64", "d128r32", "d256r64"])
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_torch_matches_reference(scenario, block_size, head_dim, rotary_dim, heads, dtype):
+    num_heads, num_kv_heads = HEADS[heads]
+    problem = make_problem(
+        SCENARIOS[scenario], num_heads, num_kv_heads, head_dim, block_size, dtype, rotary_dim,
+        seed=block_size + head_dim, repeat_block=True, share_span=True,
+    )  # fmt: skip
+    check_against_ref(problem, "torch", f"torch {scenario} {heads} d{head_dim} B{block_size} {dtype}")
+
+
+@pytest.mark.parametrize("position_free", [True, False], ids=["rope", "stored"])
+@pytest.mark.parametrize("scenario", list(LARGE_SCENARIOS))
+def test_torch_matches_reference_many_blocks(scenario, position_free):
+    problem = make_problem(
+        LARGE_SCENARIOS[scenario], 8, 2, 64, 16, torch.float32, position_free=position_free, seed=3,
+        extra_blocks=50, repeat_block=True, share_span=True,
+    )  # fmt: skip
+    check_against_ref(problem, "torch", f"torch {scenario}")
+
+
+def test_auto_uses_torch_on_cpu():
+    problem = make_problem(SCENARIOS["mixed"], 8, 2, 64, 16, seed=5)
+    auto = rope_paged_attention(*problem.args())
+    assert torch.equal(auto, rope_paged_attention(*problem.args(), impl="torch"))
+
+
+# ------------------------------------------------------------------------------------------------------
+# property: rotating keys at write time == rotating them in the op (position-free mode)
+# ------------------------------------------------------------------------------------------------------
+
+
+def rotate_at_write(problem: Problem) -> Problem:
+    """The same problem with keys rotated at their logical position and stored unshared (one slot each)."""
+    block_size = problem.k_cache.shape[1]
+    num_seqs, max_blocks = problem.block_tables.shape
+    k_rot = torch.zeros((num_seqs * max_blocks, *problem.k_cache.shape[1:]), dtype=problem.k_cache.dtype)
+    v_new = torch.zeros_like(k_rot)
+    for s in range(num_seqs):
+        kv_len = int(problem.kv_lens[s])
+        j = torch.arange(kv_len)
+        src = problem.block_tables[s, j // block_size].long(), j % block_size
+        dst = s * max_blocks + j // block_size, j % block_size
+        k_rot[dst] = apply_rope(problem.k_cache[src], j, problem.cos_sin)
+        v_new[dst] = problem.v_cache[src]
+    tables = torch.arange(num_seqs * max_blocks, dtype=torch.int32).view(num_seqs, max_blocks)
+    args = problem.args()
+    return Problem(args[0], k_rot, v_new, tables, *args[4:8], None, args[9])
+
+
+@st.composite
+def problems(draw):
+    num_seqs = draw(st.integers(1, 3))
+    specs = []
+    for _ in range(num_seqs):
+        kv_len = draw(st.integers(1, 70))
+        start = draw(st.integers(0, kv_len - 1))
+        cut = draw(st.integers(start, kv_len - 1))  # queries [start, cut) + [hole_end, kv_len): a hole
+        hole_end = draw(st.integers(cut, kv_len - 1))
+        ranges = tuple(r for r in ((start, cut), (hole_end, kv_len)) if r[1] > r[0])
+        seg_start = draw(st.integers(0, kv_len - 1))
+        specs.append(SeqSpec(kv_len, ranges, ((seg_start, kv_len),) if draw(st.booleans()) else ()))
+    num_heads, num_kv_heads = HEADS[draw(st.sampled_from(list(HEADS)))]
+    rotary_dim = draw(st.sampled_from([None, 16, 32]))
+    block_size = draw(st.sampled_from([16, 32]))
+    return make_problem(
+        specs, num_heads, num_kv_heads, 64, block_size, torch.float32, rotary_dim,
+        seed=draw(st.integers(0, 1000)), repeat_block=draw(st.booleans()), share_span=draw(st.booleans()),
+    )  # fmt: skip
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problem=problems())
+def test_rotate_at_write_equals_position_free(problem):
+    rotated = rotate_at_write(problem)
+    position_free = rope_paged_attention(*problem.args(), impl="torch")
+    at_write = rope_paged_attention(*rotated.args(), impl="torch")
+    assert_close(position_free, at_write, atol=1e-5, rtol=1e-5, what="torch: rotate at read vs at write")
+    assert_close(rope_paged_attention_ref(*rotated.args()), at_write, atol=1e-5, rtol=1e-5, what="ref vs torch")
+
+
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problem=problems())
+def test_rotate_at_write_equals_position_free_triton(problem):
+    rotated = rotate_at_write(problem)
+    assert_close(run_impl(problem, "triton"), run_impl(rotated, "triton"), atol=1e-5, rtol=1e-5, what="triton")
+
+
+# ------------------------------------------------------------------------------------------------------
+# apply_rope against transformers' rotate_half formulation
+# ------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("rotary_dim", [64, 32], ids=["full", "partial"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_apply_rope_matches_transformers(rotary_dim, dtype):
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    head_dim, num_tokens = 64, 37
+    cos_sin = rope_cos_sin(500, rotary_dim, base=10000.0)
+    positions = torch.randint(0, 500, (num_tokens,))
+    x = torch.randn(num_tokens, 3, head_dim).to(dtype)
+    half = rotary_dim // 2
+    cos = torch.cat([cos_sin[positions, :half]] * 2, dim=-1)[None]  # (1, T, r) as transformers builds it
+    sin = torch.cat([cos_sin[positions, half:]] * 2, dim=-1)[None]
+    x_hf = x.float().transpose(0, 1)[None]  # (1, heads, T, d)
+    rotated, _ = apply_rotary_pos_emb(x_hf[..., :rotary_dim], x_hf[..., :rotary_dim], cos, sin)
+    expected = torch.cat([rotated, x_hf[..., rotary_dim:]], dim=-1)[0].transpose(0, 1)  # (T, heads, d)
+    actual = apply_rope(x, positions, cos_sin)
+    assert actual.dtype == dtype
+    tol = 1e-6 if dtype == torch.float32 else 1e-2
+    assert_close(actual, expected, atol=tol, rtol=tol, what=f"apply_rope r={rotary_dim} {dtype}")
+    assert torch.equal(actual[..., rotary_dim:], x[..., rotary_dim:])
+
+
+def test_rope_cos_sin_layout():
+    cos_sin = rope_cos_sin(10, 8, base=100.0)
+    inv_freq = 1.0 / (100.0 ** (torch.arange(0, 8, 2, dtype=torch.float64) / 8))
+    assert torch.allclose(cos_sin[7, :4].double(), torch.cos(7 * inv_freq))
+    assert torch.allclose(cos_sin[7, 4:].double(), torch.sin(7 * inv_freq))
+
+
+# ------------------------------------------------------------------------------------------------------
+# launcher checks: each bad argument raises ValueError naming it
+# ------------------------------------------------------------------------------------------------------
+
+
+def _replace(args: dict, **changes) -> dict:
+    return {**args, **changes}
+
+
+def _bad_cu_start(a):
+    return _replace(a, cu_seqlens_q=a["cu_seqlens_q"] + 1)
+
+
+def _bad_block(a):
+    tables = a["block_tables"].clone()
+    tables[0, 0] = a["k_cache"].shape[0]
+    return _replace(a, block_tables=tables)
+
+
+def _with(name, fn):
+    def change(a):
+        t = a[name].clone()
+        fn(t)
+        return _replace(a, **{name: t})
+
+    return change
+
+
+BAD_ARGS = {
+    "q_rank": ("q", lambda a: _replace(a, q=a["q"][0])),
+    "q_dtype_int": ("q", lambda a: _replace(a, q=a["q"].int())),
+    "q_noncontiguous": ("q", lambda a: _replace(a, q=a["q"].transpose(1, 2).contiguous().transpose(1, 2))),
+    "k_dtype": ("k_cache", lambda a: _replace(a, k_cache=a["k_cache"].double())),
+    "k_device": ("k_cache", lambda a: _replace(a, k_cache=a["k_cache"].to("meta"))),
+    "v_shape": ("v_cache", lambda a: _replace(a, v_cache=a["v_cache"][:, :, :, :32])),
+    "gqa_divisibility": ("k_cache", lambda a: _replace(a, q=a["q"][:, :3])),
+    "block_tables_float": ("block_tables", lambda a: _replace(a, block_tables=a["block_tables"].float())),
+    "block_id_out_of_range": ("block_tables", _bad_block),
+    "block_id_negative": ("block_tables", _with("block_tables", lambda t: t.__setitem__((0, 0), -1))),
+    "cu_not_from_zero": ("cu_seqlens_q", _bad_cu_start),
+    "cu_not_monotone": ("cu_seqlens_q", _with("cu_seqlens_q", lambda t: t.__setitem__(1, t[2]))),
+    "cu_length": ("cu_seqlens_q", lambda a: _replace(a, cu_seqlens_q=a["cu_seqlens_q"][:-1])),
+    "kv_len_too_long": ("kv_lens", _with("kv_lens", lambda t: t.__setitem__(0, 10_000))),
+    "kv_len_zero": ("kv_lens", _with("kv_lens", lambda t: t.__setitem__(0, 0))),
+    "q_position_past_kv_len": ("q_positions", _with("q_positions", lambda t: t.__setitem__(0, 1000))),
+    "q_positions_length": ("q_positions", lambda a: _replace(a, q_positions=a["q_positions"][:-1])),
+    "visible_start_past_position": ("visible_start", _with("visible_start", lambda t: t.__setitem__(-1, 999))),
+    "visible_start_negative": ("visible_start", _with("visible_start", lambda t: t.__setitem__(0, -1))),
+    "visible_start_rank": ("visible_start", lambda a: _replace(a, visible_start=a["visible_start"][None])),
+    "rotary_dim_odd": ("cos_sin", lambda a: _replace(a, cos_sin=a["cos_sin"][:, :7])),
+    "rotary_dim_too_big": ("cos_sin", lambda a: _replace(a, cos_sin=torch.cat([a["cos_sin"]] * 3, dim=1))),
+    "cos_sin_too_few_rows": ("cos_sin", lambda a: _replace(a, cos_sin=a["cos_sin"][:3])),
+    "scale_negative": ("scale", lambda a: _replace(a, scale=-1.0)),
+}
+
+
+@pytest.fixture
+def valid_args() -> dict:
+    problem = make_problem(SCENARIOS["mixed"], 8, 2, 64, 16, seed=11)
+    names = ["q", "k_cache", "v_cache", "block_tables", "cu_seqlens_q", "q_positions", "kv_lens"]
+    names += ["visible_start", "cos_sin", "scale"]
+    return dict(zip(names, problem.args(), strict=True))
+
+
+@pytest.mark.parametrize("bad", list(BAD_ARGS))
+def test_launcher_rejects(valid_args, bad):
+    name, change = BAD_ARGS[bad]
+    with pytest.raises(ValueError, match=rf"^{name}\b"):
+        rope_paged_attention(**change(valid_args))
+
+
+def test_launcher_rejects_unknown_impl(valid_args):
+    with pytest.raises(ValueError, match="^impl"):
+        rope_paged_attention(**valid_args, impl="cuda")
+
+
+def test_check_false_reads_no_values(valid_args, monkeypatch):
+    import ops.launcher
+
+    def fail(*args, **kwargs):
+        raise AssertionError("value checks ran with check=False")
+
+    monkeypatch.setattr(ops.launcher, "_check_values", fail)
+    monkeypatch.setattr(ops.launcher, "validate", fail)
+    rope_paged_attention(**valid_args, check=False)
+    with pytest.raises(AssertionError):
+        rope_paged_attention(**valid_args, check=True)
+
+
+def test_valid_args_pass(valid_args):
+    out = rope_paged_attention(**valid_args, impl="ref")
+    assert torch.isfinite(out).all()
