@@ -117,6 +117,41 @@ def check_logits(llm, hf, vocab, device):
             "ref_abs_max": ref.abs().max().item(), "argmax_agreement": agree}  # fmt: skip
 
 
+def precision_check(device, num_layers=2):
+    """Is a bf16 gap real or bf16 itself? On a short 8B-width model: ours (bf16, fp32) and HF bf16 vs HF fp32."""
+    import copy
+
+    import minipic_lite as mp
+
+    cfg = dict(LLAMA3_8B, num_hidden_layers=num_layers)
+    model_dir = Path(tempfile.mkdtemp()) / "short"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text(json.dumps(cfg))
+    out = {}
+    for dtype in ("bfloat16", "float32"):
+        llm = mp.LLM(str(model_dir), device=device, dtype=dtype, load_format="dummy", max_model_len=1024,
+                     num_blocks=256, enforce_eager=True)  # fmt: skip
+        hf32 = hf_from_engine(llm, cfg, device, getattr(torch, dtype))
+        hf32 = copy.deepcopy(hf32).float() if dtype == "bfloat16" else hf32
+        out[f"ours_{dtype}_vs_hf_fp32"] = check_logits(llm, hf32, cfg["vocab_size"], device)
+        if dtype == "bfloat16":
+            hf16 = hf_from_engine(llm, cfg, device, torch.bfloat16)
+            out["hf_bf16_vs_hf_fp32"] = check_logits_hf(hf16, hf32, cfg["vocab_size"], device)
+        del llm, hf32
+        gc.collect()
+    return out
+
+
+def check_logits_hf(hf, ref_model, vocab, device):
+    ids = torch.randint(0, vocab, (300,), generator=torch.Generator().manual_seed(1)).tolist()
+    with torch.no_grad():
+        a = hf(torch.tensor([ids], device=device)).logits[0].float()
+        ref = ref_model(torch.tensor([ids], device=device)).logits[0].float()
+    err = (a - ref).abs()
+    return {"max_abs_err": err.max().item(), "mean_abs_err": err.mean().item(), "ref_abs_max": ref.abs().max().item(),
+            "argmax_agreement": (a.argmax(-1) == ref.argmax(-1)).float().mean().item()}  # fmt: skip
+
+
 def prompts(n, length, vocab, seed):
     gen = torch.Generator().manual_seed(seed)
     return [torch.randint(0, vocab, (length,), generator=gen).tolist() for _ in range(n)]
@@ -193,7 +228,9 @@ def profile_decode(llm, vocab, device, batch, prompt_len, steps=8):
     engine.pool.reset_prefix_cache()
     params = mp.SamplingParams(max_tokens=10_000, ignore_eos=True, detokenize=False)
     ids = [engine.add_request(p, params) for p in prompts(batch, prompt_len, vocab, 5)]
-    while any(s.num_computed_tokens < s.num_prompt_tokens for s in engine.scheduler.running) or engine.scheduler.waiting:
+    while (
+        any(s.num_computed_tokens < s.num_prompt_tokens for s in engine.scheduler.running) or engine.scheduler.waiting
+    ):
         engine.step()
     phases = {"schedule": 0.0, "prepare": 0.0, "execute": 0.0, "postprocess": 0.0}
     for _ in range(steps):
@@ -239,6 +276,8 @@ def main():
         results["git_sha"] = "unknown"
     results["ceilings"] = ceil = ceilings(device)
     print("ceilings", ceil, flush=True)
+    results["precision_check_2_layers"] = precision_check(device)
+    print("precision (2 layers)", results["precision_check_2_layers"], flush=True)
     model_dir = Path(tempfile.mkdtemp()) / "llama3-8b-shape"
     model_dir.mkdir()
     (model_dir / "config.json").write_text(json.dumps(cfg))
@@ -268,7 +307,8 @@ def main():
         print("prefill", results["prefill"], flush=True)
         for batch in (1, 64):
             r = bench_decode(llm, hf, cfg["vocab_size"], device, batch, 512 if not small else 64,
-                             128 if not small else 8, weight_bytes, kv_token_bytes, ceil["copy_gbps"], True)  # fmt: skip
+                             128 if not small else 8, weight_bytes, kv_token_bytes, ceil["copy_gbps"],
+                             True)  # fmt: skip
             results[f"decode_b{batch}"] = r
             print(f"decode b{batch}", r, flush=True)
         # the rotated-key engine needs the memory: free ours first (gc: runner <-> graphs is a cycle)

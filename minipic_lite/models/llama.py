@@ -43,21 +43,58 @@ def rope_table(cfg: ModelConfig, device=None) -> torch.Tensor:
     return torch.cat([angles.cos(), angles.sin()], dim=-1).to(device)
 
 
+# -- the pure, shape-generic pieces that torch.compile fuses (one kernel each instead of 4-10) -------------
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """transformers' LlamaRMSNorm: statistics in float32, scaled in the input dtype."""
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
+def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float):
+    """(x + delta, rms_norm(x + delta)): the residual add fused with the next norm."""
+    x = x + delta
+    return x, rms_norm(x, weight, eps)
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """The elementwise functions the model calls: eager, or compiled by torch.compile (dynamic shapes)."""
+
+    rms_norm: object = rms_norm
+    add_rms_norm: object = add_rms_norm
+    silu_and_mul: object = silu_and_mul
+    apply_rope: object = apply_rope
+
+    @classmethod
+    def compiled(cls) -> Kernels:
+        compile = lambda fn: torch.compile(fn, dynamic=True, fullgraph=True)  # noqa: A001
+        return cls(*(compile(fn) for fn in (rms_norm, add_rms_norm, silu_and_mul, apply_rope)))
+
+
 class RMSNorm(nn.Module):
+    """Holds the weight and eps; the layers call `Kernels.rms_norm` / `add_rms_norm` with them."""
+
     def __init__(self, dim: int, eps: float):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(x.dtype)
+        return rms_norm(x, self.weight, self.eps)
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, position_free: bool):
+    def __init__(self, cfg: ModelConfig, position_free: bool, kernels: Kernels):
         super().__init__()
+        self.kernels = kernels
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias)
@@ -74,10 +111,11 @@ class Attention(nn.Module):
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)  # (T, KVH, D)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)  # (T, KVH, D)
         if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q = apply_rope(q, meta.positions, cos_sin)
+            q = self.kernels.rms_norm(q, self.q_norm.weight, self.q_norm.eps)
+            k = self.kernels.rms_norm(k, self.k_norm.weight, self.k_norm.eps)
+        q = self.kernels.apply_rope(q, meta.positions, cos_sin)
         if not self.position_free:
-            k = apply_rope(k, meta.positions, cos_sin)  # the vanilla baseline: keys stored rotated
+            k = self.kernels.apply_rope(k, meta.positions, cos_sin)  # the vanilla baseline: keys stored rotated
         # NOTE: K/V of this step's tokens are written before attention reads the cache (DESIGN §2).
         k_cache.view(-1, self.num_kv_heads, self.head_dim).index_copy_(0, meta.slot_mapping, k)
         v_cache.view(-1, self.num_kv_heads, self.head_dim).index_copy_(0, meta.slot_mapping, v)
@@ -99,35 +137,40 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, kernels: Kernels):
         super().__init__()
+        self.kernels = kernels
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(self.kernels.silu_and_mul(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, position_free: bool):
+    def __init__(self, cfg: ModelConfig, position_free: bool, kernels: Kernels):
         super().__init__()
+        self.kernels = kernels
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg, position_free)
+        self.self_attn = Attention(cfg, position_free, kernels)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg)
+        self.mlp = MLP(cfg, kernels)
 
-    def forward(self, x, meta, k_cache, v_cache, cos_sin):
-        x = x + self.self_attn(self.input_layernorm(x), meta, k_cache, v_cache, cos_sin)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x, normed, meta, k_cache, v_cache, cos_sin):
+        """x: the residual stream; normed: input_layernorm(x). Returns (x + attn + mlp, the pre-MLP stream)."""
+        norm = self.post_attention_layernorm
+        attn = self.self_attn(normed, meta, k_cache, v_cache, cos_sin)
+        x, h = self.kernels.add_rms_norm(x, attn, norm.weight, norm.eps)
+        return x, self.mlp(h)
 
 
 class LlamaForCausalLM(nn.Module):
-    def __init__(self, cfg: ModelConfig, position_free: bool = True):
+    def __init__(self, cfg: ModelConfig, position_free: bool = True, compile: bool = False):  # noqa: A002
         super().__init__()
         self.cfg = cfg
+        self.kernels = Kernels.compiled() if compile else Kernels()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, position_free) for _ in range(cfg.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, position_free, self.kernels) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
@@ -137,9 +180,13 @@ class LlamaForCausalLM(nn.Module):
     def forward(self, input_ids, meta: AttentionMetadata, kv_cache: torch.Tensor) -> torch.Tensor:
         """input_ids [T] -> hidden states [T, hidden]; kv_cache [2, layers, blocks, B, KVH, D]."""
         x = self.embed_tokens(input_ids)  # (T, hidden)
+        first = self.layers[0].input_layernorm
+        normed = self.kernels.rms_norm(x, first.weight, first.eps)
         for i, layer in enumerate(self.layers):
-            x = layer(x, meta, kv_cache[0, i], kv_cache[1, i], self.cos_sin)
-        return self.norm(x)
+            x, mlp_out = layer(x, normed, meta, kv_cache[0, i], kv_cache[1, i], self.cos_sin)
+            norm = self.layers[i + 1].input_layernorm if i + 1 < len(self.layers) else self.norm
+            x, normed = self.kernels.add_rms_norm(x, mlp_out, norm.weight, norm.eps)
+        return normed
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()  # (N, vocab)

@@ -45,8 +45,7 @@ def resolve_model_dir(model: str | os.PathLike | None) -> Path:
     if path.is_file() and path.suffix == ".gguf":
         return convert_gguf(path)
     raise ValueError(
-        f"unknown model {str(model)!r}: expected a local Hugging Face directory or a .gguf file "
-        "(nothing is downloaded)"
+        f"unknown model {str(model)!r}: expected a local Hugging Face directory or a .gguf file (nothing is downloaded)"
     )
 
 
