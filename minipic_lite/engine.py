@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from itertools import count
 
 from minipic_lite.block_pool import BlockPool
+from minipic_lite.cache_report import BlockReport, build_cache_report, report_totals
 from minipic_lite.config import EngineConfig
 from minipic_lite.hashing import root_hash
 from minipic_lite.model_runner import ModelRunner
@@ -19,6 +20,7 @@ from minipic_lite.outputs import RequestMetrics, RequestOutput
 from minipic_lite.sampling_params import SamplingParams
 from minipic_lite.scheduler import Scheduler
 from minipic_lite.sequence import Sequence
+from minipic_lite.spans import SpanLayout, span_layout
 
 
 @dataclass
@@ -29,6 +31,8 @@ class EngineStats:
     num_computed_tokens: int = 0
     num_generated_tokens: int = 0
     num_preemptions: int = 0
+    num_hit_blocks: int = 0  # prompt blocks taken from the cache at admission (cache reports)
+    num_computed_blocks: int = 0  # prompt blocks computed
     step_times: list[float] = field(default_factory=list)
 
 
@@ -47,6 +51,8 @@ class LLMEngine:
         self._texts: dict[int, str] = {}  # text cut at a stop string
         self._stop_reasons: dict[int, str | int | None] = {}
         self._streaming: set[int] = set()  # requests whose every output carries the text so far
+        self._spans: dict[int, tuple[SpanLayout, tuple[str | None, ...]]] = {}  # layout and span labels
+        self._reports: dict[int, list[BlockReport]] = {}
 
     def _namespace(self) -> str:
         c = self.config
@@ -63,7 +69,8 @@ class LLMEngine:
 
     # -- requests ----------------------------------------------------------------------------------------
 
-    def validate(self, token_ids: list[int], params: SamplingParams) -> None:
+    def validate(self, token_ids: list[int], params: SamplingParams, require_spans: bool = False) -> SpanLayout:
+        """Check one request; returns its span layout (spans.py). Raises ValueError / TypeError naming the fault."""
         if not isinstance(params, SamplingParams):
             raise TypeError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
         if not token_ids:
@@ -78,27 +85,38 @@ class LLMEngine:
                 f"the prompt has {len(token_ids)} tokens; the model's context is {max_len} "
                 "(at least one token must be left to generate)"
             )
+        cache = self.config.cache
+        return span_layout(token_ids, self.config.control, cache.block_size, cache.position_free, require_spans)
 
     def add_request(
         self,
         token_ids: list[int],
         params: SamplingParams,
         prompt: str | None = None,
-        visible_start: list[int] | None = None,
         stream: bool = False,
+        require_spans: bool = False,
+        span_labels: tuple[str | None, ...] = (),
     ) -> int:
-        """Queue one request (validated first: a bad one raises here and nothing else is touched)."""
+        """Queue one request (validated first: a bad one raises here and nothing else is touched).
+
+        Span markers in `token_ids` take effect in position-free mode (spans.py): the engine derives each
+        token's visible_start and the block hashes from the tokens and the control tokens. `require_spans`
+        (a composed span prompt) makes markers an error where they cannot take effect. `span_labels` name the
+        segments in the cache report.
+        """
         token_ids = list(token_ids)
-        self.validate(token_ids, params)
+        layout = self.validate(token_ids, params, require_spans)
         seq = Sequence(
             next(self._ids),
             token_ids,
             params,
             self.config.cache.block_size,
             self.root,
-            visible_start=visible_start,
+            visible_start=list(layout.visible_start) if layout.has_spans else None,
+            marker_blocks=dict(layout.marker_blocks),
         )
         self._prompts[seq.seq_id] = prompt
+        self._spans[seq.seq_id] = (layout, tuple(span_labels))
         if stream:
             self._streaming.add(seq.seq_id)
         self.scheduler.add(seq)
@@ -109,6 +127,7 @@ class LLMEngine:
         for seq in [*self.scheduler.running, *self.scheduler.waiting]:
             if seq.seq_id == seq_id:
                 self.scheduler.finish(seq, "abort")
+                self._forget(seq_id)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished
@@ -121,6 +140,7 @@ class LLMEngine:
         out = self.scheduler.schedule()
         if out.is_empty:
             return []
+        self._report_admissions(out)
         sampled = self.runner.execute(out)
         advanced = self.scheduler.postprocess(out, sampled)
         now = time.perf_counter()
@@ -146,6 +166,18 @@ class LLMEngine:
         for seq in advanced:
             if seq.num_output_tokens == 1:
                 s.num_cached_prompt_tokens += seq.num_cached_tokens
+
+    def _report_admissions(self, out) -> None:
+        """Build the cache report of each request whose first chunk this step is (admission or re-admission)."""
+        for scheduled in out.scheduled:
+            seq = scheduled.seq
+            if seq.num_computed_tokens == 0:
+                layout, labels = self._spans[seq.seq_id]
+                report = build_cache_report(seq, self.pool, layout.segments, labels)
+                self._reports[seq.seq_id] = report
+                totals = report_totals(report)
+                self.stats.num_hit_blocks += totals["num_hit_blocks"]
+                self.stats.num_computed_blocks += totals["num_computed_blocks"]
 
     def _check_stop(self, seq: Sequence) -> None:
         params, token = seq.sampling_params, seq.token_ids[-1]
@@ -189,30 +221,34 @@ class LLMEngine:
             num_cached_tokens=seq.num_cached_tokens,
             finished=seq.is_finished,
             finish_reason=seq.finish_reason,
-            metrics=RequestMetrics(
-                seq.arrival_time, seq.first_token_time, seq.finish_time, seq.num_preemptions
-            ),
+            metrics=RequestMetrics(seq.arrival_time, seq.first_token_time, seq.finish_time, seq.num_preemptions),
             stop_reason=self._stop_reasons.get(seq.seq_id),
+            cache_report=self._reports.get(seq.seq_id, []),
         )
         if seq.is_finished:
-            for table in (self._prompts, self._texts, self._stop_reasons):
-                table.pop(seq.seq_id, None)
-            self._streaming.discard(seq.seq_id)
+            self._forget(seq.seq_id)
         return output
+
+    def _forget(self, seq_id: int) -> None:
+        for table in (self._prompts, self._texts, self._stop_reasons, self._spans, self._reports):
+            table.pop(seq_id, None)
+        self._streaming.discard(seq_id)
 
     def cache_stats(self) -> dict:
         pool = self.pool
         s = self.stats
+        num_admitted = s.num_hit_blocks + s.num_computed_blocks
         return {
             "num_blocks": pool.num_blocks,
             "num_free_blocks": pool.num_free_blocks,
             "num_used_blocks": pool.num_blocks - pool.num_free_blocks,
             "num_cached_blocks": pool.num_cached_blocks,
             "block_hit_rate": pool.num_hits / pool.num_lookups if pool.num_lookups else 0.0,
-            "prompt_token_hit_rate": s.num_cached_prompt_tokens / s.num_prompt_tokens
-            if s.num_prompt_tokens
-            else 0.0,
+            "prompt_token_hit_rate": s.num_cached_prompt_tokens / s.num_prompt_tokens if s.num_prompt_tokens else 0.0,
             "num_running": len(self.scheduler.running),
             "num_waiting": len(self.scheduler.waiting),
             "num_preemptions": s.num_preemptions,
+            "num_hit_blocks": s.num_hit_blocks,
+            "num_computed_blocks": s.num_computed_blocks,
+            "prompt_block_hit_rate": s.num_hit_blocks / num_admitted if num_admitted else 0.0,
         }

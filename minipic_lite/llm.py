@@ -24,10 +24,11 @@ from minipic_lite.config import (
 from minipic_lite.engine import LLMEngine
 from minipic_lite.models.loader import load_tokenizer, resolve_model_dir
 from minipic_lite.outputs import RequestOutput
+from minipic_lite.prompts import Prompt, PromptComposer
 from minipic_lite.sampling_params import SamplingParams
 
-# A prompt is text, token ids, or a chat (a list of {"role", "content"} messages).
-PromptType = str | Sequence[int] | Sequence[dict]
+# A prompt is text, token ids, a chat (a list of {"role", "content"} messages) or a composed span `Prompt`.
+PromptType = str | Sequence[int] | Sequence[dict] | Prompt
 
 
 def _is_chat(x) -> bool:
@@ -38,14 +39,18 @@ def _is_token_ids(x) -> bool:
     return isinstance(x, list | tuple) and bool(x) and all(isinstance(t, int) for t in x)
 
 
+def _is_single(x) -> bool:
+    return isinstance(x, str | Prompt) or _is_chat(x) or _is_token_ids(x)
+
+
 def normalize_prompts(prompts) -> list:
     """One prompt or a list of prompts -> a list of prompts."""
-    if isinstance(prompts, str) or _is_chat(prompts) or _is_token_ids(prompts):
+    if _is_single(prompts):
         return [prompts]
     if isinstance(prompts, list | tuple):
         return list(prompts)
     raise TypeError(
-        f"prompts must be text, token ids, chat messages or a list of these, got {type(prompts).__name__}"
+        f"prompts must be text, token ids, chat messages, a Prompt or a list of these, got {type(prompts).__name__}"
     )
 
 
@@ -67,6 +72,8 @@ class LLM:
         position_free: store keys unrotated and rotate them inside attention (MiniPIC); False is the
             vanilla rotated-key cache.
         num_blocks: KV blocks; None sizes the cache from free memory.
+        control_tokens: the span markers (SSEP, PDEP, pad) of the model's vocabulary; None takes SmolLM2's
+            `<repo_name>`, `<reponame>`, `<file_sep>` where the vocabulary has them (see minipic_lite/spans.py).
     """
 
     def __init__(
@@ -107,9 +114,7 @@ class LLM:
                 position_free=position_free,
                 enable_prefix_caching=enable_prefix_caching,
             ),
-            scheduler=SchedulerConfig(
-                max_num_seqs, max_num_batched_tokens, max_model_len or model_config.max_position
-            ),
+            scheduler=SchedulerConfig(max_num_seqs, max_num_batched_tokens, max_model_len or model_config.max_position),
             control=control_tokens or (default_control_tokens(self.tokenizer) if self.tokenizer else ControlTokens()),
             device=device,
             dtype=dtype,
@@ -118,38 +123,57 @@ class LLM:
         )
         self.engine = LLMEngine(config, self.tokenizer)
         self._lock = threading.Lock()  # one thread steps the engine at a time (the UI streams from threads)
+        self._composer: PromptComposer | None = None
 
     @property
     def config(self) -> EngineConfig:
         return self.engine.config
 
+    @property
+    def composer(self) -> PromptComposer:
+        """Builds span prompts and PIC recipes for this engine (minipic_lite/prompts.py)."""
+        if self._composer is None:
+            self._composer = PromptComposer.for_llm(self)
+        return self._composer
+
     def encode(self, prompt: PromptType) -> tuple[list[int], str | None]:
         """Token ids (and the text, where there is one) of one prompt; chats get the chat template."""
+        if isinstance(prompt, Prompt):
+            self._check_composed_for_us(prompt)
+            return list(prompt.token_ids), prompt.text
         if self.tokenizer is None and (isinstance(prompt, str) or _is_chat(prompt)):
             raise ValueError(f"{self.config.model_dir} has no tokenizer: pass prompts as token ids")
         if isinstance(prompt, str):
             return self.tokenizer.encode(prompt, add_special_tokens=False), prompt
         if _is_chat(prompt):
-            text = self.tokenizer.apply_chat_template(
-                list(prompt), tokenize=False, add_generation_prompt=True
-            )
+            text = self.tokenizer.apply_chat_template(list(prompt), tokenize=False, add_generation_prompt=True)
             return self.tokenizer.encode(text, add_special_tokens=False), text
         if isinstance(prompt, list | tuple):
             return list(prompt), None
-        raise TypeError(f"a prompt must be text, token ids or chat messages, got {type(prompt).__name__}")
+        raise TypeError(f"a prompt must be text, token ids, chat messages or a Prompt, got {type(prompt).__name__}")
+
+    def _check_composed_for_us(self, prompt: Prompt) -> None:
+        cfg = self.config
+        if prompt.block_size != cfg.cache.block_size or prompt.control != cfg.control:
+            raise ValueError(
+                f"the prompt was composed for block_size {prompt.block_size} and {prompt.control}; this engine "
+                f"has block_size {cfg.cache.block_size} and {cfg.control}: compose it with llm.composer"
+            )
 
     def _add_all(self, prompts: list, params: list[SamplingParams], stream: bool = False) -> list[int]:
         encoded = []
         for i, prompt in enumerate(prompts):
+            is_composed = isinstance(prompt, Prompt)
+            require_spans = is_composed and prompt.has_markers
             try:
                 token_ids, text = self.encode(prompt)
-                self.engine.validate(token_ids, params[i])
+                self.engine.validate(token_ids, params[i], require_spans)
             except (ValueError, TypeError) as e:
                 raise type(e)(f"prompt {i}: {e}") from None
-            encoded.append((token_ids, text))
+            encoded.append((token_ids, text, require_spans, prompt.labels if is_composed else ()))
         return [
-            self.engine.add_request(ids, p, text, stream=stream)
-            for (ids, text), p in zip(encoded, params, strict=True)
+            self.engine.add_request(ids, p, text, stream=stream, require_spans=spans, span_labels=labels)
+            for (ids, text, spans, labels), p in zip(encoded, params, strict=True)
         ]
 
     def generate(
@@ -179,9 +203,7 @@ class LLM:
             bar.close()
         return [done[i] for i in ids]
 
-    def stream(
-        self, prompt: PromptType, sampling_params: SamplingParams | None = None
-    ) -> Iterator[RequestOutput]:
+    def stream(self, prompt: PromptType, sampling_params: SamplingParams | None = None) -> Iterator[RequestOutput]:
         """Yield the request's output after every new token (text so far); the last one has finished=True.
 
         Other requests queued on this engine keep running in the same steps.
@@ -234,6 +256,6 @@ def generate(
     if sampling_params is None:
         fields = {"max_tokens": max_tokens, "temperature": 0.0 if temperature is None else temperature}
         sampling_params = SamplingParams(**{k: v for k, v in fields.items() if v is not None}, **kwargs)
-    single = isinstance(prompts, str) or _is_chat(prompts) or _is_token_ids(prompts)
+    single = _is_single(prompts)
     outputs = get_default_llm().generate(prompts, sampling_params, use_tqdm=use_tqdm)
     return outputs[0] if single else outputs

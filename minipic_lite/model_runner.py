@@ -7,6 +7,7 @@ it never touches queues or block ref counts.
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 
 import torch
@@ -36,6 +37,7 @@ def build_model(config: EngineConfig) -> LlamaForCausalLM:
             # NOTE: torch.compile fuses the elementwise pieces on CUDA; on the CPU, Inductor's C++ compile
             # costs more than it saves for a 135M model on 2 cores, so the CPU path stays eager.
             compile_kernels = config.device.startswith("cuda") and not config.enforce_eager
+            compile_kernels &= os.environ.get("MINIPIC_COMPILE", "1") != "0"
             model = LlamaForCausalLM(config.model, config.cache.position_free, compile=compile_kernels)
         finally:
             torch.set_default_dtype(default_dtype)

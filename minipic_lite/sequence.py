@@ -6,8 +6,9 @@ import enum
 import time
 from dataclasses import dataclass, field
 
-from minipic_lite.hashing import BlockHash, chain_hashes
+from minipic_lite.hashing import BlockHash
 from minipic_lite.sampling_params import SamplingParams
+from minipic_lite.spans import HashState, SegmentKind, block_hashes
 
 
 class SequenceStatus(enum.Enum):
@@ -30,7 +31,10 @@ class Sequence:
     block_size: int
     root: BlockHash
     num_prompt_tokens: int = 0
-    visible_start: list[int] | None = None  # per prompt token (span semantics); None: all 0
+    # Span semantics (spans.py): visible_start per token, generated tokens continuing the last segment's
+    # (None: all 0), and the logical blocks that start with a marker (empty: plain chained hashes).
+    visible_start: list[int] | None = None
+    marker_blocks: dict[int, SegmentKind] = field(default_factory=dict)
     status: SequenceStatus = SequenceStatus.WAITING
     block_table: list[int] = field(default_factory=list)
     cached_block_ids: set[int] = field(default_factory=set)
@@ -43,6 +47,7 @@ class Sequence:
     arrival_time: float = field(default_factory=time.perf_counter)
     first_token_time: float | None = None
     finish_time: float | None = None
+    _hash_state: HashState | None = field(default=None, repr=False)
 
     def __post_init__(self):
         self.num_prompt_tokens = self.num_prompt_tokens or len(self.token_ids)
@@ -68,12 +73,24 @@ class Sequence:
 
     def append_token(self, token_id: int) -> None:
         self.token_ids.append(token_id)
+        if self.visible_start is not None:
+            self.visible_start.append(self.visible_start[-1])
         self._extend_hashes()
 
     def _extend_hashes(self) -> None:
-        done = len(self.block_hashes) * self.block_size
-        parent = self.block_hashes[-1] if self.block_hashes else self.root
-        self.block_hashes += chain_hashes(parent, self.token_ids[done:], self.block_size)
+        """Hash the blocks completed since the last call (span-aware; spans.block_hashes)."""
+        first = len(self.block_hashes)
+        if len(self.token_ids) < (first + 1) * self.block_size:
+            return
+        hashes, self._hash_state = block_hashes(
+            self.token_ids[first * self.block_size :],
+            self.block_size,
+            self.root,
+            self.marker_blocks,
+            self._hash_state,
+            first,
+        )
+        self.block_hashes += hashes
 
     def reset_for_recompute(self) -> None:
         """After preemption: forget the cache state; tokens (prompt + outputs so far) are kept."""

@@ -28,6 +28,7 @@ from minipic_lite.checkpoints.cost import validate_budget, validate_weights
 # NOTE: a checkpoint must lower the cost by more than this share of the no-checkpoint cost Q[N], so that
 # float noise in the prefix sums never buys a useless checkpoint.
 IMPROVEMENT_RTOL = 1e-12
+MAX_HULL_PASSES = 32  # vectorized pruning passes before lower_hull falls back to the monotone chain
 
 
 def _prepare(weights, budget) -> tuple[np.ndarray, np.ndarray, int, float]:
@@ -107,22 +108,24 @@ def lower_hull(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Indices of the vertices of the lower convex hull of points with strictly increasing x.
 
     Vectorized: every pass drops each point that lies on or above the chord of its current neighbours (such
-    a point is no vertex); when a pass drops nothing the chain is convex, hence the hull. A pass that drops
-    few points hands the rest to Andrew's monotone chain, so adversarial inputs stay linear-time.
+    a point is no vertex); when a pass drops nothing the chain is convex, hence the hull. Typical inputs
+    converge in a handful of passes; after MAX_HULL_PASSES the rest goes to Andrew's monotone chain, so
+    adversarial inputs (one point dropped per pass) stay linear-time.
     """
     idx = np.arange(x.size)
-    while idx.size > 2:
+    for _ in range(MAX_HULL_PASSES):
+        if idx.size <= 2:
+            return idx
         xs, ys = x[idx], y[idx]
         dx_left, dx_right = xs[1:-1] - xs[:-2], xs[2:] - xs[1:-1]
         above = (ys[1:-1] - ys[:-2]) * dx_right >= (ys[2:] - ys[1:-1]) * dx_left
-        num_dropped = int(above.sum())
-        if num_dropped == 0:
+        if not above.any():
             break
         keep = np.ones(idx.size, dtype=bool)
         keep[1:-1] = ~above
         idx = idx[keep]
-        if num_dropped * 8 < idx.size:
-            return _monotone_chain(x, y, idx)
+    else:
+        return _monotone_chain(x, y, idx)
     return idx
 
 
@@ -139,6 +142,20 @@ def _monotone_chain(x: np.ndarray, y: np.ndarray, idx: np.ndarray) -> np.ndarray
     return idx[hull]
 
 
+def useful_lines(slopes: np.ndarray, intercepts: np.ndarray, x_lo: float, x_hi: float) -> np.ndarray:
+    """Indices of the lines y = b − s·x (s increasing) that can be lowest somewhere in [x_lo, x_hi], x_lo < x_hi.
+
+    A line that some shallower line undercuts at x_hi is undercut on all of (−∞, x_hi]; one that a deeper line
+    undercuts at x_lo is undercut on all of [x_lo, ∞). Dropping both kinds keeps a minimizer for every query
+    in range and, on skewed masses, the flat tails that slow the hull down.
+    """
+    at_hi = intercepts - slopes * x_hi
+    keep = at_hi < np.minimum.accumulate(np.concatenate([[np.inf], at_hi[:-1]]))
+    at_lo = intercepts - slopes * x_lo
+    keep &= at_lo < np.minimum.accumulate(np.concatenate([at_lo[1:], [np.inf]])[::-1])[::-1]
+    return np.flatnonzero(keep)
+
+
 def dp_fast(weights, budget: int) -> list[int]:
     """Optimal positions by the convex-hull trick, one NumPy pass per layer.
 
@@ -149,18 +166,22 @@ def dp_fast(weights, budget: int) -> list[int]:
     """
     P, Q, budget, tol = _prepare(weights, budget)
     num_tokens = P.size - 1
+    if P[-1] <= P[0]:
+        return []  # NOTE: all mass sits at depth 0 (or none at all): no checkpoint can help.
     s = np.arange(1, num_tokens + 1, dtype=np.float64)
-    depths = np.arange(num_tokens + 1)
+    line_offset = s * P[:-1] - Q[:-1]  # b_s − dp[m−1, s−1], the same in every layer
+    max_line = np.arange(num_tokens + 1) - 1  # NOTE: query j may use lines s ≤ j, i.e. index s − 1 < j
     prev, choices = Q.copy(), []
     for _ in range(budget):
-        b = prev[:-1] - Q[:-1] + s * P[:-1]  # b[s-1] for s = 1..N
-        hull = lower_hull(s, b)
+        b = prev[:-1] + line_offset  # b[s-1] for s = 1..N
+        lines = useful_lines(s, b, P[0], P[-1])
+        hull = lines[lower_hull(s[lines], b[lines])]
         edge_slopes = np.diff(b[hull]) / np.diff(s[hull])
         best = hull[np.searchsorted(edge_slopes, P, side="left")]  # index s-1, per query j
         value = b[best] - (best + 1) * P + Q
-        better = (best + 1 <= depths) & (value < prev - tol)
+        better = (best <= max_line) & (value < prev - tol)
         if not better.any():
             break  # NOTE: no layer after this one can improve either: the optimum uses < m checkpoints.
         choices.append(np.where(better, best + 1, 0))
-        prev = np.where(better, value, prev)
+        np.copyto(prev, value, where=better)
     return _backtrack(choices, num_tokens)

@@ -22,6 +22,7 @@ p(d) ∝ 1/(d + 1): with no data, the DP then spaces checkpoints geometrically t
 from __future__ import annotations
 
 from collections import deque
+from typing import Protocol
 
 import numpy as np
 
@@ -29,6 +30,19 @@ import numpy as np
 MAX_SCALE = 1e150
 DEFAULT_PRIOR_WEIGHT = 1.0  # observations' worth of the scale-free prior
 DEFAULT_WINDOW = 512  # past requests an EntryHistory compares a new entry with
+
+
+class OverlapEstimator(Protocol):
+    """What a `Planner` needs from an estimator."""
+
+    def observe_request(self, token_ids: np.ndarray, depth: int, entry_token_ids: np.ndarray | None) -> None:
+        """A served request, its depth on the entry it shared most with (None: nothing was cached)."""
+
+    def weights_for(self, entry_token_ids: np.ndarray) -> np.ndarray:
+        """[N + 1] estimated mass of the depths future requests reach on this new entry of N tokens."""
+
+    def plan_key(self, entry_token_ids: np.ndarray):
+        """Entries with equal keys share a plan until the planner re-plans; None: plan each entry alone."""
 
 
 def common_prefix_len(a: np.ndarray, b: np.ndarray) -> int:
@@ -68,9 +82,7 @@ class DepthHistogram:
             raise ValueError(f"overlap depth must lie in 0..entry_len = {entry_len}, got {depth}")
         key = self._key(depth, entry_len)
         if key >= self._mass.size:
-            self._mass = np.concatenate(
-                [self._mass, np.zeros(max(key + 1 - self._mass.size, self._mass.size))]
-            )
+            self._mass = np.concatenate([self._mass, np.zeros(max(key + 1 - self._mass.size, self._mass.size))])
         self._scale /= self.gamma  # NOTE: older mass shrinks by γ relative to the newest (weight 1).
         if self._scale > MAX_SCALE:
             self._mass /= self._scale
@@ -105,7 +117,6 @@ class DepthHistogram:
         return self.weights(len(entry_token_ids))
 
     def plan_key(self, entry_token_ids: np.ndarray):
-        """Entries with equal keys get the same plan (until the planner re-plans)."""
         return len(entry_token_ids)
 
 

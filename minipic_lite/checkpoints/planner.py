@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from minipic_lite.checkpoints.estimators import OverlapEstimator
 from minipic_lite.checkpoints.policies import WEIGHT_AWARE, plan
 
 
@@ -20,7 +21,7 @@ class Planner:
 
     policy: str
     budget: int
-    estimator: object | None = None
+    estimator: OverlapEstimator | None = None
     replan_every: int = 1
     bin_size: int = 1
     options: dict = field(default_factory=dict)
@@ -49,18 +50,12 @@ class Planner:
 
     def plan(self, entry_token_ids) -> list[int]:
         """Checkpoint positions, in 1..N, for a new entry of N tokens."""
-        num_tokens = len(entry_token_ids)
-        if not self.is_weight_aware:
-            key = num_tokens
-        else:
-            key = self.estimator.plan_key(entry_token_ids)
-        if key is None or key not in self._plans:
-            if self.is_weight_aware:
-                weights = self.estimator.weights_for(np.asarray(entry_token_ids))
-            else:
-                weights = np.zeros(num_tokens + 1)
-            positions = plan(self.policy, weights, self.budget, bin_size=self.bin_size, **self.options)
-            if key is None:
-                return positions
+        entry = np.asarray(entry_token_ids)
+        key = self.estimator.plan_key(entry) if self.is_weight_aware else entry.size
+        if key is not None and key in self._plans:
+            return self._plans[key]
+        weights = self.estimator.weights_for(entry) if self.is_weight_aware else np.zeros(entry.size + 1)
+        positions = plan(self.policy, weights, self.budget, bin_size=self.bin_size, **self.options)
+        if key is not None:
             self._plans[key] = positions
-        return self._plans[key]
+        return positions

@@ -94,7 +94,7 @@ def plan(policy: str, weights, budget: int, *, bin_size: int = 1, **options) -> 
     if policy not in POLICIES:
         raise ValueError(f"unknown placement policy {policy!r}; choose from {sorted(POLICIES)}")
     w = validate_weights(weights)
-    budget = validate_budget(budget)
+    budget = min(validate_budget(budget), w.size - 1)  # NOTE: no plan has more than N positions.
     if isinstance(bin_size, bool) or not isinstance(bin_size, (int, np.integer)) or bin_size < 1:
         raise ValueError(f"bin_size must be an integer >= 1, got {bin_size!r}")
     if policy in WEIGHT_AWARE and bin_size > 1:

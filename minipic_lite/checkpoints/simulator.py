@@ -97,10 +97,7 @@ class CheckpointCache:
         self.entries.append(Entry(token_ids, positions, inserted_at=now, last_used=now))
 
     def contains(self, token_ids: np.ndarray) -> bool:
-        return any(
-            e.token_ids.size == token_ids.size and np.array_equal(e.token_ids, token_ids)
-            for e in self.entries
-        )
+        return any(e.token_ids.size == token_ids.size and np.array_equal(e.token_ids, token_ids) for e in self.entries)
 
 
 def simulate(

