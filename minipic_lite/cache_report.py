@@ -1,0 +1,100 @@
+"""Per-request cache report: what happened to each prompt block when the request was admitted.
+
+`RequestOutput.cache_report` is a list of `BlockReport`, one per prompt block (the partial last block too):
+
+    block  tokens      hash          status    ref  kind     span  label
+    0      [0, 16)     3fa2c1d09b7e  computed  1    leading  0     system
+    1      [16, 32)    9c04e1aa52d3  hit       2*   ssep     1     doc 0      (* shared with another request)
+    ...
+    7      [112, 118)  -             computed  1    pdep     3     question   (partial: never cached)
+
+`status` is "hit" (taken from the cache, not computed for this request) or "computed". `ref_cnt` is the
+block's reference count when the request's first chunk was scheduled: > 1 means another request holds the
+same physical block (`is_shared`). After a preemption the report describes the re-admission.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass
+
+from minipic_lite.block_pool import BlockPool
+from minipic_lite.sequence import Sequence
+from minipic_lite.spans import Segment, SegmentKind
+
+HASH_HEX_CHARS = 12  # short hex shown for a block hash (48 bits: plenty to tell blocks apart on screen)
+
+
+@dataclass(frozen=True, slots=True)
+class BlockReport:
+    index: int  # logical block in the request
+    start: int  # first token, half-open [start, end)
+    end: int
+    block_id: int  # physical block
+    hash: str | None  # short hex of the block hash; None for a partial block (never cached)
+    status: str  # "hit" or "computed"
+    ref_cnt: int
+    kind: SegmentKind  # kind of the segment the block belongs to
+    span_id: int  # index of that segment in the prompt
+    label: str | None = None  # the segment's label, where the prompt was composed (prompts.py)
+
+    @property
+    def is_hit(self) -> bool:
+        return self.status == "hit"
+
+    @property
+    def is_shared(self) -> bool:
+        return self.ref_cnt > 1
+
+
+def build_cache_report(
+    seq: Sequence, pool: BlockPool, segments: Seq[Segment], labels: Seq[str | None] = ()
+) -> list[BlockReport]:
+    """The report of `seq`'s prompt blocks, read right after the step that admitted it was scheduled."""
+    B = seq.block_size
+    report = []
+    for i in range(seq.num_blocks_for(seq.num_prompt_tokens)):
+        start, end = i * B, min((i + 1) * B, seq.num_prompt_tokens)
+        seg = next(s for s in segments if s.start <= start < s.end)
+        full = end - start == B and i < len(seq.block_hashes)
+        block_id = seq.block_table[i]
+        report.append(
+            BlockReport(
+                index=i,
+                start=start,
+                end=end,
+                block_id=block_id,
+                hash=seq.block_hashes[i].hex()[:HASH_HEX_CHARS] if full else None,
+                status="hit" if i in seq.cached_block_ids else "computed",
+                ref_cnt=pool.blocks[block_id].ref_cnt,
+                kind=seg.kind,
+                span_id=seg.index,
+                label=labels[seg.index] if seg.index < len(labels) else None,
+            )
+        )
+    return report
+
+
+def report_totals(report: Seq[BlockReport]) -> dict:
+    """Hit / computed / shared block counts and the block hit rate of one report."""
+    num_hits = sum(b.is_hit for b in report)
+    return {
+        "num_blocks": len(report),
+        "num_hit_blocks": num_hits,
+        "num_computed_blocks": len(report) - num_hits,
+        "num_shared_blocks": sum(b.is_shared for b in report),
+        "hit_rate": num_hits / len(report) if report else 0.0,
+    }
+
+
+def format_report(report: Seq[BlockReport]) -> str:
+    """The report as a fixed-width text table (one line per block; `*` marks a shared block)."""
+    lines = [f"{'block':>5}  {'tokens':<12}{'hash':<14}{'status':<10}{'ref':<5}{'kind':<9}{'span':<6}label"]
+    for b in report:
+        ref = f"{b.ref_cnt}{'*' if b.is_shared else ''}"
+        tokens = f"[{b.start}, {b.end})"
+        lines.append(
+            f"{b.index:>5}  {tokens:<12}{b.hash or '-':<14}{b.status:<10}{ref:<5}{b.kind.value:<9}"
+            f"{b.span_id:<6}{b.label or ''}"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,242 @@
+"""Span semantics (DESIGN §2): segments, who sees whom, and what a block's hash is. Pure functions of token ids.
+
+Control tokens
+--------------
+Three ids of the model's own vocabulary, named per model in `ControlTokens` (`EngineConfig.control`):
+
+=========  =============================  =================================================================
+id         SmolLM2 default (id)           meaning
+=========  =============================  =================================================================
+`ssep_id`  ``<repo_name>`` (3)            span separator: the block it starts opens a span that sees only itself
+`pdep_id`  ``<reponame>`` (4)             prompt depend: the block it starts sees (and hashes) the whole prompt
+`pad_id`   ``<file_sep>`` (5)             filler that moves the next marker to the first slot of a KV block
+=========  =============================  =================================================================
+
+The SmolLM2 defaults are StarCoder repository-metadata tokens that chat never produces; override them with
+``LLM(control_tokens=ControlTokens(ssep_id=..., pdep_id=..., pad_id=...))`` (a model without such tokens gets
+none, and then span prompts are refused). Markers and pads are ordinary tokens: they are embedded, attended to
+and cached like any other. Only where they sit matters.
+
+Rules
+-----
+* A marker (SSEP or PDEP) must be the first token of a KV block (index % block_size == 0); anywhere else it is a
+  `ValueError` naming its index. `minipic_lite.prompts` pads with `pad_id` so this always holds.
+* Segments: the prompt splits at marker blocks into the leading segment (before any marker), SSEP segments and
+  PDEP segments, each running to the next marker. Generated tokens continue the last segment.
+* Visibility: ``visible_start[i]`` is the segment's start in an SSEP segment, else 0; query i attends to keys
+  ``visible_start[i] <= j <= i`` (Block-Attention's mask), at logical positions = indices in this request.
+* Hashes, per full block b with tokens x_b, from two chains that both start at the root (namespace) hash:
+
+      d_b = H(d_{b-1}, x_b)                       running prompt digest, never reset
+      h_b = H(root, x_b)       if x_b starts with SSEP   (chain reset: the span is cacheable anywhere)
+            H(d_{b-1}, x_b)    if x_b starts with PDEP   (depends on the whole prompt before it)
+            H(h_{b-1}, x_b)    otherwise
+
+  NOTE: d_b is exactly the plain prefix chain (`hashing.chain_hashes`), and h_b == d_b whenever block b sees
+  the whole prompt before it (leading and PDEP segments). So a prompt without markers hashes exactly as plain
+  prefix caching, and only blocks inside SSEP spans pay for a second sha256.
+* With position-free mode off (the vanilla rotated-key baseline) markers are ordinary tokens: no segments,
+  plain chained hashes. Asking for span semantics there (a composed `Prompt` with markers) is a `ValueError`.
+
+Reuse
+-----
+Lookup is per block (`Scheduler._admit`): every full prompt block whose hash is cached is shared wherever it
+sits, after a missing block too (a hole); only missing blocks are computed (queries need not be contiguous), and
+the block of the last prompt token always is. A block is published when the step that computes it is scheduled,
+and K/V are written before attention reads them, so a request admitted later in the same step already shares
+it: one computation, one physical block, read at different offsets by different requests. Under one token
+budget a waiting request is only admitted once the prompts scheduled before it are scheduled in full, so their
+blocks are published by then. The edge case left: the same span twice in ONE prompt is computed twice (both
+lookups happen at admission, before either copy is published; the pool keeps the first copy).
+
+Example (block_size 4, S = SSEP, P = PDEP, _ = pad)::
+
+    tokens         s s s _ | S a a a | a _ _ _ | S b b _ | P q q
+    segment        leading | ssep 1            | ssep 2  | pdep 3
+    visible_start  0 ...   | 4 ...             | 12 ...  | 0 ...
+    hash           chain   | H(root,.) chain   | H(root,.)| H(d_3, .)
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from minipic_lite.config import ControlTokens
+from minipic_lite.hashing import BlockHash, hash_block
+
+
+class SegmentKind(str, enum.Enum):
+    LEADING = "leading"
+    SSEP = "ssep"
+    PDEP = "pdep"
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """Tokens [start, end) of one segment; `index` is its span id within the prompt."""
+
+    kind: SegmentKind
+    start: int
+    end: int
+    index: int
+
+    @property
+    def visible_start(self) -> int:
+        return self.start if self.kind is SegmentKind.SSEP else 0
+
+
+def marker_kind(token_id: int, control: ControlTokens) -> SegmentKind | None:
+    if control.ssep_id is not None and token_id == control.ssep_id:
+        return SegmentKind.SSEP
+    if control.pdep_id is not None and token_id == control.pdep_id:
+        return SegmentKind.PDEP
+    return None
+
+
+def find_markers(token_ids: Sequence[int], control: ControlTokens) -> list[tuple[int, SegmentKind]]:
+    """(index, kind) of every SSEP / PDEP token, in order."""
+    if control.ssep_id is None and control.pdep_id is None:
+        return []
+    found = ((i, marker_kind(t, control)) for i, t in enumerate(token_ids))
+    return [(i, kind) for i, kind in found if kind is not None]
+
+
+def check_markers(
+    token_ids: Sequence[int],
+    control: ControlTokens,
+    block_size: int,
+    position_free: bool = True,
+    require_spans: bool = False,
+) -> list[tuple[int, SegmentKind]]:
+    """The markers that take effect (empty: plain prefix semantics). Raises ValueError naming a bad marker's index.
+
+    In position-free mode every marker takes effect and must start a block. With position-free mode off markers
+    are ordinary tokens, unless `require_spans` (the caller composed a span prompt): then the first one is an error.
+    """
+    markers = find_markers(token_ids, control)
+    if not position_free:
+        if require_spans and markers:
+            index, kind = markers[0]
+            raise ValueError(
+                f"span marker {kind.name} at index {index}: span semantics need position_free=True "
+                "(with rotated keys a cached span cannot move to another offset)"
+            )
+        return []
+    for index, kind in markers:
+        if index % block_size:
+            raise ValueError(
+                f"span marker {kind.name} (token id {token_ids[index]}) at index {index} is not at a KV block start "
+                f"(block_size {block_size}): pad what precedes it to a multiple of {block_size} tokens"
+            )
+    return markers
+
+
+def split_segments(num_tokens: int, markers: Sequence[tuple[int, SegmentKind]]) -> list[Segment]:
+    """The segments of a prompt of `num_tokens` tokens with the given (already checked) markers."""
+    bounds = [(0, SegmentKind.LEADING)] if not markers or markers[0][0] > 0 else []
+    bounds += markers
+    ends = [start for start, _ in bounds[1:]] + [num_tokens]
+    return [Segment(kind, start, end, i) for i, ((start, kind), end) in enumerate(zip(bounds, ends, strict=True))]
+
+
+def visible_starts(segments: Sequence[Segment]) -> list[int]:
+    """`visible_start[i]` for every token of the segments."""
+    return [seg.visible_start for seg in segments for _ in range(seg.start, seg.end)]
+
+
+def marker_blocks(segments: Sequence[Segment], block_size: int) -> dict[int, SegmentKind]:
+    """Logical block index -> kind, for the blocks that start with a marker."""
+    return {seg.start // block_size: seg.kind for seg in segments if seg.kind is not SegmentKind.LEADING}
+
+
+# -- hashes ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class HashState:
+    """Where the two chains stand after the last hashed block: h_{b-1} (`parent`) and d_{b-1} (`digest`)."""
+
+    parent: BlockHash
+    digest: BlockHash
+
+    @classmethod
+    def start(cls, root: BlockHash) -> HashState:
+        return cls(root, root)
+
+
+def next_block_hash(
+    state: HashState, root: BlockHash, block_tokens: Sequence[int], kind: SegmentKind | None
+) -> tuple[BlockHash, HashState]:
+    """h_b for one full block, and the state after it. `kind` is the block's marker (None: no marker)."""
+    digest = hash_block(state.digest, block_tokens)  # d_b = H(d_{b-1}, x_b)
+    if kind is SegmentKind.SSEP:
+        block_hash = hash_block(root, block_tokens)
+    elif kind is SegmentKind.PDEP or state.parent == state.digest:
+        # NOTE: H(d_{b-1}, x_b) is d_b itself; and H(h_{b-1}, x_b) is too when h_{b-1} == d_{b-1}.
+        block_hash = digest
+    else:
+        block_hash = hash_block(state.parent, block_tokens)
+    return block_hash, HashState(block_hash, digest)
+
+
+def block_hashes(
+    token_ids: Sequence[int],
+    block_size: int,
+    root: BlockHash,
+    markers: Mapping[int, SegmentKind] | None = None,
+    state: HashState | None = None,
+    first_block: int = 0,
+) -> tuple[list[BlockHash], HashState]:
+    """Hashes of the full blocks of `token_ids` (a partial tail gets none), and the state after the last one.
+
+    `token_ids` start at logical block `first_block`, continuing from `state` (None: the root), so a growing
+    sequence hashes its new blocks incrementally. `markers` maps a logical block index to its marker kind
+    (`marker_blocks`); blocks not in it continue their segment's chain (generated tokens always do).
+    """
+    state = state or HashState.start(root)
+    markers = markers or {}
+    hashes = []
+    for b, start in enumerate(range(0, len(token_ids) - block_size + 1, block_size), start=first_block):
+        block_hash, state = next_block_hash(state, root, token_ids[start : start + block_size], markers.get(b))
+        hashes.append(block_hash)
+    return hashes, state
+
+
+@dataclass(frozen=True, slots=True)
+class SpanLayout:
+    """What span semantics make of one prompt: its segments, `visible_start` per token and marker blocks."""
+
+    segments: tuple[Segment, ...]
+    visible_start: tuple[int, ...]
+    marker_blocks: Mapping[int, SegmentKind]
+
+    @property
+    def has_spans(self) -> bool:
+        return bool(self.marker_blocks)
+
+
+def span_layout(
+    token_ids: Sequence[int],
+    control: ControlTokens,
+    block_size: int,
+    position_free: bool = True,
+    require_spans: bool = False,
+) -> SpanLayout:
+    """Check the markers of a prompt and lay it out (see `check_markers` for what raises)."""
+    markers = check_markers(token_ids, control, block_size, position_free, require_spans)
+    segments = split_segments(len(token_ids), markers)
+    return SpanLayout(tuple(segments), tuple(visible_starts(segments)), marker_blocks(segments, block_size))
+
+
+def prompt_block_hashes(
+    token_ids: Sequence[int],
+    control: ControlTokens,
+    block_size: int,
+    root: BlockHash,
+    position_free: bool = True,
+) -> list[BlockHash]:
+    """The block hashes of a whole prompt (what the engine computes for it)."""
+    layout = span_layout(token_ids, control, block_size, position_free)
+    return block_hashes(token_ids, block_size, root, layout.marker_blocks)[0]
