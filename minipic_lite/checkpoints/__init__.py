@@ -23,6 +23,7 @@ from minipic_lite.checkpoints.estimators import (
     ESTIMATORS,
     DepthHistogram,
     EntryHistory,
+    OverlapEstimator,
     SuffixHistogram,
     make_estimator,
 )
@@ -37,6 +38,7 @@ __all__ = [
     "CheckpointCache",
     "DepthHistogram",
     "EntryHistory",
+    "OverlapEstimator",
     "Planner",
     "SimResult",
     "SuffixHistogram",

@@ -1,0 +1,107 @@
+import numpy as np
+import pytest
+
+from minipic_lite.checkpoints import DepthHistogram, EntryHistory, Planner, SuffixHistogram, make_estimator
+from minipic_lite.checkpoints.estimators import scale_free_prior
+
+
+def test_weights_follow_gamma_to_the_age():
+    histogram = DepthHistogram(gamma=0.5, prior_weight=0.0)
+    for depth in (3, 1, 3, 2):  # ages 3, 2, 1, 0
+        histogram.observe(depth, entry_len=10)
+    assert histogram.weights(5).tolist() == [0.0, 0.25, 1.0, 0.5 + 0.125, 0.0, 0.0]
+    assert histogram.num_observations == 4
+
+
+def test_decay_survives_rescaling_over_long_streams():
+    histogram = DepthHistogram(gamma=0.5, prior_weight=0.0)
+    for age in range(600, -1, -1):  # 2^600 passes the rescale bound
+        histogram.observe(age % 7, entry_len=10)
+    weights = histogram.weights(10)
+    expected = np.zeros(11)
+    for age in range(600, -1, -1):
+        expected[age % 7] += 0.5**age
+    np.testing.assert_allclose(weights, expected, rtol=1e-12)
+
+
+def test_empirical_histogram_counts_and_drops_depths_past_the_entry():
+    histogram = DepthHistogram(prior_weight=0.0)
+    for depth in (2, 2, 4, 9):
+        histogram.observe(depth, entry_len=9)
+    assert histogram.weights(4).tolist() == [0.0, 0.0, 2.0, 0.0, 1.0]
+
+
+def test_prior_is_scale_free_and_sums_to_one():
+    prior = scale_free_prior(4)  # ∝ 1/4, 1/3, 1/2, 1/1 on t = 1..4
+    total = 1 / 4 + 1 / 3 + 1 / 2 + 1
+    np.testing.assert_allclose(prior, [0.0, 0.25 / total, (1 / 3) / total, 0.5 / total, 1 / total])
+    histogram = DepthHistogram(prior_weight=2.0)
+    histogram.observe(1, entry_len=4)
+    np.testing.assert_allclose(histogram.weights(4), 2.0 * prior + [0, 1, 0, 0, 0])
+
+
+def test_suffix_histogram_maps_distance_from_the_end():
+    histogram = SuffixHistogram(prior_weight=0.0)
+    histogram.observe(7, entry_len=10)  # left 3 tokens before the end
+    histogram.observe(0, entry_len=2)  # left 2 before the end
+    assert histogram.weights(20)[[17, 18]].tolist() == [1.0, 1.0]
+    assert histogram.weights(20).sum() == 2.0
+    assert histogram.weights(2).tolist() == [1.0, 0.0, 0.0]  # d = 3 > N falls off
+
+
+def test_entry_history_weights_by_hand():
+    estimator = EntryHistory(gamma=0.5, prior_weight=0.0)
+    r1, r2 = np.array([1, 2, 3, 4, 5]), np.array([1, 2, 9, 9])
+    estimator.observe_request(r1, 0, None)
+    estimator.observe_request(r2, 2, r1)  # left r1 at depth 2: d = 5 − 2 = 3
+    entry = np.array([1, 2, 3, 4, 5, 6, 7, 8])  # N = 8
+    # history: LCP(r2[:-1], entry) = 2 (age 0, weight 1), LCP(r1[:-1], entry) = 4 (age 1, weight 0.5);
+    # beyond the known prefix a = 4 the entry's own request leaves at N − d = 5 (one observation).
+    assert estimator.weights_for(entry).tolist() == [0, 0, 1.0, 0, 0.5, 1.0, 0, 0, 0]
+    assert estimator.plan_key(entry) is None
+
+
+def test_entry_history_learns_distances_only_past_the_known_prefix():
+    estimator = EntryHistory(prior_weight=0.0)
+    first = np.array([1, 2, 3, 4, 5, 6])
+    estimator.observe_request(first, 0, None)
+    entry = np.array([1, 2, 3, 7, 7, 7, 7])
+    estimator.weights_for(entry)  # planned: its known prefix is 3
+    estimator.observe_request(np.array([1, 2, 3, 7, 8]), 4, entry)  # past 3: teaches d = 7 − 4 = 3
+    estimator.observe_request(np.array([1, 2, 5]), 2, entry)  # within the known prefix: history only
+    assert estimator.suffix.key_mass().tolist() == [0.0, 0.0, 0.0, 1.0]
+    assert len(estimator.history) == 3
+
+
+def test_planner_replans_every_k_observations():
+    planner = Planner("dp", 2, DepthHistogram(prior_weight=0.0), replan_every=2)
+    entry, request = np.arange(10), np.arange(12)
+    assert planner.plan(entry) == []  # nothing observed yet
+    planner.observe(request, 5, entry)
+    assert planner.plan(entry) == []  # one observation: the old plan stands
+    planner.observe(request, 5, entry)
+    assert planner.plan(entry) == [5]  # fewest checkpoints: a second one would save nothing
+    planner.observe(request, 9, entry)
+    assert planner.plan(entry) == [5]  # stale: a fresh plan would add 9
+    planner.observe(request, 9, entry)
+    assert planner.plan(entry) == [5, 9]
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: DepthHistogram(gamma=0.0), r"gamma must lie in \(0, 1\]"),
+        (lambda: EntryHistory(gamma=1.5), r"gamma must lie in \(0, 1\]"),
+        (lambda: DepthHistogram(prior_weight=-1.0), "prior_weight must be >= 0"),
+        (lambda: DepthHistogram().observe(5, entry_len=4), r"0..entry_len = 4, got 5"),
+        (lambda: DepthHistogram().weights(0), "N >= 1"),
+        (lambda: EntryHistory(window=0), "window must be >= 1"),
+        (lambda: make_estimator("oracle"), "unknown estimator 'oracle'"),
+        (lambda: Planner("dp", 2), "pass an estimator"),
+        (lambda: Planner("sqrt", 2, replan_every=0), "replan_every must be >= 1"),
+    ],
+    ids=["gamma=0", "gamma>1", "prior", "depth>len", "N=0", "window", "kind", "no-estimator", "replan"],
+)
+def test_bad_input_raises_naming_the_problem(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
