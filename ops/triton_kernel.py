@@ -355,6 +355,9 @@ def _next_pow2(x: int) -> int:
     return 1 << max(x - 1, 0).bit_length()
 
 
+SHARED_MEMORY_BUDGET = 160 * 1024  # bytes of tiles per program (H100/H200: 227 KB per block at most)
+
+
 def pick_config(
     num_tokens: int,
     num_seqs: int,
@@ -364,6 +367,7 @@ def pick_config(
     max_context: int,
     is_rotary: bool,
     device: torch.device,
+    elem_size: int = 2,
 ) -> dict:
     """Tile sizes, warps, stages, split count and pre-rotation from shapes only (no host sync).
 
@@ -385,6 +389,14 @@ def pick_config(
         block_m, tile_n, num_warps, num_stages = 128, 128, 8, 2
     if head_dim >= 256:
         block_m, tile_n, num_warps, num_stages = min(block_m, 64), 32, 8, 2
+    # NOTE: float32 doubles every tile: shrink until Q + the pipelined K/V tiles fit in shared memory.
+    while elem_size * head_dim * (block_m + 2 * num_stages * tile_n) > SHARED_MEMORY_BUDGET:
+        if tile_n > 32:
+            tile_n //= 2
+        elif num_stages > 1:
+            num_stages -= 1
+        else:
+            block_m //= 2
     block_m = max(block_m, _next_pow2(group))
     num_splits = 1
     if device.type == "cuda" and rows_per_seq <= 16:
@@ -465,7 +477,10 @@ def rope_paged_attention_triton(
     num_seqs = block_tables.shape[0]
     group = num_heads // num_kv_heads
     max_context = block_tables.shape[1] * block_size
-    cfg = pick_config(num_tokens, num_seqs, num_kv_heads, group, head_dim, max_context, cos_sin is not None, q.device)
+    cfg = pick_config(
+        num_tokens, num_seqs, num_kv_heads, group, head_dim, max_context, cos_sin is not None, q.device,
+        elem_size=q.element_size(),
+    )
     cfg.update(config or {})
     block_m, num_splits = cfg["BLOCK_M"], cfg["NUM_SPLITS"]
     block_q = max(block_m // group, 1)
