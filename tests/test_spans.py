@@ -1,0 +1,319 @@
+"""Span semantics as pure functions (segments, visible_start, the two hash chains, validation), the prompt
+composer on the real tokenizer, and per-block reuse of spans in the scheduler (no model)."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from minipic_lite.block_pool import BlockPool
+from minipic_lite.config import ControlTokens, SchedulerConfig
+from minipic_lite.hashing import chain_hashes, root_hash
+from minipic_lite.prompts import Module, Param, Piece, PromptComposer
+from minipic_lite.sampling_params import SamplingParams
+from minipic_lite.scheduler import Scheduler
+from minipic_lite.sequence import Sequence
+from minipic_lite.spans import (
+    SegmentKind,
+    block_hashes,
+    check_markers,
+    prompt_block_hashes,
+    span_layout,
+)
+
+B = 4
+S, P, PAD = 1, 2, 3  # control token ids in these tests
+CONTROL = ControlTokens(ssep_id=S, pdep_id=P, pad_id=PAD)
+ROOT = root_hash("test-spans")
+
+
+def hashes(token_ids, position_free=True):
+    return prompt_block_hashes(token_ids, CONTROL, B, ROOT, position_free)
+
+
+def span(marker, *tokens):
+    """One block-aligned span: marker + tokens, padded to a multiple of B."""
+    ids = [marker, *tokens]
+    return ids + [PAD] * (-len(ids) % B)
+
+
+# -- strategies ----------------------------------------------------------------------------------------------
+
+plain_tokens = st.integers(10, 14)  # a tiny alphabet: equal blocks (and equal contexts) happen often
+
+
+@st.composite
+def span_prompts(draw, max_blocks=8):
+    """Token ids whose blocks each start with SSEP, PDEP or a plain token, plus a partial tail."""
+    token_ids = []
+    for _ in range(draw(st.integers(0, max_blocks))):
+        first = draw(st.sampled_from([S, P, 10, 11]))
+        token_ids += [first, *draw(st.lists(plain_tokens, min_size=B - 1, max_size=B - 1))]
+    tail = draw(st.lists(plain_tokens, max_size=B - 1))
+    return token_ids + tail or [10]
+
+
+def context_key(token_ids, b):
+    """What block b's KV is a function of: the tokens it can see (whose markers are block aligned), from its
+    segment's visible start to the block's end."""
+    layout = span_layout(token_ids, CONTROL, B)
+    return tuple(token_ids[layout.visible_start[b * B] : (b + 1) * B])
+
+
+# -- segments and visible_start ------------------------------------------------------------------------------
+
+
+@given(span_prompts())
+def test_segments_partition_the_prompt_and_visible_start_follows_them(token_ids):
+    layout = span_layout(token_ids, CONTROL, B)
+    segments = layout.segments
+    assert segments[0].start == 0 and segments[-1].end == len(token_ids)
+    assert all(a.end == b.start for a, b in zip(segments, segments[1:], strict=False))
+    assert [s.index for s in segments] == list(range(len(segments)))
+    for seg in segments:
+        assert seg.start < seg.end
+        first = token_ids[seg.start]
+        assert (seg.kind is SegmentKind.LEADING) == (first not in (S, P))
+        assert seg.kind is SegmentKind.LEADING or seg.start % B == 0
+        inner = token_ids[seg.start + 1 : seg.end]
+        assert S not in inner and P not in inner  # a marker always opens a segment
+        expected = seg.start if seg.kind is SegmentKind.SSEP else 0
+        assert layout.visible_start[seg.start : seg.end] == (expected,) * (seg.end - seg.start)
+    assert all(v <= i for i, v in enumerate(layout.visible_start))
+    assert layout.has_spans == any(t in (S, P) for t in token_ids)
+
+
+def test_segments_of_a_block_attention_prompt():
+    token_ids = [20, 21, 22, PAD, *span(S, 30, 31, 32, 33), *span(S, 40), P, 50, 51]
+    layout = span_layout(token_ids, CONTROL, B)
+    assert [(s.kind.value, s.start, s.end) for s in layout.segments] == [
+        ("leading", 0, 4),
+        ("ssep", 4, 12),
+        ("ssep", 12, 16),
+        ("pdep", 16, 19),
+    ]
+    assert layout.visible_start == (0,) * 4 + (4,) * 8 + (12,) * 4 + (0,) * 3
+    assert dict(layout.marker_blocks) == {1: SegmentKind.SSEP, 3: SegmentKind.SSEP, 4: SegmentKind.PDEP}
+
+
+# -- validation ----------------------------------------------------------------------------------------------
+
+
+@given(st.integers(0, 30).filter(lambda i: i % B), st.sampled_from([S, P]))
+def test_a_marker_off_a_block_start_is_an_error_naming_its_index(index, marker):
+    token_ids = [10] * 32
+    token_ids[index] = marker
+    with pytest.raises(ValueError, match=rf"at index {index} is not at a KV block start"):
+        span_layout(token_ids, CONTROL, B)
+
+
+def test_markers_without_position_free_mode():
+    token_ids = [10, 11, 12, 13, S, 14, 15, 16]
+    assert check_markers(token_ids, CONTROL, B, position_free=False) == []  # ordinary tokens
+    with pytest.raises(ValueError, match="SSEP at index 4: span semantics need position_free=True"):
+        check_markers(token_ids, CONTROL, B, position_free=False, require_spans=True)
+    misplaced = [10, P, 11]  # not even at a block start: with position-free off it is still just a token
+    assert span_layout(misplaced, CONTROL, B, position_free=False).visible_start == (0, 0, 0)
+
+
+def test_no_control_tokens_means_no_markers():
+    assert span_layout([S, P, PAD, 10, S], ControlTokens(), B).has_spans is False
+
+
+# -- hashes --------------------------------------------------------------------------------------------------
+
+
+@given(st.lists(plain_tokens, max_size=40))
+def test_without_markers_hashes_are_the_plain_prefix_chain(token_ids):
+    assert hashes(token_ids) == chain_hashes(ROOT, token_ids, B)
+
+
+@given(span_prompts())
+def test_with_position_free_off_markers_hash_as_ordinary_tokens(token_ids):
+    assert hashes(token_ids, position_free=False) == chain_hashes(ROOT, token_ids, B)
+
+
+@given(span_prompts(), span_prompts(), st.lists(plain_tokens, min_size=1, max_size=9))
+def test_an_ssep_span_hashes_the_same_after_any_prefix(prefix_a, prefix_b, body):
+    doc = span(S, *body)
+    pad = lambda ids: ids + [PAD] * (-len(ids) % B)  # noqa: E731
+    a, b = pad(prefix_a) + doc, pad(prefix_b) + doc
+    num = len(doc) // B
+    assert hashes(a)[-num:] == hashes(b)[-num:] == hashes(doc)
+
+
+def test_pdep_blocks_depend_on_every_earlier_token_even_inside_earlier_spans():
+    A, B_, C = span(S, 30, 31, 32), span(S, 40, 41, 42, 43, 44), span(S, 50, 51, 52)
+    q = [P, 60, 61, 62, 63]
+    a, c = hashes(A + B_ + q), hashes(C + B_ + q)
+    assert a[1:3] == c[1:3]  # the B span: same wherever it sits
+    assert a[0] != c[0] and a[3] != c[3]  # ... but the PDEP block sees what came before
+    inside = A[:2] + [39] + A[3:]  # change one token inside the first span
+    assert hashes(inside + B_ + q)[3] != a[3]
+    assert hashes(A + B_ + q)[3] == a[3]  # and nothing else changes it
+
+
+def test_blocks_after_a_pdep_block_chain_from_it():
+    base = span(S, 30, 31) + [P, 60, 61, 62, 63, 64, 65, 66]
+    other = span(S, 30, 32) + [P, 60, 61, 62, 63, 64, 65, 66]
+    assert hashes(base)[2] != hashes(other)[2]
+
+
+@settings(max_examples=60)
+@given(span_prompts(), span_prompts())
+def test_two_blocks_share_a_hash_exactly_when_they_see_the_same_tokens(x, y):
+    hx, hy = hashes(x), hashes(y)
+    blocks = [(x, b, h) for b, h in enumerate(hx)] + [(y, b, h) for b, h in enumerate(hy)]
+    for ids1, b1, h1 in blocks:
+        for ids2, b2, h2 in blocks:
+            assert (h1 == h2) == (context_key(ids1, b1) == context_key(ids2, b2))
+
+
+@given(span_prompts(max_blocks=5), st.lists(st.sampled_from([S, P, 10, 11]), max_size=14), st.integers(1, 8))
+def test_sequence_hashes_incrementally_and_generated_tokens_continue_the_last_segment(prompt, generated, split):
+    layout = span_layout(prompt, CONTROL, B)
+    seq = Sequence(
+        0,
+        list(prompt),
+        SamplingParams(),
+        B,
+        ROOT,
+        visible_start=list(layout.visible_start),
+        marker_blocks=dict(layout.marker_blocks),
+    )
+    for t in generated:
+        seq.append_token(t)
+    full = prompt + generated
+    assert seq.block_hashes == block_hashes(full, B, ROOT, layout.marker_blocks)[0]
+    assert seq.visible_start == list(layout.visible_start) + [layout.visible_start[-1]] * len(generated)
+    # a prompt without markers: exactly today's chained hashes, whatever it generates
+    plain = Sequence(1, [10] * split, SamplingParams(), B, ROOT)
+    for t in generated:
+        plain.append_token(t)
+    assert plain.block_hashes == chain_hashes(ROOT, [10] * split + generated, B)
+
+
+# -- the composer (real SmolLM2 tokenizer, no model) ---------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def composer():
+    from minipic_lite.llm import default_control_tokens
+    from minipic_lite.models.loader import load_tokenizer, resolve_model_dir
+
+    tokenizer = load_tokenizer(resolve_model_dir(None))
+    return PromptComposer(tokenizer, default_control_tokens(tokenizer), 16)
+
+
+DOCS = ["The cat sat on the mat. " * 5, "Paris is the capital of France.", "Water boils at 100 degrees. " * 3]
+
+
+def test_smollm2_control_tokens_are_its_unused_repository_tokens(composer):
+    assert composer.control == ControlTokens(ssep_id=3, pdep_id=4, pad_id=5)
+    assert composer.tokenizer.convert_ids_to_tokens([3, 4, 5]) == ["<repo_name>", "<reponame>", "<file_sep>"]
+
+
+def test_block_attention_prompt_layout(composer):
+    prompt = composer.block_attention("Answer briefly.", DOCS, "Where is Paris?")
+    layout = prompt.layout
+    assert [s.kind.value for s in layout.segments] == ["leading", "ssep", "ssep", "ssep", "pdep"]
+    assert prompt.labels == ("system", "doc 0", "doc 1", "doc 2", "question")
+    assert prompt.text.startswith("<|im_start|>system\nAnswer briefly.<|im_end|>\n<|im_start|>user\n")
+    assert prompt.text.endswith("Where is Paris?<|im_end|>\n<|im_start|>assistant\n")
+    for seg, doc in zip(layout.segments[1:4], DOCS, strict=True):
+        body = prompt.token_ids[seg.start + 1 : seg.end]
+        doc_ids = composer.encode(doc + "\n\n")
+        assert body[: len(doc_ids)] == doc_ids and set(body[len(doc_ids) :]) <= {5}  # the doc, then padding
+    # the prefix recipe is the same tokens without markers and padding
+    plain = composer.prefix("Answer briefly.", DOCS, "Where is Paris?")
+    assert [t for t in prompt.token_ids if t not in (3, 4, 5)] == list(plain.token_ids)
+    assert not plain.has_markers and plain.layout.visible_start == (0,) * len(plain)
+
+
+def test_epic_links_are_one_pdep_block_before_each_ssep_rest(composer):
+    prompt = composer.epic(None, DOCS, "Where is Paris?")
+    kinds = [(s.kind.value, s.end - s.start) for s in prompt.segments]
+    assert kinds[0][0] == "leading" and kinds[-1][0] == "pdep"
+    links = [s for s, label in zip(prompt.segments, prompt.labels, strict=True) if label.startswith("link")]
+    assert len(links) == 3 and all(s.kind is SegmentKind.PDEP for s in links)
+    assert [s.end - s.start for s in links[:1]] == [16]  # marker + the document's first 15 tokens
+
+
+def test_span_prompts_hash_as_in_the_final_prompts(composer):
+    root = root_hash("composer")
+    for recipe in ("block_attention", "epic"):
+        final = composer.recipe(recipe, "System A", DOCS[::-1], "Q?")
+        final_hashes = set(prompt_block_hashes(final.token_ids, composer.control, 16, root))
+        for warm in composer.span_prompts(recipe, DOCS):
+            assert len(warm) % 16 == 0 and warm.token_ids[0] == 3
+            assert set(prompt_block_hashes(warm.token_ids, composer.control, 16, root)) <= final_hashes
+
+
+def test_prompt_cache_puts_modules_and_params_in_schema_order(composer):
+    schema = [Module(DOCS[0], "rules"), Param("Name: Alice"), Module(DOCS[1]), Param("Age: 7", "age")]
+    prompt = composer.prompt_cache("sys", schema, "Hi?")
+    assert [s.kind.value for s in prompt.segments] == ["leading", "ssep", "pdep", "ssep", "pdep", "pdep"]
+    assert prompt.labels == ("system", "rules", "param 1", "module 2", "age", "question")
+    assert [p.labels for p in composer.span_prompts("prompt_cache", schema)] == [("rules",), ("module 2",)]
+
+
+def test_composer_refuses_markers_in_content_and_missing_control_tokens(composer):
+    with pytest.raises(ValueError, match=r"piece 1 \(doc\) contains the SSEP control token at offset 2"):
+        composer.compose([Piece("hi"), Piece((7, 8, 3), label="doc")])
+    bare = PromptComposer(composer.tokenizer, ControlTokens(), 16)
+    with pytest.raises(ValueError, match="no SSEP control token"):
+        bare.block_attention(None, DOCS, "Q?")
+    with pytest.raises(ValueError, match="unknown recipe"):
+        composer.recipe("rag", None, DOCS, "Q?")
+
+
+# -- per-block reuse of spans in the scheduler ---------------------------------------------------------------
+
+
+def make_seq(seq_id, token_ids):
+    layout = span_layout(token_ids, CONTROL, B)
+    return Sequence(
+        seq_id,
+        list(token_ids),
+        SamplingParams(max_tokens=4),
+        B,
+        ROOT,
+        visible_start=list(layout.visible_start),
+        marker_blocks=dict(layout.marker_blocks),
+    )
+
+
+def run_step(sched):
+    out = sched.schedule()
+    sched.postprocess(out, [7 if s.do_sample else None for s in out.scheduled])
+    sched.pool.check_integrity()
+    return out
+
+
+def test_a_span_computed_in_one_step_is_shared_at_another_offset_in_the_same_step():
+    pool = BlockPool(32)
+    sched = Scheduler(SchedulerConfig(8, 256, 1024), pool)
+    doc = span(S, 30, 31, 32, 33, 34)  # two blocks
+    a = make_seq(0, [20, 21, 22, PAD] + doc + [P, 60, 61])  # doc at blocks 1-2
+    b = make_seq(1, [25] * 8 + doc + [P, 60, 62])  # doc at blocks 2-3
+    sched.add(a)
+    sched.add(b)
+    out = run_step(sched)
+    assert a.block_table[1:3] == b.block_table[2:4]  # one physical copy, two offsets
+    assert all(pool.blocks[i].ref_cnt == 2 for i in a.block_table[1:3])
+    assert b.cached_block_ids == {2, 3}
+    assert out.scheduled[1].query_ranges == [(0, 8), (16, 19)]  # b computes around the hole
+
+
+def test_a_cached_span_after_a_missing_one_is_reused():
+    pool = BlockPool(32)
+    sched = Scheduler(SchedulerConfig(8, 256, 1024), pool)
+    first, second = span(S, 30, 31, 32), span(S, 40, 41, 42)
+    warm = make_seq(0, second)
+    sched.add(warm)
+    run_step(sched)
+    sched.finish(warm, "stop")
+    seq = make_seq(1, [20, 21, 22, 23] + first + second + [P, 50])
+    sched.add(seq)
+    out = run_step(sched)
+    assert seq.cached_block_ids == {2}
+    assert out.scheduled[0].query_ranges == [(0, 8), (12, 14)]
