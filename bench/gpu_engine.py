@@ -95,7 +95,11 @@ def hf_from_engine(llm, cfg_dict, device, dtype):
         raise RuntimeError("transformers and minipic_lite disagree on RoPE frequencies (rope_theta?)")
     hf.generation_config.eos_token_id = None  # decode exactly max_new_tokens, as ours with ignore_eos
     hf.generation_config.pad_token_id = 0
-    return hf.to(dtype).eval()
+    hf = hf.to(dtype).eval()
+    # NOTE: .to(dtype) also casts the inv_freq buffer; bf16 frequencies (0.8164 for 0.8146) would make HF's RoPE,
+    # not ours, the odd one out. transformers' own from_pretrained keeps it in float32: do the same.
+    hf.model.rotary_emb = type(hf.model.rotary_emb)(config).to(device)
+    return hf
 
 
 def check_logits(llm, hf, vocab, device):
@@ -263,6 +267,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--tiny", action="store_true")
     parser.add_argument("--out", default=None)
+    parser.add_argument("--check-only", action="store_true", help="the logits checks, no benchmarks")
     args = parser.parse_args()
     import minipic_lite as mp
 
@@ -297,6 +302,10 @@ def main():
         hf = hf_from_engine(llm, cfg, device, dtype)
         results["logits_check"] = check_logits(llm, hf, cfg["vocab_size"], device)
         print("logits", results["logits_check"], flush=True)
+        if args.check_only:
+            if args.out:
+                Path(args.out).write_text(json.dumps(results, indent=2))
+            return
         model = llm.engine.runner.model
         num_params = sum(p.numel() for n, p in model.named_parameters() if "embed_tokens" not in n)
         weight_bytes = num_params * dtype.itemsize
