@@ -8,7 +8,7 @@ request never disturbs the others.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import count
 
 from minipic_lite.block_pool import BlockPool
@@ -33,7 +33,7 @@ class EngineStats:
     num_preemptions: int = 0
     num_hit_blocks: int = 0  # prompt blocks taken from the cache at admission (cache reports)
     num_computed_blocks: int = 0  # prompt blocks computed
-    step_times: list[float] = field(default_factory=list)
+    total_step_time: float = 0.0  # seconds, summed over steps (a list would grow without bound)
 
 
 class LLMEngine:
@@ -162,7 +162,7 @@ class LLMEngine:
         s.num_computed_tokens += out.num_batched_tokens
         s.num_generated_tokens += len(advanced)
         s.num_preemptions += len(out.preempted)
-        s.step_times.append(elapsed)
+        s.total_step_time += elapsed
         for seq in advanced:
             if seq.num_output_tokens == 1:
                 s.num_cached_prompt_tokens += seq.num_cached_tokens
@@ -248,6 +248,7 @@ class LLMEngine:
             "num_running": len(self.scheduler.running),
             "num_waiting": len(self.scheduler.waiting),
             "num_preemptions": s.num_preemptions,
+            "mean_step_ms": 1e3 * s.total_step_time / s.num_steps if s.num_steps else 0.0,
             "num_hit_blocks": s.num_hit_blocks,
             "num_computed_blocks": s.num_computed_blocks,
             "prompt_block_hit_rate": s.num_hit_blocks / num_admitted if num_admitted else 0.0,
