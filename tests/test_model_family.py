@@ -11,8 +11,16 @@ TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_atte
 
 
 def variants():
-    from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
-    from transformers import LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM
+    from transformers import (
+        LlamaConfig,
+        LlamaForCausalLM,
+        MistralConfig,
+        MistralForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+        Qwen3Config,
+        Qwen3ForCausalLM,
+    )
 
     return {
         "llama-tied": (LlamaForCausalLM, LlamaConfig(**TINY, tie_word_embeddings=True)),
