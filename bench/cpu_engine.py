@@ -55,8 +55,9 @@ def main():
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
-    import minipic_lite as mp
     from transformers import AutoModelForCausalLM
+
+    import minipic_lite as mp
 
     llm = mp.LLM(device="cpu", dtype="float32")
     hf = AutoModelForCausalLM.from_pretrained(llm.config.model_dir, dtype=torch.float32).eval()
