@@ -65,6 +65,10 @@ class ModelConfig:
         eos = cfg.get("eos_token_id")
         eos = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
         hidden, heads = cfg["hidden_size"], cfg["num_attention_heads"]
+        max_position = cfg.get("max_position_embeddings", 4096)
+        if cfg.get("sliding_window") and cfg.get("use_sliding_window", True):
+            # NOTE: no sliding-window attention here; within the window full attention is the same thing.
+            max_position = min(max_position, cfg["sliding_window"])
         return cls(
             architecture=arch,
             vocab_size=cfg["vocab_size"],
@@ -76,7 +80,7 @@ class ModelConfig:
             head_dim=cfg.get("head_dim") or hidden // heads,
             rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
             rope_theta=rope.get("rope_theta", cfg.get("rope_theta", 10000.0)),
-            max_position=cfg.get("max_position_embeddings", 4096),
+            max_position=max_position,
             tie_word_embeddings=cfg.get("tie_word_embeddings", False),
             attention_bias=cfg.get("attention_bias", arch == "qwen2"),
             qk_norm=arch == "qwen3",
