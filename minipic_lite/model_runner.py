@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from minipic_lite.config import CUDA_GRAPH_BATCH_SIZES, EngineConfig
-from minipic_lite.models.llama import AttentionMetadata, LlamaForCausalLM
+from minipic_lite.models.llama import AttentionMetadata, LlamaForCausalLM, rope_table
 from minipic_lite.sampler import Sampler
 from minipic_lite.scheduler import SchedulerOutput
 
@@ -29,23 +29,26 @@ class StepInputs:
 
 
 def build_model(config: EngineConfig) -> LlamaForCausalLM:
+    """The model on its device: built on the meta device (no wasted random init), then filled with weights."""
     dtype = getattr(torch, config.dtype)
-    with torch.device(config.device):
-        default_dtype = torch.get_default_dtype()
-        torch.set_default_dtype(dtype)
-        try:
+    default_dtype = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device("meta"):
             # NOTE: torch.compile fuses the elementwise pieces on CUDA; on the CPU, Inductor's C++ compile
             # costs more than it saves for a 135M model on 2 cores, so the CPU path stays eager.
             compile_kernels = config.device.startswith("cuda") and not config.enforce_eager
             compile_kernels &= os.environ.get("MINIPIC_COMPILE", "1") != "0"
             model = LlamaForCausalLM(config.model, config.cache.position_free, compile=compile_kernels)
-        finally:
-            torch.set_default_dtype(default_dtype)
+    finally:
+        torch.set_default_dtype(default_dtype)
+    model = model.to_empty(device=config.device)
+    model.tie_weights()
+    model.cos_sin = rope_table(config.model, config.device)  # a buffer, not a weight: compute it again
     if config.load_format == "dummy":
         model.init_dummy_weights()
     else:
         model.load_weights(config.model_dir)
-    model.cos_sin = model.cos_sin.float()
     return model.eval()
 
 

@@ -56,3 +56,15 @@ def test_variant_matches_transformers(tmp_path, name):
     with torch.no_grad():
         ref = hf(torch.tensor([token_ids])).logits[0]
     assert (logits - ref).abs().max().item() <= 1e-4
+
+
+def test_a_checkpoint_missing_a_weight_is_refused(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    model_cls, config = variants()["llama-tied"]
+    model_cls(config).save_pretrained(tmp_path)
+    weights = load_file(tmp_path / "model.safetensors")
+    del weights["model.norm.weight"]
+    save_file(weights, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError, match="lacks weights for: norm.weight"):
+        mp.LLM(str(tmp_path), device="cpu", num_blocks=32, max_model_len=256)

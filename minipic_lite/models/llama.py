@@ -173,9 +173,13 @@ class LlamaForCausalLM(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(cfg, position_free, self.kernels) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        if cfg.tie_word_embeddings:
-            self.lm_head.weight = self.embed_tokens.weight
+        self.tie_weights()
         self.register_buffer("cos_sin", rope_table(cfg), persistent=False)
+
+    def tie_weights(self) -> None:
+        """Share the embedding with the LM head where the config says so (again after `to_empty`, which unties)."""
+        if self.cfg.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
 
     def forward(self, input_ids, meta: AttentionMetadata, kv_cache: torch.Tensor) -> torch.Tensor:
         """input_ids [T] -> hidden states [T, hidden]; kv_cache [2, layers, blocks, B, KVH, D]."""
@@ -209,6 +213,7 @@ class LlamaForCausalLM(nn.Module):
         fused = {"q_proj": 0, "k_proj": 1, "v_proj": 2, "gate_proj": 0, "up_proj": 1}
         pending: dict[str, dict[int, torch.Tensor]] = {}
         params = dict(self.named_parameters())
+        loaded: set[str] = set()
         for file in files:
             with safe_open(str(file), framework="pt") as f:
                 for name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
@@ -220,8 +225,14 @@ class LlamaForCausalLM(nn.Module):
                         params[target].copy_(tensor)
                     else:
                         pending.setdefault(target, {})[part] = tensor
+                    loaded.add(target)
         for target, parts in pending.items():
             params[target].copy_(torch.cat([parts[i] for i in sorted(parts)], dim=0))
+        # NOTE: the model was built on the meta device: a weight the files lack would be uninitialized memory.
+        missing = sorted(set(params) - loaded)
+        if missing:
+            more = " ..." if len(missing) > 5 else ""
+            raise ValueError(f"{model_dir} lacks weights for: {', '.join(missing[:5])}{more}")
 
 
 def _target_name(name: str, fused: dict[str, int]) -> tuple[str, int | None]:
