@@ -1,0 +1,23 @@
+"""minipic_lite in a minute: generate, stream, and watch the prefix cache work.
+
+python examples/quickstart.py
+"""
+
+import minipic_lite as mp
+
+llm = mp.get_default_llm()  # the embedded SmolLM2-135M-Instruct, on the CPU unless a GPU is there
+greedy = mp.SamplingParams(max_tokens=24, temperature=0.0)
+
+question = [{"role": "user", "content": "Give me one tip for writing clear code."}]
+first = llm.generate(question, greedy, use_tqdm=False)[0]
+print(first.text)
+print(f"time to first token {first.metrics.ttft * 1e3:.0f} ms, cached prompt tokens {first.num_cached_tokens}")
+
+again = llm.generate(question, greedy, use_tqdm=False)[0]  # same prompt: its full blocks are cache hits
+print(f"second run: cached prompt tokens {again.num_cached_tokens} of {len(again.prompt_token_ids)}")
+assert again.token_ids == first.token_ids
+
+for partial in llm.stream("Once upon a time", mp.SamplingParams(max_tokens=12, temperature=0.0)):
+    print(partial.text, end="\r")
+print()
+print(llm.stats())
