@@ -102,23 +102,34 @@ def hf_from_engine(llm, cfg_dict, device, dtype):
     return hf
 
 
+def check_prompt(vocab):
+    return torch.randint(0, vocab, (300,), generator=torch.Generator().manual_seed(1)).tolist()
+
+
+def hf_logits(model, ids, device):
+    with torch.no_grad():
+        return model(torch.tensor([ids], device=device)).logits[0].float()
+
+
+def logits_gap(logits, ref):
+    """How far `logits` [T, V] are from `ref`: max / mean abs error and next-token argmax agreement."""
+    err = (logits - ref).abs()
+    return {"max_abs_err": err.max().item(), "mean_abs_err": err.mean().item(), "ref_abs_max": ref.abs().max().item(),
+            "argmax_agreement": (logits.argmax(-1) == ref.argmax(-1)).float().mean().item()}  # fmt: skip
+
+
 def check_logits(llm, hf, vocab, device):
     """Our prefill logits vs transformers' on the same random prompt (bf16: a loose, documented bound)."""
     import minipic_lite as mp
 
-    ids = torch.randint(0, vocab, (300,), generator=torch.Generator().manual_seed(1)).tolist()
+    ids = check_prompt(vocab)
     engine = llm.engine
     engine.pool.reset_prefix_cache()
     seq_id = engine.add_request(ids, mp.SamplingParams(max_tokens=1, detokenize=False))
     out = engine.scheduler.schedule()
     ours = engine.runner.prompt_logits(out)
     engine.abort(seq_id)
-    with torch.no_grad():
-        ref = hf(torch.tensor([ids], device=device)).logits[0].float()
-    err = (ours - ref).abs()
-    agree = (ours.argmax(-1) == ref.argmax(-1)).float().mean().item()
-    return {"max_abs_err": err.max().item(), "mean_abs_err": err.mean().item(),
-            "ref_abs_max": ref.abs().max().item(), "argmax_agreement": agree}  # fmt: skip
+    return logits_gap(ours, hf_logits(hf, ids, device))
 
 
 def precision_check(device, num_layers=2):
@@ -140,20 +151,11 @@ def precision_check(device, num_layers=2):
         out[f"ours_{dtype}_vs_hf_fp32"] = check_logits(llm, hf32, cfg["vocab_size"], device)
         if dtype == "bfloat16":
             hf16 = hf_from_engine(llm, cfg, device, torch.bfloat16)
-            out["hf_bf16_vs_hf_fp32"] = check_logits_hf(hf16, hf32, cfg["vocab_size"], device)
+            ids = check_prompt(cfg["vocab_size"])
+            out["hf_bf16_vs_hf_fp32"] = logits_gap(hf_logits(hf16, ids, device), hf_logits(hf32, ids, device))
         del llm, hf32
         gc.collect()
     return out
-
-
-def check_logits_hf(hf, ref_model, vocab, device):
-    ids = torch.randint(0, vocab, (300,), generator=torch.Generator().manual_seed(1)).tolist()
-    with torch.no_grad():
-        a = hf(torch.tensor([ids], device=device)).logits[0].float()
-        ref = ref_model(torch.tensor([ids], device=device)).logits[0].float()
-    err = (a - ref).abs()
-    return {"max_abs_err": err.max().item(), "mean_abs_err": err.mean().item(), "ref_abs_max": ref.abs().max().item(),
-            "argmax_agreement": (a.argmax(-1) == ref.argmax(-1)).float().mean().item()}  # fmt: skip
 
 
 def prompts(n, length, vocab, seed):
