@@ -215,9 +215,9 @@ class LLMEngine:
         output = RequestOutput(
             request_id=seq.seq_id,
             prompt=self._prompts[seq.seq_id],
-            prompt_token_ids=seq.token_ids[: seq.num_prompt_tokens],
+            prompt_token_ids=seq.prompt_token_ids,
             text=self._text(seq),
-            token_ids=list(seq.output_token_ids),
+            token_ids=seq.output_token_ids,
             num_cached_tokens=seq.num_cached_tokens,
             finished=seq.is_finished,
             finish_reason=seq.finish_reason,

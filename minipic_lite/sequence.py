@@ -48,9 +48,12 @@ class Sequence:
     first_token_time: float | None = None
     finish_time: float | None = None
     _hash_state: HashState | None = field(default=None, repr=False)
+    prompt_token_ids: list[int] = field(init=False, repr=False)
 
     def __post_init__(self):
         self.num_prompt_tokens = self.num_prompt_tokens or len(self.token_ids)
+        # NOTE: kept once, so that an output per step does not copy the whole prompt again.
+        self.prompt_token_ids = self.token_ids[: self.num_prompt_tokens]
         self._extend_hashes()
 
     def __len__(self) -> int:

@@ -150,4 +150,5 @@ def test_module_level_generate_uses_the_embedded_model():
     out = mp.generate("The capital of France is", max_tokens=4)
     assert isinstance(out, mp.RequestOutput) and len(out.token_ids) == 4
     assert "Paris" in out.text
-    assert [o.text for o in mp.generate(["a", "b"], max_tokens=2)] != []
+    batch = mp.generate(["a", "b"], max_tokens=2)
+    assert [len(o.token_ids) for o in batch] == [2, 2] and [o.prompt for o in batch] == ["a", "b"]
