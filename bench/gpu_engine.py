@@ -13,6 +13,7 @@ Checks our logits against transformers first, then measures side by side in one 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import subprocess
@@ -198,13 +199,13 @@ def bench_decode(llm, hf, vocab, device, batch, prompt_len, new_tokens, weight_b
     # prefill (and the mixed steps that finish it) first; then time the steady decode steps alone
     while engine.scheduler.waiting or any(s.num_output_tokens == 0 for s in engine.scheduler.running):
         engine.step()
-    num_tokens = 0
+    num_before = engine.stats.num_generated_tokens
     sync(device)
     start = time.perf_counter()
     while engine.has_unfinished():
-        num_tokens += len(engine.step())
+        engine.step()
     sync(device)
-    ours_tok_s = num_tokens / (time.perf_counter() - start)
+    ours_tok_s = (engine.stats.num_generated_tokens - num_before) / (time.perf_counter() - start)
     # the roofline: every decode step reads all weights once plus each sequence's KV
     ctx = prompt_len + new_tokens / 2
     step_bytes = weight_bytes + batch * ctx * kv_token_bytes
@@ -247,10 +248,10 @@ def profile_decode(llm, vocab, device, batch, prompt_len, steps=8):
         t2 = time.perf_counter()
         sampled = engine.runner.execute(out)  # prepares again: execute's time includes one prepare
         t3 = time.perf_counter()
-        engine.scheduler.postprocess(out, sampled)
+        engine.scheduler.postprocess(out, sampled, lambda seq: False)
         t4 = time.perf_counter()
         for name, dt in zip(phases, (t1 - t0, t2 - t1, t3 - t2 - (t2 - t1), t4 - t3), strict=True):
-            phases[name] += dt * 1e3 / steps
+            phases[name] += dt * 1e3 / (steps * out.num_steps)  # per device step (a burst has num_steps)
     table = ""
     if device == "cuda":
         from torch.profiler import ProfilerActivity, profile
@@ -322,10 +323,23 @@ def main():
                              True)  # fmt: skip
             results[f"decode_b{batch}"] = r
             print(f"decode b{batch}", r, flush=True)
+            # the same without bursts: one scheduler visit (and host sync) per decode step
+            bursts = llm.engine.scheduler.config
+            llm.engine.scheduler.config = dataclasses.replace(bursts, num_scheduler_steps=1)
+            r1 = bench_decode(llm, None, cfg["vocab_size"], device, batch, 512 if not small else 64,
+                              128 if not small else 8, weight_bytes, kv_token_bytes, ceil["copy_gbps"],
+                              False)  # fmt: skip
+            llm.engine.scheduler.config = bursts
+            results[f"decode_b{batch}_one_step_per_visit"] = r1
+            print(f"decode b{batch} one step per scheduler visit", r1, flush=True)
         # the rotated-key engine needs the memory: free ours first (gc: runner <-> graphs is a cycle)
         results["decode_b64_profile"], table = profile_decode(llm, cfg["vocab_size"], device, 64,
                                                               512 if not small else 64)  # fmt: skip
         print("decode b64 host phases (ms/step)", results["decode_b64_profile"], flush=True)
+        print(table, flush=True)
+        results["decode_b1_profile"], table = profile_decode(llm, cfg["vocab_size"], device, 1,
+                                                             512 if not small else 64)  # fmt: skip
+        print("decode b1 host phases (ms/step)", results["decode_b1_profile"], flush=True)
         print(table, flush=True)
         del hf, engines[True], llm, model
         gc.collect()
@@ -354,9 +368,11 @@ def summary(r):
         f"{p['hf_tok_s']:.0f} tok/s (MFU {p['hf_mfu']:.2f}) | ours/HF {p['ratio_ours_over_hf']:.2f}",
     ]
     for name, d in (("b1", d1), ("b64", d64)):
+        one = r[f"decode_{name}_one_step_per_visit"]
         lines.append(
             f"decode {name}: ours {d['ours_tok_s']:.0f} tok/s = {d['ours_frac_roofline']:.2f} of roofline "
-            f"{d['roofline_tok_s']:.0f} | HF {d['hf_tok_s']:.0f} tok/s | ours/HF {d['ratio_ours_over_hf']:.2f}"
+            f"{d['roofline_tok_s']:.0f} | HF {d['hf_tok_s']:.0f} tok/s | ours/HF {d['ratio_ours_over_hf']:.2f} | "
+            f"one step per scheduler visit {one['ours_tok_s']:.0f} tok/s ({one['ours_frac_roofline']:.2f})"
         )
     lines.append(f"position-free vs rotated keys, decode b64: rotated is {r['position_free_decode_overhead']:+.1%}")
     return "\n".join(lines)

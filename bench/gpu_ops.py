@@ -338,7 +338,19 @@ def op_callable(problem: Problem, position_free: bool, config: dict | None):
     return lambda: rope_paged_attention_triton(*args, config=config)
 
 
-def sweep_configs(kind: str, problem: Problem) -> list[dict]:
+# the engine's decode: ~600-token contexts; splits as the CUDA graph fixes them (max_model_len 4096) and nearby
+SHORT_DECODE_SWEEP = [
+    dict(TILE_N=n, num_warps=w, num_stages=st, NUM_SPLITS=sp)
+    for n in (32, 64)
+    for w in (4, 8)
+    for st in (2, 3)
+    for sp in (1, 2, 4, 8)
+]
+
+
+def sweep_configs(kind: str, problem: Problem, length: int = 0) -> list[dict]:
+    if kind == "decode" and length <= 1024:
+        return SHORT_DECODE_SWEEP
     if kind == "prefill":
         return [
             dict(BLOCK_M=m, TILE_N=n, num_warps=w, num_stages=s, NUM_SPLITS=1, PRE_ROTATE=r)
@@ -372,7 +384,7 @@ def run_sweep(row: dict, clock, device, deadline: float) -> None:
     """Time the op under each candidate config (until the deadline); fills ``row["sweep"]``."""
     problem = paged_problem(row["kind"], row["batch"], row["length"], row["heads"], device)
     row["sweep"] = []
-    for config in sweep_configs(row["kind"], problem):
+    for config in sweep_configs(row["kind"], problem, row["length"]):
         if time.time() > deadline:
             break
         entry = dict(config=config)
@@ -392,6 +404,8 @@ SWEPT = (
     "smollm2 decode b64 x 8k",
     "llama prefill 4k",
     "llama decode b1 x 8k",
+    "llama decode b64 x 576",
+    "llama decode b1 x 576",
 )
 
 
@@ -400,6 +414,7 @@ def benchmark_plan(smoke: bool) -> list[tuple]:
         return [("smoke prefill", "prefill", 1, 64, SMOL), ("smoke decode", "decode", 4, 80, SMOL)]
     plan = [(f"llama prefill {n // 1024}k", "prefill", 1, n, LLAMA) for n in (1024, 4096, 16384)]
     plan += [(f"llama decode b{b} x {n // 1024}k", "decode", b, n, LLAMA) for b in (1, 16, 64) for n in (1024, 8192)]
+    plan += [(f"llama decode b{b} x 576", "decode", b, 576, LLAMA) for b in (1, 64)]  # the engine bench's decode
     plan += [
         ("smollm2 prefill 4k", "prefill", 1, 4096, SMOL),
         ("smollm2 prefill 16k", "prefill", 1, 16384, SMOL),

@@ -114,6 +114,4 @@ class BlockPool:
         assert len(in_use) + len(self.free_queue) == self.num_blocks, "free + in use != total"
         assert set(self.free_queue).isdisjoint(in_use), "a block in use sits in the free queue"
         for block_hash, block_id in self.hash_to_block.items():
-            assert self.blocks[block_id].block_hash == block_hash, (
-                f"hash map points at block {block_id} wrongly"
-            )
+            assert self.blocks[block_id].block_hash == block_hash, f"hash map points at block {block_id} wrongly"

@@ -15,6 +15,9 @@ DEFAULT_MEMORY_UTILIZATION = 0.85
 DEFAULT_CPU_KV_CACHE_GIB = 2.0
 # Decode batch sizes captured as CUDA graphs (a batch is padded up to the next bucket).
 CUDA_GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256)
+# Decode steps run back to back on a GPU between two visits of the scheduler (one host sync per burst):
+# the host's scheduling, input building and output handling then stop leaving the GPU idle every step.
+DEFAULT_CUDA_SCHEDULER_STEPS = 8
 
 # Control tokens of SmolLM2's vocabulary that chat never uses (StarCoder repository-metadata tokens).
 SMOLLM2_CONTROL_TOKENS = {"ssep": "<repo_name>", "pdep": "<reponame>", "pad": "<file_sep>"}
@@ -43,9 +46,7 @@ class ModelConfig:
 
     def __post_init__(self):
         if self.num_heads % self.num_kv_heads:
-            raise ValueError(
-                f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}"
-            )
+            raise ValueError(f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}")
 
     @property
     def rope_dim(self) -> int:
@@ -59,9 +60,7 @@ class ModelConfig:
             raise ValueError(f"unsupported model_type {arch!r} in {model_dir}: expected a Llama-family model")
         rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
         if rope.get("rope_type", "default") not in ("default", None):
-            raise ValueError(
-                f"unsupported rope_type {rope.get('rope_type')!r}: only plain RoPE is implemented"
-            )
+            raise ValueError(f"unsupported rope_type {rope.get('rope_type')!r}: only plain RoPE is implemented")
         eos = cfg.get("eos_token_id")
         eos = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
         hidden, heads = cfg["hidden_size"], cfg["num_attention_heads"]
@@ -111,8 +110,13 @@ class SchedulerConfig:
     max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
     max_model_len: int = 8192
+    # Decode steps per scheduler visit when every scheduled request decodes and none waits (vLLM's
+    # multi-step scheduling); tokens sampled past a stop inside a burst are dropped.
+    num_scheduler_steps: int = 1
 
     def __post_init__(self):
+        if self.num_scheduler_steps <= 0:
+            raise ValueError(f"num_scheduler_steps must be positive, got {self.num_scheduler_steps}")
         if self.max_num_seqs <= 0:
             raise ValueError(f"max_num_seqs must be positive, got {self.max_num_seqs}")
         if self.max_num_batched_tokens <= 0:

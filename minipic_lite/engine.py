@@ -1,8 +1,8 @@
 """The step loop: validate and admit requests, schedule, run, detokenize, finish.
 
-One step = `scheduler.schedule()` (host plan) -> `runner.execute()` (device) -> `scheduler.postprocess()`
--> stop checks here. Bad input is rejected in `add_request`, before it reaches the scheduler, so a bad
-request never disturbs the others.
+One step = `scheduler.schedule()` (host plan) -> `runner.execute()` (device: one step, or a burst of decode
+steps) -> `scheduler.postprocess()`, which asks the stop checks here after every new token. Bad input is
+rejected in `add_request`, before it reaches the scheduler, so a bad request never disturbs the others.
 """
 
 from __future__ import annotations
@@ -141,26 +141,26 @@ class LLMEngine:
         if out.is_empty:
             return []
         self._report_admissions(out)
+        num_tokens_before = sum(len(s.seq) for s in out.scheduled)
         sampled = self.runner.execute(out)
-        advanced = self.scheduler.postprocess(out, sampled)
+        advanced = self.scheduler.postprocess(out, sampled, self._stops)
         now = time.perf_counter()
-        self._count(out, advanced, now - start)
+        self._count(out, advanced, sum(len(s.seq) for s in out.scheduled) - num_tokens_before, now - start)
         results = []
         for seq in advanced:
             if seq.first_token_time is None:
                 seq.first_token_time = now
-            self._check_stop(seq)
             if seq.is_finished:
                 seq.finish_time = now
                 self.runner.sampler.forget(seq.seq_id)
             results.append(self._output(seq))
         return results
 
-    def _count(self, out, advanced, elapsed: float) -> None:
+    def _count(self, out, advanced, num_new_tokens: int, elapsed: float) -> None:
         s = self.stats
-        s.num_steps += 1
+        s.num_steps += out.num_steps
         s.num_computed_tokens += out.num_batched_tokens
-        s.num_generated_tokens += len(advanced)
+        s.num_generated_tokens += num_new_tokens
         s.num_preemptions += len(out.preempted)
         s.total_step_time += elapsed
         for seq in advanced:
@@ -178,6 +178,11 @@ class LLMEngine:
                 totals = report_totals(report)
                 self.stats.num_hit_blocks += totals["num_hit_blocks"]
                 self.stats.num_computed_blocks += totals["num_computed_blocks"]
+
+    def _stops(self, seq: Sequence) -> bool:
+        """After each new token: finish the request if it stops here (the scheduler drops the rest of a burst)."""
+        self._check_stop(seq)
+        return seq.is_finished
 
     def _check_stop(self, seq: Sequence) -> None:
         params, token = seq.sampling_params, seq.token_ids[-1]

@@ -6,6 +6,7 @@ it never touches queues or block ref counts.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from dataclasses import dataclass
@@ -26,6 +27,22 @@ class StepInputs:
     input_ids: torch.Tensor  # [num_tokens]
     meta: AttentionMetadata
     logits_indices: torch.Tensor  # [num_sampling_seqs]: row of each sampling request's last query token
+
+
+def advance_decode_inputs(inputs: StepInputs, sampled: torch.Tensor, block_size: int) -> StepInputs:
+    """The next decode step of the same requests, built on the device with no host sync.
+
+    Each request feeds back the token it just sampled (`sampled` [num_seqs]) at the next position; its
+    block table already holds the block of that position (the scheduler took a burst's blocks up front).
+    A decode token continues its segment, so visible_start stays.
+    """
+    meta = inputs.meta
+    positions = meta.positions + 1  # (num_seqs,)
+    blocks = meta.block_tables.gather(1, (positions // block_size)[:, None]).squeeze(1).long()  # (num_seqs,)
+    meta = dataclasses.replace(
+        meta, positions=positions, kv_lens=meta.kv_lens + 1, slot_mapping=blocks * block_size + positions % block_size
+    )
+    return StepInputs(sampled, meta, inputs.logits_indices)
 
 
 def build_model(config: EngineConfig) -> LlamaForCausalLM:
@@ -181,21 +198,34 @@ class ModelRunner:
         )
 
     @torch.inference_mode()
-    def execute(self, out: SchedulerOutput) -> list[int | None]:
-        """Run one step; return the sampled token of each scheduled request (None where it only prefilled)."""
+    def execute(self, out: SchedulerOutput) -> list[list[int]]:
+        """Run the step (or burst); return the tokens sampled for each scheduled request, one per step.
+
+        A request that only prefilled this step gets []. A burst (`out.num_steps > 1`, decodes only) feeds
+        each sampled token back on the device, so the whole burst has one host sync, at the end.
+        """
         inputs = self.prepare(out)
         sampling = [s for s in out.scheduled if s.do_sample]
-        if self.graphs is not None and self.graphs.can_run(out):
-            logits = self.graphs.run(inputs, len(out.scheduled))
-        else:
-            hidden = self.model(inputs.input_ids, inputs.meta, self.kv_cache)
-            logits = self.model.compute_logits(hidden[inputs.logits_indices]) if sampling else None
-        tokens = iter([])
-        if sampling:
-            seq_ids = [s.seq.seq_id for s in sampling]
-            params = [s.seq.sampling_params for s in sampling]
-            tokens = iter(self.sampler(logits, seq_ids, params).tolist())  # the step's one host sync
-        return [next(tokens) if s.do_sample else None for s in out.scheduled]
+        if not sampling:
+            self.model(inputs.input_ids, inputs.meta, self.kv_cache)
+            return [[] for _ in out.scheduled]
+        seq_ids = [s.seq.seq_id for s in sampling]
+        params = [s.seq.sampling_params for s in sampling]
+        use_graphs = self.graphs is not None and self.graphs.can_run(out)
+        steps = []  # [num_steps] of (num_sampling,) token ids on the device
+        for step in range(out.num_steps):
+            if step:
+                inputs = advance_decode_inputs(inputs, steps[-1], self.block_size)
+            logits = self._logits(inputs, len(out.scheduled), use_graphs)
+            steps.append(self.sampler(logits, seq_ids, params))
+        rows = iter(torch.stack(steps, dim=1).tolist())  # (num_sampling, num_steps): the one host sync
+        return [next(rows) if s.do_sample else [] for s in out.scheduled]
+
+    def _logits(self, inputs: StepInputs, num_seqs: int, use_graphs: bool) -> torch.Tensor:
+        if use_graphs:
+            return self.graphs.run(inputs, num_seqs)
+        hidden = self.model(inputs.input_ids, inputs.meta, self.kv_cache)
+        return self.model.compute_logits(hidden[inputs.logits_indices])
 
     @torch.inference_mode()
     def prompt_logits(self, out: SchedulerOutput) -> torch.Tensor:

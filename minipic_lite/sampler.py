@@ -43,9 +43,7 @@ class Sampler:
                 noise[row].exponential_(generator=gen)
         return noise
 
-    def __call__(
-        self, logits: torch.Tensor, seq_ids: list[int], params: list[SamplingParams]
-    ) -> torch.Tensor:
+    def __call__(self, logits: torch.Tensor, seq_ids: list[int], params: list[SamplingParams]) -> torch.Tensor:
         """logits [N, V] float32 -> token ids [N] (on the device)."""
         greedy_tokens = logits.argmax(dim=-1)
         if all(p.is_greedy for p in params):

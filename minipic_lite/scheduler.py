@@ -9,11 +9,19 @@ taken from the cache are skipped, so the queries of one chunk can have holes:
 
     blocks:   | hit | miss | hit | miss  |
     queries:        [ 16 , 32 )    [48, 57)      -> query_ranges = [(16, 32), (48, 57)], kv_len = 57
+
+When every scheduled request decodes and none waits, a step may be a *burst* of `num_steps` decode steps
+that the device runs back to back, each feeding back the token it sampled (multi-step scheduling). Blocks
+for the whole burst are taken up front; tokens sampled after a request stopped are dropped:
+
+    before:  tokens [0, L), KV of [0, L-1)        burst step i computes position L-1+i, samples token L+i
+    after k steps: KV of [0, L+k-1), tokens [0, L+k)
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from minipic_lite.block_pool import BlockPool
@@ -37,10 +45,11 @@ class ScheduledSeq:
 class SchedulerOutput:
     scheduled: list[ScheduledSeq] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
+    num_steps: int = 1  # > 1: a burst of decode steps (every scheduled request decodes)
 
     @property
     def num_batched_tokens(self) -> int:
-        return sum(s.num_query_tokens for s in self.scheduled)
+        return self.num_steps * sum(s.num_query_tokens for s in self.scheduled)
 
     @property
     def is_empty(self) -> bool:
@@ -90,6 +99,7 @@ class Scheduler:
         budget = self._schedule_running(out, budget)
         if not out.preempted:
             self._schedule_waiting(out, budget)
+        out.num_steps = self._plan_burst(out)
         return out
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
@@ -119,6 +129,26 @@ class Scheduler:
         scheduled = ScheduledSeq(seq, ranges, end, do_sample=end == len(seq.token_ids))
         out.scheduled.append(scheduled)
         return scheduled.num_query_tokens
+
+    def _plan_burst(self, out: SchedulerOutput) -> int:
+        """How many decode steps to run back to back (1: an ordinary step); takes the blocks they need."""
+        steps = self.config.num_scheduler_steps
+        if steps == 1 or self.waiting or out.preempted or not out.scheduled:
+            return 1
+        if any(s.num_query_tokens != 1 or not s.do_sample for s in out.scheduled):
+            return 1
+        for s in out.scheduled:  # never past max_tokens nor the context
+            params = s.seq.sampling_params
+            steps = min(steps, params.max_tokens - s.seq.num_output_tokens, self.config.max_model_len - len(s.seq))
+        if steps <= 1:
+            return 1
+        # NOTE: burst step i writes the KV of position len - 1 + i; the last one is len + steps - 2.
+        need = [s.seq.num_blocks_for(len(s.seq) + steps - 1) - len(s.seq.block_table) for s in out.scheduled]
+        if not self.pool.can_allocate(sum(need)):
+            return 1  # lookahead never preempts anyone
+        for s, num_new in zip(out.scheduled, need, strict=True):
+            s.seq.block_table += [self.pool.allocate() for _ in range(num_new)]
+        return steps
 
     # -- blocks ------------------------------------------------------------------------------------------
 
@@ -182,13 +212,24 @@ class Scheduler:
 
     # -- after the forward -------------------------------------------------------------------------------
 
-    def postprocess(self, out: SchedulerOutput, sampled: list[int | None]) -> list[Sequence]:
-        """Advance each scheduled request; append sampled tokens. Returns the requests that got a token."""
+    def postprocess(
+        self, out: SchedulerOutput, sampled: list[list[int]], stops: Callable[[Sequence], bool]
+    ) -> list[Sequence]:
+        """Advance each scheduled request by its sampled tokens (one per step; [] where it only prefilled).
+
+        `stops(seq)` is asked after each appended token; once it says yes (and has finished the request),
+        the rest of its burst is dropped. Returns the requests that got at least one token.
+        """
         advanced = []
-        for scheduled, token_id in zip(out.scheduled, sampled, strict=True):
+        for scheduled, tokens in zip(out.scheduled, sampled, strict=True):
             seq = scheduled.seq
             seq.num_computed_tokens = scheduled.kv_len
-            if scheduled.do_sample:
+            for i, token_id in enumerate(tokens):
+                seq.num_computed_tokens = scheduled.kv_len + i  # step i computed position kv_len - 1 + i
                 seq.append_token(token_id)
+                self._publish_full_blocks(seq, seq.num_computed_tokens)  # a burst's blocks, before a stop frees them
+                if stops(seq):
+                    break
+            if tokens:
                 advanced.append(seq)
         return advanced

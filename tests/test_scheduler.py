@@ -24,7 +24,7 @@ def make_scheduler(num_blocks=16, max_num_seqs=8, budget=64):
 
 def run_step(sched, token=7):
     out = sched.schedule()
-    sched.postprocess(out, [token if s.do_sample else None for s in out.scheduled])
+    sched.postprocess(out, [[token] if s.do_sample else [] for s in out.scheduled], lambda seq: False)
     sched.pool.check_integrity()
     return out
 
@@ -136,3 +136,92 @@ def test_waiting_request_that_does_not_fit_waits():
     sched.add(make_seq(1, range(20, 28)))
     run_step(sched)
     assert len(sched.running) == 1 and len(sched.waiting) == 1
+
+
+# -- bursts (multi-step decode) ---------------------------------------------------------------------------
+
+
+def make_burst_scheduler(num_blocks=16, steps=4, max_model_len=1024):
+    pool = BlockPool(num_blocks)
+    return Scheduler(SchedulerConfig(8, 64, max_model_len, num_scheduler_steps=steps), pool), pool
+
+
+def run_burst(sched, tokens=(7, 8, 9, 10, 11, 12, 13, 14), stops=lambda seq: False):
+    out = sched.schedule()
+    sampled = [list(tokens[: out.num_steps]) if s.do_sample else [] for s in out.scheduled]
+    sched.postprocess(out, sampled, stops)
+    sched.pool.check_integrity()
+    return out
+
+
+def test_a_burst_takes_the_blocks_of_every_step_up_front_and_advances_by_its_tokens():
+    sched, pool = make_burst_scheduler()
+    a = make_seq(0, range(6))  # B = 4: blocks 0, 1
+    a.sampling_params = SamplingParams(max_tokens=16)
+    sched.add(a)
+    assert run_burst(sched).num_steps == 1  # a prefill step is never a burst
+    assert len(a) == 7 and a.num_computed_tokens == 6 and a.block_table == [0, 1]
+    out = run_burst(sched)  # 4 steps: KV of positions 6..9, so blocks for 10 tokens
+    assert out.num_steps == 4 and out.num_batched_tokens == 4
+    assert a.block_table == [0, 1, 2]
+    assert a.output_token_ids == [7, 7, 8, 9, 10] and a.num_computed_tokens == 10 and len(a) == 11
+    assert a.num_published_blocks == 2  # tokens 8..10 fill block 2 only up to slot 2
+
+
+def test_a_burst_publishes_the_blocks_it_completed():
+    sched, pool = make_burst_scheduler()
+    a = make_seq(0, range(7))
+    a.sampling_params = SamplingParams(max_tokens=16)
+    sched.add(a)
+    run_burst(sched)  # prefill: tokens 0..6 + 7
+    run_burst(sched)  # burst: KV of positions 7..10, block 2 = tokens [8, 12) full
+    assert a.num_computed_tokens == 11 and a.num_published_blocks == 2
+    assert pool.lookup(a.block_hashes[1]) == a.block_table[1]
+    run_burst(sched)
+    assert a.num_published_blocks == 3 and pool.lookup(a.block_hashes[2]) == a.block_table[2]
+
+
+def test_a_stop_inside_a_burst_drops_the_rest_and_frees_the_blocks():
+    sched, pool = make_burst_scheduler()
+    a = make_seq(0, range(6))
+    a.sampling_params = SamplingParams(max_tokens=16)
+    sched.add(a)
+    run_burst(sched)
+
+    def stop_at_nine(seq):
+        if seq.token_ids[-1] == 9:
+            sched.finish(seq, "stop")
+            return True
+        return False
+
+    run_burst(sched, stops=stop_at_nine)
+    assert a.output_token_ids == [7, 7, 8, 9] and a.is_finished
+    assert pool.num_free_blocks == 16
+
+
+@pytest.mark.parametrize(
+    ("max_tokens", "max_model_len", "expected"),
+    [(3, 1024, 2), (16, 9, 2), (16, 8, 1), (2, 1024, 1)],
+    ids=["max_tokens", "context", "context_full", "one_token_left"],
+)
+def test_a_burst_never_passes_max_tokens_or_the_context(max_tokens, max_model_len, expected):
+    sched, _ = make_burst_scheduler(max_model_len=max_model_len)
+    a = make_seq(0, range(6))
+    a.sampling_params = SamplingParams(max_tokens=max_tokens)
+    sched.add(a)
+    run_burst(sched)  # 1 output token, len 7
+    assert sched.schedule().num_steps == expected
+
+
+def test_no_burst_while_a_request_waits_or_blocks_are_short():
+    sched, pool = make_burst_scheduler(num_blocks=4)
+    a, b = make_seq(0, range(6)), make_seq(1, range(20, 26))
+    for seq in (a, b):
+        seq.sampling_params = SamplingParams(max_tokens=16)
+    sched.add(a)
+    run_burst(sched)
+    sched.add(b)
+    assert run_burst(sched).num_steps == 1  # b waited: it is admitted in this ordinary step
+    assert len(a.block_table) == 2 and len(b.block_table) == 2 and pool.num_free_blocks == 0
+    out = run_burst(sched)  # a needs block 3 for position 8 at step 2: none free, so no burst (no preemption)
+    assert out.num_steps == 1 and not out.preempted

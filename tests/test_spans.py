@@ -284,7 +284,7 @@ def make_seq(seq_id, token_ids):
 
 def run_step(sched):
     out = sched.schedule()
-    sched.postprocess(out, [7 if s.do_sample else None for s in out.scheduled])
+    sched.postprocess(out, [[7] if s.do_sample else [] for s in out.scheduled], lambda seq: False)
     sched.pool.check_integrity()
     return out
 

@@ -1,0 +1,79 @@
+"""Multi-step decode (bursts): the same tokens, texts and finish reasons as one step per scheduler visit."""
+
+import pytest
+import torch
+
+import minipic_lite as mp
+from minipic_lite.model_runner import StepInputs, advance_decode_inputs
+from minipic_lite.models.llama import AttentionMetadata
+
+
+@pytest.fixture(scope="module")
+def burst_llm(model_dir):
+    return mp.LLM(str(model_dir), device="cpu", dtype="float32", max_model_len=512, num_scheduler_steps=4)
+
+
+def record_bursts(llm) -> list[int]:
+    """Patch the engine's scheduler to record each visit's num_steps."""
+    seen, schedule = [], llm.engine.scheduler.schedule
+
+    def recording():
+        out = schedule()
+        seen.append(out.num_steps)
+        return out
+
+    llm.engine.scheduler.schedule = recording
+    return seen
+
+
+def test_advance_decode_inputs_feeds_back_tokens_at_the_next_slot():
+    meta = AttentionMetadata(
+        slot_mapping=torch.tensor([4 * 3 + 3, 4 * 5 + 1]),
+        block_tables=torch.tensor([[0, 3, 9], [5, 6, 0]], dtype=torch.int32),
+        cu_seqlens_q=torch.tensor([0, 1, 2], dtype=torch.int32),
+        positions=torch.tensor([7, 1]),  # B = 4: position 7 is the last slot of logical block 1 (physical 3)
+        kv_lens=torch.tensor([8, 2], dtype=torch.int32),
+        visible_start=torch.tensor([4, 0], dtype=torch.int32),
+    )
+    inputs = StepInputs(torch.tensor([11, 12]), meta, torch.tensor([0, 1]))
+    nxt = advance_decode_inputs(inputs, torch.tensor([21, 22]), block_size=4)
+    assert nxt.input_ids.tolist() == [21, 22]
+    assert nxt.meta.positions.tolist() == [8, 2] and nxt.meta.kv_lens.tolist() == [9, 3]
+    assert nxt.meta.slot_mapping.tolist() == [9 * 4 + 0, 5 * 4 + 2]  # seq 0 crosses into block 9
+    assert nxt.meta.visible_start.tolist() == [4, 0] and nxt.logits_indices.tolist() == [0, 1]
+
+
+def test_bursts_give_the_same_outputs_as_single_steps(llm, burst_llm):
+    prompts = ["1, 2, 3, 4, 5, 6,", "The capital of France is", "def fibonacci(n):", "Once upon a time"]
+    base = llm.generate(prompts[0], mp.SamplingParams(max_tokens=12, temperature=0.0), use_tqdm=False)[0]
+    params = [
+        mp.SamplingParams(max_tokens=13, temperature=0.0, stop=[base.text.split(",")[2]]),  # stops mid-burst
+        mp.SamplingParams(max_tokens=7, temperature=0.0),  # ends on a max_tokens that is no multiple of 4
+        mp.SamplingParams(max_tokens=21, temperature=0.0, stop_token_ids=[base.token_ids[5]]),
+        mp.SamplingParams(max_tokens=18, temperature=0.9, top_p=0.9, seed=5),
+    ]
+    expected = llm.generate(prompts, params, use_tqdm=False)
+    seen = record_bursts(burst_llm)
+    outs = burst_llm.generate(prompts, params, use_tqdm=False)
+    assert max(seen) == 4  # bursts did run
+    for out, exp in zip(outs, expected, strict=True):
+        assert (out.token_ids, out.text, out.finish_reason, out.stop_reason) == (
+            exp.token_ids, exp.text, exp.finish_reason, exp.stop_reason,
+        )  # fmt: skip
+    assert outs[0].finish_reason == "stop" and outs[1].finish_reason == "length"
+    pool = burst_llm.engine.pool
+    pool.check_integrity()
+    assert pool.num_free_blocks == pool.num_blocks
+    assert burst_llm.engine.stats.num_generated_tokens == sum(len(o.token_ids) for o in outs)
+
+
+def test_blocks_completed_by_a_final_burst_are_hit_by_the_next_request(burst_llm):
+    burst_llm.engine.pool.reset_prefix_cache()
+    prompt_ids = burst_llm.encode("Write a long story about a robot:")[0]
+    # the last step computes position 47 (the end of block 2) and stops: that burst completes block 2
+    params = mp.SamplingParams(max_tokens=49 - len(prompt_ids), temperature=0.0, ignore_eos=True)
+    first = burst_llm.generate([prompt_ids], params, use_tqdm=False)[0]
+    follow = first.prompt_token_ids + first.token_ids
+    assert len(follow) == 49
+    again = burst_llm.generate([follow], mp.SamplingParams(max_tokens=1), use_tqdm=False)[0]
+    assert again.num_cached_tokens == 48
