@@ -193,7 +193,8 @@ def bench_decode(llm, hf, vocab, device, batch, prompt_len, new_tokens, weight_b
 
     engine = llm.engine
     engine.pool.reset_prefix_cache()
-    params = mp.SamplingParams(max_tokens=new_tokens, ignore_eos=True, detokenize=False)
+    # greedy, as HF's generate() here
+    params = mp.SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True, detokenize=False)
     for p in prompts(batch, prompt_len, vocab, 3):
         engine.add_request(p, params)
     # prefill (and the mixed steps that finish it) first; then time the steady decode steps alone
@@ -233,7 +234,7 @@ def profile_decode(llm, vocab, device, batch, prompt_len, steps=8):
 
     engine = llm.engine
     engine.pool.reset_prefix_cache()
-    params = mp.SamplingParams(max_tokens=10_000, ignore_eos=True, detokenize=False)
+    params = mp.SamplingParams(max_tokens=10_000, temperature=0.0, ignore_eos=True, detokenize=False)
     ids = [engine.add_request(p, params) for p in prompts(batch, prompt_len, vocab, 5)]
     while (
         any(s.num_computed_tokens < s.num_prompt_tokens for s in engine.scheduler.running) or engine.scheduler.waiting

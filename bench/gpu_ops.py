@@ -169,6 +169,26 @@ def validation_cases(smoke: bool) -> list[dict]:
             **small,
         ),
         dict(
+            name="decode split2 bf16 gqa4 rope-by-tile",
+            specs=decodes,
+            num_heads=8,
+            num_kv_heads=2,
+            head_dim=128,
+            dtype=torch.bfloat16,
+            config=dict(NUM_SPLITS=2, TILE_N=32, ROPE_BY_TILE=True),
+            **small,
+        ),
+        dict(
+            name="decode fp32 gqa4 rope-by-tile",
+            specs=decodes,
+            num_heads=8,
+            num_kv_heads=2,
+            head_dim=128,
+            dtype=torch.float32,
+            config=dict(ROPE_BY_TILE=True),
+            **small,
+        ),
+        dict(
             name="mixed BLOCK_M64 fp16 gqa4",
             specs=mixed,
             num_heads=8,
@@ -329,10 +349,12 @@ def problem_cost(kind: str, batch: int, length: int, heads: dict) -> tuple[float
     return flops, bytes_
 
 
-def op_callable(problem: Problem, position_free: bool, config: dict | None):
+def op_callable(problem: Problem, position_free: bool, config: dict | None, table_dtype=None):
     args = list(problem.args())
     if not position_free:
         args[8] = None
+    elif table_dtype is not None:  # the cos/sin table in the cache dtype (as transformers casts it)
+        args[8] = args[8].to(table_dtype)
     if config is None:
         return lambda: rope_paged_attention(*args, impl="triton", check=False)
     return lambda: rope_paged_attention_triton(*args, config=config)
@@ -340,11 +362,11 @@ def op_callable(problem: Problem, position_free: bool, config: dict | None):
 
 # the engine's decode: ~600-token contexts; splits as the CUDA graph fixes them (max_model_len 4096) and nearby
 SHORT_DECODE_SWEEP = [
-    dict(TILE_N=n, num_warps=w, num_stages=st, NUM_SPLITS=sp)
+    dict(TILE_N=n, num_warps=w, num_stages=3, NUM_SPLITS=sp, ROPE_BY_TILE=by_tile)
+    for by_tile in (False, True)
     for n in (32, 64)
     for w in (4, 8)
-    for st in (2, 3)
-    for sp in (1, 2, 4, 8)
+    for sp in (1, 2, 8)
 ]
 
 
@@ -388,9 +410,12 @@ def run_sweep(row: dict, clock, device, deadline: float) -> None:
         if time.time() > deadline:
             break
         entry = dict(config=config)
-        for mode, pf in (("none", False), ("pf", True)):
+        modes = [("none", False, None), ("pf", True, None)]
+        if row["kind"] == "decode" and row["length"] <= 1024:
+            modes.append(("pf_table16", True, torch.bfloat16))
+        for mode, pf, table_dtype in modes:
             try:
-                entry[f"{mode}_ms"] = clock(op_callable(problem, pf, config))
+                entry[f"{mode}_ms"] = clock(op_callable(problem, pf, config, table_dtype))
             except Exception as exc:  # noqa: BLE001 -- a config may not fit (shared memory, registers)
                 entry[f"{mode}_ms"] = None
                 entry["error"] = f"{type(exc).__name__}: {str(exc)[:120]}"

@@ -209,15 +209,14 @@ class ModelRunner:
         if not sampling:
             self.model(inputs.input_ids, inputs.meta, self.kv_cache)
             return [[] for _ in out.scheduled]
-        seq_ids = [s.seq.seq_id for s in sampling]
-        params = [s.seq.sampling_params for s in sampling]
+        batch = self.sampler.prepare([s.seq.seq_id for s in sampling], [s.seq.sampling_params for s in sampling])
         use_graphs = self.graphs is not None and self.graphs.can_run(out)
         steps = []  # [num_steps] of (num_sampling,) token ids on the device
         for step in range(out.num_steps):
             if step:
                 inputs = advance_decode_inputs(inputs, steps[-1], self.block_size)
             logits = self._logits(inputs, len(out.scheduled), use_graphs)
-            steps.append(self.sampler(logits, seq_ids, params))
+            steps.append(self.sampler(logits, batch))
         rows = iter(torch.stack(steps, dim=1).tolist())  # (num_sampling, num_steps): the one host sync
         return [next(rows) if s.do_sample else [] for s in out.scheduled]
 

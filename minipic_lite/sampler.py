@@ -6,6 +6,8 @@ the Gumbel-max trick): one elementwise op and an argmax, no multinomial and no `
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from minipic_lite.sampling_params import SamplingParams
@@ -25,6 +27,25 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Te
     return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
 
 
+@dataclass(slots=True)
+class SamplingBatch:
+    """Per-row sampling parameters as device tensors, built once per step or burst (no host sync)."""
+
+    seq_ids: list[int]
+    params: list[SamplingParams]
+    is_all_greedy: bool
+    temperature: torch.Tensor | None = None  # (N,)
+    top_k: torch.Tensor | None = None  # (N,), None: no row cuts
+    top_p: torch.Tensor | None = None  # (N,)
+    is_greedy: torch.Tensor | None = None  # (N,) bool
+
+
+def _to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    host = torch.tensor(values, dtype=dtype)
+    # NOTE: a plain copy from pageable memory would wait for the GPU: inside a burst that drains the queue.
+    return host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host
+
+
 class Sampler:
     def __init__(self, device: torch.device):
         self.device = device
@@ -33,9 +54,21 @@ class Sampler:
     def forget(self, seq_id: int) -> None:
         self.generators.pop(seq_id, None)
 
-    def _noise(self, shape, seq_ids: list[int], params: list[SamplingParams]) -> torch.Tensor:
+    def prepare(self, seq_ids: list[int], params: list[SamplingParams]) -> SamplingBatch:
+        batch = SamplingBatch(seq_ids, params, all(p.is_greedy for p in params))
+        if batch.is_all_greedy:
+            return batch
+        dev = self.device
+        batch.temperature = _to_device([p.temperature or 1.0 for p in params], torch.float32, dev)
+        batch.is_greedy = _to_device([p.is_greedy for p in params], torch.bool, dev)
+        if any(p.top_k > 0 or p.top_p < 1.0 for p in params):
+            batch.top_k = _to_device([p.top_k for p in params], torch.long, dev)
+            batch.top_p = _to_device([p.top_p for p in params], torch.float32, dev)
+        return batch
+
+    def _noise(self, shape, batch: SamplingBatch) -> torch.Tensor:
         noise = torch.empty(shape, device=self.device).exponential_()  # (N, V)
-        for row, (seq_id, p) in enumerate(zip(seq_ids, params, strict=True)):
+        for row, (seq_id, p) in enumerate(zip(batch.seq_ids, batch.params, strict=True)):
             if p.seed is not None and not p.is_greedy:
                 gen = self.generators.get(seq_id)
                 if gen is None:
@@ -43,18 +76,14 @@ class Sampler:
                 noise[row].exponential_(generator=gen)
         return noise
 
-    def __call__(self, logits: torch.Tensor, seq_ids: list[int], params: list[SamplingParams]) -> torch.Tensor:
+    def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         """logits [N, V] float32 -> token ids [N] (on the device)."""
         greedy_tokens = logits.argmax(dim=-1)
-        if all(p.is_greedy for p in params):
+        if batch.is_all_greedy:
             return greedy_tokens
-        temperature = torch.tensor([p.temperature or 1.0 for p in params], device=self.device)
-        logits = logits / temperature[:, None]
-        if any(p.top_k > 0 or p.top_p < 1.0 for p in params):
-            top_k = torch.tensor([p.top_k for p in params], device=self.device)
-            top_p = torch.tensor([p.top_p for p in params], device=self.device)
-            logits = apply_top_k_top_p(logits, top_k, top_p)
+        logits = logits / batch.temperature[:, None]
+        if batch.top_k is not None:
+            logits = apply_top_k_top_p(logits, batch.top_k, batch.top_p)
         probs = logits.softmax(dim=-1)
-        sampled = (probs / self._noise(probs.shape, seq_ids, params)).argmax(dim=-1)
-        is_greedy = torch.tensor([p.is_greedy for p in params], device=self.device)
-        return torch.where(is_greedy, greedy_tokens, sampled)
+        sampled = (probs / self._noise(probs.shape, batch)).argmax(dim=-1)
+        return torch.where(batch.is_greedy, greedy_tokens, sampled)
