@@ -169,26 +169,6 @@ def validation_cases(smoke: bool) -> list[dict]:
             **small,
         ),
         dict(
-            name="decode split2 bf16 gqa4 rope-by-tile",
-            specs=decodes,
-            num_heads=8,
-            num_kv_heads=2,
-            head_dim=128,
-            dtype=torch.bfloat16,
-            config=dict(NUM_SPLITS=2, TILE_N=32, ROPE_BY_TILE=True),
-            **small,
-        ),
-        dict(
-            name="decode fp32 gqa4 rope-by-tile",
-            specs=decodes,
-            num_heads=8,
-            num_kv_heads=2,
-            head_dim=128,
-            dtype=torch.float32,
-            config=dict(ROPE_BY_TILE=True),
-            **small,
-        ),
-        dict(
             name="mixed BLOCK_M64 fp16 gqa4",
             specs=mixed,
             num_heads=8,
@@ -362,11 +342,7 @@ def op_callable(problem: Problem, position_free: bool, config: dict | None, tabl
 
 # the engine's decode: ~600-token contexts; splits as the CUDA graph fixes them (max_model_len 4096) and nearby
 SHORT_DECODE_SWEEP = [
-    dict(TILE_N=n, num_warps=w, num_stages=3, NUM_SPLITS=sp, ROPE_BY_TILE=by_tile)
-    for by_tile in (False, True)
-    for n in (32, 64)
-    for w in (4, 8)
-    for sp in (1, 2, 8)
+    dict(TILE_N=n, num_warps=w, num_stages=3, NUM_SPLITS=sp) for n in (32, 64) for w in (4, 8) for sp in (1, 2, 8)
 ]
 
 

@@ -77,7 +77,6 @@ def _attend_key_tiles(
     stride_v_slot,
     stride_v_head,
     stride_cs_pos,
-    cs_rows,  # rows of cos_sin
     BLOCK_SIZE: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     ROTARY_DIM: tl.constexpr,
@@ -85,19 +84,11 @@ def _attend_key_tiles(
     TILE_N: tl.constexpr,
     APPLY_MASK: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
-    ROPE_BY_TILE: tl.constexpr,
 ):
     HALF: tl.constexpr = ROTARY_DIM // 2
     offs_n = tl.arange(0, TILE_N)
     offs_d = tl.arange(0, HEAD_DIM)
     offs_h = tl.arange(0, HALF_PAD)
-    if ROPE_BY_TILE:
-        # NOTE: cos/sin of key position t * TILE_N + j by angle addition, from the tile's first row and rows
-        # j < TILE_N loaded once here: the table is read once per tile instead of once per key.
-        row_j = cos_sin_ptr + offs_n[None, :].to(tl.int64) * stride_cs_pos + offs_h[:, None]  # [HALF_PAD, TILE_N]
-        j_ok = (offs_h[:, None] < HALF) & (offs_n[None, :] < cs_rows)
-        cos_j = tl.load(row_j, mask=j_ok, other=0.0).to(tl.float32)  # [HALF_PAD, TILE_N]
-        sin_j = tl.load(row_j + HALF, mask=j_ok, other=0.0).to(tl.float32)
     for tile in range(tile_begin, tile_end):
         key_pos = tile * TILE_N + offs_n  # [TILE_N] logical key positions
         key_ok = key_pos < key_end
@@ -113,17 +104,9 @@ def _attend_key_tiles(
             k_ptrs = k_cache_ptr + k_base[None, :] + offs_h[:, None]  # K^T, first rotary half
             k1 = tl.load(k_ptrs, mask=half_ok, other=0.0).to(tl.float32)  # [HALF_PAD, TILE_N]
             k2 = tl.load(k_ptrs + HALF, mask=half_ok, other=0.0).to(tl.float32)  # [HALF_PAD, TILE_N]
-            if ROPE_BY_TILE:
-                tile_row = (tile * TILE_N + 0 * offs_h).to(tl.int64)  # [HALF_PAD], all = the tile's first key
-                row_t = cos_sin_ptr + tile_row * stride_cs_pos + offs_h  # [HALF_PAD]
-                cos_t = tl.load(row_t, mask=offs_h < HALF, other=0.0).to(tl.float32)[:, None]  # [HALF_PAD, 1]
-                sin_t = tl.load(row_t + HALF, mask=offs_h < HALF, other=0.0).to(tl.float32)[:, None]
-                cos = cos_t * cos_j - sin_t * sin_j  # [HALF_PAD, TILE_N]
-                sin = sin_t * cos_j + cos_t * sin_j
-            else:
-                cs_ptrs = cos_sin_ptr + key_pos[None, :].to(tl.int64) * stride_cs_pos + offs_h[:, None]
-                cos = tl.load(cs_ptrs, mask=half_ok, other=0.0).to(tl.float32)  # [HALF_PAD, TILE_N]
-                sin = tl.load(cs_ptrs + HALF, mask=half_ok, other=0.0).to(tl.float32)  # [HALF_PAD, TILE_N]
+            cs_ptrs = cos_sin_ptr + key_pos[None, :].to(tl.int64) * stride_cs_pos + offs_h[:, None]
+            cos = tl.load(cs_ptrs, mask=half_ok, other=0.0).to(tl.float32)  # [HALF_PAD, TILE_N]
+            sin = tl.load(cs_ptrs + HALF, mask=half_ok, other=0.0).to(tl.float32)  # [HALF_PAD, TILE_N]
             k1_rot = (k1 * cos - k2 * sin).to(q_lo.dtype)
             k2_rot = (k2 * cos + k1 * sin).to(q_lo.dtype)
             qk = tl.dot(q_lo, k1_rot, input_precision=DOT_PRECISION)
@@ -185,7 +168,6 @@ def _rope_paged_attention_kernel(
     stride_kbt_seq,
     stride_vbt_seq,
     stride_cs_pos,
-    cs_rows,  # rows of cos_sin (max_position)
     BLOCK_SIZE: tl.constexpr,
     GROUP: tl.constexpr,  # query heads per kv head
     HEAD_DIM: tl.constexpr,
@@ -196,7 +178,6 @@ def _rope_paged_attention_kernel(
     TILE_N: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
-    ROPE_BY_TILE: tl.constexpr,  # cos/sin by angle addition from one table row per key tile
 ):
     # NOTE: tiles are taken in reverse so the last tiles of a causal prefill (the most keys) start first.
     tile_id = tl.num_programs(0) - 1 - tl.program_id(0)
@@ -266,8 +247,8 @@ def _rope_paged_attention_kernel(
             acc, m_i, l_i, q_lo, q_hi, q_pass, row_pos, row_vis, lo, hi, key_end,
             k_cache_ptr, v_cache_ptr, k_table_ptr, v_table_ptr, cos_sin_ptr, kv_head, qk_scale,
             stride_k_blk, stride_k_slot, stride_k_head, stride_v_blk, stride_v_slot, stride_v_head,
-            stride_cs_pos, cs_rows, BLOCK_SIZE, HEAD_DIM, ROTARY_DIM, HALF_PAD, TILE_N,
-            part != 1, DOT_PRECISION, ROPE_BY_TILE,
+            stride_cs_pos, BLOCK_SIZE, HEAD_DIM, ROTARY_DIM, HALF_PAD, TILE_N,
+            part != 1, DOT_PRECISION,
         )  # fmt: skip
 
     # -- epilogue --
@@ -398,8 +379,8 @@ def pick_config(
     rows_per_seq = math.ceil(num_tokens / num_seqs) * group
     if rows_per_seq <= 16:  # decode: memory bound
         block_m, tile_n, num_warps, num_stages = 16, 128, 4, 2
-        if is_rotary and head_dim >= 128:  # in-kernel rotation: more warps keep more loads in flight
-            tile_n, num_warps, num_stages = 64, 8, 3
+        if is_rotary and head_dim >= 128:  # in-kernel rotation (bench/results/gpu_ops_*_short_decode*)
+            tile_n, num_warps, num_stages = 32, 4, 3
     elif rows_per_seq <= 64:
         block_m, tile_n, num_warps, num_stages = 64, 64, 4, 3
     elif head_dim <= 64:
@@ -419,8 +400,8 @@ def pick_config(
     block_m = max(block_m, _next_pow2(group))
     num_splits = 1
     if device.type == "cuda" and rows_per_seq <= 16:
-        # flash-decoding: aim at ~8 programs per SM, each split keeping >= MIN_KEYS_PER_SPLIT keys
-        want = 8 * _num_sms(device.index or 0) // (num_seqs * num_kv_heads)
+        # flash-decoding: aim at ~4 programs per SM, each split keeping >= MIN_KEYS_PER_SPLIT keys
+        want = 4 * _num_sms(device.index or 0) // (num_seqs * num_kv_heads)
         want = min(want, max_context // MIN_KEYS_PER_SPLIT, 32)
         num_splits = 1 << (max(want, 1).bit_length() - 1)  # largest power of two <= want
     return dict(
@@ -528,12 +509,10 @@ def rope_paged_attention_triton(
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         k_tables.stride(0), block_tables.stride(0), 0 if cos_sin is None else cos_sin.stride(0),
-        0 if cos_sin is None else cos_sin.shape[0],
         BLOCK_SIZE=block_size, GROUP=group, HEAD_DIM=head_dim, ROTARY_DIM=rotary_dim,
         HALF_PAD=max(_next_pow2(rotary_dim // 2), 16), BLOCK_M=block_m, BLOCK_Q=block_q,
         TILE_N=cfg["TILE_N"], NUM_SPLITS=num_splits,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        ROPE_BY_TILE=rotary_dim > 0 and cfg.get("ROPE_BY_TILE", False),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )  # fmt: skip
     if num_splits > 1:

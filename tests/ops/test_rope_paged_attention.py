@@ -84,10 +84,6 @@ TRITON_CASES = [
     ("decode_only", "gqa3", 64, None, 16, torch.float32, True, {}, {"PRE_ROTATE": True}),
     ("decode_only", "gqa4", 64, None, 16, torch.float32, True, {}, {"NUM_SPLITS": 4}),
     ("mixed", "gqa3", 64, 32, 16, torch.float16, True, {"repeat_block": True}, {"NUM_SPLITS": 2, "TILE_N": 32}),
-    # cos/sin by angle addition from one table row per key tile (the decode default on the GPU)
-    ("decode_only", "gqa4", 64, None, 16, torch.float32, True, {}, {"ROPE_BY_TILE": True}),
-    ("mixed", "gqa3", 64, 32, 16, torch.float16, True, {}, {"ROPE_BY_TILE": True, "NUM_SPLITS": 2, "TILE_N": 32}),
-    ("holes", "gqa4", 128, 64, 16, torch.bfloat16, True, {}, {"ROPE_BY_TILE": True, "PRE_ROTATE": False}),
 ]
 
 
