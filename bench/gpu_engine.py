@@ -91,7 +91,10 @@ def hf_from_engine(llm, cfg_dict, device, dtype):
     hf.model.rotary_emb = type(hf.model.rotary_emb)(config).to(device)  # its buffers were on meta
     inv_freq = hf.model.rotary_emb.inv_freq.float().cpu()
     half = inv_freq.numel()
-    ours_inv_freq = torch.atan2(ours.cos_sin[1, half:], ours.cos_sin[1, :half]).cpu()  # row 1: angle = inv_freq
+    from minipic_lite.models.llama import rope_table
+
+    table = rope_table(llm.config.model)  # float32, before the engine casts it to the model dtype
+    ours_inv_freq = torch.atan2(table[1, half:], table[1, :half])  # row 1: angle = inv_freq
     if not torch.allclose(inv_freq, ours_inv_freq, rtol=1e-3, atol=1e-6):
         raise RuntimeError("transformers and minipic_lite disagree on RoPE frequencies (rope_theta?)")
     hf.generation_config.eos_token_id = None  # decode exactly max_new_tokens, as ours with ignore_eos
