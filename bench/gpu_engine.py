@@ -195,9 +195,11 @@ def bench_decode(llm, hf, vocab, device, batch, prompt_len, new_tokens, weight_b
     import minipic_lite as mp
 
     engine = llm.engine
-    engine.pool.reset_prefix_cache()
     # greedy, as HF's generate() here
     params = mp.SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True, detokenize=False)
+    # warm-up (HF gets one too): the first burst loads kernels lazily, a one-time cost of several ms
+    llm.generate(prompts(batch, prompt_len, vocab, 4), dataclasses.replace(params, max_tokens=20), use_tqdm=False)
+    engine.pool.reset_prefix_cache()
     for p in prompts(batch, prompt_len, vocab, 3):
         engine.add_request(p, params)
     # prefill (and the mixed steps that finish it) first; then time the steady decode steps alone
