@@ -95,6 +95,9 @@ class CacheConfig:
     cpu_kv_cache_gib: float = DEFAULT_CPU_KV_CACHE_GIB
     position_free: bool = True
     enable_prefix_caching: bool = True
+    # CPU: decode steps attend over contiguous copies of the running requests' rotated keys and values
+    # (decode_mirror.py), at most cpu_kv_cache_gib of them; False: the op reads the paged cache every step.
+    cpu_decode_mirror: bool = True
 
     def __post_init__(self):
         if self.block_size <= 0 or self.block_size & (self.block_size - 1):

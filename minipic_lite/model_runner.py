@@ -14,7 +14,9 @@ from dataclasses import dataclass
 import torch
 
 from minipic_lite.config import CUDA_GRAPH_BATCH_SIZES, EngineConfig
+from minipic_lite.decode_mirror import DecodeMirror
 from minipic_lite.models.llama import AttentionMetadata, LlamaForCausalLM, rope_table
+from minipic_lite.models.packed_linear import can_pack, pack_linears
 from minipic_lite.sampler import Sampler
 from minipic_lite.scheduler import SchedulerOutput
 
@@ -39,8 +41,13 @@ def advance_decode_inputs(inputs: StepInputs, sampled: torch.Tensor, block_size:
     meta = inputs.meta
     positions = meta.positions + 1  # (num_seqs,)
     blocks = meta.block_tables.gather(1, (positions // block_size)[:, None]).squeeze(1).long()  # (num_seqs,)
+    # NOTE: a burst's later steps leave the CPU mirror aside; its next step copies what it missed.
     meta = dataclasses.replace(
-        meta, positions=positions, kv_lens=meta.kv_lens + 1, slot_mapping=blocks * block_size + positions % block_size
+        meta,
+        positions=positions,
+        kv_lens=meta.kv_lens + 1,
+        slot_mapping=blocks * block_size + positions % block_size,
+        decode_mirror=None,
     )
     return StepInputs(sampled, meta, inputs.logits_indices)
 
@@ -85,6 +92,8 @@ class ModelRunner:
         self.dtype = getattr(torch, config.dtype)
         self.block_size = config.cache.block_size
         self.model = build_model(config)
+        # CPU: decode steps take weights prepacked for oneDNN, other steps F.linear (models/packed_linear.py)
+        self.matmul_route = pack_linears(self.model) if can_pack(self.device, self.dtype) else None
         self.num_blocks = config.cache.num_blocks or self._num_blocks_from_memory()
         # NOTE: one extra block that the block pool never hands out: CUDA-graph padding rows write there.
         self.scratch_block = self.num_blocks
@@ -100,6 +109,10 @@ class ModelRunner:
             device=self.device,
         )
         self.sampler = Sampler(self.device)
+        self.decode_mirror = None
+        if self.device.type == "cpu" and config.cache.cpu_decode_mirror:
+            mirror_bytes = int(config.cache.cpu_kv_cache_gib * GIB)
+            self.decode_mirror = DecodeMirror(cfg, config.cache.position_free, mirror_bytes)
         self.graphs = None
         if self.device.type == "cuda" and not config.enforce_eager:
             from minipic_lite.cuda_graphs import DecodeGraphs
@@ -194,6 +207,11 @@ class ModelRunner:
             kv_lens=torch.tensor(kv_lens, dtype=i32).to(dev, non_blocking=True),
             visible_start=torch.tensor(visible, dtype=i32).to(dev, non_blocking=True),
         )
+        is_decode = all(s.num_query_tokens == 1 for s in out.scheduled)
+        if self.matmul_route is not None:
+            self.matmul_route.packed = is_decode
+        if self.decode_mirror is not None and is_decode:
+            meta.decode_mirror = self.decode_mirror.prepare(out, self.kv_cache, self.model.cos_sin, meta.visible_start)
         return StepInputs(
             torch.tensor(input_ids, dtype=torch.long).to(dev, non_blocking=True),
             meta,

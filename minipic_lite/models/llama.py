@@ -30,6 +30,8 @@ class AttentionMetadata:
     kv_lens: torch.Tensor  # [num_seqs] int32
     visible_start: torch.Tensor  # [num_tokens] int32
     rope_impl: str = "auto"
+    # CPU decode steps: attention over contiguous per-request keys instead of the op (decode_mirror.py)
+    decode_mirror: object | None = None
 
 
 def rope_table(cfg: ModelConfig, device=None) -> torch.Tensor:
@@ -92,9 +94,10 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, position_free: bool, kernels: Kernels):
+    def __init__(self, cfg: ModelConfig, position_free: bool, kernels: Kernels, layer_idx: int):
         super().__init__()
         self.kernels = kernels
+        self.layer_idx = layer_idx
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias)
@@ -119,6 +122,9 @@ class Attention(nn.Module):
         # NOTE: K/V of this step's tokens are written before attention reads the cache (DESIGN §2).
         k_cache.view(-1, self.num_kv_heads, self.head_dim).index_copy_(0, meta.slot_mapping, k)
         v_cache.view(-1, self.num_kv_heads, self.head_dim).index_copy_(0, meta.slot_mapping, v)
+        if meta.decode_mirror is not None:
+            out = meta.decode_mirror.attend(self.layer_idx, q, k, v, self.scale)  # (T, H, D)
+            return self.o_proj(out.reshape(num_tokens, self.q_size))
         out = rope_paged_attention(
             q,
             k_cache,
@@ -148,11 +154,11 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, position_free: bool, kernels: Kernels):
+    def __init__(self, cfg: ModelConfig, position_free: bool, kernels: Kernels, layer_idx: int):
         super().__init__()
         self.kernels = kernels
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg, position_free, kernels)
+        self.self_attn = Attention(cfg, position_free, kernels, layer_idx)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg, kernels)
 
@@ -170,7 +176,7 @@ class LlamaForCausalLM(nn.Module):
         self.cfg = cfg
         self.kernels = Kernels.compiled() if compile else Kernels()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, position_free, self.kernels) for _ in range(cfg.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, position_free, self.kernels, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.tie_weights()

@@ -1,0 +1,140 @@
+"""The CPU decode mirror against the op's paged path: the same tokens and logits, slots that come and go."""
+
+import pytest
+import torch
+
+import minipic_lite as mp
+from minipic_lite.block_pool import BlockPool
+from minipic_lite.config import ModelConfig, SchedulerConfig
+from minipic_lite.decode_mirror import DecodeMirror
+from minipic_lite.hashing import root_hash
+from minipic_lite.sampling_params import SamplingParams
+from minipic_lite.scheduler import Scheduler
+from minipic_lite.sequence import Sequence
+from tests.conftest import max_abs_err
+
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Once upon a time, in a land far away, there lived a dragon who loved to read books about",
+    "The mitochondria is the powerhouse of the cell. " * 6 + "In summary,",
+    "1, 1, 2, 3, 5, 8, 13,",
+]
+
+
+def without_mirror(llm):
+    """The same engine with the mirror switched off (the op reads the paged cache every decode step)."""
+    llm.engine.runner.decode_mirror = None
+    return llm
+
+
+@pytest.fixture(scope="module")
+def paged_llm(model_dir):
+    return without_mirror(mp.LLM(str(model_dir), device="cpu", dtype="float32", max_model_len=512))
+
+
+def test_the_default_cpu_engine_decodes_through_the_mirror(llm):
+    assert llm.engine.runner.decode_mirror is not None
+    llm.generate(PROMPTS[:2], mp.SamplingParams(max_tokens=4, temperature=0.0), use_tqdm=False)
+    assert llm.engine.runner.decode_mirror.k.shape[1] > 0  # it was used: slots were allocated
+
+
+def test_mirror_gives_the_same_tokens_as_the_paged_op(llm, paged_llm):
+    params = mp.SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    ours = llm.generate(PROMPTS, params, use_tqdm=False)
+    paged = paged_llm.generate(PROMPTS, params, use_tqdm=False)
+    assert [o.token_ids for o in ours] == [o.token_ids for o in paged]
+
+
+def span_prompts(llm) -> list:
+    """A block-attention prompt, and its documents alone: decode tokens after an SSEP span see only the span."""
+    docs = ["Paris is the capital of France. " * 3, "Berlin is the capital of Germany. " * 3]
+    full = llm.composer.block_attention("Answer from the documents.", docs, "Which capitals are named?")
+    return [full, *llm.composer.span_prompts("block_attention", docs)]
+
+
+@pytest.mark.parametrize("case", ["spans", "preemption", "rotated_keys"])
+def test_mirror_matches_the_paged_op_with(case, model_dir, paged_llm):
+    params = mp.SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    prompts, kwargs = PROMPTS, dict(max_model_len=512)
+    if case == "spans":
+        prompts = span_prompts(paged_llm)
+    elif case == "preemption":
+        kwargs = dict(num_blocks=12, max_model_len=128)
+    else:
+        kwargs["position_free"] = False
+    expected = paged_llm.generate(prompts, params, use_tqdm=False)
+    llm = mp.LLM(str(model_dir), device="cpu", **kwargs)
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in expected]
+    llm.engine.pool.check_integrity()
+    if case == "preemption":
+        assert llm.stats()["num_preemptions"] > 0
+
+
+def decode_logits(llm, prompts, num_steps):
+    """Logits of `num_steps` greedy decode steps of a batch, step by step through the runner's test hook."""
+    engine = llm.engine
+    params = SamplingParams(max_tokens=num_steps + 1, temperature=0.0, ignore_eos=True)
+    ids = [engine.add_request(llm.encode(p)[0], params) for p in prompts]
+    while any(s.num_output_tokens == 0 for s in [*engine.scheduler.running, *engine.scheduler.waiting]):
+        engine.step()
+    logits = []
+    for _ in range(num_steps):
+        out = engine.scheduler.schedule()
+        step_logits = engine.runner.prompt_logits(out)
+        logits.append(step_logits)
+        engine.scheduler.postprocess(out, [[int(t)] for t in step_logits.argmax(-1)], lambda seq: False)
+    for i in ids:
+        engine.abort(i)
+    return torch.stack(logits)
+
+
+def test_mirror_decode_logits_equal_the_paged_op(llm, paged_llm):
+    ours = decode_logits(llm, PROMPTS[:3], 6)
+    paged = decode_logits(paged_llm, PROMPTS[:3], 6)
+    # NOTE: fp32 summation order differs (other padding); the engine's own fp32 error vs fp64 is ~5e-5
+    assert max_abs_err(ours, paged) <= 1e-4
+
+
+def tiny_config() -> ModelConfig:
+    return ModelConfig("llama", 64, 32, 64, 2, 4, 2, 8, 1e-6, 10000.0, 256, False)
+
+
+def test_slots_are_reused_and_dropped_requests_give_theirs_back():
+    B = 4
+    mirror = DecodeMirror(tiny_config(), position_free=True, max_bytes=1 << 20)
+    pool = BlockPool(32)
+    sched = Scheduler(SchedulerConfig(8, 64, 256), pool)
+    kv_cache = torch.randn(2, 2, 33, B, 2, 8)
+    cos_sin = torch.randn(256, 8)
+    seqs = [Sequence(i, list(range(5 + i)), SamplingParams(max_tokens=8), B, root_hash("t")) for i in range(3)]
+    for seq in seqs:
+        sched.add(seq)
+    out = sched.schedule()  # prefill of all three
+    sched.postprocess(out, [[1] for _ in out.scheduled], lambda seq: False)
+    out = sched.schedule()  # decode
+    step = mirror.prepare(out, kv_cache, cos_sin, torch.zeros(3, dtype=torch.int32))
+    assert step.slots.tolist() == [0, 1, 2] and step.length == 8 and mirror.k.shape[1:4] == (8, 2, 64)
+    assert [mirror.entries[s.seq_id].num_mirrored for s in seqs] == [6, 7, 8]
+    # the keys copied from the paged cache are the cache's keys, rotated at their positions
+    seq = seqs[1]
+    expected = kv_cache[0, 1].view(-1, 2, 8)[[seq.block_table[p // B] * B + p % B for p in range(6)]]
+    from ops.rope import rotate_with_rows
+
+    expected = rotate_with_rows(expected, cos_sin[:6])
+    assert torch.equal(mirror.k[1, 1, :, :6], expected.transpose(0, 1))
+    sched.postprocess(out, [[1] for _ in out.scheduled], lambda seq: False)
+    sched.finish(seqs[0], "stop")
+    out = sched.schedule()
+    step = mirror.prepare(out, kv_cache, cos_sin, torch.zeros(2, dtype=torch.int32))
+    assert step.slots.tolist() == [1, 2] and 0 not in {e.slot for e in mirror.entries.values()}
+    assert step.mask.shape == (3, 1, 1, 9) and step.mask[0, 0, 0].tolist() == [True] + [False] * 8
+    assert mirror._free_slot() == 0  # the next request takes the slot the finished one gave back
+
+
+def test_mirror_declines_past_its_budget():
+    mirror = DecodeMirror(tiny_config(), position_free=True, max_bytes=1000)
+    assert not mirror._reserve(1, 10) and mirror.k.shape[1] == 0
+    mirror.max_bytes = 10**6
+    assert mirror._reserve(9, 65) and mirror.k.shape[1] == 16 and mirror.k.shape[3] == 128

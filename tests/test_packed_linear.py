@@ -1,0 +1,48 @@
+"""CPU matmuls: oneDNN-prepacked weights for decode steps, F.linear (MKL) for everything else."""
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+import minipic_lite as mp
+from minipic_lite.models.packed_linear import MatmulRoute, PackedLinear, can_pack, pack_linears
+
+pytestmark = pytest.mark.skipif(not can_pack(torch.device("cpu"), torch.float32), reason="torch lacks oneDNN")
+
+
+@pytest.mark.parametrize("rows", [1, 7, 64, 300])
+@pytest.mark.parametrize("bias", [False, True])
+def test_packed_matmul_equals_f_linear_to_fp32_rounding(rows, bias):
+    torch.manual_seed(rows)
+    linear = nn.Linear(576, 960, bias=bias)
+    route = MatmulRoute()
+    packed = PackedLinear(linear, route)
+    x = torch.randn(rows, 576)
+    expected = x.double() @ linear.weight.double().T + (linear.bias.double() if bias else 0)
+    assert torch.equal(packed(x), F.linear(x, linear.weight, linear.bias))  # route off: MKL exactly
+    route.packed = True
+    out = packed(x)
+    assert out.shape == (rows, 960)
+    err = (out.double() - expected).abs().max().item() / expected.abs().max().item()
+    print(f"relative error {err:.2e}")
+    assert err < 1e-5
+
+
+def test_pack_linears_replaces_every_linear_and_shares_one_route():
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Sequential(nn.Linear(16, 4, bias=False)))
+    route = pack_linears(model)
+    linears = [m for m in model.modules() if isinstance(m, PackedLinear)]
+    assert len(linears) == 2 and all(m.route is route for m in linears)
+    assert not any(type(m) is nn.Linear for m in model.modules())
+
+
+def test_the_runner_routes_decode_steps_to_the_packed_weights(llm):
+    engine = llm.engine
+    route = engine.runner.matmul_route
+    seq_id = engine.add_request(llm.encode("The capital of France is")[0], mp.SamplingParams(max_tokens=3))
+    engine.step()  # prefill
+    assert route.packed is False
+    engine.step()  # decode
+    assert route.packed is True
+    engine.abort(seq_id)
