@@ -66,19 +66,6 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
-def rope_and_write_kv(q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping, rotate_keys: bool):
-    """Rotate q (and k, in the rotated-key mode), write this step's k/v to their cache slots; return (q, k).
-
-    q [T, H, D], k/v [T, KVH, D], caches [blocks, B, KVH, D]. Compiled, the two writes share one kernel.
-    """
-    q = apply_rope(q, positions, cos_sin)
-    if rotate_keys:
-        k = apply_rope(k, positions, cos_sin)  # the vanilla baseline: keys stored rotated
-    k_cache.view(-1, *k.shape[1:]).index_copy_(0, slot_mapping, k)
-    v_cache.view(-1, *v.shape[1:]).index_copy_(0, slot_mapping, v)
-    return q, k
-
-
 @dataclass(frozen=True)
 class Kernels:
     """The elementwise functions the model calls: eager, or compiled by torch.compile (dynamic shapes)."""
@@ -86,12 +73,12 @@ class Kernels:
     rms_norm: object = rms_norm
     add_rms_norm: object = add_rms_norm
     silu_and_mul: object = silu_and_mul
-    rope_and_write_kv: object = rope_and_write_kv
+    apply_rope: object = apply_rope
 
     @classmethod
     def compiled(cls) -> Kernels:
         compile = lambda fn: torch.compile(fn, dynamic=True, fullgraph=True)  # noqa: A001
-        return cls(*(compile(fn) for fn in (rms_norm, add_rms_norm, silu_and_mul, rope_and_write_kv)))
+        return cls(*(compile(fn) for fn in (rms_norm, add_rms_norm, silu_and_mul, apply_rope)))
 
 
 class RMSNorm(nn.Module):
@@ -129,10 +116,12 @@ class Attention(nn.Module):
         if self.q_norm is not None:
             q = self.kernels.rms_norm(q, self.q_norm.weight, self.q_norm.eps)
             k = self.kernels.rms_norm(k, self.k_norm.weight, self.k_norm.eps)
+        q = self.kernels.apply_rope(q, meta.positions, cos_sin)
+        if not self.position_free:
+            k = self.kernels.apply_rope(k, meta.positions, cos_sin)  # the vanilla baseline: keys stored rotated
         # NOTE: K/V of this step's tokens are written before attention reads the cache (DESIGN §2).
-        q, k = self.kernels.rope_and_write_kv(
-            q, k, v, meta.positions, cos_sin, k_cache, v_cache, meta.slot_mapping, not self.position_free
-        )
+        k_cache.view(-1, self.num_kv_heads, self.head_dim).index_copy_(0, meta.slot_mapping, k)
+        v_cache.view(-1, self.num_kv_heads, self.head_dim).index_copy_(0, meta.slot_mapping, v)
         if meta.decode_mirror is not None:
             out = meta.decode_mirror.attend(self.layer_idx, q, k, v, self.scale)  # (T, H, D)
             return self.o_proj(out.reshape(num_tokens, self.q_size))
