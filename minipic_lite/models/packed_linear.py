@@ -1,9 +1,9 @@
 """Linear layers whose weights are also prepacked for oneDNN: the CPU's decode matmuls.
 
-On this project's CPU (an AMD EPYC, 2 cores) MKL's `F.linear` at decode shapes (a few to 64 rows) streams
-each weight from memory in a re-laid-out form every call. A weight prepacked once for oneDNN (what Inductor's
-`freezing` does) runs SmolLM2's layer matmuls 1.25x (32 rows, cached) to 2x (32 rows, weights cold, as in a
-real decode step) faster. oneDNN's fp32 sums round differently: 2-3x MKL's error (relative ~4e-6), which
+On this project's CPU (an AMD EPYC, 2 cores) MKL's `F.linear` is slow at decode shapes. Weights prepacked
+once for oneDNN (what Inductor's `freezing` does) ran SmolLM2's 30 layers of matmuls 1.24x and 2.07x faster
+at 32 rows (two runs: 81 vs 65 ms and 152 vs 74 ms; MKL's time varied most) and 1.5x at one row.
+oneDNN's fp32 sums round differently: 2-3x MKL's error (relative ~4e-6), which
 would break the 1e-4 logits bound that prefill is held to against transformers. So a runner-owned
 `MatmulRoute` sends decode steps through the packed weights and everything else through `F.linear`.
 """
