@@ -65,8 +65,11 @@ def main():
     hf.generation_config.pad_token_id = llm.tokenizer.pad_token_id or 2
     prompts = essay_openings(llm.tokenizer, args.batch)
     run_ours(llm, prompts[:2], 4)  # warm-up
-    results = {"git_sha": subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True).strip(),
-               "machine": f"{platform.machine()} {torch.get_num_threads()} threads", "torch": torch.__version__}
+    results = {
+        "git_sha": subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True).strip(),
+        "machine": f"{platform.machine()} {torch.get_num_threads()} threads",
+        "torch": torch.__version__,
+    }
     for name, batch in (("batch", prompts), ("single", prompts[:1])):
         t_ours, ours = run_ours(llm, batch, args.new_tokens)
         t_hf, theirs = run_hf(hf, llm.tokenizer, batch, args.new_tokens)
@@ -76,8 +79,10 @@ def main():
                          "ours_tok_s": tokens / t_ours, "hf_tok_s": tokens / t_hf, "speedup": t_hf / t_ours,
                          "identical_outputs": f"{same}/{len(batch)}"}  # fmt: skip
         r = results[name]
-        print(f"{name:6s} {len(batch):2d} x {args.new_tokens}: ours {r['ours_tok_s']:7.1f} tok/s | HF "
-              f"{r['hf_tok_s']:7.1f} tok/s | speedup {r['speedup']:.2f}x | identical {r['identical_outputs']}")
+        print(
+            f"{name:6s} {len(batch):2d} x {args.new_tokens}: ours {r['ours_tok_s']:7.1f} tok/s | HF "
+            f"{r['hf_tok_s']:7.1f} tok/s | speedup {r['speedup']:.2f}x | identical {r['identical_outputs']}"
+        )
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=2))
 

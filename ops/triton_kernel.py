@@ -478,7 +478,14 @@ def rope_paged_attention_triton(
     group = num_heads // num_kv_heads
     max_context = block_tables.shape[1] * block_size
     cfg = pick_config(
-        num_tokens, num_seqs, num_kv_heads, group, head_dim, max_context, cos_sin is not None, q.device,
+        num_tokens,
+        num_seqs,
+        num_kv_heads,
+        group,
+        head_dim,
+        max_context,
+        cos_sin is not None,
+        q.device,
         elem_size=q.element_size(),
     )
     cfg.update(config or {})

@@ -76,9 +76,7 @@ def test_hash_chain_depends_on_every_earlier_token():
 
 
 @settings(max_examples=200, deadline=None)
-@given(
-    st.lists(st.tuples(st.sampled_from(["alloc", "free", "cache", "hit"]), st.integers(0, 7)), max_size=80)
-)
+@given(st.lists(st.tuples(st.sampled_from(["alloc", "free", "cache", "hit"]), st.integers(0, 7)), max_size=80))
 def test_random_operations_never_leak_or_double_free(ops):
     pool = BlockPool(6)
     held: list[int] = []  # one entry per reference we own

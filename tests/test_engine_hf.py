@@ -31,9 +31,7 @@ def hf_greedy(llm, hf_model):
         for prompt in PROMPTS:
             ids = torch.tensor([llm.encode(prompt)[0]])
             with torch.no_grad():
-                gen = hf_model.generate(
-                    ids, attention_mask=torch.ones_like(ids), max_new_tokens=32, do_sample=False
-                )
+                gen = hf_model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=32, do_sample=False)
             outs.append(gen[0, ids.shape[1] :].tolist())
     finally:
         hf_model.generation_config.eos_token_id = eos
@@ -42,9 +40,7 @@ def hf_greedy(llm, hf_model):
 
 def test_batched_greedy_equals_transformers_token_for_token(llm, hf_greedy):
     llm.engine.pool.reset_prefix_cache()
-    outs = llm.generate(
-        PROMPTS, mp.SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True), use_tqdm=False
-    )
+    outs = llm.generate(PROMPTS, mp.SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True), use_tqdm=False)
     for prompt, out, expected in zip(PROMPTS, outs, hf_greedy, strict=True):
         assert len(out.token_ids) == 32
         assert out.token_ids == expected, prompt
