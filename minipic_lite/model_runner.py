@@ -181,6 +181,7 @@ class ModelRunner:
 
     # -- per step ----------------------------------------------------------------------------------------
 
+    @torch.inference_mode()  # NOTE: it also updates the CPU decode mirror, an inference tensor
     def prepare(self, out: SchedulerOutput) -> StepInputs:
         """Flatten the scheduled chunks into the op's per-token and per-sequence tensors."""
         input_ids, positions, slots, visible, cu, kv_lens, logits_indices = [], [], [], [], [0], [], []

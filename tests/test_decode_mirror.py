@@ -138,3 +138,16 @@ def test_mirror_declines_past_its_budget():
     assert not mirror._reserve(1, 10) and mirror.k.shape[1] == 0
     mirror.max_bytes = 10**6
     assert mirror._reserve(9, 65) and mirror.k.shape[1] == 16 and mirror.k.shape[3] == 128
+
+
+def test_runner_prepare_works_outside_inference_mode(llm):
+    """Benchmarks call `runner.prepare` directly: the mirror (inference tensors) must still update."""
+    engine = llm.engine
+    seq_id = engine.add_request(llm.encode("The capital of France is")[0], SamplingParams(max_tokens=4))
+    engine.step()  # prefill: the mirror's tensors are made under inference mode
+    engine.step()
+    out = engine.scheduler.schedule()
+    assert engine.runner.prepare(out).meta.decode_mirror is not None
+    engine.scheduler.postprocess(out, engine.runner.execute(out), engine._stops)
+    engine.abort(seq_id)
+    engine.pool.check_integrity()
