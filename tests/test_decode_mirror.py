@@ -141,13 +141,16 @@ def test_mirror_declines_past_its_budget():
 
 
 def test_runner_prepare_works_outside_inference_mode(llm):
-    """Benchmarks call `runner.prepare` directly: the mirror (inference tensors) must still update."""
-    engine = llm.engine
-    seq_id = engine.add_request(llm.encode("The capital of France is")[0], SamplingParams(max_tokens=4))
-    engine.step()  # prefill: the mirror's tensors are made under inference mode
+    """Benchmarks call `runner.prepare` directly: the mirror (inference tensors) must still take new keys."""
+    engine, params = llm.engine, SamplingParams(max_tokens=8)
+    ids = [engine.add_request(llm.encode("The capital of France is")[0], params)]
     engine.step()
-    out = engine.scheduler.schedule()
+    engine.step()  # a decode step through the mirror: its tensors are made under inference mode
+    ids.append(engine.add_request(llm.encode("def fibonacci(n):")[0], params))
+    engine.step()  # the new request's prefill (a mixed step: no mirror)
+    out = engine.scheduler.schedule()  # both decode: the mirror copies the new request's prompt keys
     assert engine.runner.prepare(out).meta.decode_mirror is not None
     engine.scheduler.postprocess(out, engine.runner.execute(out), engine._stops)
-    engine.abort(seq_id)
+    for seq_id in ids:
+        engine.abort(seq_id)
     engine.pool.check_integrity()
