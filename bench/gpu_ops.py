@@ -117,27 +117,13 @@ def validation_cases(smoke: bool) -> list[dict]:
     ]
     decodes = [SeqSpec.decode(n) for n in (1, 17, 300, 513, 1000, 64, 1500, 2)]
     small = dict(repeat_block=True, share_span=True, reference="ref")
+    gqa4 = dict(num_heads=8, num_kv_heads=2, head_dim=128, **small)  # Llama-3's head layout at small scale
+    gqa3 = dict(num_heads=9, num_kv_heads=3, head_dim=64, **small)  # SmolLM2's
     cases = [
+        dict(name="mixed holes ssep gqa4 bf16 d128", specs=mixed, dtype=torch.bfloat16, **gqa4),
         dict(
-            name="mixed holes ssep gqa4 bf16 d128",
-            specs=mixed,
-            num_heads=8,
-            num_kv_heads=2,
-            head_dim=128,
-            dtype=torch.bfloat16,
-            **small,
-        ),
-        dict(
-            name="mixed gqa3 fp16 d64 B32 rot32",
-            specs=mixed,
-            num_heads=9,
-            num_kv_heads=3,
-            head_dim=64,
-            block_size=32,
-            rotary_dim=32,
-            dtype=torch.float16,
-            **small,
-        ),
+            name="mixed gqa3 fp16 d64 B32 rot32", specs=mixed, block_size=32, rotary_dim=32, dtype=torch.float16, **gqa3
+        ),  # fmt: skip
         dict(
             name="mixed mha fp32 d256 rot64",
             specs=mixed,
@@ -147,58 +133,27 @@ def validation_cases(smoke: bool) -> list[dict]:
             rotary_dim=64,
             dtype=torch.float32,
             **small,
-        ),
+        ),  # fmt: skip
         dict(
-            name="mixed gqa4 bf16 d128 keys-as-stored",
-            specs=mixed,
-            num_heads=8,
-            num_kv_heads=2,
-            head_dim=128,
-            dtype=torch.bfloat16,
-            position_free=False,
-            **small,
-        ),
-        dict(
-            name="decode split4 bf16 gqa4",
-            specs=decodes,
-            num_heads=8,
-            num_kv_heads=2,
-            head_dim=128,
-            dtype=torch.bfloat16,
-            config=dict(NUM_SPLITS=4),
-            **small,
-        ),
-        dict(
-            name="mixed BLOCK_M64 fp16 gqa4",
-            specs=mixed,
-            num_heads=8,
-            num_kv_heads=2,
-            head_dim=128,
-            dtype=torch.float16,
-            config=dict(BLOCK_M=64),
-            **small,
-        ),
+            name="mixed gqa4 bf16 d128 keys-as-stored", specs=mixed, dtype=torch.bfloat16, position_free=False, **gqa4
+        ),  # fmt: skip
+        dict(name="decode split4 bf16 gqa4", specs=decodes, dtype=torch.bfloat16, config=dict(NUM_SPLITS=4), **gqa4),
+        dict(name="mixed BLOCK_M64 fp16 gqa4", specs=mixed, dtype=torch.float16, config=dict(BLOCK_M=64), **gqa4),
         dict(
             name="mixed in-kernel rope bf16 gqa4",
             specs=mixed,
-            num_heads=8,
-            num_kv_heads=2,
-            head_dim=128,
             dtype=torch.bfloat16,
             config=dict(PRE_ROTATE=False),
-            **small,
-        ),
+            **gqa4,
+        ),  # fmt: skip
         dict(
             name="decode pre-rotated gqa3 d64 rot32",
             specs=decodes,
-            num_heads=9,
-            num_kv_heads=3,
-            head_dim=64,
             rotary_dim=32,
             dtype=torch.bfloat16,
             config=dict(PRE_ROTATE=True),
-            **small,
-        ),
+            **gqa3,
+        ),  # fmt: skip
     ]
     if smoke:
         return cases[:2]

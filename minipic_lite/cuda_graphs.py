@@ -61,8 +61,10 @@ class DecodeGraphs:
         torch.cuda.synchronize()
 
     def can_run(self, out: SchedulerOutput) -> bool:
-        return len(out.scheduled) <= self.batch_sizes[-1] and all(
-            s.do_sample and s.num_query_tokens == 1 and len(s.seq.block_table) <= self.max_blocks for s in out.scheduled
+        return (
+            out.is_decode_only
+            and len(out.scheduled) <= self.batch_sizes[-1]
+            and all(len(s.seq.block_table) <= self.max_blocks for s in out.scheduled)
         )
 
     def run(self, inputs, num_seqs: int) -> torch.Tensor:

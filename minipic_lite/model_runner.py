@@ -208,10 +208,9 @@ class ModelRunner:
             kv_lens=torch.tensor(kv_lens, dtype=i32).to(dev, non_blocking=True),
             visible_start=torch.tensor(visible, dtype=i32).to(dev, non_blocking=True),
         )
-        is_decode = all(s.num_query_tokens == 1 for s in out.scheduled)
         if self.matmul_route is not None:
-            self.matmul_route.packed = is_decode
-        if self.decode_mirror is not None and is_decode:
+            self.matmul_route.packed = out.is_decode_only
+        if self.decode_mirror is not None and out.is_decode_only:
             meta.decode_mirror = self.decode_mirror.prepare(out, self.kv_cache, self.model.cos_sin, meta.visible_start)
         return StepInputs(
             torch.tensor(input_ids, dtype=torch.long).to(dev, non_blocking=True),

@@ -55,6 +55,11 @@ class SchedulerOutput:
     def is_empty(self) -> bool:
         return not self.scheduled
 
+    @property
+    def is_decode_only(self) -> bool:
+        """Every scheduled request computes one token and samples the next (bursts, CUDA graphs, CPU fast path)."""
+        return bool(self.scheduled) and all(s.num_query_tokens == 1 and s.do_sample for s in self.scheduled)
+
 
 def plan_chunk(seq: Sequence, budget: int) -> tuple[list[tuple[int, int]], int]:
     """The query ranges and the end of the next chunk of `seq`, computing at most `budget` tokens."""
@@ -133,9 +138,7 @@ class Scheduler:
     def _plan_burst(self, out: SchedulerOutput) -> int:
         """How many decode steps to run back to back (1: an ordinary step); takes the blocks they need."""
         steps = self.config.num_scheduler_steps
-        if steps == 1 or self.waiting or out.preempted or not out.scheduled:
-            return 1
-        if any(s.num_query_tokens != 1 or not s.do_sample for s in out.scheduled):
+        if steps == 1 or self.waiting or out.preempted or not out.is_decode_only:
             return 1
         for s in out.scheduled:  # never past max_tokens nor the context
             params = s.seq.sampling_params

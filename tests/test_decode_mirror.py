@@ -33,10 +33,14 @@ def paged_llm(model_dir):
     return without_mirror(mp.LLM(str(model_dir), device="cpu", dtype="float32", max_model_len=512))
 
 
-def test_the_default_cpu_engine_decodes_through_the_mirror(llm):
-    assert llm.engine.runner.decode_mirror is not None
+def test_the_default_cpu_engine_decodes_through_the_mirror(llm, monkeypatch):
+    mirror = llm.engine.runner.decode_mirror
+    assert mirror is not None
+    steps = []
+    prepare = mirror.prepare
+    monkeypatch.setattr(mirror, "prepare", lambda *args: steps.append(prepare(*args)) or steps[-1])
     llm.generate(PROMPTS[:2], mp.SamplingParams(max_tokens=4, temperature=0.0), use_tqdm=False)
-    assert llm.engine.runner.decode_mirror.k.shape[1] > 0  # it was used: slots were allocated
+    assert len(steps) == 3 and all(step is not None for step in steps)  # every decode step, none declined
 
 
 def test_mirror_gives_the_same_tokens_as_the_paged_op(llm, paged_llm):
