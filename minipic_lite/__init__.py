@@ -1,5 +1,6 @@
 """minipic_lite: a compact, teachable LLM inference engine with position-independent KV caching."""
 
+from minipic_lite.async_llm import AsyncLLM
 from minipic_lite.cache_report import BlockReport, format_report, report_totals
 from minipic_lite.config import ControlTokens
 from minipic_lite.llm import LLM, generate, get_default_llm
@@ -11,6 +12,7 @@ from minipic_lite.spans import SegmentKind
 __all__ = [
     "RECIPES",
     "LLM",
+    "AsyncLLM",
     "BlockReport",
     "ControlTokens",
     "Module",

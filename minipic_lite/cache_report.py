@@ -19,7 +19,7 @@ from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
 from minipic_lite.block_pool import BlockPool
-from minipic_lite.sequence import Sequence
+from minipic_lite.request import Request
 from minipic_lite.spans import Segment, SegmentKind
 
 HASH_HEX_CHARS = 12  # short hex shown for a block hash (48 bits: plenty to tell blocks apart on screen)
@@ -48,7 +48,7 @@ class BlockReport:
 
 
 def build_cache_report(
-    seq: Sequence, pool: BlockPool, segments: Seq[Segment], labels: Seq[str | None] = ()
+    seq: Request, pool: BlockPool, segments: Seq[Segment], labels: Seq[str | None] = ()
 ) -> list[BlockReport]:
     """The report of `seq`'s prompt blocks, read right after the step that admitted it was scheduled."""
     B = seq.block_size

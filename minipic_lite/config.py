@@ -6,6 +6,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+GIB = 1 << 30
 DEFAULT_BLOCK_SIZE = 16
 DEFAULT_MAX_NUM_SEQS = 64
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
@@ -18,6 +19,9 @@ CUDA_GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256)
 # Decode steps run back to back on a GPU between two visits of the scheduler (one host sync per burst):
 # the host's scheduling, input building and output handling then stop leaving the GPU idle every step.
 DEFAULT_CUDA_SCHEDULER_STEPS = 8
+
+DTYPES = ("float32", "bfloat16", "float16")
+LOAD_FORMATS = ("auto", "dummy")  # "dummy": random weights of the model's shape (vLLM's name; benchmarks)
 
 # Control tokens of SmolLM2's vocabulary that chat never uses (StarCoder repository-metadata tokens).
 SMOLLM2_CONTROL_TOKENS = {"ssep": "<repo_name>", "pdep": "<reponame>", "pad": "<file_sep>"}
@@ -55,9 +59,7 @@ class ModelConfig:
     @classmethod
     def from_dir(cls, model_dir: Path) -> ModelConfig:
         cfg = json.loads((Path(model_dir) / "config.json").read_text())
-        arch = cfg.get("model_type", "?")
-        if arch not in ("llama", "mistral", "qwen2", "qwen3"):
-            raise ValueError(f"unsupported model_type {arch!r} in {model_dir}: expected a Llama-family model")
+        arch = cfg.get("model_type", "?")  # NOTE: models/registry.py says which ones run
         rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
         if rope.get("rope_type", "default") not in ("default", None):
             raise ValueError(f"unsupported rope_type {rope.get('rope_type')!r}: only plain RoPE is implemented")
@@ -106,6 +108,8 @@ class CacheConfig:
             raise ValueError(f"num_blocks must be positive, got {self.num_blocks}")
         if not 0.0 < self.memory_utilization <= 1.0:
             raise ValueError(f"memory_utilization must be in (0, 1], got {self.memory_utilization}")
+        if not self.cpu_kv_cache_gib > 0:
+            raise ValueError(f"cpu_kv_cache_gib must be positive, got {self.cpu_kv_cache_gib}")
 
 
 @dataclass(frozen=True)
@@ -146,3 +150,61 @@ class EngineConfig:
     dtype: str = "float32"
     enforce_eager: bool = False
     load_format: str = "auto"  # "auto": safetensors from model_dir; "dummy": random weights (benchmarks)
+
+    def __post_init__(self):
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.load_format not in LOAD_FORMATS:
+            raise ValueError(f"load_format must be one of {', '.join(LOAD_FORMATS)}, got {self.load_format!r}")
+
+    @property
+    def hash_namespace(self) -> str:
+        """Block hashes of different models, dtypes, block sizes and cache modes never alias."""
+        c = self.cache
+        return f"minipic:{self.model_dir.name}:{self.dtype}:B{c.block_size}:pf{int(c.position_free)}"
+
+    @classmethod
+    def from_options(
+        cls,
+        model_dir: Path,
+        model: ModelConfig,
+        device: str,
+        control: ControlTokens,
+        dtype: str | None = None,
+        block_size: int = DEFAULT_BLOCK_SIZE,
+        position_free: bool = True,
+        max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
+        max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
+        max_model_len: int | None = None,
+        num_blocks: int | None = None,
+        memory_utilization: float = DEFAULT_MEMORY_UTILIZATION,
+        cpu_kv_cache_gib: float = DEFAULT_CPU_KV_CACHE_GIB,
+        enable_prefix_caching: bool = True,
+        enforce_eager: bool = False,
+        load_format: str = "auto",
+        num_scheduler_steps: int | None = None,
+    ) -> EngineConfig:
+        """The one place where `LLM(...)` keywords become a config; None means the device's default."""
+        is_cuda = device.startswith("cuda")
+        if num_scheduler_steps is None:
+            num_scheduler_steps = DEFAULT_CUDA_SCHEDULER_STEPS if is_cuda else 1
+        return cls(
+            model_dir=model_dir,
+            model=model,
+            cache=CacheConfig(
+                block_size,
+                num_blocks,
+                memory_utilization,
+                cpu_kv_cache_gib,
+                position_free=position_free,
+                enable_prefix_caching=enable_prefix_caching,
+            ),
+            scheduler=SchedulerConfig(
+                max_num_seqs, max_num_batched_tokens, max_model_len or model.max_position, num_scheduler_steps
+            ),
+            control=control,
+            device=device,
+            dtype=dtype or ("bfloat16" if is_cuda else "float32"),
+            enforce_eager=enforce_eager,
+            load_format=load_format,
+        )

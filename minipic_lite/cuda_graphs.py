@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import torch
 
-from minipic_lite.models.llama import AttentionMetadata
+from minipic_lite.models.step import StepMetadata
 from minipic_lite.scheduler import SchedulerOutput
+from minipic_lite.utils import cdiv
 
 
 class DecodeGraphs:
@@ -21,7 +22,7 @@ class DecodeGraphs:
         sizes = sorted({b for b in batch_sizes if b < max_num_seqs} | {max_num_seqs})
         self.batch_sizes = sizes
         max_bs, dev = sizes[-1], runner.device
-        self.max_blocks = -(-runner.config.scheduler.max_model_len // runner.block_size)
+        self.max_blocks = cdiv(runner.config.scheduler.max_model_len, runner.block_size)
         self.scratch_block = runner.scratch_block
         i32 = torch.int32
         self.input_ids = torch.zeros(max_bs, dtype=torch.long, device=dev)
@@ -35,8 +36,8 @@ class DecodeGraphs:
         self.logits: dict[int, torch.Tensor] = {}
         self._capture_all()
 
-    def _meta(self, bs: int) -> AttentionMetadata:
-        return AttentionMetadata(
+    def _meta(self, bs: int) -> StepMetadata:
+        return StepMetadata(
             slot_mapping=self.slot_mapping[:bs],
             block_tables=self.block_tables[:bs],
             cu_seqlens_q=self.cu_seqlens_q[: bs + 1],

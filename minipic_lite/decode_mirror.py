@@ -1,8 +1,8 @@
 """The CPU's decode fast path: a contiguous copy of each running request's keys (rotated once) and values.
 
 On the GPU the Triton op reads paged keys and rotates them in registers. On the CPU the op's vectorized path
-gathers every key of every request into a padded tensor and rotates it, every step (ops/torch_impl.py): at
-batch 32 x 300 keys that is 6.7 ms per layer against 1.5 ms for attention over contiguous keys. Within one
+gathers every key of every request into a padded tensor and rotates it, every step (ops/torch_impl.py), several
+times slower than attention over contiguous keys (README, "The CPU decode mirror"). Within one
 request key j always sits at position j, so its rotated copy stays valid for the request's life: the mirror
 rotates each key once, a decode step appends one key per request and runs one SDPA call over all slots.
 
@@ -34,7 +34,7 @@ class MirrorEntry:
 
 @dataclass(slots=True)
 class MirrorStep:
-    """One decode step served by the mirror (carried in AttentionMetadata.decode_mirror)."""
+    """One decode step served by the mirror (carried in StepMetadata.decode_mirror)."""
 
     mirror: DecodeMirror
     slots: torch.Tensor  # [num_seqs] slot of each decode token
@@ -55,7 +55,7 @@ class DecodeMirror:
         self.max_bytes = max_bytes
         self.k = torch.empty(cfg.num_layers, 0, cfg.num_kv_heads, 0, cfg.head_dim)  # (L, slots, KVH, cap, D)
         self.v = torch.empty_like(self.k)
-        self.entries: dict[int, MirrorEntry] = {}  # seq_id -> its slot
+        self.entries: dict[str, MirrorEntry] = {}  # request_id -> its slot
 
     @property
     def token_bytes(self) -> int:
@@ -66,20 +66,20 @@ class DecodeMirror:
     def prepare(self, out, kv_cache: torch.Tensor, cos_sin: torch.Tensor, visible_start: torch.Tensor):
         """Sync the mirror with a decode-only step; None when it cannot hold it (the op serves the step)."""
         seqs = [s.seq for s in out.scheduled]
-        present = {seq.seq_id for seq in seqs}
-        for seq_id in [i for i in self.entries if i not in present]:
-            del self.entries[seq_id]
+        present = {seq.request_id for seq in seqs}
+        for request_id in [i for i in self.entries if i not in present]:
+            del self.entries[request_id]
         for seq in seqs:
-            entry = self.entries.get(seq.seq_id)
+            entry = self.entries.get(seq.request_id)
             if entry is None or entry.num_preemptions != seq.num_preemptions:
-                self.entries[seq.seq_id] = MirrorEntry(self._free_slot(), 0, seq.num_preemptions)
-        slots = [self.entries[seq.seq_id].slot for seq in seqs]
+                self.entries[seq.request_id] = MirrorEntry(self._free_slot(), 0, seq.num_preemptions)
+        slots = [self.entries[seq.request_id].slot for seq in seqs]
         num_slots, length = max(slots) + 1, max(s.kv_len for s in out.scheduled)
         if not self._reserve(num_slots, length):
             return None
         block_size = kv_cache.shape[3]
         for s in out.scheduled:
-            entry = self.entries[s.seq.seq_id]
+            entry = self.entries[s.seq.request_id]
             self._copy_from_cache(entry, s.seq.block_table, s.kv_len - 1, kv_cache, cos_sin, block_size)
             entry.num_mirrored = s.kv_len  # the step's own key is appended by attend()
         slot_ids = torch.tensor(slots)

@@ -2,7 +2,10 @@
 
 One step = `scheduler.schedule()` (host plan) -> `runner.execute()` (device: one step, or a burst of decode
 steps) -> `scheduler.postprocess()`, which asks the stop checks here after every new token. Bad input is
-rejected in `add_request`, before it reaches the scheduler, so a bad request never disturbs the others.
+rejected in `make_request`, before it reaches the scheduler, so a bad request never disturbs the others.
+
+The engine is single-threaded: exactly one owner calls `add`, `abort` and `step` (the background loop in
+engine_loop.py for `LLM` and `AsyncLLM`; a test or a benchmark that drives it directly).
 """
 
 from __future__ import annotations
@@ -11,16 +14,17 @@ import time
 from dataclasses import dataclass
 from itertools import count
 
-from minipic_lite.block_pool import BlockPool
-from minipic_lite.cache_report import BlockReport, build_cache_report, report_totals
+from minipic_lite.cache_report import build_cache_report, report_totals
 from minipic_lite.config import EngineConfig
 from minipic_lite.hashing import root_hash
+from minipic_lite.kv_cache_manager import KVCacheManager
 from minipic_lite.model_runner import ModelRunner
 from minipic_lite.outputs import RequestMetrics, RequestOutput
+from minipic_lite.request import Request
 from minipic_lite.sampling_params import SamplingParams
-from minipic_lite.scheduler import Scheduler
-from minipic_lite.sequence import Sequence
+from minipic_lite.scheduler import Scheduler, SchedulerOutput
 from minipic_lite.spans import SpanLayout, span_layout
+from minipic_lite.utils import cdiv
 
 
 @dataclass
@@ -31,6 +35,7 @@ class EngineStats:
     num_computed_tokens: int = 0
     num_generated_tokens: int = 0
     num_preemptions: int = 0
+    num_aborted: int = 0
     num_hit_blocks: int = 0  # prompt blocks taken from the cache at admission (cache reports)
     num_computed_blocks: int = 0  # prompt blocks computed
     total_step_time: float = 0.0  # seconds, summed over steps (a list would grow without bound)
@@ -42,24 +47,19 @@ class LLMEngine:
         self.tokenizer = tokenizer
         self.runner = ModelRunner(config)
         self._check_cache_fits_one_request()
-        self.pool = BlockPool(self.runner.num_blocks)
-        self.scheduler = Scheduler(config.scheduler, self.pool, config.cache.enable_prefix_caching)
-        self.root = root_hash(self._namespace())
+        self.kv = KVCacheManager(self.runner.num_blocks, config.cache.enable_prefix_caching)
+        self.scheduler = Scheduler(config.scheduler, self.kv)
+        self.root = root_hash(config.hash_namespace)
         self.stats = EngineStats()
+        self.requests: dict[str, Request] = {}  # unfinished requests by id
         self._ids = count()
-        self._prompts: dict[int, str | None] = {}
-        self._texts: dict[int, str] = {}  # text cut at a stop string
-        self._stop_reasons: dict[int, str | int | None] = {}
-        self._streaming: set[int] = set()  # requests whose every output carries the text so far
-        self._spans: dict[int, tuple[SpanLayout, tuple[str | None, ...]]] = {}  # layout and span labels
-        self._reports: dict[int, list[BlockReport]] = {}
 
-    def _namespace(self) -> str:
-        c = self.config
-        return f"minipic:{c.model_dir.name}:{c.dtype}:B{c.cache.block_size}:pf{int(c.cache.position_free)}"
+    @property
+    def pool(self):
+        return self.kv.pool
 
     def _check_cache_fits_one_request(self) -> None:
-        need = -(-self.config.scheduler.max_model_len // self.config.cache.block_size)
+        need = cdiv(self.config.scheduler.max_model_len, self.config.cache.block_size)
         if self.runner.num_blocks < need:
             raise ValueError(
                 f"the KV cache has {self.runner.num_blocks} blocks of {self.config.cache.block_size} tokens, "
@@ -88,7 +88,7 @@ class LLMEngine:
         cache = self.config.cache
         return span_layout(token_ids, self.config.control, cache.block_size, cache.position_free, require_spans)
 
-    def add_request(
+    def make_request(
         self,
         token_ids: list[int],
         params: SamplingParams,
@@ -96,8 +96,9 @@ class LLMEngine:
         stream: bool = False,
         require_spans: bool = False,
         span_labels: tuple[str | None, ...] = (),
-    ) -> int:
-        """Queue one request (validated first: a bad one raises here and nothing else is touched).
+        request_id: str | None = None,
+    ) -> Request:
+        """A validated request, not queued yet (safe from any thread: it reads only the config).
 
         Span markers in `token_ids` take effect in position-free mode (spans.py): the engine derives each
         token's visible_start and the block hashes from the tokens and the control tokens. `require_spans`
@@ -106,28 +107,31 @@ class LLMEngine:
         """
         token_ids = list(token_ids)
         layout = self.validate(token_ids, params, require_spans)
-        seq = Sequence(
-            next(self._ids),
-            token_ids,
-            params,
-            self.config.cache.block_size,
-            self.root,
-            visible_start=list(layout.visible_start) if layout.has_spans else None,
-            marker_blocks=dict(layout.marker_blocks),
-        )
-        self._prompts[seq.seq_id] = prompt
-        self._spans[seq.seq_id] = (layout, tuple(span_labels))
-        if stream:
-            self._streaming.add(seq.seq_id)
-        self.scheduler.add(seq)
-        self.stats.num_prompt_tokens += len(token_ids)
-        return seq.seq_id
+        request_id = str(next(self._ids)) if request_id is None else request_id
+        block_size = self.config.cache.block_size
+        return Request(request_id, token_ids, params, block_size, self.root, layout, prompt, span_labels, stream)
 
-    def abort(self, seq_id: int) -> None:
-        for seq in [*self.scheduler.running, *self.scheduler.waiting]:
-            if seq.seq_id == seq_id:
-                self.scheduler.finish(seq, "abort")
-                self._forget(seq_id)
+    def add(self, req: Request) -> None:
+        if req.request_id in self.requests:
+            raise ValueError(f"request id {req.request_id!r} is already in use")
+        self.requests[req.request_id] = req
+        self.scheduler.add(req)
+        self.stats.num_prompt_tokens += req.num_prompt_tokens
+
+    def add_request(self, token_ids: list[int], params: SamplingParams, **kwargs) -> str:
+        """Validate and queue one request (a bad one raises here and nothing else is touched); its id."""
+        req = self.make_request(token_ids, params, **kwargs)
+        self.add(req)
+        return req.request_id
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        """Finish a request now ("abort"), freeing its blocks; its final output, or None if it is not here."""
+        req = self.requests.get(request_id)
+        if req is None:
+            return None
+        self.scheduler.finish(req, "abort")
+        self.stats.num_aborted += 1
+        return self._output(req, time.perf_counter())
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished
@@ -135,7 +139,7 @@ class LLMEngine:
     # -- the loop ----------------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        """One scheduler step. Returns an output for every request that got a token (or finished)."""
+        """One scheduler step. Returns an output for every finished request and every streaming one that got a token."""
         start = time.perf_counter()
         out = self.scheduler.schedule()
         if out.is_empty:
@@ -146,102 +150,85 @@ class LLMEngine:
         advanced = self.scheduler.postprocess(out, sampled, self._stops)
         now = time.perf_counter()
         self._count(out, advanced, sum(len(s.seq) for s in out.scheduled) - num_tokens_before, now - start)
-        results = []
-        for seq in advanced:
-            if seq.first_token_time is None:
-                seq.first_token_time = now
-            if seq.is_finished:
-                seq.finish_time = now
-                self.runner.sampler.forget(seq.seq_id)
-            results.append(self._output(seq))
-        return results
+        outputs = []
+        for req in advanced:
+            if req.first_token_time is None:
+                req.first_token_time = now
+            if req.is_finished or req.stream:
+                outputs.append(self._output(req, now))
+        return outputs
 
-    def _count(self, out, advanced, num_new_tokens: int, elapsed: float) -> None:
+    def _count(self, out: SchedulerOutput, advanced: list[Request], num_new_tokens: int, elapsed: float) -> None:
         s = self.stats
         s.num_steps += out.num_steps
         s.num_computed_tokens += out.num_batched_tokens
         s.num_generated_tokens += num_new_tokens
         s.num_preemptions += len(out.preempted)
         s.total_step_time += elapsed
-        for seq in advanced:
-            if seq.num_output_tokens == 1:
-                s.num_cached_prompt_tokens += seq.num_cached_tokens
+        for req in advanced:
+            if req.num_output_tokens == 1:
+                s.num_cached_prompt_tokens += req.num_cached_tokens
 
-    def _report_admissions(self, out) -> None:
+    def _report_admissions(self, out: SchedulerOutput) -> None:
         """Build the cache report of each request whose first chunk this step is (admission or re-admission)."""
         for scheduled in out.scheduled:
-            seq = scheduled.seq
-            if seq.num_computed_tokens == 0:
-                layout, labels = self._spans[seq.seq_id]
-                report = build_cache_report(seq, self.pool, layout.segments, labels)
-                self._reports[seq.seq_id] = report
-                totals = report_totals(report)
+            req = scheduled.seq
+            if req.num_computed_tokens == 0:
+                segments = req.layout.segments if req.layout is not None else ()
+                req.cache_report = build_cache_report(req, self.pool, segments, req.span_labels)
+                totals = report_totals(req.cache_report)
                 self.stats.num_hit_blocks += totals["num_hit_blocks"]
                 self.stats.num_computed_blocks += totals["num_computed_blocks"]
 
-    def _stops(self, seq: Sequence) -> bool:
+    def _stops(self, req: Request) -> bool:
         """After each new token: finish the request if it stops here (the scheduler drops the rest of a burst)."""
-        self._check_stop(seq)
-        return seq.is_finished
-
-    def _check_stop(self, seq: Sequence) -> None:
-        params, token = seq.sampling_params, seq.token_ids[-1]
+        params, token = req.sampling_params, req.token_ids[-1]
         eos = () if params.ignore_eos else self.config.model.eos_token_ids
         # NOTE: text is decoded only where it is needed (stop strings, streaming, the final output):
         # decoding every request's whole output every step would cost more than a GPU decode step.
-        text = self._decode(seq) if params.stop else ""
+        text = self._decode(req) if params.stop else ""
         hit = next((s for s in params.stop if s in text), None)
         if hit is not None:
-            self._texts[seq.seq_id] = text[: text.index(hit)]
-            self._finish(seq, "stop", hit)
+            req.stop_text = text[: text.index(hit)]
+            self._finish(req, "stop", hit)
         elif token in eos or token in params.stop_token_ids:
-            self._finish(seq, "stop", token)
-        elif seq.num_output_tokens >= params.max_tokens or len(seq) >= self.config.scheduler.max_model_len:
-            self._finish(seq, "length", None)
+            self._finish(req, "stop", token)
+        elif req.num_output_tokens >= params.max_tokens or len(req) >= self.config.scheduler.max_model_len:
+            self._finish(req, "length", None)
+        return req.is_finished
 
-    def _decode(self, seq: Sequence) -> str:
-        params = seq.sampling_params
+    def _finish(self, req: Request, reason: str, stop_reason) -> None:
+        req.stop_reason = stop_reason
+        self.scheduler.finish(req, reason)
+
+    def _decode(self, req: Request) -> str:
+        params = req.sampling_params
         if not params.detokenize or self.tokenizer is None:
             return ""
-        return self.tokenizer.decode(seq.output_token_ids, skip_special_tokens=params.skip_special_tokens)
+        return self.tokenizer.decode(req.output_token_ids, skip_special_tokens=params.skip_special_tokens)
 
-    def _finish(self, seq: Sequence, reason: str, stop_reason) -> None:
-        self._stop_reasons[seq.seq_id] = stop_reason
-        self.scheduler.finish(seq, reason)
-
-    def _text(self, seq: Sequence) -> str:
-        if isinstance(self._stop_reasons.get(seq.seq_id), str):
-            return self._texts[seq.seq_id]  # cut before the stop string in _check_stop
-        if seq.is_finished or seq.seq_id in self._streaming:
-            return self._decode(seq)
-        return ""
-
-    def _output(self, seq: Sequence) -> RequestOutput:
-        output = RequestOutput(
-            request_id=seq.seq_id,
-            prompt=self._prompts[seq.seq_id],
-            prompt_token_ids=seq.prompt_token_ids,
-            text=self._text(seq),
-            token_ids=seq.output_token_ids,
-            num_cached_tokens=seq.num_cached_tokens,
-            finished=seq.is_finished,
-            finish_reason=seq.finish_reason,
-            metrics=RequestMetrics(seq.arrival_time, seq.first_token_time, seq.finish_time, seq.num_preemptions),
-            stop_reason=self._stop_reasons.get(seq.seq_id),
-            cache_report=self._reports.get(seq.seq_id, []),
+    def _output(self, req: Request, now: float) -> RequestOutput:
+        if req.is_finished:
+            req.finish_time = now
+            self.requests.pop(req.request_id, None)
+            self.runner.sampler.forget(req.request_id)
+        text = req.stop_text if req.stop_text is not None else self._decode(req)
+        return RequestOutput(
+            request_id=req.request_id,
+            prompt=req.prompt,
+            prompt_token_ids=req.prompt_token_ids,
+            text=text,
+            token_ids=req.output_token_ids,
+            num_cached_tokens=req.num_cached_tokens,
+            finished=req.is_finished,
+            finish_reason=req.finish_reason,
+            metrics=RequestMetrics(req.arrival_time, req.first_token_time, req.finish_time, req.num_preemptions),
+            stop_reason=req.stop_reason,
+            cache_report=req.cache_report,
         )
-        if seq.is_finished:
-            self._forget(seq.seq_id)
-        return output
-
-    def _forget(self, seq_id: int) -> None:
-        for table in (self._prompts, self._texts, self._stop_reasons, self._spans, self._reports):
-            table.pop(seq_id, None)
-        self._streaming.discard(seq_id)
 
     def cache_stats(self) -> dict:
-        pool = self.pool
-        s = self.stats
+        pool, s = self.pool, self.stats
         num_admitted = s.num_hit_blocks + s.num_computed_blocks
         return {
             "num_blocks": pool.num_blocks,
@@ -253,6 +240,7 @@ class LLMEngine:
             "num_running": len(self.scheduler.running),
             "num_waiting": len(self.scheduler.waiting),
             "num_preemptions": s.num_preemptions,
+            "num_aborted": s.num_aborted,
             "mean_step_ms": 1e3 * s.total_step_time / s.num_steps if s.num_steps else 0.0,
             "num_hit_blocks": s.num_hit_blocks,
             "num_computed_blocks": s.num_computed_blocks,

@@ -1,31 +1,27 @@
-"""The public API: a thin `LLM` with vLLM's `generate()`, a streaming iterator, and module-level `generate()`."""
+"""The public API: a thin `LLM` with vLLM's `generate()`, a streaming iterator, and module-level `generate()`.
+
+Every call talks to one background loop that owns the engine (engine_loop.py): `generate()` and `stream()`
+may run from many threads at once, each reading only its own requests' outputs.
+"""
 
 from __future__ import annotations
 
-import threading
+import queue
+import weakref
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 
-from minipic_lite.config import (
-    DEFAULT_BLOCK_SIZE,
-    DEFAULT_CUDA_SCHEDULER_STEPS,
-    DEFAULT_MAX_NUM_BATCHED_TOKENS,
-    DEFAULT_MAX_NUM_SEQS,
-    DEFAULT_MEMORY_UTILIZATION,
-    SMOLLM2_CONTROL_TOKENS,
-    CacheConfig,
-    ControlTokens,
-    EngineConfig,
-    ModelConfig,
-    SchedulerConfig,
-)
+from minipic_lite.config import SMOLLM2_CONTROL_TOKENS, ControlTokens, EngineConfig, ModelConfig
 from minipic_lite.engine import LLMEngine
+from minipic_lite.engine_loop import EngineLoop
 from minipic_lite.models.loader import load_tokenizer, resolve_model_dir
+from minipic_lite.models.registry import model_class
 from minipic_lite.outputs import RequestOutput
 from minipic_lite.prompts import Prompt, PromptComposer
+from minipic_lite.request import Request
 from minipic_lite.sampling_params import SamplingParams
 
 # A prompt is text, token ids, a chat (a list of {"role", "content"} messages) or a composed span `Prompt`.
@@ -55,11 +51,6 @@ def normalize_prompts(prompts) -> list:
     )
 
 
-def default_scheduler_steps(device: str) -> int:
-    """Bursts pay off where the host would leave a fast device idle between steps (the GPU)."""
-    return DEFAULT_CUDA_SCHEDULER_STEPS if device.startswith("cuda") else 1
-
-
 def default_control_tokens(tokenizer) -> ControlTokens:
     ids = {k: tokenizer.convert_tokens_to_ids(v) for k, v in SMOLLM2_CONTROL_TOKENS.items()}
     if any(i is None or i == tokenizer.unk_token_id for i in ids.values()):
@@ -68,20 +59,19 @@ def default_control_tokens(tokenizer) -> ControlTokens:
 
 
 class LLM:
-    """An engine over one model.
+    """An engine over one model, served by a background loop that many callers share.
 
     Args:
         model: None for the embedded SmolLM2-135M-Instruct, a .gguf path, or a local Hugging Face directory.
         device: "cuda" or "cpu" (default: cuda when available).
         dtype: "float32", "bfloat16" or "float16" (default: bfloat16 on CUDA, float32 on the CPU).
-        block_size: tokens per KV block.
-        position_free: store keys unrotated and rotate them inside attention (MiniPIC); False is the
-            vanilla rotated-key cache.
-        num_blocks: KV blocks; None sizes the cache from free memory.
-        num_scheduler_steps: decode steps run back to back between two scheduler visits when every request
-            decodes and none waits (one host sync per burst); None: 8 on CUDA, 1 on the CPU.
         control_tokens: the span markers (SSEP, PDEP, pad) of the model's vocabulary; None takes SmolLM2's
             `<repo_name>`, `<reponame>`, `<file_sep>` where the vocabulary has them (see minipic_lite/spans.py).
+        **options: engine knobs, named and defaulted in `EngineConfig.from_options` (config.py): block_size,
+            position_free (False: the vanilla rotated-key cache), max_num_seqs, max_num_batched_tokens,
+            max_model_len, num_blocks, memory_utilization, cpu_kv_cache_gib, enable_prefix_caching,
+            enforce_eager, load_format, num_scheduler_steps (decode steps per scheduler visit when every
+            request decodes and none waits; None: 8 on CUDA, 1 on the CPU).
     """
 
     def __init__(
@@ -89,54 +79,21 @@ class LLM:
         model: str | Path | None = None,
         device: str | None = None,
         dtype: str | None = None,
-        block_size: int = DEFAULT_BLOCK_SIZE,
-        position_free: bool = True,
-        max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
-        max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
-        max_model_len: int | None = None,
-        num_blocks: int | None = None,
-        memory_utilization: float = DEFAULT_MEMORY_UTILIZATION,
-        enable_prefix_caching: bool = True,
-        enforce_eager: bool = False,
         control_tokens: ControlTokens | None = None,
-        load_format: str = "auto",
-        num_scheduler_steps: int | None = None,
+        **options,
     ):
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        dtype = dtype or ("bfloat16" if device.startswith("cuda") else "float32")
-        if dtype not in ("float32", "bfloat16", "float16"):
-            raise ValueError(f"dtype must be float32, bfloat16 or float16, got {dtype!r}")
-        if load_format not in ("auto", "dummy"):
-            raise ValueError(f"load_format must be 'auto' or 'dummy', got {load_format!r}")
         if device.startswith("cuda") and not torch.cuda.is_available():
             raise ValueError("device='cuda' was asked for, but torch sees no CUDA device")
         model_dir = resolve_model_dir(model)
         model_config = ModelConfig.from_dir(model_dir)
+        model_class(model_config.architecture)  # an unsupported family fails here, before any weight is read
         self.tokenizer = load_tokenizer(model_dir)
-        config = EngineConfig(
-            model_dir=model_dir,
-            model=model_config,
-            cache=CacheConfig(
-                block_size,
-                num_blocks,
-                memory_utilization,
-                position_free=position_free,
-                enable_prefix_caching=enable_prefix_caching,
-            ),
-            scheduler=SchedulerConfig(
-                max_num_seqs,
-                max_num_batched_tokens,
-                max_model_len or model_config.max_position,
-                default_scheduler_steps(device) if num_scheduler_steps is None else num_scheduler_steps,
-            ),
-            control=control_tokens or (default_control_tokens(self.tokenizer) if self.tokenizer else ControlTokens()),
-            device=device,
-            dtype=dtype,
-            enforce_eager=enforce_eager,
-            load_format=load_format,
-        )
+        control = control_tokens or (default_control_tokens(self.tokenizer) if self.tokenizer else ControlTokens())
+        config = EngineConfig.from_options(model_dir, model_config, device, control, dtype, **options)
         self.engine = LLMEngine(config, self.tokenizer)
-        self._lock = threading.Lock()  # one thread steps the engine at a time (the UI streams from threads)
+        self._loop = EngineLoop(self.engine)
+        weakref.finalize(self, self._loop.close)  # NOTE: the loop thread holds the engine, not this object
         self._composer: PromptComposer | None = None
 
     @property
@@ -174,21 +131,33 @@ class LLM:
                 f"has block_size {cfg.cache.block_size} and {cfg.control}: compose it with llm.composer"
             )
 
-    def _add_all(self, prompts: list, params: list[SamplingParams], stream: bool = False) -> list[int]:
-        encoded = []
-        for i, prompt in enumerate(prompts):
+    def make_requests(
+        self, prompts: list, params: list[SamplingParams], stream: bool = False, request_id: str | None = None
+    ) -> list[Request]:
+        """Encode and validate every prompt (in the caller's thread) before any is queued."""
+        requests = []
+        for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
             is_composed = isinstance(prompt, Prompt)
-            require_spans = is_composed and prompt.has_markers
             try:
                 token_ids, text = self.encode(prompt)
-                self.engine.validate(token_ids, params[i], require_spans)
+                requests.append(
+                    self.engine.make_request(
+                        token_ids,
+                        p,
+                        text,
+                        stream=stream,
+                        require_spans=is_composed and prompt.has_markers,
+                        span_labels=prompt.labels if is_composed else (),
+                        request_id=request_id,
+                    )
+                )
             except (ValueError, TypeError) as e:
                 raise type(e)(f"prompt {i}: {e}") from None
-            encoded.append((token_ids, text, require_spans, prompt.labels if is_composed else ()))
-        return [
-            self.engine.add_request(ids, p, text, stream=stream, require_spans=spans, span_labels=labels)
-            for (ids, text, spans, labels), p in zip(encoded, params, strict=True)
-        ]
+        return requests
+
+    def submit(self, requests: list[Request], sink) -> None:
+        """Queue validated requests on the engine loop; `sink(output)` gets each of their outputs."""
+        self._loop.submit(requests, sink)
 
     def generate(
         self,
@@ -199,48 +168,69 @@ class LLM:
         """Generate for every prompt; outputs come back in the prompts' order.
 
         All prompts are validated before any is queued: a bad one raises (naming its index) and nothing runs.
+        Other callers' requests keep running in the same steps.
         """
         prompts = normalize_prompts(prompts)
         params = sampling_params if sampling_params is not None else SamplingParams()
         params = list(params) if isinstance(params, list | tuple) else [params] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(f"got {len(prompts)} prompts but {len(params)} sampling params")
-        with self._lock:
-            ids = self._add_all(prompts, params)
-            done: dict[int, RequestOutput] = {}
-            bar = tqdm(total=len(ids), desc="generate", disable=not use_tqdm, unit="req")
-            while len(done) < len(ids):
-                for output in self.engine.step():
-                    if output.finished:
-                        done[output.request_id] = output
-                        bar.update(1)
-            bar.close()
-        return [done[i] for i in ids]
+        requests = self.make_requests(prompts, params)
+        outputs: queue.SimpleQueue = queue.SimpleQueue()
+        done: dict[str, RequestOutput] = {}
+        self.submit(requests, outputs.put)
+        try:
+            with tqdm(total=len(requests), desc="generate", disable=not use_tqdm, unit="req") as bar:
+                while len(done) < len(requests):
+                    output = _raise_if_error(outputs.get())
+                    done[output.request_id] = output  # NOTE: only finished outputs come to a non-streaming sink
+                    bar.update(1)
+        finally:
+            for req in requests:  # interrupted (e.g. Ctrl-C): free what is still running
+                if req.request_id not in done:
+                    self.abort(req.request_id)
+        return [done[req.request_id] for req in requests]
 
-    def stream(self, prompt: PromptType, sampling_params: SamplingParams | None = None) -> Iterator[RequestOutput]:
+    def stream(
+        self, prompt: PromptType, sampling_params: SamplingParams | None = None, request_id: str | None = None
+    ) -> Iterator[RequestOutput]:
         """Yield the request's output after every new token (text so far); the last one has finished=True.
 
-        Other requests queued on this engine keep running in the same steps.
+        The prompt is validated at once. Leaving the loop early (`break`, `close()`, a dropped iterator)
+        aborts the request and frees its blocks. Other requests on this engine keep running in the same steps.
         """
-        params = sampling_params or SamplingParams()
-        with self._lock:
-            (request_id,) = self._add_all([prompt], [params], stream=True)
+        (req,) = self.make_requests([prompt], [sampling_params or SamplingParams()], True, request_id)
+        return self._stream(req)
+
+    def _stream(self, req: Request) -> Iterator[RequestOutput]:
+        outputs: queue.SimpleQueue = queue.SimpleQueue()
+        self.submit([req], outputs.put)
         finished = False
         try:
             while not finished:
-                with self._lock:
-                    outputs = self.engine.step()
-                for output in outputs:
-                    if output.request_id == request_id:
-                        finished = output.finished
-                        yield output
+                output = _raise_if_error(outputs.get())
+                finished = output.finished
+                yield output
         finally:
             if not finished:  # the consumer stopped early: free the request's blocks
-                with self._lock:
-                    self.engine.abort(request_id)
+                self.abort(req.request_id)
+
+    def abort(self, request_id: str) -> None:
+        """Cancel a request: its blocks are freed before this returns, and its caller gets a final output."""
+        self._loop.abort(request_id)
 
     def stats(self) -> dict:
-        return self.engine.cache_stats()
+        return self._loop.call(LLMEngine.cache_stats)
+
+    def close(self) -> None:
+        """Stop the engine loop (requests still running are aborted)."""
+        self._loop.close()
+
+
+def _raise_if_error(item):
+    if isinstance(item, BaseException):
+        raise item
+    return item
 
 
 _default_llm: LLM | None = None

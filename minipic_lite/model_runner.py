@@ -13,21 +13,23 @@ from dataclasses import dataclass
 
 import torch
 
-from minipic_lite.config import CUDA_GRAPH_BATCH_SIZES, EngineConfig
+from minipic_lite.config import CUDA_GRAPH_BATCH_SIZES, GIB, EngineConfig, ModelConfig
 from minipic_lite.decode_mirror import DecodeMirror
-from minipic_lite.models.llama import AttentionMetadata, LlamaForCausalLM, rope_table
+from minipic_lite.models.llama import rope_table
 from minipic_lite.models.packed_linear import can_pack, pack_linears
+from minipic_lite.models.registry import model_class
+from minipic_lite.models.step import HostStep, StepMetadata
 from minipic_lite.sampler import Sampler
 from minipic_lite.scheduler import SchedulerOutput
+from minipic_lite.utils import cdiv
 
 logger = logging.getLogger(__name__)
-GIB = 1 << 30
 
 
 @dataclass(slots=True)
 class StepInputs:
     input_ids: torch.Tensor  # [num_tokens]
-    meta: AttentionMetadata
+    meta: StepMetadata
     logits_indices: torch.Tensor  # [num_sampling_seqs]: row of each sampling request's last query token
 
 
@@ -52,7 +54,13 @@ def advance_decode_inputs(inputs: StepInputs, sampled: torch.Tensor, block_size:
     return StepInputs(sampled, meta, inputs.logits_indices)
 
 
-def build_model(config: EngineConfig) -> LlamaForCausalLM:
+def allocate_kv_cache(cfg: ModelConfig, num_blocks: int, block_size: int, dtype, device) -> torch.Tensor:
+    """The paged cache: [2 (k, v), layers, blocks, block_size, kv_heads, head_dim], zeroed."""
+    shape = (2, cfg.num_layers, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
+    return torch.zeros(shape, dtype=dtype, device=device)
+
+
+def build_model(config: EngineConfig) -> torch.nn.Module:
     """The model on its device: built on the meta device (no wasted random init), then filled with weights."""
     dtype = getattr(torch, config.dtype)
     default_dtype = torch.get_default_dtype()
@@ -63,14 +71,13 @@ def build_model(config: EngineConfig) -> LlamaForCausalLM:
             # costs more than it saves for a 135M model on 2 cores, so the CPU path stays eager.
             compile_kernels = config.device.startswith("cuda") and not config.enforce_eager
             compile_kernels &= os.environ.get("MINIPIC_COMPILE", "1") != "0"
-            model = LlamaForCausalLM(config.model, config.cache.position_free, compile=compile_kernels)
+            model = model_class(config.model.architecture)(config.model, config.cache.position_free, compile_kernels)
     finally:
         torch.set_default_dtype(default_dtype)
     model = model.to_empty(device=config.device)
     model.tie_weights()
     # NOTE: a buffer, not a weight: computed again, in float32, then cast to the model dtype as transformers
-    # casts cos/sin before applying them. In bf16 that halves what the decode kernel reads for RoPE
-    # (measured on the H200: 92 -> 56 us per layer at batch 64 x 576 keys, bench/results/gpu_ops_*).
+    # casts cos/sin before applying them (in bf16 that halves the table bytes the decode kernel reads).
     model.cos_sin = rope_table(config.model, config.device).to(getattr(torch, config.dtype))
     if config.load_format == "dummy":
         model.init_dummy_weights()
@@ -93,21 +100,14 @@ class ModelRunner:
         self.block_size = config.cache.block_size
         self.model = build_model(config)
         # CPU: decode steps take weights prepacked for oneDNN, other steps F.linear (models/packed_linear.py)
-        self.matmul_route = pack_linears(self.model) if can_pack(self.device, self.dtype) else None
+        self.can_pack = can_pack(self.device, self.dtype)
+        if self.can_pack:
+            pack_linears(self.model)
         self.num_blocks = config.cache.num_blocks or self._num_blocks_from_memory()
         # NOTE: one extra block that the block pool never hands out: CUDA-graph padding rows write there.
         self.scratch_block = self.num_blocks
         cfg = config.model
-        self.kv_cache = torch.zeros(  # (2, layers, blocks + 1, B, KVH, D)
-            2,
-            cfg.num_layers,
-            self.num_blocks + 1,
-            self.block_size,
-            cfg.num_kv_heads,
-            cfg.head_dim,
-            dtype=self.dtype,
-            device=self.device,
-        )
+        self.kv_cache = allocate_kv_cache(cfg, self.num_blocks + 1, self.block_size, self.dtype, self.device)
         self.sampler = Sampler(self.device)
         self.decode_mirror = None
         if self.device.type == "cpu" and config.cache.cpu_decode_mirror:
@@ -129,7 +129,11 @@ class ModelRunner:
         if self.device.type == "cuda":
             budget = self._cuda_budget_after_warmup()
         else:
-            budget = min(cache.cpu_kv_cache_gib * GIB, cpu_available_bytes() * cache.memory_utilization)
+            # NOTE: the CPU cache holds what is asked of it (one full-length request plus one step's budget),
+            # not all the memory it could take: a laptop run should not reserve gigabytes it never uses.
+            sched = self.config.scheduler
+            asked = (cdiv(sched.max_model_len + sched.max_num_batched_tokens, self.block_size) + 1) * self.block_bytes
+            budget = min(asked, cache.cpu_kv_cache_gib * GIB, cpu_available_bytes() * cache.memory_utilization)
         num_blocks = int(budget // self.block_bytes) - 1
         if num_blocks <= 0:
             raise ValueError(
@@ -142,20 +146,10 @@ class ModelRunner:
     def _cuda_budget_after_warmup(self) -> int:
         """Free memory for the cache, after a forward of a full token budget measured the activation peak."""
         num_tokens = self.config.scheduler.max_num_batched_tokens
-        cfg = self.config.model
-        num_blocks = -(-num_tokens // self.block_size)
-        cache = torch.zeros(
-            2,
-            cfg.num_layers,
-            num_blocks,
-            self.block_size,
-            cfg.num_kv_heads,
-            cfg.head_dim,
-            dtype=self.dtype,
-            device=self.device,
-        )
+        num_blocks = cdiv(num_tokens, self.block_size)
+        cache = allocate_kv_cache(self.config.model, num_blocks, self.block_size, self.dtype, self.device)
         torch.cuda.reset_peak_memory_stats()
-        meta = self._meta_for_one_sequence(num_tokens)
+        meta = StepMetadata.one_sequence(num_tokens, self.block_size, self.device)
         hidden = self.model(torch.zeros(num_tokens, dtype=torch.long, device=self.device), meta, cache)
         self.model.compute_logits(hidden[-1:])
         torch.cuda.synchronize()
@@ -166,57 +160,21 @@ class ModelRunner:
         used_by_others = total - free - torch.cuda.memory_allocated()
         return total * self.config.cache.memory_utilization - used_by_others - peak
 
-    def _meta_for_one_sequence(self, num_tokens: int) -> AttentionMetadata:
-        dev = self.device
-        num_blocks = -(-num_tokens // self.block_size)
-        positions = torch.arange(num_tokens, device=dev)
-        return AttentionMetadata(
-            slot_mapping=positions,
-            block_tables=torch.arange(num_blocks, dtype=torch.int32, device=dev)[None],
-            cu_seqlens_q=torch.tensor([0, num_tokens], dtype=torch.int32, device=dev),
-            positions=positions,
-            kv_lens=torch.tensor([num_tokens], dtype=torch.int32, device=dev),
-            visible_start=torch.zeros(num_tokens, dtype=torch.int32, device=dev),
-        )
-
     # -- per step ----------------------------------------------------------------------------------------
 
     @torch.inference_mode()  # NOTE: it also updates the CPU decode mirror, an inference tensor
     def prepare(self, out: SchedulerOutput) -> StepInputs:
         """Flatten the scheduled chunks into the op's per-token and per-sequence tensors."""
-        input_ids, positions, slots, visible, cu, kv_lens, logits_indices = [], [], [], [], [0], [], []
-        B = self.block_size
+        host = HostStep()
         for s in out.scheduled:
-            seq = s.seq
-            for start, end in s.query_ranges:
-                input_ids += seq.token_ids[start:end]
-                positions += range(start, end)
-                slots += (seq.block_table[p // B] * B + p % B for p in range(start, end))
-                visible += seq.visible_start[start:end] if seq.visible_start else [0] * (end - start)
-            cu.append(len(positions))
-            kv_lens.append(s.kv_len)
-            if s.do_sample:
-                logits_indices.append(len(positions) - 1)
-        max_blocks = max(len(s.seq.block_table) for s in out.scheduled)
-        tables = [s.seq.block_table + [0] * (max_blocks - len(s.seq.block_table)) for s in out.scheduled]
-        dev, i32 = self.device, torch.int32
-        meta = AttentionMetadata(
-            slot_mapping=torch.tensor(slots, dtype=torch.long).to(dev, non_blocking=True),
-            block_tables=torch.tensor(tables, dtype=i32).to(dev, non_blocking=True),
-            cu_seqlens_q=torch.tensor(cu, dtype=i32).to(dev, non_blocking=True),
-            positions=torch.tensor(positions, dtype=torch.long).to(dev, non_blocking=True),
-            kv_lens=torch.tensor(kv_lens, dtype=i32).to(dev, non_blocking=True),
-            visible_start=torch.tensor(visible, dtype=i32).to(dev, non_blocking=True),
-        )
-        if self.matmul_route is not None:
-            self.matmul_route.packed = out.is_decode_only
+            req, B = s.seq, self.block_size
+            host.add_chunk(req.token_ids, req.block_table, s.query_ranges, s.kv_len, req.visible_start, s.do_sample, B)
+        meta = StepMetadata.build(host, self.device)
+        meta.use_packed_weights = self.can_pack and out.is_decode_only
         if self.decode_mirror is not None and out.is_decode_only:
             meta.decode_mirror = self.decode_mirror.prepare(out, self.kv_cache, self.model.cos_sin, meta.visible_start)
-        return StepInputs(
-            torch.tensor(input_ids, dtype=torch.long).to(dev, non_blocking=True),
-            meta,
-            torch.tensor(logits_indices, dtype=torch.long).to(dev, non_blocking=True),
-        )
+        put = lambda values: torch.tensor(values, dtype=torch.long).to(self.device, non_blocking=True)  # noqa: E731
+        return StepInputs(put(host.input_ids), meta, put(host.logits_indices))
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> list[list[int]]:
@@ -230,7 +188,7 @@ class ModelRunner:
         if not sampling:
             self.model(inputs.input_ids, inputs.meta, self.kv_cache)
             return [[] for _ in out.scheduled]
-        batch = self.sampler.prepare([s.seq.seq_id for s in sampling], [s.seq.sampling_params for s in sampling])
+        batch = self.sampler.prepare([s.seq.request_id for s in sampling], [s.seq.sampling_params for s in sampling])
         use_graphs = self.graphs is not None and self.graphs.can_run(out)
         steps = []  # [num_steps] of (num_sampling,) token ids on the device
         for step in range(out.num_steps):

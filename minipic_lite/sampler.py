@@ -31,7 +31,7 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Te
 class SamplingBatch:
     """Per-row sampling parameters as device tensors, built once per step or burst (no host sync)."""
 
-    seq_ids: list[int]
+    request_ids: list[str]
     params: list[SamplingParams]
     is_all_greedy: bool
     temperature: torch.Tensor | None = None  # (N,)
@@ -51,11 +51,11 @@ class Sampler:
         self.device = device
         self.generators: dict[int, torch.Generator] = {}
 
-    def forget(self, seq_id: int) -> None:
-        self.generators.pop(seq_id, None)
+    def forget(self, request_id: str) -> None:
+        self.generators.pop(request_id, None)
 
-    def prepare(self, seq_ids: list[int], params: list[SamplingParams]) -> SamplingBatch:
-        batch = SamplingBatch(seq_ids, params, all(p.is_greedy for p in params))
+    def prepare(self, request_ids: list[str], params: list[SamplingParams]) -> SamplingBatch:
+        batch = SamplingBatch(request_ids, params, all(p.is_greedy for p in params))
         if batch.is_all_greedy:
             return batch
         dev = self.device
@@ -68,11 +68,11 @@ class Sampler:
 
     def _noise(self, shape, batch: SamplingBatch) -> torch.Tensor:
         noise = torch.empty(shape, device=self.device).exponential_()  # (N, V)
-        for row, (seq_id, p) in enumerate(zip(batch.seq_ids, batch.params, strict=True)):
+        for row, (request_id, p) in enumerate(zip(batch.request_ids, batch.params, strict=True)):
             if p.seed is not None and not p.is_greedy:
-                gen = self.generators.get(seq_id)
+                gen = self.generators.get(request_id)
                 if gen is None:
-                    gen = self.generators[seq_id] = torch.Generator(self.device).manual_seed(p.seed)
+                    gen = self.generators[request_id] = torch.Generator(self.device).manual_seed(p.seed)
                 noise[row].exponential_(generator=gen)
         return noise
 

@@ -24,14 +24,14 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from minipic_lite.block_pool import BlockPool
 from minipic_lite.config import SchedulerConfig
-from minipic_lite.sequence import Sequence, SequenceStatus
+from minipic_lite.kv_cache_manager import KVCacheManager
+from minipic_lite.request import Request, RequestStatus
 
 
 @dataclass(slots=True)
 class ScheduledSeq:
-    seq: Sequence
+    seq: Request
     query_ranges: list[tuple[int, int]]  # positions computed this step, half-open, increasing
     kv_len: int  # keys [0, kv_len) are in the cache once this step has written its own
     do_sample: bool  # the chunk ends at the sequence's last token: sample the next one
@@ -44,7 +44,7 @@ class ScheduledSeq:
 @dataclass
 class SchedulerOutput:
     scheduled: list[ScheduledSeq] = field(default_factory=list)
-    preempted: list[Sequence] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
     num_steps: int = 1  # > 1: a burst of decode steps (every scheduled request decodes)
 
     @property
@@ -61,7 +61,7 @@ class SchedulerOutput:
         return bool(self.scheduled) and all(s.num_query_tokens == 1 and s.do_sample for s in self.scheduled)
 
 
-def plan_chunk(seq: Sequence, budget: int) -> tuple[list[tuple[int, int]], int]:
+def plan_chunk(seq: Request, budget: int) -> tuple[list[tuple[int, int]], int]:
     """The query ranges and the end of the next chunk of `seq`, computing at most `budget` tokens."""
     block_size, total = seq.block_size, len(seq.token_ids)
     ranges: list[tuple[int, int]] = []
@@ -82,15 +82,16 @@ def plan_chunk(seq: Sequence, budget: int) -> tuple[list[tuple[int, int]], int]:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, block_pool: BlockPool, enable_prefix_caching: bool = True):
-        self.config = config
-        self.pool = block_pool
-        self.enable_prefix_caching = enable_prefix_caching
-        self.waiting: deque[Sequence] = deque()
-        self.running: list[Sequence] = []
+    """Queues, the token budget, chunk plans and preemption; blocks are the KV-cache manager's business."""
 
-    def add(self, seq: Sequence) -> None:
-        self.waiting.append(seq)
+    def __init__(self, config: SchedulerConfig, kv: KVCacheManager):
+        self.config = config
+        self.kv = kv
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+
+    def add(self, req: Request) -> None:
+        self.waiting.append(req)
 
     @property
     def has_unfinished(self) -> bool:
@@ -110,28 +111,29 @@ class Scheduler:
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
         index = 0
         while index < len(self.running) and budget > 0:
-            seq = self.running[index]
-            ranges, end = plan_chunk(seq, budget)
-            if not self._grow_block_table(seq, end, out):
-                break  # seq itself was preempted: everything after it already was
-            budget -= self._commit_chunk(seq, ranges, end, out)
+            req = self.running[index]
+            ranges, end = plan_chunk(req, budget)
+            if not self._make_room(req, end, out):
+                break  # req itself was preempted: everything after it already was
+            self.kv.grow(req, end)
+            budget -= self._commit_chunk(req, ranges, end, out)
             index += 1
         return budget
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
-            seq = self.waiting[0]
-            if not self._admit(seq):
+            req = self.waiting[0]
+            if not self.kv.allocate_prompt(req):
                 break
             self.waiting.popleft()
-            seq.status = SequenceStatus.RUNNING
-            self.running.append(seq)
-            ranges, end = plan_chunk(seq, budget)
-            budget -= self._commit_chunk(seq, ranges, end, out)
+            req.status = RequestStatus.RUNNING
+            self.running.append(req)
+            ranges, end = plan_chunk(req, budget)
+            budget -= self._commit_chunk(req, ranges, end, out)
 
-    def _commit_chunk(self, seq: Sequence, ranges, end: int, out: SchedulerOutput) -> int:
-        self._publish_full_blocks(seq, end)
-        scheduled = ScheduledSeq(seq, ranges, end, do_sample=end == len(seq.token_ids))
+    def _commit_chunk(self, req: Request, ranges, end: int, out: SchedulerOutput) -> int:
+        self.kv.publish(req, end)
+        scheduled = ScheduledSeq(req, ranges, end, do_sample=end == len(req.token_ids))
         out.scheduled.append(scheduled)
         return scheduled.num_query_tokens
 
@@ -146,93 +148,61 @@ class Scheduler:
         if steps <= 1:
             return 1
         # NOTE: burst step i writes the KV of position len - 1 + i; the last one is len + steps - 2.
-        need = [s.seq.num_blocks_for(len(s.seq) + steps - 1) - len(s.seq.block_table) for s in out.scheduled]
-        if not self.pool.can_allocate(sum(need)):
+        ends = [len(s.seq) + steps - 1 for s in out.scheduled]
+        need = sum(self.kv.num_missing_blocks(s.seq, end) for s, end in zip(out.scheduled, ends, strict=True))
+        if not self.kv.can_allocate(need):
             return 1  # lookahead never preempts anyone
-        for s, num_new in zip(out.scheduled, need, strict=True):
-            s.seq.block_table += [self.pool.allocate() for _ in range(num_new)]
+        for s, end in zip(out.scheduled, ends, strict=True):
+            self.kv.grow(s.seq, end)
         return steps
 
-    # -- blocks ------------------------------------------------------------------------------------------
+    # -- preemption and finishing ------------------------------------------------------------------------
 
-    def _admit(self, seq: Sequence) -> bool:
-        """Resolve every block of the prompt: cache hits are shared, misses get fresh blocks."""
-        # NOTE: the last token is always computed (its logits are needed), so its block is never a hit.
-        num_hittable = (len(seq.token_ids) - 1) // seq.block_size if self.enable_prefix_caching else 0
-        hits = {i: self.pool.lookup(seq.block_hashes[i]) for i in range(num_hittable)}
-        hits = {i: b for i, b in hits.items() if b is not None}
-        num_blocks = seq.num_blocks_for(len(seq.token_ids))
-        num_free_hits = sum(self.pool.blocks[b].ref_cnt == 0 for b in hits.values())
-        if not self.pool.can_allocate(num_blocks - len(hits) + num_free_hits):
-            return False
-        for block_id in hits.values():
-            self.pool.touch(block_id)
-        seq.block_table = [hits[i] if i in hits else self.pool.allocate() for i in range(num_blocks)]
-        seq.cached_block_ids = set(hits)
-        seq.num_cached_tokens = len(hits) * seq.block_size
+    def _make_room(self, req: Request, end: int, out: SchedulerOutput) -> bool:
+        """Free blocks for `req` up to `end`, preempting from the back of `running`. False if req was preempted."""
+        while not self.kv.can_allocate(self.kv.num_missing_blocks(req, end)):
+            victim = self.running[-1]
+            self.preempt(victim)
+            out.preempted.append(victim)
+            if victim is req:
+                return False
         return True
 
-    def _grow_block_table(self, seq: Sequence, end: int, out: SchedulerOutput) -> bool:
-        """Give `seq` blocks up to `end`, preempting from the back of `running`. False if seq was preempted."""
-        while len(seq.block_table) < seq.num_blocks_for(end):
-            while not self.pool.can_allocate(1):
-                victim = self.running[-1]
-                self.preempt(victim)
-                out.preempted.append(victim)
-                if victim is seq:
-                    return False
-            seq.block_table.append(self.pool.allocate())
-        return True
+    def preempt(self, req: Request) -> None:
+        self.running.remove(req)
+        self.kv.free(req)
+        req.reset_for_recompute()
+        self.waiting.appendleft(req)  # NOTE: at the head: it keeps its turn
 
-    def _publish_full_blocks(self, seq: Sequence, end: int) -> None:
-        # NOTE: a block is published when the step that completes it is scheduled. Anyone who hits it later
-        # in this same step reads it after this step's forward wrote it (KV is written before attention).
-        num_full = end // seq.block_size
-        if self.enable_prefix_caching:
-            for i in range(seq.num_published_blocks, num_full):
-                self.pool.cache(seq.block_table[i], seq.block_hashes[i])
-        seq.num_published_blocks = max(seq.num_published_blocks, num_full)
-
-    def preempt(self, seq: Sequence) -> None:
-        self.running.remove(seq)
-        self._free_blocks(seq)
-        seq.reset_for_recompute()
-        self.waiting.appendleft(seq)
-
-    def finish(self, seq: Sequence, reason: str) -> None:
-        if seq in self.running:
-            self.running.remove(seq)
-        elif seq in self.waiting:
-            self.waiting.remove(seq)
-        self._free_blocks(seq)
-        seq.block_table = []
-        seq.status = SequenceStatus.FINISHED
-        seq.finish_reason = reason
-
-    def _free_blocks(self, seq: Sequence) -> None:
-        # NOTE: tail first, so the LRU queue evicts a request's last blocks before its (more shared) prefix.
-        self.pool.free(reversed(seq.block_table))
+    def finish(self, req: Request, reason: str) -> None:
+        if req in self.running:
+            self.running.remove(req)
+        elif req in self.waiting:
+            self.waiting.remove(req)
+        self.kv.free(req)
+        req.status = RequestStatus.FINISHED
+        req.finish_reason = reason
 
     # -- after the forward -------------------------------------------------------------------------------
 
     def postprocess(
-        self, out: SchedulerOutput, sampled: list[list[int]], stops: Callable[[Sequence], bool]
-    ) -> list[Sequence]:
+        self, out: SchedulerOutput, sampled: list[list[int]], stops: Callable[[Request], bool]
+    ) -> list[Request]:
         """Advance each scheduled request by its sampled tokens (one per step; [] where it only prefilled).
 
-        `stops(seq)` is asked after each appended token; once it says yes (and has finished the request),
+        `stops(req)` is asked after each appended token; once it says yes (and has finished the request),
         the rest of its burst is dropped. Returns the requests that got at least one token.
         """
         advanced = []
         for scheduled, tokens in zip(out.scheduled, sampled, strict=True):
-            seq = scheduled.seq
-            seq.num_computed_tokens = scheduled.kv_len
+            req = scheduled.seq
+            req.num_computed_tokens = scheduled.kv_len
             for i, token_id in enumerate(tokens):
-                seq.num_computed_tokens = scheduled.kv_len + i  # step i computed position kv_len - 1 + i
-                seq.append_token(token_id)
-                self._publish_full_blocks(seq, seq.num_computed_tokens)  # a burst's blocks, before a stop frees them
-                if stops(seq):
+                req.num_computed_tokens = scheduled.kv_len + i  # step i computed position kv_len - 1 + i
+                req.append_token(token_id)
+                self.kv.publish(req, req.num_computed_tokens)  # a burst's blocks, before a stop frees them
+                if stops(req):
                     break
             if tokens:
-                advanced.append(seq)
+                advanced.append(req)
         return advanced

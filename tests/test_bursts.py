@@ -5,7 +5,7 @@ import torch
 
 import minipic_lite as mp
 from minipic_lite.model_runner import StepInputs, advance_decode_inputs
-from minipic_lite.models.llama import AttentionMetadata
+from minipic_lite.models.step import StepMetadata
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +27,7 @@ def record_bursts(llm) -> list[int]:
 
 
 def test_advance_decode_inputs_feeds_back_tokens_at_the_next_slot():
-    meta = AttentionMetadata(
+    meta = StepMetadata(
         slot_mapping=torch.tensor([4 * 3 + 3, 4 * 5 + 1]),
         block_tables=torch.tensor([[0, 3, 9], [5, 6, 0]], dtype=torch.int32),
         cu_seqlens_q=torch.tensor([0, 1, 2], dtype=torch.int32),

@@ -4,13 +4,13 @@ import pytest
 import torch
 
 import minipic_lite as mp
-from minipic_lite.block_pool import BlockPool
 from minipic_lite.config import ModelConfig, SchedulerConfig
 from minipic_lite.decode_mirror import DecodeMirror
 from minipic_lite.hashing import root_hash
+from minipic_lite.kv_cache_manager import KVCacheManager
+from minipic_lite.request import Request
 from minipic_lite.sampling_params import SamplingParams
 from minipic_lite.scheduler import Scheduler
-from minipic_lite.sequence import Sequence
 from tests.conftest import max_abs_err
 
 PROMPTS = [
@@ -108,11 +108,10 @@ def tiny_config() -> ModelConfig:
 def test_slots_are_reused_and_dropped_requests_give_theirs_back():
     B = 4
     mirror = DecodeMirror(tiny_config(), position_free=True, max_bytes=1 << 20)
-    pool = BlockPool(32)
-    sched = Scheduler(SchedulerConfig(8, 64, 256), pool)
+    sched = Scheduler(SchedulerConfig(8, 64, 256), KVCacheManager(32))
     kv_cache = torch.randn(2, 2, 33, B, 2, 8)
     cos_sin = torch.randn(256, 8)
-    seqs = [Sequence(i, list(range(5 + i)), SamplingParams(max_tokens=8), B, root_hash("t")) for i in range(3)]
+    seqs = [Request(i, list(range(5 + i)), SamplingParams(max_tokens=8), B, root_hash("t")) for i in range(3)]
     for seq in seqs:
         sched.add(seq)
     out = sched.schedule()  # prefill of all three
@@ -120,7 +119,7 @@ def test_slots_are_reused_and_dropped_requests_give_theirs_back():
     out = sched.schedule()  # decode
     step = mirror.prepare(out, kv_cache, cos_sin, torch.zeros(3, dtype=torch.int32))
     assert step.slots.tolist() == [0, 1, 2] and step.length == 8 and mirror.k.shape[1:4] == (8, 2, 64)
-    assert [mirror.entries[s.seq_id].num_mirrored for s in seqs] == [6, 7, 8]
+    assert [mirror.entries[s.request_id].num_mirrored for s in seqs] == [6, 7, 8]
     # the keys copied from the paged cache are the cache's keys, rotated at their positions
     seq = seqs[1]
     expected = kv_cache[0, 1].view(-1, 2, 8)[[seq.block_table[p // B] * B + p % B for p in range(6)]]

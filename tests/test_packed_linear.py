@@ -37,12 +37,16 @@ def test_pack_linears_replaces_every_linear_and_shares_one_route():
     assert not any(type(m) is nn.Linear for m in model.modules())
 
 
-def test_the_runner_routes_decode_steps_to_the_packed_weights(llm):
+def test_the_step_contract_routes_decode_steps_to_the_packed_weights(llm):
     engine = llm.engine
-    route = engine.runner.matmul_route
-    seq_id = engine.add_request(llm.encode("The capital of France is")[0], mp.SamplingParams(max_tokens=3))
-    engine.step()  # prefill
-    assert route.packed is False
-    engine.step()  # decode
+    route = engine.runner.model.matmul_route
+    request_id = engine.add_request(llm.encode("The capital of France is")[0], mp.SamplingParams(max_tokens=3))
+    out = engine.scheduler.schedule()  # prefill
+    assert engine.runner.prepare(out).meta.use_packed_weights is False
+    engine.scheduler.postprocess(out, engine.runner.execute(out), engine._stops)
+    assert route.packed is False  # the model set the route from the step's metadata
+    out = engine.scheduler.schedule()  # decode
+    assert engine.runner.prepare(out).meta.use_packed_weights is True
+    engine.scheduler.postprocess(out, engine.runner.execute(out), engine._stops)
     assert route.packed is True
-    engine.abort(seq_id)
+    engine.abort(request_id)

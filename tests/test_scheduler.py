@@ -2,30 +2,30 @@
 
 import pytest
 
-from minipic_lite.block_pool import BlockPool
 from minipic_lite.config import SchedulerConfig
 from minipic_lite.hashing import root_hash
+from minipic_lite.kv_cache_manager import KVCacheManager
+from minipic_lite.request import Request
 from minipic_lite.sampling_params import SamplingParams
 from minipic_lite.scheduler import Scheduler, plan_chunk
-from minipic_lite.sequence import Sequence
 
 B = 4
 ROOT = root_hash("test")
 
 
 def make_seq(seq_id, token_ids):
-    return Sequence(seq_id, list(token_ids), SamplingParams(max_tokens=8), B, ROOT)
+    return Request(seq_id, list(token_ids), SamplingParams(max_tokens=8), B, ROOT)
 
 
 def make_scheduler(num_blocks=16, max_num_seqs=8, budget=64):
-    pool = BlockPool(num_blocks)
-    return Scheduler(SchedulerConfig(max_num_seqs, budget, 1024), pool), pool
+    sched = Scheduler(SchedulerConfig(max_num_seqs, budget, 1024), KVCacheManager(num_blocks))
+    return sched, sched.kv.pool
 
 
 def run_step(sched, token=7):
     out = sched.schedule()
     sched.postprocess(out, [[token] if s.do_sample else [] for s in out.scheduled], lambda seq: False)
-    sched.pool.check_integrity()
+    sched.kv.check_integrity()
     return out
 
 
@@ -57,7 +57,7 @@ def test_mixed_step_decodes_running_and_prefills_new_requests():
     run_step(sched)
     sched.add(make_seq(1, range(100, 120)))
     out = run_step(sched)
-    assert [(s.seq.seq_id, s.query_ranges) for s in out.scheduled] == [(0, [(5, 6)]), (1, [(0, 7)])]
+    assert [(s.seq.request_id, s.query_ranges) for s in out.scheduled] == [(0, [(5, 6)]), (1, [(0, 7)])]
     assert out.num_batched_tokens == 8
 
 
@@ -142,15 +142,15 @@ def test_waiting_request_that_does_not_fit_waits():
 
 
 def make_burst_scheduler(num_blocks=16, steps=4, max_model_len=1024):
-    pool = BlockPool(num_blocks)
-    return Scheduler(SchedulerConfig(8, 64, max_model_len, num_scheduler_steps=steps), pool), pool
+    sched = Scheduler(SchedulerConfig(8, 64, max_model_len, num_scheduler_steps=steps), KVCacheManager(num_blocks))
+    return sched, sched.kv.pool
 
 
 def run_burst(sched, tokens=(7, 8, 9, 10, 11, 12, 13, 14), stops=lambda seq: False):
     out = sched.schedule()
     sampled = [list(tokens[: out.num_steps]) if s.do_sample else [] for s in out.scheduled]
     sched.postprocess(out, sampled, stops)
-    sched.pool.check_integrity()
+    sched.kv.check_integrity()
     return out
 
 

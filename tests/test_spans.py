@@ -5,13 +5,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minipic_lite.block_pool import BlockPool
 from minipic_lite.config import ControlTokens, SchedulerConfig
 from minipic_lite.hashing import chain_hashes, root_hash
+from minipic_lite.kv_cache_manager import KVCacheManager
 from minipic_lite.prompts import Module, Param, Piece, PromptComposer
+from minipic_lite.request import Request
 from minipic_lite.sampling_params import SamplingParams
 from minipic_lite.scheduler import Scheduler
-from minipic_lite.sequence import Sequence
 from minipic_lite.spans import (
     SegmentKind,
     block_hashes,
@@ -171,22 +171,22 @@ def test_two_blocks_share_a_hash_exactly_when_they_see_the_same_tokens(x, y):
 @given(span_prompts(max_blocks=5), st.lists(st.sampled_from([S, P, 10, 11]), max_size=14), st.integers(1, 8))
 def test_sequence_hashes_incrementally_and_generated_tokens_continue_the_last_segment(prompt, generated, split):
     layout = span_layout(prompt, CONTROL, B)
-    seq = Sequence(
+    seq = Request(
         0,
         list(prompt),
         SamplingParams(),
         B,
         ROOT,
-        visible_start=list(layout.visible_start),
-        marker_blocks=dict(layout.marker_blocks),
+        layout=layout,
     )
     for t in generated:
         seq.append_token(t)
     full = prompt + generated
     assert seq.block_hashes == block_hashes(full, B, ROOT, layout.marker_blocks)[0]
-    assert seq.visible_start == list(layout.visible_start) + [layout.visible_start[-1]] * len(generated)
+    expected = list(layout.visible_start) + [layout.visible_start[-1]] * len(generated)
+    assert seq.visible_start == (expected if layout.has_spans else None)  # None: every token sees from 0
     # a prompt without markers: exactly today's chained hashes, whatever it generates
-    plain = Sequence(1, [10] * split, SamplingParams(), B, ROOT)
+    plain = Request(1, [10] * split, SamplingParams(), B, ROOT)
     for t in generated:
         plain.append_token(t)
     assert plain.block_hashes == chain_hashes(ROOT, [10] * split + generated, B)
@@ -271,27 +271,26 @@ def test_composer_refuses_markers_in_content_and_missing_control_tokens(composer
 
 def make_seq(seq_id, token_ids):
     layout = span_layout(token_ids, CONTROL, B)
-    return Sequence(
+    return Request(
         seq_id,
         list(token_ids),
         SamplingParams(max_tokens=4),
         B,
         ROOT,
-        visible_start=list(layout.visible_start),
-        marker_blocks=dict(layout.marker_blocks),
+        layout=layout,
     )
 
 
 def run_step(sched):
     out = sched.schedule()
     sched.postprocess(out, [[7] if s.do_sample else [] for s in out.scheduled], lambda seq: False)
-    sched.pool.check_integrity()
+    sched.kv.check_integrity()
     return out
 
 
 def test_a_span_computed_in_one_step_is_shared_at_another_offset_in_the_same_step():
-    pool = BlockPool(32)
-    sched = Scheduler(SchedulerConfig(8, 256, 1024), pool)
+    sched = Scheduler(SchedulerConfig(8, 256, 1024), KVCacheManager(32))
+    pool = sched.kv.pool
     doc = span(S, 30, 31, 32, 33, 34)  # two blocks
     a = make_seq(0, [20, 21, 22, PAD] + doc + [P, 60, 61])  # doc at blocks 1-2
     b = make_seq(1, [25] * 8 + doc + [P, 60, 62])  # doc at blocks 2-3
@@ -305,8 +304,7 @@ def test_a_span_computed_in_one_step_is_shared_at_another_offset_in_the_same_ste
 
 
 def test_a_cached_span_after_a_missing_one_is_reused():
-    pool = BlockPool(32)
-    sched = Scheduler(SchedulerConfig(8, 256, 1024), pool)
+    sched = Scheduler(SchedulerConfig(8, 256, 1024), KVCacheManager(32))
     first, second = span(S, 30, 31, 32), span(S, 40, 41, 42)
     warm = make_seq(0, second)
     sched.add(warm)

@@ -1,8 +1,8 @@
 """The Llama family (Llama, SmolLM2, Mistral, Qwen2, Qwen3) written for the paged KV cache.
 
 Tokens of all requests in a step are flattened into one batch `[num_tokens, ...]`; the per-step
-`AttentionMetadata` says where each token's K/V goes (slot_mapping) and what each query may read. Weights are
-read from safetensors with q/k/v and gate/up fused into one matmul each.
+`StepMetadata` (models/step.py) says where each token's K/V goes (slot_mapping) and what each query may read.
+Weights are read from safetensors with q/k/v and gate/up fused into one matmul each.
 """
 
 from __future__ import annotations
@@ -16,22 +16,8 @@ from torch import nn
 from torch.nn import functional as F
 
 from minipic_lite.config import ModelConfig
+from minipic_lite.models.step import StepMetadata
 from ops import apply_rope, rope_paged_attention
-
-
-@dataclass(slots=True)
-class AttentionMetadata:
-    """Per-step tensors, built by the model runner; shapes in the op's contract (ops/README.md)."""
-
-    slot_mapping: torch.Tensor  # [num_tokens] int64: flat cache slot of each new token's K/V
-    block_tables: torch.Tensor  # [num_seqs, max_blocks] int32
-    cu_seqlens_q: torch.Tensor  # [num_seqs + 1] int32
-    positions: torch.Tensor  # [num_tokens] int64: logical position of each query token
-    kv_lens: torch.Tensor  # [num_seqs] int32
-    visible_start: torch.Tensor  # [num_tokens] int32
-    rope_impl: str = "auto"
-    # CPU decode steps: attention over contiguous per-request keys instead of the op (decode_mirror.py)
-    decode_mirror: object | None = None
 
 
 def rope_table(cfg: ModelConfig, device=None) -> torch.Tensor:
@@ -107,7 +93,7 @@ class Attention(nn.Module):
         self.position_free = position_free
         self.scale = self.head_dim**-0.5
 
-    def forward(self, x, meta: AttentionMetadata, k_cache, v_cache, cos_sin) -> torch.Tensor:
+    def forward(self, x, meta: StepMetadata, k_cache, v_cache, cos_sin) -> torch.Tensor:
         num_tokens = x.shape[0]
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(num_tokens, self.num_heads, self.head_dim)  # (T, H, D)
@@ -136,7 +122,6 @@ class Attention(nn.Module):
             meta.visible_start,
             cos_sin if self.position_free else None,
             self.scale,
-            impl=meta.rope_impl,
             check=False,
         )  # (T, H, D)
         return self.o_proj(out.reshape(num_tokens, self.q_size))
@@ -181,14 +166,17 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.tie_weights()
         self.register_buffer("cos_sin", rope_table(cfg), persistent=False)
+        self.matmul_route = None  # set by packed_linear.pack_linears on the CPU
 
     def tie_weights(self) -> None:
         """Share the embedding with the LM head where the config says so (again after `to_empty`, which unties)."""
         if self.cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
 
-    def forward(self, input_ids, meta: AttentionMetadata, kv_cache: torch.Tensor) -> torch.Tensor:
+    def forward(self, input_ids, meta: StepMetadata, kv_cache: torch.Tensor) -> torch.Tensor:
         """input_ids [T] -> hidden states [T, hidden]; kv_cache [2, layers, blocks, B, KVH, D]."""
+        if self.matmul_route is not None:
+            self.matmul_route.packed = meta.use_packed_weights  # the step contract picks the matmul route
         x = self.embed_tokens(input_ids)  # (T, hidden)
         first = self.layers[0].input_layernorm
         normed = self.kernels.rms_norm(x, first.weight, first.eps)

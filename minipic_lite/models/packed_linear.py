@@ -1,11 +1,10 @@
 """Linear layers whose weights are also prepacked for oneDNN: the CPU's decode matmuls.
 
-On this project's CPU (an AMD EPYC, 2 cores) MKL's `F.linear` is slow at decode shapes. Weights prepacked
-once for oneDNN (what Inductor's `freezing` does) ran SmolLM2's 30 layers of matmuls 1.24x and 2.07x faster
-at 32 rows (two runs: 81 vs 65 ms and 152 vs 74 ms; MKL's time varied most) and 1.5x at one row.
-oneDNN's fp32 sums round differently: 2-3x MKL's error (relative ~4e-6), which
-would break the 1e-4 logits bound that prefill is held to against transformers. So a runner-owned
-`MatmulRoute` sends decode steps through the packed weights and everything else through `F.linear`.
+On the project's CPU, MKL's `F.linear` is slow at decode shapes and oneDNN with weights prepacked once (what
+Inductor's `freezing` does) is faster (README, "CPU matmuls by step kind", has the figures). oneDNN's fp32 sums
+round differently (2-3x MKL's error), which would break the 1e-4 logits bound that prefill is held to against
+transformers. So decode steps take the packed weights and every other step `F.linear`: the step contract says
+which (`StepMetadata.use_packed_weights`), and the model sets the shared `MatmulRoute` from it.
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ PACK_BATCH_HINT = 32  # oneDNN picks its blocking for this many rows; any row co
 
 @dataclass
 class MatmulRoute:
-    """Shared by every PackedLinear of a model; the model runner sets it before each forward."""
+    """Shared by every PackedLinear of a model; the model's forward sets it from its StepMetadata."""
 
     packed: bool = False  # True: oneDNN with prepacked weights (decode steps); False: F.linear (MKL)
 
@@ -55,7 +54,7 @@ class PackedLinear(nn.Module):
 
 def pack_linears(model: nn.Module) -> MatmulRoute:
     """Replace every `nn.Linear` of `model` (weights loaded) by a PackedLinear; returns their shared route."""
-    route = MatmulRoute()
+    route = model.matmul_route = MatmulRoute()
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, nn.Linear):

@@ -1,0 +1,144 @@
+"""One background thread owns the engine; callers submit requests and read only their own outputs.
+
+    caller threads / asyncio tasks                       the loop thread
+    ------------------------------                       ---------------------------------------------
+    validate + hash (caller's thread)  --submit-->   inbox  --> engine.add; engine.step(); route outputs
+    read own queue  <------------------------------  sink(output)   by request id, to that request's sink
+    abort(request_id)  --------------------------->  inbox  --> engine.abort: blocks freed, final output
+
+No caller holds a lock across a model step: the loop alone calls the engine, and it takes the inbox between
+steps. A sink is a callable that takes a `RequestOutput` (or the exception of a failed step); it must not
+block. A sink that raises (its consumer is gone) aborts its request.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+
+from minipic_lite.engine import LLMEngine
+from minipic_lite.outputs import RequestOutput
+from minipic_lite.request import Request
+
+logger = logging.getLogger(__name__)
+Sink = Callable[[RequestOutput | BaseException], object]
+
+
+class EngineLoop:
+    def __init__(self, engine: LLMEngine):
+        self.engine = engine
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()  # callables run on the loop thread, in order
+        self._sinks: dict[str, Sink] = {}  # requests submitted through the loop and not finished
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="minipic-engine-loop", daemon=True)
+        self._thread.start()
+
+    # -- from any thread ---------------------------------------------------------------------------------
+
+    def submit(self, requests: list[Request], sink: Sink) -> None:
+        """Queue validated requests; every output of theirs goes to `sink` (one sink may serve a batch)."""
+        self._put(lambda: self._add(requests, sink))
+
+    def call(self, fn: Callable[[LLMEngine], object], wait: bool = True):
+        """Run `fn(engine)` on the loop thread between two steps; its result (or None without `wait`)."""
+        future: Future = Future()
+
+        def run() -> None:
+            try:
+                future.set_result(fn(self.engine))
+            except Exception as e:
+                future.set_exception(e)
+
+        self._put(run)
+        if wait and threading.current_thread() is not self._thread:
+            return future.result()
+        return None
+
+    def abort(self, request_id: str, wait: bool = True) -> None:
+        """Finish a request now: its blocks are freed and its sink gets a final output ("abort")."""
+        self.call(lambda engine: self._abort(request_id), wait)
+
+    def close(self) -> None:
+        """Stop the loop thread (requests in flight are aborted). Safe to call twice."""
+        if not self._closed:
+            self._closed = True
+            self._inbox.put(None)
+            if threading.current_thread() is not self._thread:
+                self._thread.join()
+
+    def _put(self, item) -> None:
+        if self._closed:
+            raise RuntimeError("the engine loop is closed")
+        self._inbox.put(item)
+
+    # -- on the loop thread ------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while self._take_inbox(block=not self._sinks):
+            if self._sinks:
+                self._step()
+        for request_id in list(self._sinks):
+            self._abort(request_id)
+
+    def _take_inbox(self, block: bool) -> bool:
+        """Run what callers queued (waiting for something when idle); False once closed."""
+        try:
+            item = self._inbox.get(block=block)
+        except queue.Empty:
+            return True
+        while item is not None:
+            try:
+                item()
+            except Exception:  # a caller's callable failed: log it and keep serving everyone else
+                logger.exception("engine loop: a queued call failed")
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                return True
+        return False
+
+    def _add(self, requests: list[Request], sink: Sink) -> None:
+        for req in requests:
+            try:
+                self.engine.add(req)
+            except ValueError as e:  # a request id already in flight
+                sink(e)
+            else:
+                self._sinks[req.request_id] = sink
+
+    def _abort(self, request_id: str) -> None:
+        output = self.engine.abort(request_id)
+        if output is not None:
+            self._deliver(output)
+
+    def _step(self) -> None:
+        try:
+            outputs = self.engine.step()
+        except Exception as e:
+            self._fail_all(e)
+            return
+        for output in outputs:
+            self._deliver(output)
+
+    def _deliver(self, output: RequestOutput) -> None:
+        sink = self._sinks.pop(output.request_id) if output.finished else self._sinks.get(output.request_id)
+        if sink is None:
+            return  # a request added to the engine directly, not through the loop
+        try:
+            sink(output)
+        except Exception:  # the consumer is gone (e.g. its event loop closed): stop computing for it
+            if not output.finished:
+                self._abort(output.request_id)
+
+    def _fail_all(self, error: Exception) -> None:
+        """A step raised: every request in flight gets the error and is aborted; the loop keeps serving."""
+        logger.exception("engine step failed; aborting %d requests", len(self._sinks))
+        # NOTE: the failed step may have published blocks whose K/V it never wrote: forget every hash.
+        self.engine.pool.reset_prefix_cache()
+        for request_id, sink in list(self._sinks.items()):
+            self.engine.abort(request_id)
+            self._sinks.pop(request_id, None)
+            sink(error)

@@ -1,0 +1,19 @@
+"""Model families by Hugging Face `model_type`: a new family is one file in models/ plus one line here."""
+
+from __future__ import annotations
+
+from minipic_lite.models.llama import LlamaForCausalLM
+
+MODEL_REGISTRY: dict[str, type] = {
+    "llama": LlamaForCausalLM,
+    "mistral": LlamaForCausalLM,
+    "qwen2": LlamaForCausalLM,
+    "qwen3": LlamaForCausalLM,
+}
+
+
+def model_class(architecture: str) -> type:
+    if architecture not in MODEL_REGISTRY:
+        known = ", ".join(sorted(MODEL_REGISTRY))
+        raise ValueError(f"unsupported model_type {architecture!r}: this engine runs {known}")
+    return MODEL_REGISTRY[architecture]

@@ -1,0 +1,89 @@
+"""The step contract between the model runner and the models: what one forward needs to know, nothing more.
+
+The runner flattens a scheduler step into per-token and per-sequence host lists (`HostStep`, a pure function
+of the plan); `StepMetadata.build` turns them into device tensors in the op's layouts (ops/README.md). Models
+read these fields and never see the scheduler, requests or queues.
+
+    tokens of 2 requests, the first with a hole:   [ 16..31 | 48..56 ][ 7 ]
+    cu_seqlens_q = [0, 25, 26]   kv_lens = [57, 8]   positions = [16..31, 48..56, 7]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+
+from minipic_lite.utils import cdiv
+
+if TYPE_CHECKING:
+    from minipic_lite.decode_mirror import MirrorStep
+
+
+@dataclass(slots=True)
+class HostStep:
+    """One step's inputs as host lists, appended to chunk by chunk."""
+
+    input_ids: list[int] = field(default_factory=list)  # [num_tokens]
+    positions: list[int] = field(default_factory=list)  # [num_tokens] logical position of each query token
+    slot_mapping: list[int] = field(default_factory=list)  # [num_tokens] flat cache slot of each new K/V
+    visible_start: list[int] = field(default_factory=list)  # [num_tokens] first key each query may see
+    cu_seqlens_q: list[int] = field(default_factory=lambda: [0])  # [num_seqs + 1]
+    kv_lens: list[int] = field(default_factory=list)  # [num_seqs]
+    block_tables: list[list[int]] = field(default_factory=list)  # [num_seqs][blocks]
+    logits_indices: list[int] = field(default_factory=list)  # [num_sampling] row of each sampled token
+
+    def add_chunk(self, token_ids, block_table, ranges, kv_len: int, visible_start, do_sample: bool, B: int):
+        """One request's query `ranges` (half-open, increasing) over `token_ids`; keys [0, kv_len) are read."""
+        for start, end in ranges:
+            self.input_ids += token_ids[start:end]
+            self.positions += range(start, end)
+            self.slot_mapping += (block_table[p // B] * B + p % B for p in range(start, end))
+            self.visible_start += visible_start[start:end] if visible_start else [0] * (end - start)
+        self.cu_seqlens_q.append(len(self.positions))
+        self.kv_lens.append(kv_len)
+        self.block_tables.append(block_table)
+        if do_sample:
+            self.logits_indices.append(len(self.positions) - 1)
+
+
+@dataclass(slots=True)
+class StepMetadata:
+    """Per-step tensors on the device; shapes in the op's contract (ops/README.md)."""
+
+    slot_mapping: torch.Tensor  # [num_tokens] int64
+    block_tables: torch.Tensor  # [num_seqs, max_blocks] int32
+    cu_seqlens_q: torch.Tensor  # [num_seqs + 1] int32
+    positions: torch.Tensor  # [num_tokens] int64
+    kv_lens: torch.Tensor  # [num_seqs] int32
+    visible_start: torch.Tensor  # [num_tokens] int32
+    # CPU decode steps: oneDNN-packed weights (models/packed_linear.py) instead of F.linear
+    use_packed_weights: bool = False
+    # CPU decode steps: attention over contiguous per-request keys instead of the op (decode_mirror.py)
+    decode_mirror: MirrorStep | None = None
+
+    @classmethod
+    def build(cls, host: HostStep, device: torch.device) -> StepMetadata:
+        width = max(len(t) for t in host.block_tables)
+        tables = [t + [0] * (width - len(t)) for t in host.block_tables]
+
+        def put(values, dtype):
+            return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
+
+        return cls(
+            slot_mapping=put(host.slot_mapping, torch.long),
+            block_tables=put(tables, torch.int32),
+            cu_seqlens_q=put(host.cu_seqlens_q, torch.int32),
+            positions=put(host.positions, torch.long),
+            kv_lens=put(host.kv_lens, torch.int32),
+            visible_start=put(host.visible_start, torch.int32),
+        )
+
+    @classmethod
+    def one_sequence(cls, num_tokens: int, block_size: int, device: torch.device) -> StepMetadata:
+        """A prefill of `num_tokens` on blocks 0, 1, ... (the warm-up forward that sizes the cache)."""
+        host = HostStep()
+        num_blocks = cdiv(num_tokens, block_size)
+        host.add_chunk([0] * num_tokens, list(range(num_blocks)), [(0, num_tokens)], num_tokens, None, True, block_size)
+        return cls.build(host, device)

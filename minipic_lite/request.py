@@ -1,0 +1,115 @@
+"""One record per request: what the scheduler, the KV-cache manager, the runner and the engine read and write.
+
+Nothing about a request lives in side tables keyed by its id: its prompt, span layout, block table, progress,
+stop reason, text and timings are all here, and the engine's output for it is built from this record alone.
+
+    token_ids:  [ prompt ........................ | outputs ...... ]
+                 0                num_prompt_tokens              len
+    KV cached:  [0, num_computed_tokens)     block_table[i] holds tokens [i*B, (i+1)*B)
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+from minipic_lite.hashing import BlockHash
+from minipic_lite.sampling_params import SamplingParams
+from minipic_lite.spans import HashState, SpanLayout, block_hashes
+from minipic_lite.utils import cdiv
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Request:
+    """A request. `layout` (spans.py) gives span markers their meaning; None means one leading segment."""
+
+    request_id: str
+    token_ids: list[int]
+    sampling_params: SamplingParams
+    block_size: int
+    root: BlockHash  # the hash namespace (model, dtype, block size, cache mode)
+    layout: SpanLayout | None = None
+    prompt: str | None = None  # the prompt's text, where there is one
+    span_labels: tuple[str | None, ...] = ()  # names of the layout's segments in the cache report
+    stream: bool = False  # True: an output after every step, with the text so far
+    # -- progress (Scheduler) --
+    status: RequestStatus = RequestStatus.WAITING
+    num_computed_tokens: int = 0
+    num_preemptions: int = 0
+    # -- cache (KVCacheManager) --
+    block_table: list[int] = field(default_factory=list)
+    cached_block_ids: set[int] = field(default_factory=set)  # logical blocks taken from the cache
+    block_hashes: list[BlockHash] = field(default_factory=list)
+    num_published_blocks: int = 0
+    num_cached_tokens: int = 0
+    # -- outcome (engine) --
+    finish_reason: str | None = None  # "stop", "length", "abort"
+    stop_reason: str | int | None = None  # the stop string or token that ended it
+    stop_text: str | None = None  # the text cut before a stop string
+    cache_report: list = field(default_factory=list)  # cache_report.BlockReport per prompt block
+    arrival_time: float = field(default_factory=time.perf_counter)
+    first_token_time: float | None = None
+    finish_time: float | None = None
+    # -- derived --
+    num_prompt_tokens: int = field(init=False)
+    prompt_token_ids: list[int] = field(init=False, repr=False)
+    visible_start: list[int] | None = field(init=False, repr=False)  # per token; None: all 0
+    _hash_state: HashState | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self):
+        self.num_prompt_tokens = len(self.token_ids)
+        # NOTE: kept once, so that an output per step does not copy the whole prompt again.
+        self.prompt_token_ids = self.token_ids[:]
+        has_spans = self.layout is not None and self.layout.has_spans
+        self.visible_start = list(self.layout.visible_start) if has_spans else None
+        self._extend_hashes()
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status == RequestStatus.FINISHED
+
+    def num_blocks_for(self, num_tokens: int) -> int:
+        return cdiv(num_tokens, self.block_size)
+
+    def append_token(self, token_id: int) -> None:
+        self.token_ids.append(token_id)
+        if self.visible_start is not None:
+            self.visible_start.append(self.visible_start[-1])  # generated tokens continue the last segment
+        self._extend_hashes()
+
+    def _extend_hashes(self) -> None:
+        """Hash the blocks completed since the last call (span-aware; spans.block_hashes)."""
+        first = len(self.block_hashes)
+        if len(self.token_ids) < (first + 1) * self.block_size:
+            return
+        markers = self.layout.marker_blocks if self.layout is not None else {}
+        tokens = self.token_ids[first * self.block_size :]
+        hashes, self._hash_state = block_hashes(tokens, self.block_size, self.root, markers, self._hash_state, first)
+        self.block_hashes += hashes
+
+    def reset_for_recompute(self) -> None:
+        """After preemption: forget the cache state; tokens (prompt + outputs so far) are kept."""
+        self.block_table.clear()
+        self.cached_block_ids.clear()
+        self.num_computed_tokens = 0
+        self.num_published_blocks = 0
+        self.status = RequestStatus.WAITING
+        self.num_preemptions += 1
