@@ -41,23 +41,29 @@ from ops.triton_kernel import pick_config, rope_paged_attention_triton  # noqa: 
 
 LLAMA = dict(num_heads=32, num_kv_heads=8, head_dim=128)
 SMOL = dict(num_heads=9, num_kv_heads=3, head_dim=64)
-# --sweep candidates. Prefill: the paged kernel over pre-rotated keys (DENSE=False), then the dense
-# tensor-descriptor kernel: (BLOCK_M, TILE_N, num_warps, num_stages, WARP_SPECIALIZE)
-PREFILL_SWEEP = [dict(DENSE=False, PRE_ROTATE=True, BLOCK_M=128, TILE_N=128, num_warps=8, num_stages=2)] + [
+# --sweep candidates (run 1, bench/results/gpu_ops_cd5f0ee_h200*, swept the paged kernel and 12 dense configs;
+# the defaults now take its best two). Prefill, dense kernel: (BLOCK_M, TILE_N, num_warps, num_stages, WARP_SPECIALIZE)
+PREFILL_SWEEP = [
     dict(DENSE=True, BLOCK_M=m, TILE_N=n, num_warps=w, num_stages=s, WARP_SPECIALIZE=ws)
     for m, n, w, s, ws in [
-        (128, 128, 8, 2, False), (128, 128, 8, 3, False), (128, 64, 8, 3, False), (128, 64, 8, 4, False),
-        (128, 64, 4, 3, False), (64, 128, 4, 2, False), (64, 64, 4, 3, False), (64, 64, 4, 4, False),
-        (128, 128, 8, 2, True), (128, 128, 8, 3, True), (128, 64, 8, 3, True), (128, 128, 4, 2, True),
+        (64, 64, 4, 3, False), (128, 128, 8, 3, True), (64, 64, 4, 3, True), (64, 64, 4, 2, False),
+        (64, 128, 4, 3, False), (128, 64, 8, 3, False),
     ]
 ]  # fmt: skip
-# decode: (TILE_N, num_warps, num_stages) x splits
+# decode with the bf16 table: (TILE_N, num_warps, num_stages) x splits
 DECODE_SWEEP = [
     dict(TILE_N=n, num_warps=w, num_stages=st, NUM_SPLITS=sp)
-    for n, w, st in [(32, 4, 3), (32, 4, 4), (64, 4, 3), (64, 4, 4), (64, 8, 3), (128, 4, 2)]
-    for sp in (1, 2, 4)
+    for n, w, st in [(128, 4, 2), (128, 4, 3), (128, 8, 2), (64, 4, 3)]
+    for sp in (1, 2)
 ]
-B1_DECODE_SWEEP = [dict(TILE_N=n, num_warps=4, num_stages=3, NUM_SPLITS=sp) for n in (32, 64) for sp in (8, 16, 32, 64)]
+B1_DECODE_SWEEP = [
+    dict(TILE_N=n, num_warps=w, num_stages=st, NUM_SPLITS=sp)
+    for n, w, st in [(128, 4, 2), (64, 4, 3), (64, 8, 3)]
+    for sp in (16, 32, 64)
+]
+SHORT_DECODE_SWEEP = [  # the engine's decode: ~600-token contexts
+    dict(TILE_N=n, num_warps=4, num_stages=st, NUM_SPLITS=sp) for n, st in [(32, 3), (64, 3), (128, 2)] for sp in (1, 8)
+]
 
 
 class Clock:
@@ -390,12 +396,6 @@ def op_callable(problem: Problem, position_free: bool, config: dict | None, tabl
     return lambda: rope_paged_attention_triton(*args, config=config)
 
 
-# the engine's decode: ~600-token contexts; splits as the CUDA graph fixes them (max_model_len 4096) and nearby
-SHORT_DECODE_SWEEP = [
-    dict(TILE_N=n, num_warps=w, num_stages=3, NUM_SPLITS=sp) for n in (32, 64) for w in (4, 8) for sp in (1, 2, 8)
-]
-
-
 def sweep_configs(kind: str, batch: int, length: int) -> list[dict]:
     if kind == "prefill":
         return PREFILL_SWEEP
@@ -408,7 +408,8 @@ def default_config(kind: str, batch: int, length: int, heads: dict, device) -> d
     q_len = length if kind == "prefill" else 1
     group = heads["num_heads"] // heads["num_kv_heads"]
     max_context = math.ceil(length / 16) * 16
-    return pick_config(batch * q_len, batch, heads["num_kv_heads"], group, heads["head_dim"], max_context, True, device)
+    args = (batch * q_len, batch, heads["num_kv_heads"], group, heads["head_dim"], max_context, True, device)
+    return pick_config(*args, table_elem_size=4 if kind == "prefill" else 2)  # decode: as the pf16 column
 
 
 def run_benchmark(name, kind, batch, length, heads, clock, device) -> dict:
@@ -451,15 +452,15 @@ def run_sweep(row: dict, clock, device, deadline: float) -> None:
 
 
 SWEPT = (
-    "llama prefill 16k",
     "llama decode b64 x 8k",
-    "llama prefill 4k",
     "llama prefill 1k",
-    "llama decode b1 x 8k",
-    "llama prefill 32k",
+    "llama prefill 4k",
     "llama decode b64 x 576",
-    "llama decode b1 x 576",
+    "llama decode b1 x 8k",
+    "llama prefill 16k",
     "smollm2 prefill 16k",
+    "llama decode b1 x 576",
+    "llama prefill 32k",
 )
 
 

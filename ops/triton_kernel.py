@@ -33,6 +33,7 @@ import triton.language as tl
 
 LOG2E = 1.4426950408889634
 MIN_KEYS_PER_SPLIT = 512
+LONG_PREFILL_ROWS = 32768  # query rows (tokens x GROUP) per sequence from which the dense kernel takes 128x128 tiles
 
 
 @triton.jit
@@ -524,19 +525,24 @@ def pick_config(
     is_rotary: bool,
     device: torch.device,
     elem_size: int = 2,
+    table_elem_size: int = 4,
 ) -> dict:
     """Tile sizes, warps, stages, split count and pre-rotation from shapes only (no host sync).
 
     Measured on an H200 (bench/results): decode-like batches (<= 16 query rows per sequence) use 16-row
     tiles and split the key range when too few programs would fill the GPU (flash-decoding); prefill-like
     batches use 128-row tiles and, in position-free mode, rotate each key once per call into a scratch
-    buffer (PRE_ROTATE) instead of once per query tile.
+    buffer (PRE_ROTATE) instead of once per query tile. On Hopper, 16-bit prefill-like batches take the DENSE
+    path: keys (rotated) and values gathered into contiguous scratch, read by tensor-descriptor (TMA) loads.
+    ``table_elem_size`` is the cos/sin table's element size (the engine passes it in the model dtype).
     """
     rows_per_seq = math.ceil(num_tokens / num_seqs) * group
+    dense = rows_per_seq > 16 and elem_size == 2 and device.type == "cuda" and _has_tma(device.index or 0)
+    warp_specialize = False
     if rows_per_seq <= 16:  # decode: memory bound
         block_m, tile_n, num_warps, num_stages = 16, 128, 4, 2
-        if is_rotary and head_dim >= 128:  # in-kernel rotation (bench/results/gpu_ops_*_short_decode*)
-            tile_n, num_warps, num_stages = 32, 4, 3
+        if is_rotary and head_dim >= 128 and table_elem_size > 2:  # in-kernel rotation with a float32 table
+            tile_n, num_warps, num_stages = 32, 4, 3  # (bench/results/gpu_ops_*_short_decode*)
     elif rows_per_seq <= 64:
         block_m, tile_n, num_warps, num_stages = 64, 64, 4, 3
     elif head_dim <= 64:
@@ -553,6 +559,11 @@ def pick_config(
             num_stages -= 1
         else:
             block_m //= 2
+    if dense and head_dim == 128:  # measured on the H200: bench/results/gpu_ops_cd5f0ee_h200*
+        block_m, tile_n, num_warps, num_stages = (
+            (128, 128, 8, 3) if rows_per_seq >= LONG_PREFILL_ROWS else (64, 64, 4, 3)
+        )
+        warp_specialize = rows_per_seq >= LONG_PREFILL_ROWS
     block_m = max(block_m, _next_pow2(group))
     num_splits = 1
     if device.type == "cuda" and rows_per_seq <= 16:
@@ -567,7 +578,8 @@ def pick_config(
         num_stages=num_stages,
         NUM_SPLITS=num_splits,
         PRE_ROTATE=is_rotary and rows_per_seq > 16,
-        DENSE=rows_per_seq > 16 and elem_size == 2 and device.type == "cuda" and _has_tma(device.index or 0),
+        DENSE=dense,
+        WARP_SPECIALIZE=warp_specialize,
     )
 
 
@@ -596,16 +608,15 @@ def gather_to_scratch(
     """Keys (rotated at their positions when ``cos_sin`` is given) and, if ``v_cache`` is given, values of every
     sequence copied into a per-call scratch in logical order (the cache is untouched).
 
-    Returns ``(k_scratch, v_scratch, identity_tables)``: each scratch is ``[num_seqs * max_blocks, B, H_kv, d]``
-    and holds logical block i of sequence s at ``s * max_blocks + i``, which ``identity_tables``
-    ``[num_seqs, max_blocks]`` maps. Blocks past a sequence's ``kv_len`` are left unwritten.
+    Returns ``(k_scratch, v_scratch)``: each scratch is ``[num_seqs * max_blocks, B, H_kv, d]`` and holds
+    logical block i of sequence s at ``s * max_blocks + i`` (``identity_tables`` maps it for the paged kernel).
+    Blocks past a sequence's ``kv_len`` are left unwritten.
     """
     num_seqs, max_blocks = block_tables.shape
     _, block_size, num_kv_heads, head_dim = k_cache.shape
     shape = (num_seqs * max_blocks, *k_cache.shape[1:])
     k_scratch = torch.empty(shape, device=k_cache.device, dtype=k_cache.dtype)
     v_scratch = None if v_cache is None else torch.empty(shape, device=k_cache.device, dtype=k_cache.dtype)
-    identity = torch.arange(num_seqs * max_blocks, device=k_cache.device, dtype=torch.int32)
     rotary_dim = 0 if cos_sin is None else cos_sin.shape[1]
     v_src = k_cache if v_cache is None else v_cache
     _gather_kv_kernel[(max_blocks, num_seqs)](
@@ -617,7 +628,12 @@ def gather_to_scratch(
         HALF_PAD=max(_next_pow2(rotary_dim // 2), 16), ROWS_PAD=_next_pow2(block_size * num_kv_heads),
         GATHER_V=v_cache is not None, num_warps=4,
     )  # fmt: skip
-    return k_scratch, v_scratch, identity.view(num_seqs, max_blocks)
+    return k_scratch, v_scratch
+
+
+def identity_tables(num_seqs: int, max_blocks: int, device: torch.device) -> torch.Tensor:
+    """``[num_seqs, max_blocks]`` block tables over a ``gather_to_scratch`` scratch (for the paged kernel)."""
+    return torch.arange(num_seqs * max_blocks, device=device, dtype=torch.int32).view(num_seqs, max_blocks)
 
 
 def _launch_dense(q, k_cache, v_cache, block_tables, cu_seqlens_q, q_positions, kv_lens, visible_start, cos_sin,
@@ -629,7 +645,7 @@ def _launch_dense(q, k_cache, v_cache, block_tables, cu_seqlens_q, q_positions, 
     num_seqs, max_blocks = block_tables.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     group = num_heads // num_kv_heads
-    k_scratch, v_scratch, _ = gather_to_scratch(k_cache, v_cache, block_tables, kv_lens, cos_sin)
+    k_scratch, v_scratch = gather_to_scratch(k_cache, v_cache, block_tables, kv_lens, cos_sin)
     block_m, tile_n = cfg["BLOCK_M"], cfg["TILE_N"]
     block_q = max(block_m // group, 1)
     if block_q * group > block_m:
@@ -681,6 +697,7 @@ def rope_paged_attention_triton(
         cos_sin is not None,
         q.device,
         elem_size=q.element_size(),
+        table_elem_size=4 if cos_sin is None else cos_sin.element_size(),
     )
     cfg.update(config or {})
     block_m, num_splits = cfg["BLOCK_M"], cfg["NUM_SPLITS"]
@@ -696,7 +713,8 @@ def rope_paged_attention_triton(
     if cos_sin is not None and cfg.get("PRE_ROTATE", False):
         # NOTE: prefill-like batches: each key tile is read by many query tiles, so rotating it once per call
         # (one extra pass over the keys) is far cheaper than rotating it in every program that reads it.
-        k_cache, _, k_tables = gather_to_scratch(k_cache, None, block_tables, kv_lens, cos_sin)
+        k_cache, _ = gather_to_scratch(k_cache, None, block_tables, kv_lens, cos_sin)
+        k_tables = identity_tables(*block_tables.shape, q.device)
         cos_sin = None
     rotary_dim = 0 if cos_sin is None else cos_sin.shape[1]
     if num_splits > 1:
