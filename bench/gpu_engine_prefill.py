@@ -50,10 +50,16 @@ def main() -> None:
     model_dir.mkdir()
     (model_dir / "config.json").write_text(json.dumps(cfg))
     llm = mp.LLM(
-        str(model_dir), device=device, dtype=str(dtype).removeprefix("torch."), load_format="dummy",
-        position_free=True, max_model_len=1024 if args.tiny else MAX_LEN, max_num_seqs=8,
-        max_num_batched_tokens=512 if args.tiny else CHUNK, memory_utilization=0.5, enforce_eager=True,
-    )  # fmt: skip
+        str(model_dir),
+        device=device,
+        dtype=str(dtype).removeprefix("torch."),
+        load_format="dummy",
+        position_free=True,
+        max_model_len=1024 if args.tiny else MAX_LEN,
+        max_num_seqs=8,
+        max_num_batched_tokens=512 if args.tiny else CHUNK,
+        memory_utilization=0.5,
+    )  # fmt: skip  NOTE: not enforce_eager: that also turns off the compiled elementwise kernels
     hf = hf_from_engine(llm, cfg, device, dtype)
     results["logits_check"] = check_logits(llm, hf, cfg["vocab_size"], device)
     print("logits", results["logits_check"], flush=True)

@@ -542,6 +542,7 @@ def table(rows: list[dict], ceilings: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sweep", action="store_true", help="also sweep the kernel's tile configs")
+    parser.add_argument("--sweep-rows", default=",".join(SWEPT), help="comma-separated benchmark names to sweep")
     parser.add_argument("--smoke", action="store_true", help="CPU dry run (TRITON_INTERPRET=1), tiny shapes")
     parser.add_argument("--only", default="", help="run only benchmarks whose name contains this")
     parser.add_argument("--skip-validation", action="store_true")
@@ -604,7 +605,7 @@ def main() -> None:
         save()
     if args.sweep:
         for row in rows:
-            if time.time() < deadline and (row["name"] in SWEPT or args.smoke):
+            if time.time() < deadline and (row["name"] in args.sweep_rows.split(",") or args.smoke):
                 run_sweep(row, clock, device, deadline)
                 summarize(row, report["ceilings"])
                 print("sweep best", row["name"], row["best"], flush=True)
