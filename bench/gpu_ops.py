@@ -8,10 +8,11 @@
    vectorized torch impl (large cases): holes, SSEP segments, repeated / shared physical blocks, GQA 1/3/4,
    partial rotary, fp32/fp16/bf16, head_dim 64/128/256, block size 16/32, forced split-KV, int64 offsets
    (a cache of more than 2^31 elements, used blocks at the top).
-3. Benchmarks, side by side in the same process: (a) torch SDPA, flash backend, on the same problem unpaged
-   with pre-rotated keys (causal for prefill), (b) the op with ``cos_sin=None`` (keys rotated at write),
-   (c) the op in position-free mode (keys rotated in the kernel). Llama-3-8B heads (32/8, d=128) and
-   SmolLM2-135M heads (9/3, d=64), bf16, block size 16, shuffled physical blocks.
+3. Benchmarks, side by side in the same process: (a) torch SDPA on the same problem unpaged with pre-rotated
+   keys (causal for prefill), with torch's default backend choice (cuDNN on the H200: what transformers gets)
+   and forced to cuDNN and to flash, (b) the op with ``cos_sin=None`` (keys rotated at write), (c) the op in
+   position-free mode with a float32 cos/sin table and (d) with a bf16 table (what the engine passes).
+   Llama-3-8B heads (32/8, d=128) and SmolLM2-135M heads (9/3, d=64), bf16, block size 16, shuffled blocks.
    With ``--sweep`` the kernel's tile configs are swept too (best config reported beside the default).
 
 Writes ``gpu_ops.json`` and ``gpu_ops.txt`` and prints the short table last.

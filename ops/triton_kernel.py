@@ -17,6 +17,11 @@ Design (after vLLM's unified attention and Triton tutorial 06):
 * Prefill-like batches (many query tiles per key tile) in position-free mode first rotate every key once
   into a per-call scratch (``_rotate_keys_kernel``, one extra pass over the keys) and then run the kernel
   with keys as stored: rotating inside the kernel would redo it in every query tile (measured +33% at 16k).
+* Dense path (``DENSE``, the default for 16-bit prefill-like batches on Hopper): ``_gather_kv_kernel`` copies
+  every sequence's keys (rotated) and values into a contiguous per-call scratch in logical order, and
+  ``_dense_attention_kernel`` walks the same tiles with one tensor-descriptor (TMA) load per key or value tile,
+  no block-table lookups and no per-element address math; long prompts use 128x128 tiles with Triton's warp
+  specialization. Measured on the H200: 320-330 -> 480-500 TFLOP/s at 16k-32k (bench/results/gpu_ops_7bbe73e_*).
 * Split-KV (flash-decoding): with ``NUM_SPLITS > 1`` the key range of a tile is cut into NUM_SPLITS chunks
   run by separate programs that write partial (out, max, sum) to fp32 scratch; ``_reduce_splits_kernel``
   merges them.
