@@ -8,10 +8,11 @@
    vectorized torch impl (large cases): holes, SSEP segments, repeated / shared physical blocks, GQA 1/3/4,
    partial rotary, fp32/fp16/bf16, head_dim 64/128/256, block size 16/32, forced split-KV, int64 offsets
    (a cache of more than 2^31 elements, used blocks at the top).
-3. Benchmarks, side by side in the same process: (a) torch SDPA, flash backend, on the same problem unpaged
-   with pre-rotated keys (causal for prefill), (b) the op with ``cos_sin=None`` (keys rotated at write),
-   (c) the op in position-free mode (keys rotated in the kernel). Llama-3-8B heads (32/8, d=128) and
-   SmolLM2-135M heads (9/3, d=64), bf16, block size 16, shuffled physical blocks.
+3. Benchmarks, side by side in the same process: (a) torch SDPA on the same problem unpaged with pre-rotated
+   keys (causal for prefill), with torch's default backend choice (cuDNN on the H200: what transformers gets)
+   and forced to cuDNN and to flash, (b) the op with ``cos_sin=None`` (keys rotated at write), (c) the op in
+   position-free mode with a float32 cos/sin table and (d) with a bf16 table (what the engine passes).
+   Llama-3-8B heads (32/8, d=128) and SmolLM2-135M heads (9/3, d=64), bf16, block size 16, shuffled blocks.
    With ``--sweep`` the kernel's tile configs are swept too (best config reported beside the default).
 
 Writes ``gpu_ops.json`` and ``gpu_ops.txt`` and prints the short table last.
@@ -20,6 +21,7 @@ Writes ``gpu_ops.json`` and ``gpu_ops.txt`` and prints the short table last.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -40,10 +42,29 @@ from ops.triton_kernel import pick_config, rope_paged_attention_triton  # noqa: 
 
 LLAMA = dict(num_heads=32, num_kv_heads=8, head_dim=128)
 SMOL = dict(num_heads=9, num_kv_heads=3, head_dim=64)
-# (BLOCK_M, TILE_N, num_warps, num_stages[, PRE_ROTATE]) candidates for --sweep
-PREFILL_SWEEP = [(128, 128, 8, 2, False), (128, 64, 8, 3, False), (128, 64, 8, 3, True), (128, 128, 8, 2, True)]
-DECODE_SWEEP = [(16, 64, 8, 3), (16, 64, 4, 3), (16, 128, 4, 2), (16, 32, 4, 3), (16, 128, 8, 2)]
-SPLIT_SWEEP = [1, 2, 4, 8, 16]
+# --sweep candidates (run 1, bench/results/gpu_ops_cd5f0ee_h200*, swept the paged kernel and 12 dense configs;
+# the defaults now take its best two). Prefill, dense kernel: (BLOCK_M, TILE_N, num_warps, num_stages, WARP_SPECIALIZE)
+PREFILL_SWEEP = [
+    dict(DENSE=True, BLOCK_M=m, TILE_N=n, num_warps=w, num_stages=s, WARP_SPECIALIZE=ws)
+    for m, n, w, s, ws in [
+        (64, 64, 4, 3, False), (128, 128, 8, 3, True), (64, 64, 4, 3, True), (64, 64, 4, 2, False),
+        (64, 128, 4, 3, False), (128, 64, 8, 3, False),
+    ]
+]  # fmt: skip
+# decode with the bf16 table: (TILE_N, num_warps, num_stages) x splits
+DECODE_SWEEP = [
+    dict(TILE_N=n, num_warps=w, num_stages=st, NUM_SPLITS=sp)
+    for n, w, st in [(128, 4, 2), (128, 4, 3), (128, 8, 2), (64, 4, 3)]
+    for sp in (1, 2)
+]
+B1_DECODE_SWEEP = [
+    dict(TILE_N=n, num_warps=w, num_stages=st, NUM_SPLITS=sp)
+    for n, w, st in [(128, 4, 2), (64, 4, 3), (64, 8, 3)]
+    for sp in (16, 32, 64)
+]
+SHORT_DECODE_SWEEP = [  # the engine's decode: ~600-token contexts
+    dict(TILE_N=n, num_warps=4, num_stages=st, NUM_SPLITS=sp) for n, st in [(32, 3), (64, 3), (128, 2)] for sp in (1, 8)
+]
 
 
 class Clock:
@@ -155,8 +176,44 @@ def validation_cases(smoke: bool) -> list[dict]:
             **gqa3,
         ),  # fmt: skip
     ]
+    cases += [  # the tensor-descriptor kernel (DENSE, the default for 16-bit prefill on Hopper) and the paged one
+        dict(
+            name="mixed paged (DENSE off) bf16 gqa4",
+            specs=mixed,
+            dtype=torch.bfloat16,
+            config=dict(DENSE=False),
+            **gqa4,
+        ),  # fmt: skip
+        dict(
+            name="mixed dense d256 mha bf16 rot64",
+            specs=mixed,
+            num_heads=4,
+            num_kv_heads=4,
+            head_dim=256,
+            rotary_dim=64,
+            dtype=torch.bfloat16,
+            config=dict(DENSE=True, BLOCK_M=64, TILE_N=64),
+            **small,
+        ),  # fmt: skip
+        dict(
+            name="mixed dense warp-specialized gqa4",
+            specs=mixed,
+            dtype=torch.bfloat16,
+            config=dict(DENSE=True, BLOCK_M=128, TILE_N=128, num_warps=8, num_stages=2, WARP_SPECIALIZE=True),
+            **gqa4,
+        ),  # fmt: skip
+        dict(
+            name="mixed dense gqa3 d64 fp16 B32 stored",
+            specs=mixed,
+            block_size=32,
+            dtype=torch.float16,
+            position_free=False,
+            config=dict(DENSE=True, BLOCK_M=64, TILE_N=64, num_warps=4, num_stages=3),
+            **gqa3,
+        ),  # fmt: skip
+    ]
     if smoke:
-        return cases[:2]
+        return cases[:2] + cases[-4:]
     big = dict(reference="torch", dtype=torch.bfloat16, **LLAMA)
     holes = SeqSpec(2048, ((0, 512), (1024, 2048)), ((512, 1536),))
     decode_64 = [SeqSpec.decode(1000 + 16 * i) for i in range(64)]
@@ -170,6 +227,24 @@ def validation_cases(smoke: bool) -> list[dict]:
         dict(name="mixed chunk512+31 decodes llama", specs=chunk_and_decodes, **big),
         dict(name="prefill 1k smollm2 keys-as-stored", position_free=False, **smol),
         dict(name="prefill 1k smollm2", **smol),
+        dict(name="prefill 2k holes ssep paged (DENSE off)", specs=[holes], config=dict(DENSE=False), **big),
+        dict(
+            name="prefill 4k dense tile 64x64",
+            specs=[SeqSpec.prefill(4096)],
+            **big,
+            config=dict(DENSE=True, BLOCK_M=64, TILE_N=64, num_warps=4, num_stages=3),
+        ),  # fmt: skip
+        dict(
+            name="prefill 4k dense warp-specialized",
+            specs=[SeqSpec.prefill(4096)],
+            **big,
+            config=dict(DENSE=True, BLOCK_M=128, TILE_N=128, num_warps=8, num_stages=2, WARP_SPECIALIZE=True),
+        ),
+        dict(
+            name="chunk 1k at 3k + 3 decodes dense",
+            specs=[SeqSpec(3072, ((2048, 3072),))] + [SeqSpec.decode(n) for n in (1000, 2000, 33)],
+            **big,
+        ),  # fmt: skip
     ]
     return cases
 
@@ -244,8 +319,16 @@ def paged_problem(kind: str, batch: int, length: int, heads: dict, device, dtype
     )
 
 
-def sdpa_baseline(kind: str, batch: int, length: int, heads: dict, device, dtype=torch.bfloat16):
-    """torch SDPA (flash backend) on the unpaged problem; returns (callable, note)."""
+SDPA_BACKENDS = ("default", "cudnn", "flash")
+
+
+def sdpa_baselines(kind: str, batch: int, length: int, heads: dict, device, dtype=torch.bfloat16) -> dict:
+    """torch SDPA on the unpaged problem with pre-rotated keys (causal for prefill), per backend.
+
+    ``default`` is torch's own choice (what transformers gets); ``cudnn`` and ``flash`` force a backend.
+    Returns ``{backend: (callable, note)}``; GQA through ``enable_gqa``, or K/V expanded to all heads when a
+    backend refuses it.
+    """
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     num_heads, num_kv_heads, head_dim = heads["num_heads"], heads["num_kv_heads"], heads["head_dim"]
@@ -253,25 +336,44 @@ def sdpa_baseline(kind: str, batch: int, length: int, heads: dict, device, dtype
     q = torch.randn(batch, num_heads, q_len, head_dim, device=device, dtype=dtype)
     k = torch.randn(batch, num_kv_heads, length, head_dim, device=device, dtype=dtype)
     v = torch.randn(batch, num_kv_heads, length, head_dim, device=device, dtype=dtype)
+    group = num_heads // num_kv_heads
+    k_rep, v_rep = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
     causal = kind == "prefill"
+    forced = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}
 
-    def gqa():
-        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-            return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+    def make(backend, gqa):
+        def call():
+            kk, vv = (k, v) if gqa else (k_rep, v_rep)
+            ctx = sdpa_kernel(forced[backend]) if backend in forced else contextlib.nullcontext()
+            with ctx:
+                return F.scaled_dot_product_attention(q, kk, vv, is_causal=causal, enable_gqa=gqa)
 
-    try:
-        gqa()
-        return gqa, "flash, enable_gqa"
-    except RuntimeError:
-        group = num_heads // num_kv_heads
-        k_rep, v_rep = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+        return call
 
-        def expanded():
-            with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-                return F.scaled_dot_product_attention(q, k_rep, v_rep, is_causal=causal)
+    out = {}
+    for backend in SDPA_BACKENDS:
+        for gqa, note in ((True, "enable_gqa"), (False, "kv expanded to all heads")):
+            fn = make(backend, gqa)
+            try:
+                fn()
+                torch.cuda.synchronize() if device.type == "cuda" else None
+            except RuntimeError:
+                continue
+            out[backend] = (fn, f"{backend}, {note}")
+            break
+    return out
 
-        expanded()
-        return expanded, "flash, kv expanded to all heads"
+
+def sdpa_default_backend(kind: str, batch: int, length: int, heads: dict, device) -> str:
+    """Which backend torch's default picks, read off the profiler's kernel names (one call)."""
+    fn, _ = sdpa_baselines(kind, batch, length, heads, device)["default"]
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    names = [e.key for e in prof.key_averages() if e.device_type.name == "CUDA"]
+    return ";".join(n[:60] for n in names)
 
 
 def problem_cost(kind: str, batch: int, length: int, heads: dict) -> tuple[float, float]:
@@ -295,80 +397,78 @@ def op_callable(problem: Problem, position_free: bool, config: dict | None, tabl
     return lambda: rope_paged_attention_triton(*args, config=config)
 
 
-# the engine's decode: ~600-token contexts; splits as the CUDA graph fixes them (max_model_len 4096) and nearby
-SHORT_DECODE_SWEEP = [
-    dict(TILE_N=n, num_warps=w, num_stages=3, NUM_SPLITS=sp) for n in (32, 64) for w in (4, 8) for sp in (1, 2, 8)
-]
-
-
-def sweep_configs(kind: str, problem: Problem, length: int = 0) -> list[dict]:
-    if kind == "decode" and length <= 1024:
-        return SHORT_DECODE_SWEEP
+def sweep_configs(kind: str, batch: int, length: int) -> list[dict]:
     if kind == "prefill":
-        return [
-            dict(BLOCK_M=m, TILE_N=n, num_warps=w, num_stages=s, NUM_SPLITS=1, PRE_ROTATE=r)
-            for m, n, w, s, r in PREFILL_SWEEP
-        ]
-    configs = [dict(BLOCK_M=m, TILE_N=n, num_warps=w, num_stages=s) for m, n, w, s in DECODE_SWEEP]
-    return configs + [dict(NUM_SPLITS=s) for s in SPLIT_SWEEP]
+        return PREFILL_SWEEP
+    if length <= 1024:
+        return SHORT_DECODE_SWEEP
+    return B1_DECODE_SWEEP if batch == 1 else DECODE_SWEEP
 
 
 def default_config(kind: str, batch: int, length: int, heads: dict, device) -> dict:
     q_len = length if kind == "prefill" else 1
     group = heads["num_heads"] // heads["num_kv_heads"]
     max_context = math.ceil(length / 16) * 16
-    return pick_config(batch * q_len, batch, heads["num_kv_heads"], group, heads["head_dim"], max_context, True, device)
+    args = (batch * q_len, batch, heads["num_kv_heads"], group, heads["head_dim"], max_context, True, device)
+    return pick_config(*args, table_elem_size=4 if kind == "prefill" else 2)  # decode: as the pf16 column
 
 
 def run_benchmark(name, kind, batch, length, heads, clock, device) -> dict:
     problem = paged_problem(kind, batch, length, heads, device)
-    sdpa, note = sdpa_baseline(kind, batch, length, heads, device)
     flops, bytes_ = problem_cost(kind, batch, length, heads)
     row = dict(name=name, kind=kind, batch=batch, length=length, heads=heads, flops=flops, bytes=bytes_)
-    row["sdpa_note"] = note
     row["config"] = default_config(kind, batch, length, heads, device)
-    row["sdpa_ms"] = clock(sdpa)
+    for backend, (fn, note) in sdpa_baselines(kind, batch, length, heads, device).items():
+        row[f"sdpa_{backend}_ms"] = clock(fn)
+        row[f"sdpa_{backend}_note"] = note
+    row["sdpa_ms"] = row.get("sdpa_flash_ms", row.get("sdpa_default_ms"))  # the earlier runs' baseline
+    if not clock.smoke and kind == "prefill":
+        row["sdpa_default_kernels"] = sdpa_default_backend(kind, batch, length, heads, device)
     row["op_none_ms"] = clock(op_callable(problem, False, None))
     row["op_pf_ms"] = clock(op_callable(problem, True, None))
+    # the engine passes the cos/sin table in the model dtype (bf16): the decode kernel reads half the bytes
+    row["op_pf16_ms"] = clock(op_callable(problem, True, None, torch.bfloat16))
     return row
 
 
 def run_sweep(row: dict, clock, device, deadline: float) -> None:
-    """Time the op under each candidate config (until the deadline); fills ``row["sweep"]``."""
+    """Time the op under each candidate config (until the deadline); fills ``row["sweep"]``.
+
+    Prefill: position-free with the float32 table (``pf``); decode: with the bf16 table, as the engine runs it
+    (``pf16``)."""
     problem = paged_problem(row["kind"], row["batch"], row["length"], row["heads"], device)
     row["sweep"] = []
-    for config in sweep_configs(row["kind"], problem, row["length"]):
+    mode, table_dtype = ("pf", None) if row["kind"] == "prefill" else ("pf16", torch.bfloat16)
+    for config in sweep_configs(row["kind"], row["batch"], row["length"]):
         if time.time() > deadline:
             break
         entry = dict(config=config)
-        modes = [("none", False, None), ("pf", True, None)]
-        if row["kind"] == "decode" and row["length"] <= 1024:
-            modes.append(("pf_table16", True, torch.bfloat16))
-        for mode, pf, table_dtype in modes:
-            try:
-                entry[f"{mode}_ms"] = clock(op_callable(problem, pf, config, table_dtype))
-            except Exception as exc:  # noqa: BLE001 -- a config may not fit (shared memory, registers)
-                entry[f"{mode}_ms"] = None
-                entry["error"] = f"{type(exc).__name__}: {str(exc)[:120]}"
+        try:
+            entry[f"{mode}_ms"] = clock(op_callable(problem, True, config, table_dtype))
+        except Exception as exc:  # noqa: BLE001 -- a config may not fit (shared memory, registers)
+            entry[f"{mode}_ms"] = None
+            entry["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+        print("  sweep", row["name"], entry, flush=True)
         row["sweep"].append(entry)
 
 
 SWEPT = (
     "llama decode b64 x 8k",
-    "llama prefill 16k",
-    "llama decode b16 x 8k",
-    "smollm2 decode b64 x 8k",
+    "llama prefill 1k",
     "llama prefill 4k",
-    "llama decode b1 x 8k",
     "llama decode b64 x 576",
+    "llama decode b1 x 8k",
+    "llama prefill 16k",
+    "smollm2 prefill 16k",
     "llama decode b1 x 576",
+    "llama prefill 32k",
 )
 
 
 def benchmark_plan(smoke: bool) -> list[tuple]:
     if smoke:
         return [("smoke prefill", "prefill", 1, 64, SMOL), ("smoke decode", "decode", 4, 80, SMOL)]
-    plan = [(f"llama prefill {n // 1024}k", "prefill", 1, n, LLAMA) for n in (1024, 4096, 16384)]
+    plan = [(f"llama prefill {n // 1024}k", "prefill", 1, n, LLAMA) for n in (1024, 4096, 16384, 32768)]
     plan += [(f"llama decode b{b} x {n // 1024}k", "decode", b, n, LLAMA) for b in (1, 16, 64) for n in (1024, 8192)]
     plan += [(f"llama decode b{b} x 576", "decode", b, 576, LLAMA) for b in (1, 64)]  # the engine bench's decode
     plan += [
@@ -388,38 +488,49 @@ def benchmark_plan(smoke: bool) -> list[tuple]:
 def summarize(row: dict, ceilings: dict) -> dict:
     best = {}
     for entry in row.get("sweep", []):
-        for mode in ("none", "pf"):
+        for mode in ("pf", "pf16"):
             ms = entry.get(f"{mode}_ms")
             if ms is not None and ms < best.get(mode, (math.inf, None))[0]:
                 best[mode] = (ms, entry["config"])
     row["best"] = {mode: dict(ms=ms, config=cfg) for mode, (ms, cfg) in best.items()}
-    per_s = 1e3 / row["op_pf_ms"]
     row["rope_overhead"] = row["op_pf_ms"] / row["op_none_ms"] - 1
-    row["sdpa_over_none"] = row["sdpa_ms"] / row["op_none_ms"]
-    row["sdpa_over_pf"] = row["sdpa_ms"] / row["op_pf_ms"]
-    row["pf_TFLOPs"] = row["flops"] * per_s / 1e12
-    row["pf_GBps"] = row["bytes"] * per_s / 1e9
-    row["sdpa_TFLOPs"] = row["flops"] / row["sdpa_ms"] / 1e9
-    row["sdpa_GBps"] = row["bytes"] / row["sdpa_ms"] / 1e6
-    if ceilings.get("copy_GBps"):
-        row["pf_frac_hbm"] = row["pf_GBps"] / ceilings["copy_GBps"]
-        row["sdpa_frac_hbm"] = row["sdpa_GBps"] / ceilings["copy_GBps"]
+    for backend in SDPA_BACKENDS:
+        if f"sdpa_{backend}_ms" in row:
+            row[f"{backend}_over_pf"] = row[f"sdpa_{backend}_ms"] / row["op_pf_ms"]
+            row[f"{backend}_over_pf16"] = row[f"sdpa_{backend}_ms"] / row["op_pf16_ms"]
+            row[f"sdpa_{backend}_TFLOPs"] = row["flops"] / row[f"sdpa_{backend}_ms"] / 1e9
+            row[f"sdpa_{backend}_GBps"] = row["bytes"] / row[f"sdpa_{backend}_ms"] / 1e6
+    for mode in ("none", "pf", "pf16"):
+        row[f"{mode}_TFLOPs"] = row["flops"] / row[f"op_{mode}_ms"] / 1e9
+        row[f"{mode}_GBps"] = row["bytes"] / row[f"op_{mode}_ms"] / 1e6
+        if ceilings.get("copy_GBps"):
+            row[f"{mode}_frac_copy"] = row[f"{mode}_GBps"] / ceilings["copy_GBps"]
     return row
 
 
 def table(rows: list[dict], ceilings: dict) -> str:
+    """Prefill rows in TFLOP/s (2 S^2 H d, causal pairs), decode rows in GB/s (K + V read once, q, out)."""
     head = (
-        f"{'case':26s} {'sdpa ms':>8s} {'none ms':>8s} {'pf ms':>8s} {'sdpa/none':>9s} {'sdpa/pf':>8s} "
-        f"{'rope +%':>7s} {'pf TF/s':>8s} {'pf GB/s':>8s} {'%copy':>6s} {'best pf ms':>10s}"
+        f"{'case':24s} {'default':>8s} {'cudnn':>8s} {'flash':>8s} {'stored':>8s} {'pf':>8s} {'pf16':>8s} "
+        f"{'def/pf':>7s} {'fl/pf':>6s} {'def/pf16':>8s} {'rope+%':>6s} {'rate':>14s} {'best ms':>8s}"
     )
-    lines = [head, "-" * len(head)]
+    lines = ["ms (median, CUDA graph replay); default/cudnn/flash = torch SDPA backends on the unpaged problem", head]
+    lines.append("-" * len(head))
     for r in rows:
-        best_pf = r.get("best", {}).get("pf", {}).get("ms")
+
+        def ms(key, r=r):
+            return f"{r[key]:8.3f}" if key in r else f"{'-':>8s}"
+
+        if r["kind"] == "prefill":
+            rate = f"{r['pf_TFLOPs']:6.0f}/{r.get('sdpa_default_TFLOPs', 0):4.0f} TF/s"
+        else:
+            rate = f"{100 * r.get('pf16_frac_copy', 0):5.1f}% copy pf16"
+        best = min((b["ms"] for b in r.get("best", {}).values()), default=None)
         lines.append(
-            f"{r['name']:26s} {r['sdpa_ms']:8.3f} {r['op_none_ms']:8.3f} {r['op_pf_ms']:8.3f} "
-            f"{r['sdpa_over_none']:9.2f} {r['sdpa_over_pf']:8.2f} {100 * r['rope_overhead']:7.1f} "
-            f"{r['pf_TFLOPs']:8.1f} {r['pf_GBps']:8.0f} {100 * r.get('pf_frac_hbm', 0):6.1f} "
-            f"{best_pf if best_pf is None else round(best_pf, 3)!s:>10s}"
+            f"{r['name']:24s} {ms('sdpa_default_ms')} {ms('sdpa_cudnn_ms')} {ms('sdpa_flash_ms')} "
+            f"{ms('op_none_ms')} {ms('op_pf_ms')} {ms('op_pf16_ms')} {r.get('default_over_pf', 0):7.2f} "
+            f"{r.get('flash_over_pf', 0):6.2f} {r.get('default_over_pf16', 0):8.2f} {100 * r['rope_overhead']:6.1f} "
+            f"{rate:>14s} {'-' if best is None else f'{best:.3f}':>8s}"
         )
     if ceilings:
         lines.append(
@@ -432,6 +543,7 @@ def table(rows: list[dict], ceilings: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sweep", action="store_true", help="also sweep the kernel's tile configs")
+    parser.add_argument("--sweep-rows", default=",".join(SWEPT), help="comma-separated benchmark names to sweep")
     parser.add_argument("--smoke", action="store_true", help="CPU dry run (TRITON_INTERPRET=1), tiny shapes")
     parser.add_argument("--only", default="", help="run only benchmarks whose name contains this")
     parser.add_argument("--skip-validation", action="store_true")
@@ -494,10 +606,10 @@ def main() -> None:
         save()
     if args.sweep:
         for row in rows:
-            if time.time() < deadline and (row["name"] in SWEPT or args.smoke):
+            if time.time() < deadline and (row["name"] in args.sweep_rows.split(",") or args.smoke):
                 run_sweep(row, clock, device, deadline)
                 summarize(row, report["ceilings"])
-                print("sweep", row["name"], row["best"], flush=True)
+                print("sweep best", row["name"], row["best"], flush=True)
                 save()
     text = table(rows, report["ceilings"])
     num_ok = sum(r["ok"] for r in report["validation"])

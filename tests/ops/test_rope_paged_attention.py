@@ -84,6 +84,13 @@ TRITON_CASES = [
     ("decode_only", "gqa3", 64, None, 16, torch.float32, True, {}, {"PRE_ROTATE": True}),
     ("decode_only", "gqa4", 64, None, 16, torch.float32, True, {}, {"NUM_SPLITS": 4}),
     ("mixed", "gqa3", 64, 32, 16, torch.float16, True, {"repeat_block": True}, {"NUM_SPLITS": 2, "TILE_N": 32}),
+    # the dense kernel (gathered K and V, tensor-descriptor loads; the default for 16-bit prefill on Hopper)
+    ("mixed", "gqa4", 128, None, 16, torch.bfloat16, True, {"repeat_block": True}, {"DENSE": True}),
+    ("mixed", "gqa3", 64, 32, 32, torch.float16, True, {"share_span": True}, {"DENSE": True, "TILE_N": 32}),
+    ("mixed", "gqa4", 64, None, 16, torch.bfloat16, False, {}, {"DENSE": True, "BLOCK_M": 16, "TILE_N": 16}),
+    ("ssep_segments", "mha4", 256, 64, 16, torch.float16, True, {}, {"DENSE": True, "BLOCK_M": 64, "TILE_N": 32}),
+    ("prefill_T63", "gqa3", 64, None, 16, torch.bfloat16, True, {}, {"DENSE": True, "WARP_SPECIALIZE": True}),
+    ("mixed", "gqa4", 64, None, 16, torch.float32, True, {}, {"DENSE": True}),  # float32: the paged kernel
 ]
 
 
@@ -110,10 +117,10 @@ def test_triton_runs_in_the_interpreter():
     """The CPU tests must exercise the real kernel, not silently skip it."""
     from triton.runtime.interpreter import InterpretedFunction
 
-    from ops.triton_kernel import _rope_paged_attention_kernel, _rotate_keys_kernel
+    from ops.triton_kernel import _dense_attention_kernel, _gather_kv_kernel, _rope_paged_attention_kernel
 
-    assert isinstance(_rope_paged_attention_kernel, InterpretedFunction)
-    assert isinstance(_rotate_keys_kernel, InterpretedFunction)
+    for kernel in (_rope_paged_attention_kernel, _gather_kv_kernel, _dense_attention_kernel):
+        assert isinstance(kernel, InterpretedFunction)
 
 
 # ------------------------------------------------------------------------------------------------------
