@@ -15,6 +15,8 @@ print(f"time to first token {first.metrics.ttft * 1e3:.0f} ms, cached prompt tok
 
 again = llm.generate(question, greedy, use_tqdm=False)[0]  # same prompt: its full blocks are cache hits
 print(f"second run: cached prompt tokens {again.num_cached_tokens} of {len(again.prompt_token_ids)}")
+block_size = llm.config.cache.block_size  # every full block but the one holding the last prompt token is a hit
+assert again.num_cached_tokens == (len(again.prompt_token_ids) - 1) // block_size * block_size > 0
 assert again.token_ids == first.token_ids
 
 for partial in llm.stream("Once upon a time", mp.SamplingParams(max_tokens=12, temperature=0.0)):

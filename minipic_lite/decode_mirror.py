@@ -107,7 +107,7 @@ class DecodeMirror:
             return False
         for name in ("k", "v"):
             old = getattr(self, name)
-            new = old.new_empty(old.shape[0], new_slots, self.num_kv_heads, new_cap, self.head_dim)
+            new = old.new_zeros(old.shape[0], new_slots, self.num_kv_heads, new_cap, self.head_dim)
             new[:, :old_slots, :, :old_cap] = old
             setattr(self, name, new)
         return True

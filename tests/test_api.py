@@ -1,5 +1,7 @@
 """The public API on the real SmolLM2: prompts of every kind, sampling, stopping, streaming, bad input."""
 
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -94,7 +96,21 @@ def test_finish_reasons_and_stops(llm):
                             use_tqdm=False)[0]  # fmt: skip
     assert by_token.finish_reason == "stop" and by_token.token_ids[-1] == stop_id
     assert by_token.token_ids == base.token_ids[: base.token_ids.index(stop_id) + 1]
-    assert base.metrics.ttft > 0 and base.metrics.total_time >= base.metrics.ttft
+
+
+def test_ttft_runs_from_arrival_to_the_first_token_and_stays(llm):
+    params = mp.SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    before = time.perf_counter()
+    stream = llm.stream("The quick brown fox", params)
+    first = next(stream)  # the request is queued here, and its first token comes with this output
+    first_seen = time.perf_counter()
+    *_, last = stream
+    done = time.perf_counter()
+    m = last.metrics
+    assert before <= m.arrival_time < m.first_token_time <= first_seen <= m.finish_time <= done
+    assert first.metrics.first_token_time == m.first_token_time and first.metrics.finish_time is None
+    assert (m.ttft, m.total_time) == (m.first_token_time - m.arrival_time, m.finish_time - m.arrival_time)
+    assert m.ttft < m.total_time  # five more steps came after the first token
 
 
 def test_eos_stops_unless_ignored(llm):

@@ -19,6 +19,7 @@ from minipic_lite.spans import (
     prompt_block_hashes,
     span_layout,
 )
+from tests import span_oracle
 
 B = 4
 S, P, PAD = 1, 2, 3  # control token ids in these tests
@@ -54,9 +55,8 @@ def span_prompts(draw, max_blocks=8):
 
 def context_key(token_ids, b):
     """What block b's KV is a function of: the tokens it can see (whose markers are block aligned), from its
-    segment's visible start to the block's end."""
-    layout = span_layout(token_ids, CONTROL, B)
-    return tuple(token_ids[layout.visible_start[b * B] : (b + 1) * B])
+    segment's visible start to the block's end (by DESIGN §2 as tests/span_oracle.py restates it)."""
+    return span_oracle.block_contexts(token_ids, span_oracle.visible_starts(token_ids, S, P), B)[b]
 
 
 # -- segments and visible_start ------------------------------------------------------------------------------
@@ -79,6 +79,7 @@ def test_segments_partition_the_prompt_and_visible_start_follows_them(token_ids)
         expected = seg.start if seg.kind is SegmentKind.SSEP else 0
         assert layout.visible_start[seg.start : seg.end] == (expected,) * (seg.end - seg.start)
     assert all(v <= i for i, v in enumerate(layout.visible_start))
+    assert list(layout.visible_start) == span_oracle.visible_starts(token_ids, S, P)  # DESIGN §2, restated
     assert layout.has_spans == any(t in (S, P) for t in token_ids)
 
 

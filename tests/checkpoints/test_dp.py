@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from minipic_lite.checkpoints import dp_fast, dp_hull, dp_reference, expected_cost, plan, worst_case_cost
 from minipic_lite.checkpoints.dp import _monotone_chain, lower_hull, useful_lines
-from tests.checkpoints.helpers import assert_close, brute_force
+from tests.checkpoints.helpers import assert_close, brute_force, least_expected_cost
 
 SOLVERS = {"reference": dp_reference, "hull": dp_hull, "fast": dp_fast}
 
@@ -49,12 +49,18 @@ def test_dp_versions_agree_with_brute_force(weights, budget):
         assert_close(expected_cost(weights, solver(weights, budget)), best)
 
 
+@pytest.mark.parametrize("seed", range(20))
+def test_the_independent_optimum_equals_brute_force(seed):
+    weights, budget = random_instance(seed)
+    assert_close(least_expected_cost(weights, budget), brute_force(weights, budget))
+
+
 @pytest.mark.parametrize("solver", SOLVERS)
-def test_dp_matches_reference_on_larger_instances(solver):
+def test_dp_is_optimal_on_larger_instances(solver):
     rng = np.random.default_rng(7)
     for num_tokens, budget in [(63, 5), (130, 9), (257, 3)]:
         weights = rng.random(num_tokens + 1) ** 4 * (rng.random(num_tokens + 1) < 0.5)
-        expected = expected_cost(weights, dp_reference(weights, budget))
+        expected = least_expected_cost(weights, budget)  # brute force is too slow here
         assert_close(expected_cost(weights, SOLVERS[solver](weights, budget)), expected)
 
 

