@@ -129,7 +129,16 @@ class ModelRunner:
         if self.device.type == "cuda":
             budget = self._cuda_budget_after_warmup()
         else:
-            budget = min(cache.cpu_kv_cache_gib * GIB, cpu_available_bytes() * cache.memory_utilization)
+            # NOTE: the CPU cache is sized to what the run asks of it, not to the cap: one request of
+            # max_model_len tokens (the engine's minimum) plus one step's token budget beside it, +1 scratch
+            # block. Zeroing the whole 2 GiB cap up front made one generation on a 135M model peak at 3.6 GB.
+            sched = self.config.scheduler
+            asked_blocks = -(-(sched.max_model_len + sched.max_num_batched_tokens) // self.block_size) + 1
+            budget = min(
+                asked_blocks * self.block_bytes,
+                cache.cpu_kv_cache_gib * GIB,
+                cpu_available_bytes() * cache.memory_utilization,
+            )
         num_blocks = int(budget // self.block_bytes) - 1
         if num_blocks <= 0:
             raise ValueError(
