@@ -93,7 +93,7 @@ def build_parser() -> Parser:
         epilog="examples:\n"
         f'  {PROG} generate "Write a haiku about caches."\n'
         f"  {PROG} generate --file question.txt --max-tokens 256\n"
-        f"  git log -5 | {PROG} generate - --stream\n"
+        f"  cat question.txt | {PROG} generate - --stream\n"
         f'  {PROG} generate --model ./Qwen2.5-0.5B-Instruct --device cuda "Hello"',
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
