@@ -22,8 +22,14 @@ say() { printf '[setup %3ds] %s\n' "$SECONDS" "$*"; }
 die() { printf 'setup: error: %s\n' "$*" >&2; exit 1; }
 
 choose_environment() {
+    if [[ -L $VENV && ! -d $VENV ]]; then
+        say "$VENV links to $(readlink "$VENV"), which is gone: replacing the link"
+        rm "$VENV"
+    fi
     if [[ -d $VENV ]]; then
-        say "using the project's environment $VENV"
+        local where=$VENV
+        [[ -L $VENV ]] && where="$VENV (-> $(readlink "$VENV"))"
+        say "using the project's environment $where"
         if [[ -n ${VIRTUAL_ENV:-} && $(realpath "$VIRTUAL_ENV") != $(realpath "$VENV") ]]; then
             say "note: $VIRTUAL_ENV is active, but $VENV exists and is what the README's commands run"
         fi
