@@ -1,36 +1,252 @@
-"""`minipic-lite generate "..."`: one generation on the default (or a given) model."""
+"""`minipic-lite generate "..."`: one generation on the default (or a given) model, from the shell.
+
+A well-behaved Unix tool: every argument is checked before the model loads (torch and transformers are
+imported only then, so `--help` is instant), a user error prints one line and exits non-zero (2 for
+usage errors, 1 when the run itself fails, e.g. a prompt longer than the context), and a long prompt comes
+from a file or standard input instead of the command line.
+"""
 
 from __future__ import annotations
 
 import argparse
+import math
+import os
+import re
 import sys
+import time
+
+PROG = "minipic-lite"
+EXIT_RUN_ERROR = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+DEFAULT_MAX_TOKENS = 128
+DEFAULT_TEMPERATURE = 0.0
+DEFAULT_TOP_P = 1.0
+DEFAULT_TOP_K = 0
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="minipic-lite")
-    sub = parser.add_subparsers(dest="command", required=True)
-    gen = sub.add_parser("generate", help="generate a reply to a prompt (chat template applied)")
-    gen.add_argument("prompt")
-    gen.add_argument("--model", default=None, help="a .gguf file or a local Hugging Face directory")
-    gen.add_argument("--max-tokens", type=int, default=128)
-    gen.add_argument("--temperature", type=float, default=0.0)
-    gen.add_argument("--device", default=None)
-    gen.add_argument("--raw", action="store_true", help="no chat template: continue the text as is")
-    args = parser.parse_args(argv)
+class UsageError(Exception):
+    """A bad command line, found before anything loads: one line, exit 2."""
 
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but an error is one line (argparse prints the usage block first), exit 2."""
+
+    def error(self, message: str):
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+# -- argument types: each names the rule it checks, so argparse's one line says what is wrong ---------------
+
+
+def _number(text: str, kind: type, rule: str, ok) -> int | float:
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be {rule}, got {text!r}") from None
+    if not ok(value):
+        raise argparse.ArgumentTypeError(f"must be {rule}, got {text!r}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    return _number(text, int, "an integer >= 1", lambda v: v >= 1)
+
+
+def non_negative_int(text: str) -> int:
+    return _number(text, int, "an integer >= 0", lambda v: v >= 0)
+
+
+def any_int(text: str) -> int:
+    return _number(text, int, "an integer", lambda v: True)
+
+
+def temperature(text: str) -> float:
+    return _number(text, float, "a number >= 0 (0 = greedy)", lambda v: math.isfinite(v) and v >= 0)
+
+
+def top_p(text: str) -> float:
+    return _number(text, float, "a number in (0, 1]", lambda v: 0 < v <= 1)
+
+
+def device(text: str) -> str:
+    if not DEVICE_PATTERN.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"must be auto, cpu, cuda or cuda:N, got {text!r}")
+    return text
+
+
+# -- the command line ---------------------------------------------------------------------------------------
+
+
+def build_parser() -> Parser:
+    parser = Parser(prog=PROG, description="A compact, teachable LLM inference engine (MiniPIC caching).")
+    parser.add_argument("--version", action="version", version=f"{PROG} {package_version()}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
+    gen = sub.add_parser(
+        "generate",
+        help="generate a reply to a prompt",
+        description="Generate a reply to a prompt. The prompt is sent as a chat message (the model's chat\n"
+        "template) unless --raw is given. The reply goes to standard output, a one-line summary to\n"
+        "standard error. Exit status: 0 done, 1 the run failed, 2 a usage error.",
+        epilog="examples:\n"
+        f'  {PROG} generate "Write a haiku about caches."\n'
+        f"  {PROG} generate --file question.txt --max-tokens 256\n"
+        f"  cat question.txt | {PROG} generate - --stream\n"
+        f'  {PROG} generate --model ./Qwen2.5-0.5B-Instruct --device cuda "Hello"',
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    source = gen.add_argument_group("prompt (give exactly one)")
+    source.add_argument("prompt", nargs="?", help="the prompt text; '-' reads it from standard input")
+    source.add_argument("-f", "--file", metavar="PATH", help="read the prompt from a file (UTF-8; '-' = stdin)")
+    gen.add_argument("--raw", action="store_true", help="no chat template: continue the text as it is")
+
+    model = gen.add_argument_group("model")
+    model.add_argument(
+        "--model",
+        metavar="PATH",
+        help="a .gguf file or a local Hugging Face directory (default: the embedded SmolLM2-135M-Instruct)",
+    )
+    model.add_argument(
+        "--device",
+        type=device,
+        default="auto",
+        help="auto, cpu, cuda or cuda:N (default: %(default)s = cuda when torch sees a GPU)",
+    )
+    model.add_argument(
+        "--dtype", choices=DTYPES, default="auto", help="default: %(default)s = bfloat16 on CUDA, float32 on the CPU"
+    )
+
+    sampling = gen.add_argument_group("sampling")
+    sampling.add_argument(
+        "--max-tokens", type=positive_int, default=DEFAULT_MAX_TOKENS, metavar="N", help="default: %(default)s"
+    )
+    sampling.add_argument(
+        "--temperature",
+        type=temperature,
+        default=DEFAULT_TEMPERATURE,
+        metavar="T",
+        help="0 = greedy (default: %(default)s)",
+    )
+    sampling.add_argument(
+        "--top-p", type=top_p, default=DEFAULT_TOP_P, metavar="P", help="nucleus sampling (default: %(default)s)"
+    )
+    sampling.add_argument(
+        "--top-k", type=non_negative_int, default=DEFAULT_TOP_K, metavar="K", help="0 = no cut (default: %(default)s)"
+    )
+    sampling.add_argument("--seed", type=any_int, metavar="S", help="seed for sampling (default: none)")
+    gen.add_argument("--stream", action="store_true", help="print the reply as it is generated")
+    return parser
+
+
+def package_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("minipic-lite")
+    except PackageNotFoundError:
+        return "(not installed)"
+
+
+# -- checks before loading ---------------------------------------------------------------------------------
+
+
+def read_prompt(args) -> str:
+    """The prompt text from the argument, a file or standard input; trailing newlines dropped."""
+    if (args.prompt is None) == (args.file is None):
+        raise UsageError("give a prompt, '-' to read standard input, or --file PATH (exactly one)")
+    if args.prompt == "-" or args.file == "-":
+        text = sys.stdin.read()
+    elif args.file is not None:
+        try:
+            with open(args.file, encoding="utf-8") as f:
+                text = f.read()
+        except (OSError, UnicodeDecodeError) as e:
+            raise UsageError(f"cannot read --file {args.file!r}: {getattr(e, 'strerror', None) or e}") from None
+    else:
+        text = args.prompt
+    text = text.rstrip("\r\n")
+    if not text.strip():
+        raise UsageError("the prompt is empty")
+    return text
+
+
+def check_model(model: str | None) -> None:
+    """The model's files are there (nothing loads yet): a bad path is a usage error, found at once."""
+    from minipic_lite.models.loader import model_source
+
+    try:
+        model_source(model)
+    except (ValueError, FileNotFoundError) as e:
+        raise UsageError(str(e)) from None
+
+
+# -- the run ------------------------------------------------------------------------------------------------
+
+
+def run_generate(args, prompt_text: str) -> int:
     from minipic_lite import LLM, SamplingParams
 
-    llm = LLM(args.model, device=args.device)
-    prompt = args.prompt if args.raw else [{"role": "user", "content": args.prompt}]
-    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature)
-    (output,) = llm.generate([prompt], params, use_tqdm=False)
-    print(output.text)
+    start = time.perf_counter()
+    llm = LLM(
+        args.model,
+        device=None if args.device == "auto" else args.device,
+        dtype=None if args.dtype == "auto" else args.dtype,
+    )
+    load_time = time.perf_counter() - start
+    prompt = prompt_text if args.raw else [{"role": "user", "content": prompt_text}]
+    params = SamplingParams(
+        max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed
+    )
+    output = stream_to_stdout(llm, prompt, params) if args.stream else llm.generate([prompt], params, use_tqdm=False)[0]
+    if not args.stream:
+        print(output.text)
     m = output.metrics
     print(
-        f"[{len(output.token_ids)} tokens, ttft {m.ttft * 1e3:.0f} ms, total {m.total_time:.2f} s]",
+        f"[{len(output.prompt_token_ids)} prompt tokens, {len(output.token_ids)} generated ({output.finish_reason}); "
+        f"load {load_time:.1f} s, ttft {m.ttft * 1e3:.0f} ms, total {m.total_time:.2f} s]",
         file=sys.stderr,
     )
     return 0
+
+
+def stream_to_stdout(llm, prompt, params):
+    """Print each new piece of text as it comes; returns the final output."""
+    printed = ""
+    for output in llm.stream(prompt, params):
+        # NOTE: the text so far only grows, except where a stop string is cut off at the end.
+        if output.text.startswith(printed) and len(output.text) > len(printed):
+            sys.stdout.write(output.text[len(printed) :])
+            sys.stdout.flush()
+            printed = output.text
+    print()
+    return output
+
+
+def user_error(message: str, code: int, prog: str = PROG) -> int:
+    print(f"{prog}: error: {message}", file=sys.stderr)
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        prompt_text = read_prompt(args)
+        check_model(args.model)
+        return run_generate(args, prompt_text)
+    except UsageError as e:
+        return user_error(f"{e} (see {PROG} generate --help)", EXIT_USAGE, f"{PROG} generate")
+    except BrokenPipeError:  # `... | head`: the reader left; say nothing more
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_RUN_ERROR
+    except ModuleNotFoundError as e:
+        return user_error(f"{e.name!r} is not installed: run ./scripts/setup.sh (see the README)", EXIT_RUN_ERROR)
+    except (ValueError, TypeError, OSError) as e:
+        # NOTE: the engine names a batch's prompt by index; the CLI sends one.
+        return user_error(str(e).removeprefix("prompt 0: "), EXIT_RUN_ERROR)
+    except KeyboardInterrupt:
+        return user_error("interrupted", EXIT_INTERRUPTED)
 
 
 if __name__ == "__main__":

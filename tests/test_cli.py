@@ -1,0 +1,196 @@
+"""The command line behaves like a Unix tool: user errors are one line with the right exit status, found
+before anything loads; `--help` imports neither torch nor transformers; prompts come from an argument, a
+file or standard input. Each case runs `python -m minipic_lite.cli` in a fresh interpreter."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import minipic_lite as mp
+
+ROOT = Path(__file__).resolve().parent.parent
+PROBE_MARK = "heavy modules imported: "
+# Runs the CLI's main() and then reports on stdout which heavy modules it pulled in (usage errors print
+# nothing on stdout; --help prints before the mark).
+PROBE = f"""
+import sys
+from minipic_lite.cli import main
+try:
+    code = main(sys.argv[1:])
+except SystemExit as e:
+    code = e.code
+heavy = sorted(m for m in ("torch", "transformers", "triton") if m in sys.modules)
+print({PROBE_MARK!r} + ",".join(heavy))
+sys.exit(code)
+"""
+QUESTION = "What is the capital of France?"
+MAX_TOKENS = 12
+
+
+def run_cli(*args: str, stdin: str | None = None, probe: bool = False, timeout: float = 300):
+    """(exit status, stdout, stderr) of one CLI run in a fresh interpreter, from the repository root."""
+    cmd = [sys.executable, "-c", PROBE, *args] if probe else [sys.executable, "-m", "minipic_lite.cli", *args]
+    done = subprocess.run(cmd, input=stdin, capture_output=True, text=True, cwd=ROOT, timeout=timeout)
+    return done.returncode, done.stdout, done.stderr
+
+
+def heavy_modules(stdout: str) -> str:
+    (line,) = [x for x in stdout.splitlines() if x.startswith(PROBE_MARK)]
+    return line.removeprefix(PROBE_MARK)
+
+
+# -- help and version: instant, no torch ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("args", [["--help"], ["generate", "--help"], ["--version"]], ids=" ".join)
+def test_help_and_version_import_no_torch(args):
+    code, out, err = run_cli(*args, probe=True)
+    assert code == 0, err
+    assert heavy_modules(out) == ""
+
+
+def test_generate_help_shows_every_option_with_its_default():
+    code, out, _ = run_cli("generate", "--help")
+    assert code == 0
+    for option in ("--file", "--stream", "--seed", "--top-p", "--top-k", "--device", "--model", "--dtype", "--raw"):
+        assert option in out
+    assert "default: 128" in out and "default: 0.0" in out  # max tokens, temperature
+
+
+def test_version_names_the_installed_package():
+    from importlib.metadata import version
+
+    code, out, _ = run_cli("--version")
+    assert code == 0 and out.split() == ["minipic-lite", version("minipic-lite")]
+
+
+# -- usage errors: one line, exit 2, before anything loads ---------------------------------------------------
+
+USAGE_ERRORS = {
+    "no-prompt": (["generate"], "give a prompt"),
+    "prompt-and-file": (["generate", "hi", "--file", "x.txt"], "exactly one"),
+    "empty-prompt": (["generate", ""], "the prompt is empty"),
+    "blank-prompt": (["generate", "  \n"], "the prompt is empty"),
+    "negative-max-tokens": (["generate", "hi", "--max-tokens", "-1"], "--max-tokens: must be an integer >= 1"),
+    "zero-max-tokens": (["generate", "hi", "--max-tokens", "0"], "--max-tokens: must be an integer >= 1"),
+    "negative-temperature": (["generate", "hi", "--temperature", "-1"], "--temperature: must be a number >= 0"),
+    "nan-temperature": (["generate", "hi", "--temperature", "nan"], "--temperature: must be a number >= 0"),
+    "top-p-zero": (["generate", "hi", "--top-p", "0"], "--top-p: must be a number in (0, 1]"),
+    "top-k-negative": (["generate", "hi", "--top-k", "-5"], "--top-k: must be an integer >= 0"),
+    "seed-not-int": (["generate", "hi", "--seed", "x"], "--seed: must be an integer"),
+    "bad-device": (["generate", "hi", "--device", "tpu"], "--device: must be auto, cpu, cuda or cuda:N"),
+    "bad-dtype": (["generate", "hi", "--dtype", "int8"], "--dtype: invalid choice"),
+    "missing-model": (["generate", "hi", "--model", "no/such/dir"], "unknown model 'no/such/dir'"),
+    "model-not-gguf": (["generate", "hi", "--model", "README.md"], "not a directory or a .gguf file"),
+    "model-dir-without-config": (["generate", "hi", "--model", "tests"], "has no config.json"),
+    "missing-file": (["generate", "--file", "no/such.txt"], "cannot read --file 'no/such.txt'"),
+    "unknown-command": (["serve"], "invalid choice: 'serve'"),
+    "unknown-option": (["generate", "hi", "--frobnicate"], "unrecognized arguments: --frobnicate"),
+}
+
+
+@pytest.mark.parametrize("case", list(USAGE_ERRORS))
+def test_usage_error_is_one_line_exit_2_before_loading(case):
+    args, message = USAGE_ERRORS[case]
+    code, out, err = run_cli(*args, probe=True)
+    assert code == 2
+    assert err.count("\n") == 1 and err.startswith("minipic-lite"), err
+    assert message in err and "error:" in err and "--help" in err
+    assert heavy_modules(out) == ""  # checked before torch, transformers or the model were touched
+
+
+def test_file_that_is_not_utf8_is_a_usage_error(tmp_path):
+    path = tmp_path / "prompt.bin"
+    path.write_bytes(b"\xff\xfe\x00bad")
+    code, _, err = run_cli("generate", "--file", str(path))
+    assert code == 2 and err.count("\n") == 1 and "cannot read --file" in err
+
+
+def test_empty_stdin_is_a_usage_error():
+    code, out, err = run_cli("generate", "-", stdin="\n", probe=True)
+    assert code == 2 and err.count("\n") == 1 and "the prompt is empty" in err
+    assert heavy_modules(out) == ""
+
+
+# -- errors of the run itself: one line, exit 1 --------------------------------------------------------------
+
+
+def test_unsupported_gguf_is_one_line_exit_1(tmp_path):
+    import gguf
+
+    path = tmp_path / "mamba.gguf"
+    writer = gguf.GGUFWriter(str(path), "mamba")
+    writer.add_tensor("x", np.ones(4, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    code, out, err = run_cli("generate", "hi", "--model", str(path))
+    assert code == 1 and out == ""
+    assert err.count("\n") == 1 and "holds a 'mamba' model" in err and "Traceback" not in err
+
+
+def test_prompt_longer_than_the_context_is_one_line_exit_1(tmp_path, model_dir):
+    from minipic_lite.config import ModelConfig
+
+    context = ModelConfig.from_dir(model_dir).max_position
+    path = tmp_path / "long.txt"
+    path.write_text("cache " * (context + 100))  # a prompt no command line could carry
+    code, out, err = run_cli("generate", "--file", str(path), "--max-tokens", "1")
+    assert code == 1 and out == ""
+    assert err.count("\n") == 1 and "the model's context is" in err and "prompt 0" not in err, err
+
+
+# -- prompts from an argument, a file and standard input: the same reply as the Python API -------------------
+
+
+@pytest.fixture(scope="module")
+def expected_reply(llm):
+    chat = [{"role": "user", "content": QUESTION}]
+    return llm.generate(chat, mp.SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0), use_tqdm=False)[0].text
+
+
+def test_stdin_prompt_streams_the_reply(expected_reply):
+    code, out, err = run_cli("generate", "-", "--stream", "--max-tokens", str(MAX_TOKENS), stdin=QUESTION + "\n")
+    assert code == 0, err
+    assert out == expected_reply + "\n"
+    assert "generated" in err and "Traceback" not in err
+
+
+def test_file_prompt_gives_the_api_reply(tmp_path, expected_reply):
+    path = tmp_path / "question.txt"
+    path.write_text(QUESTION + "\n")
+    code, out, err = run_cli("generate", "--file", str(path), "--max-tokens", str(MAX_TOKENS))
+    assert code == 0, err
+    assert out == expected_reply + "\n"
+    (summary,) = err.splitlines()  # no progress bars, no warnings: the one-line summary
+    assert summary.startswith("[") and "generated" in summary and "ttft" in summary
+
+
+# -- the first-contact commands ---------------------------------------------------------------------------
+
+
+def test_ci_runs_the_readme_test_command_verbatim():
+    readme = (ROOT / "README.md").read_text()
+    ci = (ROOT / ".ci" / "run").read_text().strip().splitlines()
+    command = ci[-1]
+    assert command.startswith("./scripts/setup.sh && ")
+    assert f"```bash\n{command}\n```" in readme
+
+
+# -- what a first start shows while it converts the GGUF -----------------------------------------------------
+
+
+def test_conversion_progress_names_each_stage_and_ends_full(capsys, tmp_path):
+    from minipic_lite.models.loader import CONVERSION_STAGES, conversion_progress
+
+    with conversion_progress(tmp_path / "model.gguf", tmp_path / "cache") as next_stage:
+        for _ in CONVERSION_STAGES:
+            next_stage()
+    err = capsys.readouterr().err
+    assert err.startswith(f"minipic_lite: first start of model.gguf: converting it once into {tmp_path / 'cache'}")
+    assert all(stage in err for stage in CONVERSION_STAGES)
+    assert f"{len(CONVERSION_STAGES)}/{len(CONVERSION_STAGES)} stages" in err
