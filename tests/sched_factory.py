@@ -8,9 +8,10 @@ out = run_step(sched)             # schedule, sample token 7 for every request t
 from minipic_lite.block_pool import BlockPool
 from minipic_lite.config import SchedulerConfig
 from minipic_lite.hashing import root_hash
+from minipic_lite.kv_cache_manager import KVCacheManager
+from minipic_lite.request import Request
 from minipic_lite.sampling_params import SamplingParams
 from minipic_lite.scheduler import Scheduler, SchedulerOutput
-from minipic_lite.sequence import Sequence
 
 ROOT = root_hash("tests.sched_factory")
 
@@ -22,15 +23,15 @@ def make_scheduler(
 
     `block_size` is the requests' (make_request's); the pool itself does not need it today."""
     del block_size
-    return Scheduler(SchedulerConfig(max_num_seqs, max_num_batched_tokens, max_model_len), BlockPool(num_blocks))
+    return Scheduler(SchedulerConfig(max_num_seqs, max_num_batched_tokens, max_model_len), KVCacheManager(num_blocks))
 
 
-def make_request(request_id: int, token_ids, block_size: int, max_tokens: int = 64) -> Sequence:
-    return Sequence(request_id, list(token_ids), SamplingParams(max_tokens=max_tokens), block_size, ROOT)
+def make_request(request_id: int, token_ids, block_size: int, max_tokens: int = 64) -> Request:
+    return Request(request_id, list(token_ids), SamplingParams(max_tokens=max_tokens), block_size, ROOT)
 
 
 def pool_of(sched: Scheduler) -> BlockPool:
-    return sched.pool
+    return sched.kv.pool
 
 
 def run_step(sched: Scheduler, token_id: int = 7) -> SchedulerOutput:
@@ -41,6 +42,6 @@ def run_step(sched: Scheduler, token_id: int = 7) -> SchedulerOutput:
     return out
 
 
-def finish(sched: Scheduler, request: Sequence) -> None:
+def finish(sched: Scheduler, request: Request) -> None:
     sched.finish(request, "stop")
     pool_of(sched).check_integrity()

@@ -49,12 +49,12 @@ def test_batched_greedy_equals_transformers_token_for_token(llm, hf_greedy):
 def prefill_logits(llm, token_ids):
     """Logits of every computed prompt position, through the engine's own scheduler and runner."""
     engine = llm.engine
-    seq_id = engine.add_request(token_ids, mp.SamplingParams(max_tokens=1))
+    request_id = engine.add_request(token_ids, mp.SamplingParams(max_tokens=1))
     out = engine.scheduler.schedule()
-    (scheduled,) = [s for s in out.scheduled if s.seq.seq_id == seq_id]
+    (scheduled,) = [s for s in out.scheduled if s.seq.request_id == request_id]
     assert scheduled.do_sample, "prompt longer than one step's budget"
     logits = engine.runner.prompt_logits(out)
-    engine.abort(seq_id)
+    engine.abort(request_id)
     positions = [p for start, end in scheduled.query_ranges for p in range(start, end)]
     return positions, logits
 

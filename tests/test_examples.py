@@ -31,14 +31,19 @@ def test_quickstart(capsys):
 
 def test_span_reuse(capsys):
     ns, stdout = run_example("span_reuse", capsys)
-    composer, docs, prompt, out = ns["composer"], ns["docs"], ns["prompt"], ns["out"]
+    composer, docs, results = ns["composer"], ns["docs"], ns["results"]
     control = composer.control
-    warm = [list(p.token_ids) for p in composer.span_prompts("block_attention", docs)]
-    expected = span_oracle.predicted_hits(
-        list(prompt.token_ids), warm, composer.block_size, control.ssep_id, control.pdep_id
-    )
-    doc_blocks = [b for b in out.cache_report if b.label.startswith("doc")]
-    assert [b.is_hit for b in doc_blocks] == [expected[b.index] for b in doc_blocks]
+    # the example warmed both span recipes, then asked with each recipe in turn; the oracle predicts each
+    # prompt block's hit from the tokens it sees and the prompts that ran before it
+    earlier = [list(p.token_ids) for r in ("block_attention", "epic") for p in composer.span_prompts(r, docs)]
+    for recipe in ("prefix", "block_attention", "epic"):
+        prompt, out = results[recipe]
+        expected = span_oracle.predicted_hits(
+            list(prompt.token_ids), earlier, composer.block_size, control.ssep_id, control.pdep_id
+        )
+        assert [b.is_hit for b in out.cache_report] == expected, recipe
+        assert out.text and out.text in stdout
+        earlier.append(list(prompt.token_ids) + out.token_ids)
+    doc_blocks = [b for b in results["block_attention"][1].cache_report if b.label.startswith("doc")]
     assert doc_blocks and all(b.is_hit for b in doc_blocks)  # each document, moved to another offset, is reused
-    assert sum(len(w) for w in warm) == len(doc_blocks) * composer.block_size
-    assert out.text and out.text in stdout
+    assert not any(b.is_hit for b in results["prefix"][1].cache_report)  # other order: prefix caching misses

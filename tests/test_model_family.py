@@ -50,9 +50,9 @@ def test_variant_matches_transformers(tmp_path, name):
     assert out.token_ids == expected[0, 45:].tolist()
     engine = llm.engine
     engine.pool.reset_prefix_cache()
-    seq_id = engine.add_request(token_ids, mp.SamplingParams(max_tokens=1))
+    request_id = engine.add_request(token_ids, mp.SamplingParams(max_tokens=1))
     logits = engine.runner.prompt_logits(engine.scheduler.schedule())
-    engine.abort(seq_id)
+    engine.abort(request_id)
     with torch.no_grad():
         ref = hf(torch.tensor([token_ids])).logits[0]
     assert (logits - ref).abs().max().item() <= 1e-4

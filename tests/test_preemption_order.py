@@ -16,11 +16,11 @@ def request(request_id: int, num_tokens: int):
 
 
 def scheduled_ids(out) -> list[int]:
-    return [s.seq.seq_id for s in out.scheduled]
+    return [s.seq.request_id for s in out.scheduled]
 
 
 def waiting_ids(sched) -> list[int]:
-    return [seq.seq_id for seq in sched.waiting]
+    return [seq.request_id for seq in sched.waiting]
 
 
 def test_a_preempted_request_waits_ahead_of_requests_that_never_ran_and_is_admitted_first():
