@@ -1,0 +1,213 @@
+"""Many callers on one LLM: outputs routed by request id, nothing lost, nothing hangs, aborts free blocks.
+
+Every scenario runs in a worker thread joined with a timeout, so a hang fails the test instead of blocking CI.
+"""
+
+import asyncio
+import threading
+
+import pytest
+
+import minipic_lite as mp
+
+TIMEOUT_S = 120
+GREEDY = mp.SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Once upon a time",
+    "The three primary colors are",
+    "1, 2, 3, 4,",
+    "My favourite food is",
+    "The sun rises in the",
+    "Water boils at",
+]
+
+
+def run_with_timeout(fn, *args):
+    """Run fn in a thread; fail if it has not returned within TIMEOUT_S (a hang), re-raise its error."""
+    result, error = [], []
+    thread = threading.Thread(target=lambda: _capture(fn, args, result, error), daemon=True)
+    thread.start()
+    thread.join(TIMEOUT_S)
+    assert not thread.is_alive(), f"{fn.__name__} hung for {TIMEOUT_S} s"
+    if error:
+        raise error[0]
+    return result[0]
+
+
+def _capture(fn, args, result, error):
+    try:
+        result.append(fn(*args))
+    except BaseException as e:  # noqa: BLE001
+        error.append(e)
+
+
+def assert_idle(llm):
+    engine = llm.engine
+    assert not engine.has_unfinished() and not engine.requests
+    engine.pool.check_integrity()
+    assert engine.pool.num_free_blocks == engine.pool.num_blocks
+
+
+@pytest.fixture(scope="module")
+def solo(llm):
+    """Each prompt run alone (greedy): what every concurrent run must reproduce."""
+    return {p: llm.generate(p, GREEDY, use_tqdm=False)[0].token_ids for p in PROMPTS}
+
+
+def test_generate_while_a_stream_is_open_gets_its_own_output_and_the_stream_finishes(llm, solo):
+    """Before the engine loop, generate() took the stream's finished output as its own (KeyError) and the
+    stream then waited forever on steps that returned nothing."""
+
+    def scenario():
+        stream = llm.stream(PROMPTS[0], GREEDY)
+        first = next(stream)
+        (out,) = llm.generate([PROMPTS[1]], GREEDY, use_tqdm=False)
+        rest = list(stream)
+        return first, out, rest
+
+    first, out, rest = run_with_timeout(scenario)
+    assert out.token_ids == solo[PROMPTS[1]] and out.prompt == PROMPTS[1]
+    assert rest[-1].finished and rest[-1].token_ids == solo[PROMPTS[0]]
+    assert {o.request_id for o in [first, *rest]} == {first.request_id} != {out.request_id}
+    assert_idle(llm)
+
+
+def test_two_open_streams_both_finish(llm, solo):
+    """Before: one stream hung when its last token arrived during the other's step."""
+
+    def scenario():
+        a, b = llm.stream(PROMPTS[2], GREEDY), llm.stream(PROMPTS[3], GREEDY)
+        outs_a, outs_b = [next(a)], [next(b)]
+        outs_b += list(b)  # b runs to its end while a is open
+        outs_a += list(a)
+        return outs_a, outs_b
+
+    outs_a, outs_b = run_with_timeout(scenario)
+    assert outs_a[-1].finished and outs_a[-1].token_ids == solo[PROMPTS[2]]
+    assert outs_b[-1].finished and outs_b[-1].token_ids == solo[PROMPTS[3]]
+    assert len({o.request_id for o in outs_a}) == 1 and len({o.request_id for o in outs_b}) == 1
+    assert_idle(llm)
+
+
+def test_eight_threads_streaming_and_generating_at_once(llm, solo):
+    results: dict[int, list] = {}
+
+    def streamer(i):
+        outs = list(llm.stream(PROMPTS[i], GREEDY))
+        assert all(b.text.startswith(a.text) for a, b in zip(outs, outs[1:], strict=False))
+        results[i] = outs[-1].token_ids
+        if i % 2 == 0:  # generate() calls in between, on the same threads
+            (out,) = llm.generate([PROMPTS[(i + 1) % 8]], GREEDY, use_tqdm=False)
+            results[100 + i] = out.token_ids
+
+    def scenario():
+        threads = [threading.Thread(target=streamer, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return results
+
+    run_with_timeout(scenario)
+    assert len(results) == 12, "a request was lost"
+    for i in range(8):
+        assert results[i] == solo[PROMPTS[i]], PROMPTS[i]
+    for i in range(0, 8, 2):
+        assert results[100 + i] == solo[PROMPTS[(i + 1) % 8]]
+    assert_idle(llm)
+
+
+def test_async_llm_streams_concurrent_tasks_and_break_aborts(llm, solo):
+    async_llm = mp.AsyncLLM.from_llm(llm)
+
+    async def collect(prompt, request_id):
+        return [out async for out in async_llm.generate(prompt, GREEDY, request_id=request_id)]
+
+    async def leave_early():
+        async for out in async_llm.generate("Tell me a long story.", mp.SamplingParams(max_tokens=200)):
+            if len(out.token_ids) == 2:
+                break
+
+    async def main():
+        results = await asyncio.gather(collect(PROMPTS[4], "a"), collect(PROMPTS[5], "b"), leave_early())
+        await asyncio.sleep(0)
+        return results
+
+    a, b, _ = run_with_timeout(asyncio.run, main())
+    assert [o.request_id for o in a] == ["a"] * len(a) and a[-1].token_ids == solo[PROMPTS[4]]
+    assert b[-1].finished and b[-1].token_ids == solo[PROMPTS[5]]
+    assert async_llm.stats()["num_running"] == 0  # the abandoned request was aborted
+    assert_idle(llm)
+
+
+def test_a_request_id_in_flight_cannot_be_reused(llm):
+    stream = llm.stream(PROMPTS[0], GREEDY, request_id="same")
+    next(stream)
+    with pytest.raises(ValueError, match="'same' is already in use"):
+        run_with_timeout(lambda: list(llm.stream(PROMPTS[1], GREEDY, request_id="same")))
+    assert list(stream)[-1].finished
+    assert_idle(llm)
+
+
+# -- abort ---------------------------------------------------------------------------------------------------
+
+
+def test_abort_in_prefill_in_decode_and_while_preempted(model_dir):
+    """A tiny cache (chunked prefill, preemption): aborted requests free their blocks at once, their callers get
+    a final "abort" output, and the others' tokens are those of a run without the aborted ones."""
+    kwargs = dict(device="cpu", dtype="float32", max_model_len=128, num_blocks=10, max_num_batched_tokens=16)
+    params = mp.SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    keep = [PROMPTS[0], PROMPTS[1], PROMPTS[6], PROMPTS[7]]
+    long_prompt = " ".join(["The history of caching in computer systems."] * 6)  # ~50 tokens: 4 chunks
+    reference = mp.LLM(str(model_dir), **kwargs).generate(keep, params, use_tqdm=False)
+
+    llm = mp.LLM(str(model_dir), **kwargs)
+    engine = llm.engine
+    ids = [engine.add_request(llm.encode(p)[0], params, prompt=p) for p in keep]
+    in_prefill = engine.add_request(llm.encode(long_prompt)[0], params)
+    in_decode = engine.add_request(llm.encode(PROMPTS[2])[0], params)
+    finals = {}
+    for _ in range(400):
+        req = engine.requests.get(in_prefill)
+        if req is not None and 0 < req.num_computed_tokens < req.num_prompt_tokens:
+            finals["prefill"] = engine.abort(in_prefill)  # mid-prefill: some chunks computed, not all
+        req = engine.requests.get(in_decode)
+        if req is not None and req.num_output_tokens == 3:
+            finals["decode"] = engine.abort(in_decode)
+        preempted = [r for r in engine.scheduler.waiting if r.num_preemptions and r.request_id in ids]
+        if preempted and "preempted" not in finals:
+            victim = preempted[0]
+            ids.remove(victim.request_id)
+            finals["preempted"] = engine.abort(victim.request_id)
+        for out in engine.step():
+            finals.setdefault(out.request_id, out)
+        engine.pool.check_integrity()
+        if not engine.has_unfinished():
+            break
+    assert set(finals) >= {"prefill", "decode", "preempted"}
+    for name in ("prefill", "decode", "preempted"):
+        assert finals[name].finished and finals[name].finish_reason == "abort"
+    assert len(finals["decode"].token_ids) == 3
+    assert engine.stats.num_preemptions > 0, "the cache was meant to force preemption"
+    assert engine.pool.num_free_blocks == engine.pool.num_blocks and not engine.requests
+    survivors = {o.prompt: o.token_ids for o in finals.values() if o.finish_reason != "abort"}
+    assert len(survivors) == len(keep) - 1  # one was aborted while preempted
+    for ref in reference:  # the survivors' tokens are those of a run without the aborted requests
+        if ref.prompt in survivors:
+            assert survivors[ref.prompt] == ref.token_ids
+
+
+def test_llm_abort_gives_the_caller_a_final_output_and_frees_blocks(llm):
+    def scenario():
+        stream = llm.stream("Tell me a long story.", mp.SamplingParams(max_tokens=200), request_id="cancel-me")
+        outs = [next(stream), next(stream)]
+        llm.abort("cancel-me")
+        assert llm.engine.pool.num_free_blocks == llm.engine.pool.num_blocks  # freed when abort returns
+        outs += list(stream)
+        return outs
+
+    outs = run_with_timeout(scenario)
+    assert outs[-1].finished and outs[-1].finish_reason == "abort" and len(outs[-1].token_ids) >= 2
+    assert_idle(llm)
