@@ -63,3 +63,13 @@ def max_abs_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
     rel = diff / max(expected.double().abs().max().item(), 1e-30)
     print(f"max abs err {diff:.3e}, rel {rel:.3e}")
     return diff
+
+
+def pytest_collection_modifyitems(config, items):
+    """`gpu` tests run where CUDA is; on a CPU-only machine (CI) they are skipped, saying why."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device: run `pytest -m gpu` on the GPU machine")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

@@ -1,0 +1,39 @@
+"""GPU-only checks (`pytest -m gpu` on the GPU machine; skipped with the reason elsewhere)."""
+
+import pytest
+import torch
+
+import minipic_lite as mp
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=512, max_position_embeddings=512)  # fmt: skip
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():
+        model.lm_head.weight.normal_(0.0, 2.0)  # logits far apart: graph vs eager rounding never flips a token
+    path = tmp_path_factory.mktemp("tiny_gpu")
+    model.save_pretrained(path)
+    return path
+
+
+@pytest.mark.parametrize("num_scheduler_steps", [1, 8])
+def test_cuda_graph_replay_gives_the_eager_tokens(tiny_dir, num_scheduler_steps):
+    kwargs = dict(device="cuda", dtype="float32", max_model_len=256, max_num_seqs=8, num_blocks=256,
+                  num_scheduler_steps=num_scheduler_steps)  # fmt: skip
+    graphs = mp.LLM(str(tiny_dir), **kwargs)
+    eager = mp.LLM(str(tiny_dir), enforce_eager=True, **kwargs)
+    assert graphs.engine.runner.graphs is not None and eager.engine.runner.graphs is None
+    gen = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(6, 512, (n,), generator=gen).tolist() for n in (5, 17, 33, 40, 63)]  # batch 5 -> 8
+    params = mp.SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    replayed = graphs.generate(prompts, params, use_tqdm=False)
+    reference = eager.generate(prompts, params, use_tqdm=False)
+    assert [o.token_ids for o in replayed] == [o.token_ids for o in reference]
+    assert all(len(o.token_ids) == 24 for o in replayed)
