@@ -1,0 +1,74 @@
+"""Config: every LLM keyword goes through EngineConfig.from_options; bad values name themselves."""
+
+import json
+
+import pytest
+
+from minipic_lite.config import (
+    DEFAULT_CUDA_SCHEDULER_STEPS,
+    CacheConfig,
+    ControlTokens,
+    EngineConfig,
+    ModelConfig,
+    SchedulerConfig,
+)
+
+LLAMA = {"model_type": "llama", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64,
+         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+         "max_position_embeddings": 128}  # fmt: skip
+
+
+@pytest.fixture
+def model_dir(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA))
+    return tmp_path
+
+
+def test_from_options_applies_the_device_defaults(model_dir):
+    model = ModelConfig.from_dir(model_dir)
+    cpu = EngineConfig.from_options(model_dir, model, "cpu", ControlTokens())
+    cuda = EngineConfig.from_options(model_dir, model, "cuda", ControlTokens())
+    assert (cpu.dtype, cpu.scheduler.num_scheduler_steps) == ("float32", 1)
+    assert (cuda.dtype, cuda.scheduler.num_scheduler_steps) == ("bfloat16", DEFAULT_CUDA_SCHEDULER_STEPS)
+    assert cpu.scheduler.max_model_len == 128 and model.head_dim == 8 and model.num_kv_heads == 2
+    small = EngineConfig.from_options(model_dir, model, "cpu", ControlTokens(), max_model_len=64, block_size=8)
+    assert small.scheduler.max_model_len == 64 and small.cache.block_size == 8
+    assert cpu.hash_namespace != small.hash_namespace  # caches of other block sizes never alias
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"dtype": "float64"}, "dtype"),
+        ({"load_format": "pickle"}, "load_format"),
+        ({"block_size": 12}, "block_size"),
+        ({"memory_utilization": 0.0}, "memory_utilization"),
+        ({"cpu_kv_cache_gib": -1.0}, "cpu_kv_cache_gib"),
+        ({"num_blocks": 0}, "num_blocks"),
+        ({"max_num_seqs": 0}, "max_num_seqs"),
+        ({"num_scheduler_steps": 0}, "num_scheduler_steps"),
+    ],
+)
+def test_bad_options_are_named(model_dir, options, message):
+    with pytest.raises(ValueError, match=message):
+        EngineConfig.from_options(model_dir, ModelConfig.from_dir(model_dir), "cpu", ControlTokens(), **options)
+
+
+def test_unknown_option_is_a_type_error(model_dir):
+    with pytest.raises(TypeError, match="max_num_tokens"):
+        EngineConfig.from_options(model_dir, ModelConfig.from_dir(model_dir), "cpu", ControlTokens(), max_num_tokens=1)
+
+
+def test_heads_must_group(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({**LLAMA, "num_key_value_heads": 3}))
+    with pytest.raises(ValueError, match="not a multiple of num_kv_heads=3"):
+        ModelConfig.from_dir(tmp_path)
+
+
+def test_unsupported_family_is_refused_by_the_registry():
+    from minipic_lite.models.registry import MODEL_REGISTRY, model_class
+
+    assert model_class("qwen3") is MODEL_REGISTRY["llama"]
+    with pytest.raises(ValueError, match="unsupported model_type 'mamba'"):
+        model_class("mamba")
+    assert CacheConfig().block_size == 16 and SchedulerConfig().num_scheduler_steps == 1

@@ -1,0 +1,47 @@
+"""The request record and the hashes it carries (pure: no model)."""
+
+import hashlib
+
+import numpy as np
+import torch
+
+from minipic_lite.hashing import chain_hashes, hash_block, root_hash
+from minipic_lite.request import Request, RequestStatus
+from minipic_lite.sampler import Sampler
+from minipic_lite.sampling_params import SamplingParams
+
+ROOT = root_hash("test_request")
+
+
+def test_hash_block_is_sha256_of_parent_and_int64_tokens():
+    expected = hashlib.sha256(ROOT + np.array([1, 2, 3], dtype="<i8").tobytes()).digest()
+    assert hash_block(ROOT, [1, 2, 3]) == expected
+    assert root_hash("a") != root_hash("b")
+    h0 = hash_block(ROOT, [1, 2])
+    assert chain_hashes(ROOT, [1, 2, 3, 4, 5], 2) == [h0, hash_block(h0, [3, 4])]  # the partial tail: none
+
+
+def test_request_hashes_blocks_as_they_fill_and_resets_for_recompute():
+    req = Request("r", [1, 2, 3], SamplingParams(max_tokens=4), 2, ROOT)
+    assert len(req.block_hashes) == 1 and req.num_prompt_tokens == 3 and req.visible_start is None
+    req.append_token(9)
+    assert req.block_hashes == chain_hashes(ROOT, [1, 2, 3, 9], 2)
+    assert req.output_token_ids == [9] and req.num_output_tokens == 1 and req.prompt_token_ids == [1, 2, 3]
+    req.block_table, req.cached_block_ids, req.num_computed_tokens = [4, 5], {0}, 4
+    req.reset_for_recompute()
+    assert (req.block_table, req.cached_block_ids, req.num_computed_tokens) == ([], set(), 0)
+    assert req.status == RequestStatus.WAITING and req.num_preemptions == 1 and req.token_ids == [1, 2, 3, 9]
+
+
+def test_sampler_greedy_rows_and_per_request_seeds():
+    sampler = Sampler(torch.device("cpu"))
+    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(0))
+    params = [SamplingParams(temperature=0.0), SamplingParams(temperature=1.0, seed=7), SamplingParams(seed=7)]
+    batch = sampler.prepare(["g", "s1", "s2"], params)
+    first = sampler(logits, batch)
+    assert first[0] == logits[0].argmax()
+    sampler.forget("s1")  # a fresh generator for s1 replays its seed; s2's stream moved on
+    again = sampler(logits, sampler.prepare(["g", "s1", "s2"], params))
+    assert again[0] == first[0] and again[1] == first[1]
+    draws = [sampler(logits, sampler.prepare(["g", "s1", "s2"], params))[2].item() for _ in range(20)]
+    assert len(set(draws)) > 1  # s2 keeps sampling from its own generator
