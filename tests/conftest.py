@@ -57,6 +57,20 @@ def hf_model64(model_dir):
     return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float64).eval()
 
 
+def write_gguf(path, architecture: str):
+    """A minimal GGUF file of `architecture` (one tensor): enough for the loader to read and refuse it."""
+    import gguf
+    import numpy as np
+
+    writer = gguf.GGUFWriter(str(path), architecture)
+    writer.add_tensor("x", np.ones(4, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
 def max_abs_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
     """Max absolute error, printed with the relative error so a failure says how far off it is."""
     diff = (actual.double() - expected.double()).abs().max().item()

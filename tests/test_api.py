@@ -2,12 +2,12 @@
 
 import time
 
-import numpy as np
 import pytest
 import torch
 
 import minipic_lite as mp
 from minipic_lite.sampler import apply_top_k_top_p
+from tests.conftest import write_gguf
 
 GREEDY8 = mp.SamplingParams(max_tokens=8, temperature=0.0)
 
@@ -59,15 +59,7 @@ def test_prompt_of_the_wrong_type_is_a_type_error(llm):
 def test_unknown_model_path_and_unsupported_gguf(tmp_path):
     with pytest.raises(ValueError, match="unknown model"):
         mp.LLM(str(tmp_path / "nope"))
-    import gguf
-
-    path = tmp_path / "mamba.gguf"
-    writer = gguf.GGUFWriter(str(path), "mamba")
-    writer.add_tensor("x", np.ones(4, dtype=np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    path = write_gguf(tmp_path / "mamba.gguf", "mamba")
     with pytest.raises(ValueError, match="holds a 'mamba' model"):
         mp.LLM(str(path))
 

@@ -6,10 +6,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 import minipic_lite as mp
+from tests.conftest import write_gguf
 
 ROOT = Path(__file__).resolve().parent.parent
 PROBE_MARK = "heavy modules imported: "
@@ -119,15 +119,7 @@ def test_empty_stdin_is_a_usage_error():
 
 
 def test_unsupported_gguf_is_one_line_exit_1(tmp_path):
-    import gguf
-
-    path = tmp_path / "mamba.gguf"
-    writer = gguf.GGUFWriter(str(path), "mamba")
-    writer.add_tensor("x", np.ones(4, dtype=np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    path = write_gguf(tmp_path / "mamba.gguf", "mamba")
     code, out, err = run_cli("generate", "hi", "--model", str(path))
     assert code == 1 and out == ""
     assert err.count("\n") == 1 and "holds a 'mamba' model" in err and "Traceback" not in err
