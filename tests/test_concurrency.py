@@ -12,6 +12,8 @@ import minipic_lite as mp
 
 TIMEOUT_S = 120
 GREEDY = mp.SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+# NOTE: ignore_eos: sampled freely, the model may end "Tell me a long story." at its first token
+LONG = mp.SamplingParams(max_tokens=200, temperature=0.0, ignore_eos=True)
 PROMPTS = [
     "The capital of France is",
     "def fibonacci(n):",
@@ -126,7 +128,7 @@ def test_async_llm_streams_concurrent_tasks_and_break_aborts(llm, solo):
         return [out async for out in async_llm.generate(prompt, GREEDY, request_id=request_id)]
 
     async def leave_early():
-        async for out in async_llm.generate("Tell me a long story.", mp.SamplingParams(max_tokens=200)):
+        async for out in async_llm.generate("Tell me a long story.", LONG):
             if len(out.token_ids) == 2:
                 break
 
@@ -201,7 +203,7 @@ def test_abort_in_prefill_in_decode_and_while_preempted(model_dir):
 
 def test_llm_abort_gives_the_caller_a_final_output_and_frees_blocks(llm):
     def scenario():
-        stream = llm.stream("Tell me a long story.", mp.SamplingParams(max_tokens=200), request_id="cancel-me")
+        stream = llm.stream("Tell me a long story.", LONG, request_id="cancel-me")
         outs = [next(stream), next(stream)]
         llm.abort("cancel-me")
         assert llm.engine.pool.num_free_blocks == llm.engine.pool.num_blocks  # freed when abort returns
