@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 GIB = 1 << 30
@@ -171,40 +171,30 @@ class EngineConfig:
         device: str,
         control: ControlTokens,
         dtype: str | None = None,
-        block_size: int = DEFAULT_BLOCK_SIZE,
-        position_free: bool = True,
-        max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
-        max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
-        max_model_len: int | None = None,
-        num_blocks: int | None = None,
-        memory_utilization: float = DEFAULT_MEMORY_UTILIZATION,
-        cpu_kv_cache_gib: float = DEFAULT_CPU_KV_CACHE_GIB,
-        enable_prefix_caching: bool = True,
-        enforce_eager: bool = False,
-        load_format: str = "auto",
-        num_scheduler_steps: int | None = None,
+        **options,
     ) -> EngineConfig:
-        """The one place where `LLM(...)` keywords become a config; None means the device's default."""
+        """The one place where `LLM(...)` keywords become a config: each keyword is a field of CacheConfig,
+        SchedulerConfig or ENGINE_OPTIONS, defaulted there; None means the device's (dtype, num_scheduler_steps)
+        or the model's (max_model_len) default."""
         is_cuda = device.startswith("cuda")
-        if num_scheduler_steps is None:
-            num_scheduler_steps = DEFAULT_CUDA_SCHEDULER_STEPS if is_cuda else 1
-        return cls(
-            model_dir=model_dir,
-            model=model,
-            cache=CacheConfig(
-                block_size,
-                num_blocks,
-                memory_utilization,
-                cpu_kv_cache_gib,
-                position_free=position_free,
-                enable_prefix_caching=enable_prefix_caching,
-            ),
-            scheduler=SchedulerConfig(
-                max_num_seqs, max_num_batched_tokens, max_model_len or model.max_position, num_scheduler_steps
-            ),
-            control=control,
-            device=device,
-            dtype=dtype or ("bfloat16" if is_cuda else "float32"),
-            enforce_eager=enforce_eager,
-            load_format=load_format,
+        if options.get("max_model_len") is None:
+            options["max_model_len"] = model.max_position
+        if options.get("num_scheduler_steps") is None:
+            options["num_scheduler_steps"] = DEFAULT_CUDA_SCHEDULER_STEPS if is_cuda else 1
+        cache, scheduler = (
+            CacheConfig(**_pop_fields(options, CacheConfig)),
+            SchedulerConfig(**_pop_fields(options, SchedulerConfig)),
         )
+        engine = {k: options.pop(k) for k in ENGINE_OPTIONS & options.keys()}
+        if options:
+            raise TypeError(f"unknown option {', '.join(map(repr, options))}: the options are named in config.py")
+        dtype = dtype or ("bfloat16" if is_cuda else "float32")
+        return cls(model_dir, model, cache, scheduler, control, device, dtype, **engine)
+
+
+ENGINE_OPTIONS = {"enforce_eager", "load_format"}  # the EngineConfig fields that are LLM(...) keywords
+
+
+def _pop_fields(options: dict, config_class) -> dict:
+    """The options that are fields of `config_class`, taken out of `options`."""
+    return {name: options.pop(name) for name in {f.name for f in fields(config_class)} & options.keys()}
