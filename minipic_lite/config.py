@@ -21,6 +21,7 @@ CUDA_GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256)
 DEFAULT_CUDA_SCHEDULER_STEPS = 8
 
 DTYPES = ("float32", "bfloat16", "float16")
+SPAN_POLICIES = ("inline", "isps", "barrier")
 LOAD_FORMATS = ("auto", "dummy")  # "dummy": random weights of the model's shape (vLLM's name; benchmarks)
 
 # Control tokens of SmolLM2's vocabulary that chat never uses (StarCoder repository-metadata tokens).
@@ -97,6 +98,8 @@ class CacheConfig:
     cpu_kv_cache_gib: float = DEFAULT_CPU_KV_CACHE_GIB
     position_free: bool = True
     enable_prefix_caching: bool = True
+    # A host tier for blocks evicted from the device cache (host_tier.py); 0: none.
+    host_cache_gib: float = 0.0
     # CPU: decode steps attend over contiguous copies of the running requests' rotated keys and values
     # (decode_mirror.py), at most cpu_kv_cache_gib of them; False: the op reads the paged cache every step.
     cpu_decode_mirror: bool = True
@@ -110,6 +113,8 @@ class CacheConfig:
             raise ValueError(f"memory_utilization must be in (0, 1], got {self.memory_utilization}")
         if not self.cpu_kv_cache_gib > 0:
             raise ValueError(f"cpu_kv_cache_gib must be positive, got {self.cpu_kv_cache_gib}")
+        if not self.host_cache_gib >= 0:
+            raise ValueError(f"host_cache_gib must be >= 0 (0: no host tier), got {self.host_cache_gib}")
 
 
 @dataclass(frozen=True)
@@ -120,8 +125,12 @@ class SchedulerConfig:
     # Decode steps per scheduler visit when every scheduled request decodes and none waits (vLLM's
     # multi-step scheduling); tokens sampled past a stop inside a burst are dropped.
     num_scheduler_steps: int = 1
+    # When SSEP spans of a waiting prompt are computed: "inline", "isps" or "barrier" (scheduler.py).
+    span_policy: str = "inline"
 
     def __post_init__(self):
+        if self.span_policy not in SPAN_POLICIES:
+            raise ValueError(f"span_policy must be one of {', '.join(SPAN_POLICIES)}, got {self.span_policy!r}")
         if self.num_scheduler_steps <= 0:
             raise ValueError(f"num_scheduler_steps must be positive, got {self.num_scheduler_steps}")
         if self.max_num_seqs <= 0:
