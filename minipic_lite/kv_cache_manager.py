@@ -48,15 +48,15 @@ class KVCacheManager:
         num_hittable = len(req.block_hashes) if req.is_span_prefill else (len(req.token_ids) - 1) // req.block_size
         if not self.enable_prefix_caching:
             return [MISS] * num_hittable
-        kinds, computing = [], set(self.pending)
+        kinds, computed_here = [], set()
         for block_hash in req.block_hashes[:num_hittable]:
             if self.pool.peek(block_hash) is not None:
                 kinds.append(HIT)
-            elif block_hash in computing:
+            elif block_hash in self.pending or block_hash in computed_here:
                 kinds.append(PENDING)
             else:
                 kinds.append(HOST if self.host is not None and block_hash in self.host else MISS)
-                computing.add(block_hash)  # a later copy in this prompt waits for this one
+                computed_here.add(block_hash)  # a later copy in this prompt waits for this one
         return kinds
 
     def allocate_prompt(self, req: Request) -> bool:
@@ -140,9 +140,9 @@ class KVCacheManager:
         """Drop the request's references, tail first; its blocks stay cached until reused.
 
         A block it was computing for others passes to the first request waiting for it, which computes it."""
-        for block_hash, (block_id, owner) in list(self.pending.items()):
-            if owner is req:
-                self._hand_over(block_hash, block_id, req)
+        for i, block_hash in enumerate(req.block_hashes[: len(req.block_table)]):
+            if self.pending.get(block_hash, (None, None))[1] is req and i not in req.cached_block_ids:
+                self._hand_over(block_hash, req.block_table[i], req)
         for block_hash in {req.block_hashes[block] for block in req.waiting_blocks}:
             waiters = [(w, b) for w, b in self.waiters.pop(block_hash, []) if w is not req]
             if waiters:
