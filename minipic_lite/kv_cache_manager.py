@@ -14,12 +14,14 @@ from __future__ import annotations
 
 from minipic_lite.block_pool import BlockPool
 from minipic_lite.request import Request
+from minipic_lite.state_cache import StateCache, StateOps
 
 
 class KVCacheManager:
-    def __init__(self, num_blocks: int, enable_prefix_caching: bool = True):
+    def __init__(self, num_blocks: int, enable_prefix_caching: bool = True, states: StateCache | None = None):
         self.pool = BlockPool(num_blocks)
         self.enable_prefix_caching = enable_prefix_caching
+        self.states = states  # hybrid models: state slots and checkpoints (state_cache.py)
 
     @property
     def num_free_blocks(self) -> int:
@@ -31,6 +33,10 @@ class KVCacheManager:
         num_hittable = (len(req.token_ids) - 1) // req.block_size if self.enable_prefix_caching else 0
         hits = {i: self.pool.lookup(req.block_hashes[i]) for i in range(num_hittable)}
         hits = {i: b for i, b in hits.items() if b is not None}
+        resume = 0
+        if self.states is not None:  # NOTE: a hybrid reuses KV only up to a saved recurrent state
+            resume = self.states.resume_point(req, hits)
+            hits = {i: b for i, b in hits.items() if i < resume // req.block_size}
         num_blocks = req.num_blocks_for(len(req.token_ids))
         num_free_hits = sum(self.pool.blocks[b].ref_cnt == 0 for b in hits.values())
         if not self.pool.can_allocate(num_blocks - len(hits) + num_free_hits):
@@ -40,6 +46,8 @@ class KVCacheManager:
         req.block_table = [hits[i] if i in hits else self.pool.allocate() for i in range(num_blocks)]
         req.cached_block_ids = set(hits)
         req.num_cached_tokens = len(hits) * req.block_size
+        if self.states is not None:
+            self.states.attach(req, resume)
         return True
 
     def num_missing_blocks(self, req: Request, num_tokens: int) -> int:
@@ -62,11 +70,19 @@ class KVCacheManager:
             for i in range(req.num_published_blocks, num_full):
                 self.pool.cache(req.block_table[i], req.block_hashes[i])
         req.num_published_blocks = max(req.num_published_blocks, num_full)
+        if self.states is not None:
+            self.states.plan_saves(req, num_tokens)
 
     def free(self, req: Request) -> None:
         """Drop the request's references, tail first; its blocks stay cached until reused."""
         self.pool.free(reversed(req.block_table))
         req.block_table = []
+        if self.states is not None:
+            self.states.release(req)
+
+    def take_state_ops(self) -> StateOps | None:
+        """The state copies of the step just scheduled (None: not a hybrid model)."""
+        return self.states.take_ops() if self.states is not None else None
 
     def check_integrity(self) -> None:
         self.pool.check_integrity()

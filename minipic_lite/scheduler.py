@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from minipic_lite.config import SchedulerConfig
 from minipic_lite.kv_cache_manager import KVCacheManager
 from minipic_lite.request import Request, RequestStatus
+from minipic_lite.state_cache import StateOps, chunk_end
 
 
 @dataclass(slots=True)
@@ -46,6 +47,7 @@ class SchedulerOutput:
     scheduled: list[ScheduledSeq] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
     num_steps: int = 1  # > 1: a burst of decode steps (every scheduled request decodes)
+    state_ops: StateOps | None = None  # hybrid models: state slots to zero / load / save (state_cache.py)
 
     @property
     def num_batched_tokens(self) -> int:
@@ -63,7 +65,8 @@ class SchedulerOutput:
 
 def plan_chunk(seq: Request, budget: int) -> tuple[list[tuple[int, int]], int]:
     """The query ranges and the end of the next chunk of `seq`, computing at most `budget` tokens."""
-    block_size, total = seq.block_size, len(seq.token_ids)
+    # NOTE: a chunk ends at the next planned checkpoint (hybrids), so that step's state is the one to save.
+    block_size, total = seq.block_size, chunk_end(seq.num_computed_tokens, seq.checkpoint_positions, len(seq))
     ranges: list[tuple[int, int]] = []
     pos, num_tokens = seq.num_computed_tokens, 0
     while pos < total and num_tokens < budget:
@@ -106,6 +109,7 @@ class Scheduler:
         if not out.preempted:
             self._schedule_waiting(out, budget)
         out.num_steps = self._plan_burst(out)
+        out.state_ops = self.kv.take_state_ops()
         return out
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
