@@ -65,7 +65,8 @@ class LLMEngine:
         tensors, c = self.runner.state_tensors, self.config.cache
         if tensors is None:
             return None
-        planner = CheckpointPlanner(c.checkpoint_policy, c.checkpoints_per_entry, c.block_size, c.checkpoint_prior)
+        policy = c.checkpoint_policy if c.enable_prefix_caching else "none"  # NOTE: nothing to resume without it
+        planner = CheckpointPlanner(policy, c.checkpoints_per_entry, c.block_size, c.checkpoint_prior)
         num_slots = self.config.scheduler.max_num_seqs
         return StateCache(num_slots, tensors.num_checkpoints, tensors.checkpoint_bytes, planner, c.state_eviction)
 
