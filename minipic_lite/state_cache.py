@@ -120,8 +120,10 @@ class StateStats:
 class CheckpointPlanner:
     """`checkpoints.plan` positions for each new prompt; `dp` learns overlap depths from the engine's requests.
 
-    Until the estimator has seen a request, `dp` plans with `prior` (a policy that needs no traffic), so the
-    second request that shares a long prefix with the first already resumes at depth > 0.
+    While the estimator knows nothing about a new prompt (no recent request shares a token with it and no
+    request has yet left a cached prompt at some depth), `dp` plans with `prior`, a policy that needs no
+    traffic: the DP's own prior would put every checkpoint near the end, past where a second request with the
+    same long prefix and its own long suffix leaves; with `balanced` that request already resumes at depth > 0.
     """
 
     def __init__(self, policy: str, budget: int, bin_size: int, prior: str, window: int = PLANNER_WINDOW):
@@ -130,14 +132,15 @@ class CheckpointPlanner:
         self.prior = Planner(prior, budget, None, bin_size=bin_size) if policy == "dp" else None
         self.recent: deque[np.ndarray] = deque(maxlen=window)
 
-    @property
-    def num_observations(self) -> int:
+    def has_evidence(self, token_ids: np.ndarray) -> bool:
+        """The estimate for this prompt rests on traffic, not only on priors."""
         estimator = self.planner.estimator
-        return estimator.num_observations if estimator is not None else len(self.recent)
+        return estimator.suffix.num_observations > 0 or bool(estimator.history_weights(token_ids)[1:].any())
 
     def plan(self, token_ids) -> list[int]:
-        planner = self.prior if self.prior is not None and self.num_observations == 0 else self.planner
-        return planner.plan(np.asarray(token_ids, dtype=np.int64))
+        ids = np.asarray(token_ids, dtype=np.int64)
+        use_prior = self.prior is not None and not self.has_evidence(ids)
+        return (self.prior if use_prior else self.planner).plan(ids)
 
     def observe(self, token_ids) -> None:
         """A served prompt and its overlap depth with the recent prompt it shares most with (as simulator.py)."""

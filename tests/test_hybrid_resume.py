@@ -95,8 +95,8 @@ def test_greedy_continuation_after_a_resume_equals_the_uninterrupted_run(model_p
 
 
 def test_engine_checkpoints_are_the_plan_of_the_estimators_histogram(model_path):
-    """Positions equal plan('dp', EntryHistory.weights_for(prompt), M) replayed on the same requests (and the
-    prior `balanced` for the first); saved ⊆ planned; every repeat of a document resumes past 0."""
+    """Positions equal plan('dp', EntryHistory.weights_for(prompt), M) replayed on the same requests (the prior
+    `balanced` while the estimate has no evidence); saved ⊆ planned; every repeat of a document resumes past 0."""
     budget = 2
     llm = _llm(model_path, checkpoint_policy="dp", checkpoints_per_entry=budget)
     docs = [_tokens(n, seed=20 + i) for i, n in enumerate((90, 130))]
@@ -106,8 +106,8 @@ def test_engine_checkpoints_are_the_plan_of_the_estimators_histogram(model_path)
     for i, prompt in enumerate(prompts):
         out = _run(llm.engine, prompt)
         ids = np.asarray(prompt)
-        if i == 0:
-            expected = plan("balanced", np.zeros(len(prompt) + 1), budget, bin_size=B)
+        if estimator.suffix.num_observations == 0 and not estimator.history_weights(ids)[1:].any():
+            expected = plan("balanced", np.zeros(len(prompt) + 1), budget, bin_size=B)  # no evidence yet
         else:
             expected = plan("dp", estimator.weights_for(ids), budget, bin_size=B)
         depths = [common_prefix_len(ids[:-1], entry) for entry in seen]

@@ -76,7 +76,7 @@ def test_nothing_is_evicted_while_every_checkpoint_is_in_use():
     assert choose_victim(ckpts, num_steps=9, eviction="flops") is None
 
 
-def test_dp_plans_with_its_prior_until_it_has_seen_a_request():
+def test_dp_plans_with_its_prior_until_traffic_says_something_about_the_prompt():
     planner = CheckpointPlanner("dp", budget=2, bin_size=B, prior="balanced")
     first = list(range(100, 164))
     assert planner.plan(first) == [20, 40]  # balanced: ⌊i·65/3⌋ = 21, 43, on the grid of 4
