@@ -138,6 +138,8 @@ class EngineLoop:
         logger.exception("engine step failed; aborting %d requests", len(self._sinks))
         # NOTE: the failed step may have published blocks whose K/V it never wrote: forget every hash.
         self.engine.pool.reset_prefix_cache()
+        if self.engine.kv.states is not None:  # ... and every recurrent-state checkpoint it may not have written
+            self.engine.kv.states.reset()
         for request_id, sink in list(self._sinks.items()):
             self.engine.abort(request_id)
             self._sinks.pop(request_id, None)

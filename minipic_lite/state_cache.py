@@ -271,6 +271,7 @@ class StateCache:
         """Forget every checkpoint (a failed step may have left some unwritten); live slots stay."""
         self.free_ckpt_ids.extend(c.ckpt_id for c in self.by_hash.values())
         self.by_hash.clear()
+        self.ops, self._pinned = StateOps(), []
 
     def check_integrity(self, live_slots=()) -> None:
         """Slots: free + live == total, no slot twice. Checkpoints: ids unique, free + used == total, budget."""
