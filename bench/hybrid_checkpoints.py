@@ -122,8 +122,7 @@ def run_policy(model_dir, requests, policy, budget, args) -> tuple[list[int], li
         start = time.perf_counter()
         while not req.is_finished:
             engine.step()
-        if args.device.startswith("cuda"):
-            torch.cuda.synchronize()
+        sync(args.device)
         ttfts.append(time.perf_counter() - start)
         recomputed.append(len(token_ids) - req.num_resumed_tokens)
     states = engine.kv.states
@@ -164,29 +163,39 @@ def savings_rows(model_dir, stream_requests, args) -> list[Row]:
 # -- GPU: the engine vs transformers on the same weights --------------------------------------------------------
 
 
-def gpu_side_by_side(args) -> dict:
-    """Prefill and decode tokens/s of ours vs transformers (same random bf16 weights), and capture cost."""
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def side_by_side(args) -> dict:
+    """Prefill and decode tokens/s of ours vs transformers (same random weights), and capture cost.
+
+    On the H200 (`--gpu`): the 9B shape in bf16. `--side-by-side` on the CPU runs the same code on the small
+    shape in fp32 (a smoke test of this part, not a measurement)."""
     from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
 
     torch.manual_seed(0)
-    config = Qwen3_5TextConfig(vocab_size=args.vocab_size, max_position_embeddings=args.max_len, **GPU_SHAPE)
+    shape, dtype = (GPU_SHAPE, torch.bfloat16) if args.gpu else (CPU_SHAPE, torch.float32)
+    config = Qwen3_5TextConfig(vocab_size=args.vocab_size, max_position_embeddings=args.max_len, **shape)
     if args.num_layers:
         config.num_hidden_layers = args.num_layers
         config.layer_types = config.layer_types[: args.num_layers]
-    with torch.device("cuda"):
-        hf = Qwen3_5ForCausalLM(config).to(torch.bfloat16).eval()
+    with torch.device(args.device):
+        hf = Qwen3_5ForCausalLM(config).to(dtype).eval()
     tmp = Path(tempfile.mkdtemp(prefix="hybrid_bench_"))
     hf.save_pretrained(tmp)
-    llm = mp.LLM(str(tmp), device="cuda", dtype="bfloat16", max_model_len=args.max_len, checkpoint_policy="none")
+    llm = mp.LLM(str(tmp), device=args.device, dtype=str(dtype).removeprefix("torch."), max_model_len=args.max_len,
+                 checkpoint_policy="none")  # fmt: skip
     engine, out = llm.engine, {}
     prompt_len = args.prefill_len
     g = torch.Generator().manual_seed(1)
     prompts = [torch.randint(0, args.vocab_size, (prompt_len,), generator=g).tolist() for _ in range(4)]
-    out["prefill"] = {"ours_tok_s": engine_prefill(engine, prompts), "hf_tok_s": hf_prefill(hf, prompts)}
+    out["prefill"] = {"ours_tok_s": engine_prefill(engine, prompts), "hf_tok_s": hf_prefill(hf, prompts, args.device)}
     for batch in (1, 32):
         short = [p[:512] for p in (prompts * 8)[:batch]]
         out[f"decode_b{batch}"] = {"ours_tok_s": engine_decode(llm, short, args.decode_tokens),
-                                   "hf_tok_s": hf_decode(hf, short, args.decode_tokens)}  # fmt: skip
+                                   "hf_tok_s": hf_decode(hf, short, args.decode_tokens, args.device)}  # fmt: skip
     out["capture"] = capture_cost(engine, prompts[0])
     print(json.dumps(out, indent=1))
     return out
@@ -200,24 +209,24 @@ def engine_prefill(engine, prompts) -> float:
     while engine.has_unfinished():
         engine.step()
     engine.pool.reset_prefix_cache()
-    torch.cuda.synchronize()
+    sync(engine.runner.device.type)
     start = time.perf_counter()
     for prompt in prompts:
         engine.add_request(prompt, params)
     while engine.has_unfinished():
         engine.step()
-    torch.cuda.synchronize()
+    sync(engine.runner.device.type)
     return sum(map(len, prompts)) / (time.perf_counter() - start)
 
 
 @torch.inference_mode()
-def hf_prefill(hf, prompts) -> float:
-    hf(torch.tensor([prompts[0]], device="cuda"))  # warm-up
-    torch.cuda.synchronize()
+def hf_prefill(hf, prompts, device: str) -> float:
+    hf(torch.tensor([prompts[0]], device=device))  # warm-up
+    sync(device)
     start = time.perf_counter()
     for prompt in prompts:
-        hf(torch.tensor([prompt], device="cuda"), logits_to_keep=1)
-    torch.cuda.synchronize()
+        hf(torch.tensor([prompt], device=device), logits_to_keep=1)
+    sync(device)
     return sum(map(len, prompts)) / (time.perf_counter() - start)
 
 
@@ -232,19 +241,19 @@ def engine_decode(llm, prompts, num_tokens: int) -> float:
 
 
 @torch.inference_mode()
-def hf_decode(hf, prompts, num_tokens: int) -> float:
-    ids = torch.tensor(prompts, device="cuda")
+def hf_decode(hf, prompts, num_tokens: int, device: str) -> float:
+    ids = torch.tensor(prompts, device=device)
     mask = torch.ones_like(ids)
     kwargs = dict(attention_mask=mask, do_sample=False, eos_token_id=None, pad_token_id=0)
     hf.generate(ids[:1], max_new_tokens=4, **{**kwargs, "attention_mask": mask[:1]})  # warm-up
-    torch.cuda.synchronize()
+    sync(device)
     start = time.perf_counter()
     hf.generate(ids, max_new_tokens=1, **kwargs)
-    torch.cuda.synchronize()
+    sync(device)
     first = time.perf_counter() - start
     start = time.perf_counter()
     hf.generate(ids, max_new_tokens=num_tokens, **kwargs)
-    torch.cuda.synchronize()
+    sync(device)
     return len(prompts) * (num_tokens - 1) / (time.perf_counter() - start - first)
 
 
@@ -256,12 +265,12 @@ def capture_cost(engine, prompt) -> dict:
         engine.kv.states.reset()
         req = engine.make_request(prompt, mp.SamplingParams(max_tokens=1))
         req.checkpoint_positions = positions
-        torch.cuda.synchronize()
+        sync(engine.runner.device.type)
         start = time.perf_counter()
         engine.add(req)
         while not req.is_finished:
             engine.step()
-        torch.cuda.synchronize()
+        sync(engine.runner.device.type)
         return time.perf_counter() - start
 
     block = engine.config.cache.block_size
@@ -316,6 +325,8 @@ def main() -> None:
     parser.add_argument("--prefill-len", type=int, default=4096)
     parser.add_argument("--decode-tokens", type=int, default=64)
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
+    parser.add_argument("--side-by-side", action="store_true", help="CPU: smoke-test the GPU part on the small shape")
+    parser.add_argument("--skip-savings", action="store_true", help="only the side by side part")
     parser.add_argument("--rerender", type=Path, help="only write the report again from a result .json")
     args = parser.parse_args()
     if args.rerender:
@@ -342,8 +353,8 @@ def main() -> None:
         shape = GPU_SHAPE if args.gpu else CPU_SHAPE
         model_dir = write_config(Path(tmp), shape, args.vocab_size, args.max_len)
         args.checkpoint_bytes = checkpoint_bytes(model_dir, args)
-        rows = savings_rows(model_dir, stream_requests, args)
-    extra = gpu_side_by_side(args) if args.gpu else {}
+        rows = [] if args.skip_savings else savings_rows(model_dir, stream_requests, args)
+    extra = side_by_side(args) if args.gpu or args.side_by_side else {}
     sha = git_sha()
     args.out.mkdir(parents=True, exist_ok=True)
     stem = args.out / f"hybrid_checkpoints-{sha}-{'h200' if args.gpu else 'cpu'}"
