@@ -158,3 +158,13 @@ def test_span_markers_are_refused_on_a_hybrid(hybrid):
     llm = _llm(path, control_tokens=mp.ControlTokens(ssep_id=3, pdep_id=4, pad_id=5))
     with pytest.raises(ValueError, match="span markers need attention-only models"):
         llm.generate([[3] + [7] * 15 + [9, 9]], mp.SamplingParams(max_tokens=1), use_tqdm=False)
+
+
+def test_bursts_of_decode_steps_carry_the_state(hybrid):
+    """num_scheduler_steps > 1: the state slots advance on the device step after step, as in single steps."""
+    path, _ = hybrid
+    prompts = _prompts(3, [40, 90, 17], seed=5)
+    params = mp.SamplingParams(max_tokens=13, **GREEDY)
+    bursts = _llm(path, num_scheduler_steps=4).generate(prompts, params, use_tqdm=False)
+    single = _llm(path, enable_prefix_caching=False).generate(prompts, params, use_tqdm=False)
+    assert [o.token_ids for o in bursts] == [o.token_ids for o in single]
