@@ -49,7 +49,9 @@ class LLMEngine:
         self.tokenizer = tokenizer
         self.runner = ModelRunner(config)
         self._check_cache_fits_one_request()
-        self.kv = KVCacheManager(self.runner.num_blocks, config.cache.enable_prefix_caching, self._state_cache())
+        cache = config.cache
+        num_host_blocks, states = self.runner.num_host_blocks, self._state_cache()
+        self.kv = KVCacheManager(self.runner.num_blocks, cache.enable_prefix_caching, num_host_blocks, states)
         self.scheduler = Scheduler(config.scheduler, self.kv)
         self.root = root_hash(config.hash_namespace)
         self.stats = EngineStats()
@@ -188,7 +190,8 @@ class LLMEngine:
         """Build the cache report of each request whose first chunk this step is (admission or re-admission)."""
         for scheduled in out.scheduled:
             req = scheduled.seq
-            if req.num_computed_tokens == req.num_resumed_tokens:  # NOTE: hybrids start past a checkpoint
+            # NOTE: a hybrid's first chunk starts past the checkpoint it resumed from
+            if req.num_computed_tokens == req.num_resumed_tokens and not req.is_span_prefill:
                 segments = req.layout.segments if req.layout is not None else ()
                 req.cache_report = build_cache_report(req, self.pool, segments, req.span_labels)
                 totals = report_totals(req.cache_report)
@@ -253,7 +256,7 @@ class LLMEngine:
         return StateReport(resumed, req.num_prompt_tokens - resumed, planned, saved, states.num_used_bytes)
 
     def cache_stats(self) -> dict:
-        pool, s = self.pool, self.stats
+        pool, s, host = self.pool, self.stats, self.kv.host
         num_admitted = s.num_hit_blocks + s.num_computed_blocks
         return {
             "num_blocks": pool.num_blocks,
@@ -270,6 +273,10 @@ class LLMEngine:
             "num_hit_blocks": s.num_hit_blocks,
             "num_computed_blocks": s.num_computed_blocks,
             "prompt_block_hit_rate": s.num_hit_blocks / num_admitted if num_admitted else 0.0,
+            "num_computed_tokens": s.num_computed_tokens,
+            "num_host_hit_blocks": self.kv.num_host_hits,
+            "num_host_blocks": self.runner.num_host_blocks,
+            "host_bytes_moved": 0 if host is None else (host.num_stored + host.num_loaded) * self.runner.block_bytes,
         } | self._state_stats()
 
     def _state_stats(self) -> dict:

@@ -59,13 +59,6 @@ def resume_blocks(num_contiguous_hits: int, has_checkpoint) -> int:
     return 0
 
 
-def num_contiguous_hits(hits: dict[int, int]) -> int:
-    k = 0
-    while k in hits:
-        k += 1
-    return k
-
-
 @dataclass(slots=True, eq=False)
 class Checkpoint:
     ckpt_id: int  # row of the runner's checkpoint tensors
@@ -192,9 +185,9 @@ class StateCache:
 
     # -- admission and release (KVCacheManager) ----------------------------------------------------------
 
-    def resume_point(self, req: Request, hits: dict[int, int]) -> int:
-        """Tokens the request can skip: the deepest checkpoint inside its contiguous KV hits."""
-        k = resume_blocks(num_contiguous_hits(hits), lambda i: self.lookup(req.block_hashes[i]) is not None)
+    def resume_point(self, req: Request, num_cached_blocks: int) -> int:
+        """Tokens the request can skip: the deepest checkpoint inside its first `num_cached_blocks` (KV hits)."""
+        k = resume_blocks(num_cached_blocks, lambda i: self.lookup(req.block_hashes[i]) is not None)
         return k * req.block_size
 
     def attach(self, req: Request, resume: int) -> None:

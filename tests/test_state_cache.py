@@ -12,7 +12,6 @@ from minipic_lite.state_cache import (
     StateCache,
     choose_victim,
     chunk_end,
-    num_contiguous_hits,
     resume_blocks,
 )
 from tests.sched_factory import make_request
@@ -42,11 +41,6 @@ def test_resume_blocks_takes_the_deepest_checkpoint_inside_the_hits():
     assert resume_blocks(7, saved.__contains__) == 4  # block 7 is not a hit
     assert resume_blocks(3, saved.__contains__) == 0
     assert resume_blocks(0, saved.__contains__) == 0
-
-
-def test_contiguous_hits_stop_at_the_first_miss():
-    assert num_contiguous_hits({0: 5, 1: 9, 3: 2}) == 2
-    assert num_contiguous_hits({1: 9}) == 0
 
 
 def _ckpt(ckpt_id, position, last_used, ref_cnt=0, reserved_at=0):
