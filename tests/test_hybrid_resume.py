@@ -156,3 +156,20 @@ def test_store_within_budget_and_integrity_under_a_randomized_mix_with_preemptio
     reference = _llm(model_path, enable_prefix_caching=False, max_model_len=256).engine
     for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
         assert outputs[str(i)].token_ids == _run(reference, prompt, params=p).token_ids, i
+
+
+def test_a_resume_reads_kv_blocks_back_from_the_host_tier(model_path):
+    """Device KV evicted to the host tier (few device blocks): the next request with the prefix still resumes
+    from its checkpoint, with the blocks below it loaded back from the host, and decodes as without caching."""
+    engine = _llm(model_path, num_blocks=33, max_model_len=512, host_cache_gib=0.01, checkpoint_policy="none").engine
+    reference = _llm(model_path, enable_prefix_caching=False).engine
+    prefix = _tokens(96, seed=60)
+    first = _run(engine, prefix + _tokens(20, seed=61), [96])
+    for i in range(3):  # other prompts push the prefix's blocks out of the device cache
+        _run(engine, _tokens(300, seed=70 + i), [])
+    second_prompt = prefix + _tokens(30, seed=62)
+    second = _run(engine, second_prompt, [])
+    assert engine.kv.num_host_hits >= 6 and second.state_report.resume_position == 96
+    assert first.token_ids == _run(reference, prefix + _tokens(20, seed=61)).token_ids
+    assert second.token_ids == _run(reference, second_prompt).token_ids
+    engine.kv.check_integrity()
