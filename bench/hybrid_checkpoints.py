@@ -111,6 +111,7 @@ def run_policy(model_dir, requests, policy, budget, args) -> tuple[list[int], li
         str(model_dir), device=args.device, load_format="dummy", num_blocks=args.num_blocks,
         max_model_len=args.max_len, max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=4,
         checkpoint_policy=policy, checkpoints_per_entry=budget, state_cache_gib=state_cache_gib,
+        state_eviction=args.eviction,
     )  # fmt: skip
     engine = llm.engine
     assert engine.kv.states.num_checkpoints == args.num_entries * budget
@@ -321,6 +322,7 @@ def main() -> None:
     parser.add_argument("--num-entries", type=int, default=4, help="state memory = num_entries x M checkpoints")
     parser.add_argument("--max-prefix-chars", type=int, default=2_000, help="cut shared prefixes (0: keep whole)")
     parser.add_argument("--budgets", type=int, nargs="+", default=list(BUDGETS))
+    parser.add_argument("--eviction", default="lru", choices=("lru", "flops"), help="the store's eviction")
     parser.add_argument("--num-layers", type=int, default=0, help="GPU: fewer layers of the 9B shape (0: all)")
     parser.add_argument("--prefill-len", type=int, default=4096)
     parser.add_argument("--decode-tokens", type=int, default=64)
@@ -332,6 +334,7 @@ def main() -> None:
     if args.rerender:
         payload = json.loads(args.rerender.read_text())
         args.budgets, args.device = json.loads(payload["args"]["budgets"]), payload["args"]["device"]
+        args.eviction = payload["args"].get("eviction", "lru")
         sha = args.rerender.stem.split("-")[1]
         text = report([Row(**r) for r in payload["rows"]], args, sha, payload["gpu"])
         args.rerender.with_suffix(".md").write_text(text)
@@ -357,7 +360,8 @@ def main() -> None:
     extra = side_by_side(args) if args.gpu or args.side_by_side else {}
     sha = git_sha()
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = args.out / f"hybrid_checkpoints-{sha}-{'h200' if args.gpu else 'cpu'}"
+    suffix = "" if args.eviction == "lru" else f"-{args.eviction}"
+    stem = args.out / f"hybrid_checkpoints-{sha}-{'h200' if args.gpu else 'cpu'}{suffix}"
     text = report(rows, args, sha, extra)
     stem.with_suffix(".md").write_text(text)
     payload = {"rows": [asdict(r) for r in rows], "gpu": extra, "args": {k: str(v) for k, v in vars(args).items()}}
