@@ -135,6 +135,7 @@ def run_system(llm: mp.LLM, samples, recipe: str, policy: str) -> dict:
     prompts = [compose(composer, s, recipe) for s in samples]
     params = mp.SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
     before = llm.stats()
+    steps_before, step_time_before = llm.engine.stats.num_steps, llm.engine.stats.total_step_time
     start = time.perf_counter()
     outputs = llm.generate(prompts, params, use_tqdm=False)
     elapsed = time.perf_counter() - start
@@ -152,6 +153,10 @@ def run_system(llm: mp.LLM, samples, recipe: str, policy: str) -> dict:
         "cached_fraction": 1 - computed / num_prompt_tokens,
         "preemptions": after["num_preemptions"] - before["num_preemptions"],
         "host_hit_blocks": after["num_host_hit_blocks"] - before["num_host_hit_blocks"],
+        "engine_steps": llm.engine.stats.num_steps - steps_before,
+        "step_ms": 1e3
+        * (llm.engine.stats.total_step_time - step_time_before)
+        / max(1, llm.engine.stats.num_steps - steps_before),
         "outputs": [o.token_ids for o in outputs],
     }
 
@@ -208,7 +213,8 @@ def main() -> None:
                 rows[reuse][name] = r = run_system(llm, data[reuse], recipe, policy)
                 print(f"reuse {reuse}: {name:15s} {r['samples_per_s']:7.2f} samples/s  ttft p50 "
                       f"{1e3 * r['ttft_p50_s']:8.1f} ms p99 {1e3 * r['ttft_p99_s']:8.1f} ms  cached "
-                      f"{r['cached_fraction']:.2f}", flush=True)  # fmt: skip
+                      f"{r['cached_fraction']:.2f}  {r['engine_steps']} steps of {r['step_ms']:.1f} ms",
+                      flush=True)  # fmt: skip
         llm.close()
         del llm
         gc.collect()
@@ -250,8 +256,8 @@ def table(result: dict) -> str:
         f"Device KV blocks: {result['num_blocks'] or 'from memory'}; host tier: {result['host_cache_gib']} GiB.",
         "",
         "| reuse | system | samples/s | vs vanilla | vs barrier | TTFT p50 (ms) | TTFT p99 (ms) | prompt cached "
-        "| host hit blocks |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| host hit blocks | engine steps | ms / step |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for reuse, systems in result["rows"].items():
         base = systems.get("vanilla_prefix", {}).get("samples_per_s")
@@ -263,7 +269,7 @@ def table(result: dict) -> str:
             lines.append(
                 f"| {reuse} | {name} | {r['samples_per_s']:.2f} | {vs(base)} | {vs(barrier)} "
                 f"| {1e3 * r['ttft_p50_s']:.0f} | {1e3 * r['ttft_p99_s']:.0f} | {r['cached_fraction']:.2f} "
-                f"| {r['host_hit_blocks']} |"
+                f"| {r['host_hit_blocks']} | {r['engine_steps']} | {r['step_ms']:.1f} |"
             )
     return "\n".join(lines)
 
