@@ -47,6 +47,17 @@ class BlockReport:
         return self.ref_cnt > 1
 
 
+@dataclass(frozen=True, slots=True)
+class StateReport:
+    """Hybrid models: the recurrent-state side of a request's cache use (state_cache.py)."""
+
+    resume_position: int  # prompt tokens skipped by loading a saved state (0: computed from the start)
+    num_recomputed_tokens: int  # prompt tokens computed: num_prompt_tokens − resume_position
+    planned_checkpoints: tuple[int, ...]  # positions the planner placed for this prompt
+    saved_checkpoints: tuple[int, ...]  # positions whose state this request saved
+    state_memory_bytes: int  # the checkpoint store's use when the output was built
+
+
 def build_cache_report(
     seq: Request, pool: BlockPool, segments: Seq[Segment], labels: Seq[str | None] = ()
 ) -> list[BlockReport]:

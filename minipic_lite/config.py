@@ -24,8 +24,39 @@ DTYPES = ("float32", "bfloat16", "float16")
 SPAN_POLICIES = ("inline", "isps", "barrier")
 LOAD_FORMATS = ("auto", "dummy")  # "dummy": random weights of the model's shape (vLLM's name; benchmarks)
 
+# Hybrid models (models/qwen3_5.py): the layer kinds a `layer_types` list may name, and the families that read it.
+LAYER_TYPES = ("full_attention", "linear_attention")
+HYBRID_ARCHITECTURES = ("qwen3_5", "qwen3_5_text")
+# Recurrent-state checkpoints (state_cache.py): memory of the store, checkpoints planned per prompt, the policy
+# (checkpoints.POLICIES plus "last"), the policy the planner uses before it has seen any traffic, eviction.
+DEFAULT_STATE_CACHE_GIB = 0.5
+DEFAULT_CHECKPOINTS_PER_ENTRY = 4
+DEFAULT_CHECKPOINT_POLICY = "dp"
+DEFAULT_CHECKPOINT_PRIOR = "balanced"
+STATE_EVICTIONS = ("lru", "flops")
+
 # Control tokens of SmolLM2's vocabulary that chat never uses (StarCoder repository-metadata tokens).
 SMOLLM2_CONTROL_TOKENS = {"ssep": "<repo_name>", "pdep": "<reponame>", "pad": "<file_sep>"}
+
+
+@dataclass(frozen=True)
+class LinearAttentionConfig:
+    """Gated DeltaNet layers of a hybrid model: state [v_heads, k_head_dim, v_head_dim] + a conv window."""
+
+    num_k_heads: int
+    num_v_heads: int
+    k_head_dim: int
+    v_head_dim: int
+    conv_kernel: int
+
+    @property
+    def conv_dim(self) -> int:
+        return 2 * self.num_k_heads * self.k_head_dim + self.num_v_heads * self.v_head_dim
+
+    @classmethod
+    def from_hf(cls, cfg: dict) -> LinearAttentionConfig:
+        return cls(cfg["linear_num_key_heads"], cfg["linear_num_value_heads"], cfg["linear_key_head_dim"],
+                   cfg["linear_value_head_dim"], cfg.get("linear_conv_kernel_dim", 4))  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -48,10 +79,26 @@ class ModelConfig:
     qk_norm: bool = False
     eos_token_ids: tuple[int, ...] = ()
     rotary_dim: int | None = None
+    layer_types: tuple[str, ...] = ()  # hybrid models: one of LAYER_TYPES per layer; () = all full attention
+    linear: LinearAttentionConfig | None = None  # hybrid models: the linear-attention layers' shapes
 
     def __post_init__(self):
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}")
+        unknown = sorted(set(self.layer_types) - set(LAYER_TYPES))
+        if unknown:
+            raise ValueError(f"unsupported layer types {unknown} in layer_types: this engine runs {LAYER_TYPES}")
+        if self.layer_types and len(self.layer_types) != self.num_layers:
+            raise ValueError(f"layer_types names {len(self.layer_types)} layers, the model has {self.num_layers}")
+
+    @property
+    def is_hybrid(self) -> bool:
+        return "linear_attention" in self.layer_types
+
+    @property
+    def num_attention_layers(self) -> int:
+        """Layers with paged KV (a hybrid's linear-attention layers keep recurrent state instead)."""
+        return self.layer_types.count("full_attention") if self.layer_types else self.num_layers
 
     @property
     def rope_dim(self) -> int:
@@ -61,6 +108,8 @@ class ModelConfig:
     def from_dir(cls, model_dir: Path) -> ModelConfig:
         cfg = json.loads((Path(model_dir) / "config.json").read_text())
         arch = cfg.get("model_type", "?")  # NOTE: models/registry.py says which ones run
+        if isinstance(cfg.get("text_config"), dict):  # the released Qwen3.5 layout: the text part of it
+            cfg = {"eos_token_id": cfg.get("eos_token_id"), **cfg["text_config"]}
         rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
         if rope.get("rope_type", "default") not in ("default", None):
             raise ValueError(f"unsupported rope_type {rope.get('rope_type')!r}: only plain RoPE is implemented")
@@ -87,7 +136,21 @@ class ModelConfig:
             attention_bias=cfg.get("attention_bias", arch == "qwen2"),
             qk_norm=arch == "qwen3",
             eos_token_ids=eos,
+            **_hybrid_fields(cfg, arch, rope),
         )
+
+
+def _hybrid_fields(cfg: dict, arch: str, rope: dict) -> dict:
+    """layer_types, the linear-attention shapes and partial rotary of a hybrid family's config.json."""
+    if arch not in HYBRID_ARCHITECTURES:
+        return {}
+    layer_types = tuple(cfg.get("layer_types") or ())
+    if not layer_types:
+        raise ValueError(f"a {arch} config.json needs layer_types (its linear/full attention layers)")
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    factor = rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
+    return {"layer_types": layer_types, "linear": LinearAttentionConfig.from_hf(cfg),
+            "rotary_dim": int(head_dim * factor)}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -103,6 +166,12 @@ class CacheConfig:
     # CPU: decode steps attend over contiguous copies of the running requests' rotated keys and values
     # (decode_mirror.py), at most cpu_kv_cache_gib of them; False: the op reads the paged cache every step.
     cpu_decode_mirror: bool = True
+    # hybrid models (state_cache.py): memory of the recurrent-state checkpoint store, and its planning
+    state_cache_gib: float = DEFAULT_STATE_CACHE_GIB
+    checkpoint_policy: str = DEFAULT_CHECKPOINT_POLICY
+    checkpoints_per_entry: int = DEFAULT_CHECKPOINTS_PER_ENTRY
+    checkpoint_prior: str = DEFAULT_CHECKPOINT_PRIOR  # what `dp` plans with before it has seen traffic
+    state_eviction: str = "lru"
 
     def __post_init__(self):
         if self.block_size <= 0 or self.block_size & (self.block_size - 1):
@@ -115,6 +184,26 @@ class CacheConfig:
             raise ValueError(f"cpu_kv_cache_gib must be positive, got {self.cpu_kv_cache_gib}")
         if not self.host_cache_gib >= 0:
             raise ValueError(f"host_cache_gib must be >= 0 (0: no host tier), got {self.host_cache_gib}")
+        self._check_checkpoints()
+
+    def _check_checkpoints(self) -> None:
+        from minipic_lite.checkpoints import POLICIES
+
+        for name, policy in (
+            ("checkpoint_policy", self.checkpoint_policy),
+            ("checkpoint_prior", self.checkpoint_prior),
+        ):
+            if policy not in POLICIES:
+                raise ValueError(f"unknown {name} {policy!r}; choose from {', '.join(sorted(POLICIES))}")
+        if self.checkpoint_prior == "dp":
+            raise ValueError("checkpoint_prior must be a policy that needs no traffic, not 'dp'")
+        if not self.state_cache_gib >= 0:
+            raise ValueError(f"state_cache_gib must be >= 0 (0: no checkpoints), got {self.state_cache_gib}")
+        if isinstance(self.checkpoints_per_entry, bool) or not isinstance(self.checkpoints_per_entry, int) \
+                or self.checkpoints_per_entry < 0:  # fmt: skip
+            raise ValueError(f"checkpoints_per_entry must be an integer >= 0, got {self.checkpoints_per_entry!r}")
+        if self.state_eviction not in STATE_EVICTIONS:
+            raise ValueError(f"state_eviction must be one of {', '.join(STATE_EVICTIONS)}, got {self.state_eviction!r}")
 
 
 @dataclass(frozen=True)

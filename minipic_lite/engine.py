@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from itertools import count
 
-from minipic_lite.cache_report import build_cache_report, report_totals
+from minipic_lite.cache_report import StateReport, build_cache_report, report_totals
 from minipic_lite.config import EngineConfig
 from minipic_lite.hashing import root_hash
 from minipic_lite.kv_cache_manager import KVCacheManager
@@ -24,6 +24,7 @@ from minipic_lite.request import Request
 from minipic_lite.sampling_params import SamplingParams
 from minipic_lite.scheduler import Scheduler, SchedulerOutput
 from minipic_lite.spans import SpanLayout, span_layout
+from minipic_lite.state_cache import CheckpointPlanner, StateCache
 from minipic_lite.utils import cdiv
 
 
@@ -38,6 +39,7 @@ class EngineStats:
     num_aborted: int = 0
     num_hit_blocks: int = 0  # prompt blocks taken from the cache at admission (cache reports)
     num_computed_blocks: int = 0  # prompt blocks computed
+    num_resumed_tokens: int = 0  # hybrids: prompt tokens skipped by loading a recurrent-state checkpoint
     total_step_time: float = 0.0  # seconds, summed over steps (a list would grow without bound)
 
 
@@ -48,7 +50,8 @@ class LLMEngine:
         self.runner = ModelRunner(config)
         self._check_cache_fits_one_request()
         cache = config.cache
-        self.kv = KVCacheManager(self.runner.num_blocks, cache.enable_prefix_caching, self.runner.num_host_blocks)
+        num_host_blocks, states = self.runner.num_host_blocks, self._state_cache()
+        self.kv = KVCacheManager(self.runner.num_blocks, cache.enable_prefix_caching, num_host_blocks, states)
         self.scheduler = Scheduler(config.scheduler, self.kv)
         self.root = root_hash(config.hash_namespace)
         self.stats = EngineStats()
@@ -58,6 +61,16 @@ class LLMEngine:
     @property
     def pool(self):
         return self.kv.pool
+
+    def _state_cache(self) -> StateCache | None:
+        """Hybrid models: the books of the runner's state slots and checkpoints, and the checkpoint planner."""
+        tensors, c = self.runner.state_tensors, self.config.cache
+        if tensors is None:
+            return None
+        policy = c.checkpoint_policy if c.enable_prefix_caching else "none"  # NOTE: nothing to resume without it
+        planner = CheckpointPlanner(policy, c.checkpoints_per_entry, c.block_size, c.checkpoint_prior)
+        num_slots = self.config.scheduler.max_num_seqs
+        return StateCache(num_slots, tensors.num_checkpoints, tensors.checkpoint_bytes, planner, c.state_eviction)
 
     def _check_cache_fits_one_request(self) -> None:
         need = cdiv(self.config.scheduler.max_model_len, self.config.cache.block_size)
@@ -87,7 +100,10 @@ class LLMEngine:
                 "(at least one token must be left to generate)"
             )
         cache = self.config.cache
-        return span_layout(token_ids, self.config.control, cache.block_size, cache.position_free, require_spans)
+        layout = span_layout(token_ids, self.config.control, cache.block_size, cache.position_free, require_spans)
+        if layout.has_spans and self.config.model.is_hybrid:
+            raise ValueError("span markers need attention-only models: a hybrid's recurrent state sees every token")
+        return layout
 
     def make_request(
         self,
@@ -174,12 +190,14 @@ class LLMEngine:
         """Build the cache report of each request whose first chunk this step is (admission or re-admission)."""
         for scheduled in out.scheduled:
             req = scheduled.seq
-            if req.num_computed_tokens == 0 and not req.is_span_prefill:
+            # NOTE: a hybrid's first chunk starts past the checkpoint it resumed from
+            if req.num_computed_tokens == req.num_resumed_tokens and not req.is_span_prefill:
                 segments = req.layout.segments if req.layout is not None else ()
                 req.cache_report = build_cache_report(req, self.pool, segments, req.span_labels)
                 totals = report_totals(req.cache_report)
                 self.stats.num_hit_blocks += totals["num_hit_blocks"]
                 self.stats.num_computed_blocks += totals["num_computed_blocks"]
+                self.stats.num_resumed_tokens += req.num_resumed_tokens
 
     def _stops(self, req: Request) -> bool:
         """After each new token: finish the request if it stops here (the scheduler drops the rest of a burst)."""
@@ -226,7 +244,16 @@ class LLMEngine:
             metrics=RequestMetrics(req.arrival_time, req.first_token_time, req.finish_time, req.num_preemptions),
             stop_reason=req.stop_reason,
             cache_report=req.cache_report,
+            state_report=self._state_report(req),
         )
+
+    def _state_report(self, req: Request) -> StateReport | None:
+        states = self.kv.states
+        if states is None:
+            return None
+        planned, saved = tuple(req.checkpoint_positions or ()), tuple(req.saved_checkpoints)
+        resumed = req.num_resumed_tokens
+        return StateReport(resumed, req.num_prompt_tokens - resumed, planned, saved, states.num_used_bytes)
 
     def cache_stats(self) -> dict:
         pool, s, host = self.pool, self.stats, self.kv.host
@@ -250,4 +277,20 @@ class LLMEngine:
             "num_host_hit_blocks": self.kv.num_host_hits,
             "num_host_blocks": self.runner.num_host_blocks,
             "host_bytes_moved": 0 if host is None else (host.num_stored + host.num_loaded) * self.runner.block_bytes,
+        } | self._state_stats()
+
+    def _state_stats(self) -> dict:
+        """Hybrids: checkpoints saved / evicted, resumes, prompt tokens recomputed, state memory (bytes)."""
+        states, s = self.kv.states, self.stats
+        if states is None:
+            return {}
+        return {
+            "num_checkpoints": len(states.by_hash),
+            "num_checkpoints_saved": states.stats.num_saved,
+            "num_checkpoints_evicted": states.stats.num_evicted,
+            "num_resumed": states.stats.num_resumed,
+            "num_resumed_tokens": s.num_resumed_tokens,
+            "num_recomputed_prompt_tokens": s.num_prompt_tokens - s.num_resumed_tokens,
+            "state_memory_bytes": states.num_used_bytes,
+            "state_budget_bytes": states.budget_bytes,
         }

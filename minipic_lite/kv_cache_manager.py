@@ -2,6 +2,7 @@
 
 The scheduler asks questions in requests and tokens ("admit this prompt", "room up to token 57?", "these
 tokens are computed"); this manager answers them in blocks and hashes, and the pool keeps the books.
+A hybrid model's recurrent-state slots and checkpoints (state_cache.py) plug in here: admission, publish, free.
 
     admission:  | hit | miss | pending | host hit | miss(last token) |   all blocks taken up front
                   hit:      cached on the device: shared (ref + 1)
@@ -21,12 +22,14 @@ from minipic_lite.block_pool import BlockPool
 from minipic_lite.hashing import BlockHash
 from minipic_lite.host_tier import BlockCopy, HostTier
 from minipic_lite.request import Request
+from minipic_lite.state_cache import StateCache, StateOps
 
 HIT, PENDING, HOST, MISS = "hit", "pending", "host", "miss"
 
 
 class KVCacheManager:
-    def __init__(self, num_blocks: int, enable_prefix_caching: bool = True, num_host_blocks: int = 0):
+    def __init__(self, num_blocks: int, enable_prefix_caching: bool = True, num_host_blocks: int = 0,
+                 states: StateCache | None = None):  # fmt: skip
         self.pool = BlockPool(num_blocks, on_evict=self._evicted)
         self.enable_prefix_caching = enable_prefix_caching
         self.host = HostTier(num_host_blocks) if num_host_blocks and enable_prefix_caching else None
@@ -34,6 +37,7 @@ class KVCacheManager:
         self.pending: dict[BlockHash, tuple[int, Request]] = {}  # hash -> (block, owner) being computed
         self.waiters: dict[BlockHash, list[tuple[Request, int]]] = {}  # hash -> (request, logical block)
         self.num_host_hits = 0
+        self.states = states  # hybrid models: state slots and checkpoints (state_cache.py)
 
     @property
     def num_free_blocks(self) -> int:
@@ -63,6 +67,10 @@ class KVCacheManager:
         """Give every block of the prompt (see the module doc). False, with nothing taken, if blocks are short."""
         kinds = self.match(req)
         hashes = req.block_hashes
+        if self.states is not None:  # NOTE: a hybrid reuses KV only up to a saved recurrent state
+            num_usable = next((i for i, kind in enumerate(kinds) if kind not in (HIT, HOST)), len(kinds))
+            resume = self.states.resume_point(req, num_usable)
+            kinds = kinds[: resume // req.block_size]  # NOTE: past it, every block is computed again
         num_blocks = req.num_blocks_for(len(req.token_ids))
         found = [self.pool.lookup(block_hash) for block_hash in hashes[: len(kinds)]]  # NOTE: counts the lookups
         hits = {i: block_id for i, block_id in enumerate(found) if kinds[i] == HIT}
@@ -101,6 +109,8 @@ class KVCacheManager:
         req.num_cached_tokens = len(req.cached_block_ids) * req.block_size
         if self.host is not None:
             self.host.pinned = set()
+        if self.states is not None:
+            self.states.attach(req, resume)
         return True
 
     def is_ready(self, req: Request, block: int) -> bool:
@@ -135,6 +145,8 @@ class KVCacheManager:
                     for waiter, block in self.waiters.pop(block_hash, []):
                         waiter.waiting_blocks.discard(block)
         req.num_published_blocks = max(req.num_published_blocks, num_full)
+        if self.states is not None:
+            self.states.plan_saves(req, num_tokens)
 
     def free(self, req: Request) -> None:
         """Drop the request's references, tail first; its blocks stay cached until reused.
@@ -150,6 +162,12 @@ class KVCacheManager:
         req.waiting_blocks = set()
         self.pool.free(reversed(req.block_table))
         req.block_table = []
+        if self.states is not None:
+            self.states.release(req)
+
+    def take_state_ops(self) -> StateOps | None:
+        """The state copies of the step just scheduled (None: not a hybrid model)."""
+        return self.states.take_ops() if self.states is not None else None
 
     def _hand_over(self, block_hash: BlockHash, block_id: int, owner: Request) -> None:
         waiters = [(w, b) for w, b in self.waiters.pop(block_hash, []) if w is not owner]
@@ -182,6 +200,8 @@ class KVCacheManager:
         if self.host is not None:
             self.host.reset()
         self.copies.clear()
+        if self.states is not None:  # ... and every recurrent-state checkpoint
+            self.states.reset()
 
     def check_integrity(self) -> None:
         self.pool.check_integrity()

@@ -18,9 +18,10 @@ from minipic_lite.decode_mirror import DecodeMirror
 from minipic_lite.models.llama import rope_table
 from minipic_lite.models.packed_linear import can_pack, pack_linears
 from minipic_lite.models.registry import model_class
-from minipic_lite.models.step import HostStep, StepMetadata
+from minipic_lite.models.step import HostStep, RecurrentStep, StepMetadata
 from minipic_lite.sampler import Sampler
 from minipic_lite.scheduler import SchedulerOutput
+from minipic_lite.state_cache import StateTensors
 from minipic_lite.utils import cdiv
 
 logger = logging.getLogger(__name__)
@@ -56,7 +57,7 @@ def advance_decode_inputs(inputs: StepInputs, sampled: torch.Tensor, block_size:
 
 def allocate_kv_cache(cfg: ModelConfig, num_blocks: int, block_size: int, dtype, device) -> torch.Tensor:
     """The paged cache: [2 (k, v), layers, blocks, block_size, kv_heads, head_dim], zeroed."""
-    shape = (2, cfg.num_layers, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
+    shape = (2, cfg.num_attention_layers, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
     return torch.zeros(shape, dtype=dtype, device=device)
 
 
@@ -103,6 +104,11 @@ class ModelRunner:
         self.can_pack = can_pack(self.device, self.dtype)
         if self.can_pack:
             pack_linears(self.model)
+        self.state_tensors = None  # hybrid models: live state slots and checkpoints (state_cache.py)
+        if config.model.is_hybrid:
+            budget = config.cache.state_cache_gib * GIB
+            shapes, num_slots = self.model.state_shapes(), config.scheduler.max_num_seqs
+            self.state_tensors = StateTensors(shapes, num_slots, budget, self.dtype, self.device)
         self.num_blocks = config.cache.num_blocks or self._num_blocks_from_memory()
         # NOTE: one extra block that the block pool never hands out: CUDA-graph padding rows write there.
         self.scratch_block = self.num_blocks
@@ -111,11 +117,11 @@ class ModelRunner:
         self.host_cache = self._allocate_host_tier(config.cache.host_cache_gib)
         self.sampler = Sampler(self.device)
         self.decode_mirror = None
-        if self.device.type == "cpu" and config.cache.cpu_decode_mirror:
+        if self.device.type == "cpu" and config.cache.cpu_decode_mirror and not cfg.is_hybrid:
             mirror_bytes = int(config.cache.cpu_kv_cache_gib * GIB)
             self.decode_mirror = DecodeMirror(cfg, config.cache.position_free, mirror_bytes)
         self.graphs = None
-        if self.device.type == "cuda" and not config.enforce_eager:
+        if self.device.type == "cuda" and not config.enforce_eager and not cfg.is_hybrid:
             from minipic_lite.cuda_graphs import DecodeGraphs
 
             self.graphs = DecodeGraphs(self, CUDA_GRAPH_BATCH_SIZES)
@@ -123,7 +129,7 @@ class ModelRunner:
     @property
     def block_bytes(self) -> int:
         cfg = self.config.model
-        return 2 * cfg.num_layers * self.block_size * cfg.num_kv_heads * cfg.head_dim * self.dtype.itemsize
+        return 2 * cfg.num_attention_layers * self.block_size * cfg.num_kv_heads * cfg.head_dim * self.dtype.itemsize
 
     def _allocate_host_tier(self, gib: float) -> torch.Tensor | None:
         """[2, layers, host blocks, block_size, kv_heads, head_dim] in host memory (pinned on CUDA), or None."""
@@ -198,6 +204,11 @@ class ModelRunner:
             host.add_chunk(req.token_ids, req.block_table, s.query_ranges, s.kv_len, req.visible_start, s.do_sample, B)
         meta = StepMetadata.build(host, self.device)
         meta.use_packed_weights = self.can_pack and out.is_decode_only
+        if self.state_tensors is not None:
+            st = self.state_tensors
+            st.before_forward(out.state_ops)  # NOTE: zero / load slots before the forward reads them
+            slots = [s.seq.state_slot for s in out.scheduled]
+            meta.recurrent = RecurrentStep.build(slots, host.cu_seqlens_q, st.conv, st.ssm)
         if self.decode_mirror is not None and out.is_decode_only:
             meta.decode_mirror = self.decode_mirror.prepare(out, self.kv_cache, self.model.cos_sin, meta.visible_start)
         put = lambda values: torch.tensor(values, dtype=torch.long).to(self.device, non_blocking=True)  # noqa: E731
@@ -215,6 +226,7 @@ class ModelRunner:
         sampling = [s for s in out.scheduled if s.do_sample]
         if not sampling:
             self.model(inputs.input_ids, inputs.meta, self.kv_cache)
+            self._save_states(out)
             return [[] for _ in out.scheduled]
         batch = self.sampler.prepare([s.seq.request_id for s in sampling], [s.seq.sampling_params for s in sampling])
         use_graphs = self.graphs is not None and self.graphs.can_run(out)
@@ -224,8 +236,13 @@ class ModelRunner:
                 inputs = advance_decode_inputs(inputs, steps[-1], self.block_size)
             logits = self._logits(inputs, len(out.scheduled), use_graphs)
             steps.append(self.sampler(logits, batch))
+        self._save_states(out)
         rows = iter(torch.stack(steps, dim=1).tolist())  # (num_sampling, num_steps): the one host sync
         return [next(rows) if s.do_sample else [] for s in out.scheduled]
+
+    def _save_states(self, out: SchedulerOutput) -> None:
+        if self.state_tensors is not None:
+            self.state_tensors.after_forward(out.state_ops)
 
     def _logits(self, inputs: StepInputs, num_seqs: int, use_graphs: bool) -> torch.Tensor:
         if use_graphs:
@@ -238,4 +255,6 @@ class ModelRunner:
         """Logits of every query token of one step (tests compare them with transformers)."""
         self.copy_blocks(out.copies)
         inputs = self.prepare(out)
-        return self.model.compute_logits(self.model(inputs.input_ids, inputs.meta, self.kv_cache))
+        logits = self.model.compute_logits(self.model(inputs.input_ids, inputs.meta, self.kv_cache))
+        self._save_states(out)
+        return logits

@@ -35,3 +35,4 @@ class RequestOutput:
     metrics: RequestMetrics
     stop_reason: str | int | None = None  # the stop string or token that ended it
     cache_report: list = field(default_factory=list)
+    state_report: object = None  # hybrid models: a cache_report.StateReport

@@ -51,6 +51,11 @@ class Request:
     block_hashes: list[BlockHash] = field(default_factory=list)
     num_published_blocks: int = 0
     num_cached_tokens: int = 0
+    # -- recurrent state (hybrid models; state_cache.py) --
+    state_slot: int | None = None  # live slot of the conv window and recurrent state while running
+    checkpoint_positions: list[int] | None = None  # planned for the prompt at its first admission
+    saved_checkpoints: list[int] = field(default_factory=list)  # positions whose state this request saved
+    num_resumed_tokens: int = 0  # prompt tokens skipped by loading a checkpoint (last admission)
     # -- outcome (engine) --
     finish_reason: str | None = None  # "stop", "length", "abort"
     stop_reason: str | int | None = None  # the stop string or token that ended it

@@ -30,6 +30,7 @@ from minipic_lite.host_tier import BlockCopy
 from minipic_lite.kv_cache_manager import MISS, KVCacheManager
 from minipic_lite.request import Request, RequestStatus
 from minipic_lite.spans import Segment
+from minipic_lite.state_cache import StateOps, chunk_end
 
 
 @dataclass(slots=True)
@@ -50,6 +51,7 @@ class SchedulerOutput:
     preempted: list[Request] = field(default_factory=list)
     num_steps: int = 1  # > 1: a burst of decode steps (every scheduled request decodes)
     copies: list[BlockCopy] = field(default_factory=list)  # host tier <-> device, run before the forward
+    state_ops: StateOps | None = None  # hybrid models: state slots to zero / load / save (state_cache.py)
 
     @property
     def num_batched_tokens(self) -> int:
@@ -67,7 +69,8 @@ class SchedulerOutput:
 
 def plan_chunk(seq: Request, budget: int) -> tuple[list[tuple[int, int]], int]:
     """The query ranges and the end of the next chunk of `seq`, computing at most `budget` tokens."""
-    block_size, total = seq.block_size, len(seq.token_ids)
+    # NOTE: a chunk ends at the next planned checkpoint (hybrids), so that step's state is the one to save.
+    block_size, total = seq.block_size, chunk_end(seq.num_computed_tokens, seq.checkpoint_positions, len(seq))
     ranges: list[tuple[int, int]] = []
     pos, num_tokens = seq.num_computed_tokens, 0
     while pos < total and num_tokens < budget:
@@ -123,6 +126,7 @@ class Scheduler:
             self._schedule_waiting(out, budget)
         out.num_steps = self._plan_burst(out)
         out.copies = self.kv.take_copies() if out.scheduled else []
+        out.state_ops = self.kv.take_state_ops()
         return out
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:

@@ -32,6 +32,11 @@ def block(weights: np.ndarray, budget: int, *, block_size: int = DEFAULT_BLOCK_S
     return list(range(block_size, num_tokens + 1, block_size))[:budget]
 
 
+def last(weights: np.ndarray, budget: int) -> list[int]:
+    """`last` (vLLM-like): one state at the end of the prefill (rounded down to the grid by `plan`)."""
+    return [len(weights) - 1] if budget else []
+
+
 def balanced(weights: np.ndarray, budget: int) -> list[int]:
     """Even spacing c_i = ⌊i(N+1)/(M+1)⌋: optimal for uniform depths and in the worst case."""
     num_tokens = len(weights) - 1
@@ -65,6 +70,7 @@ POLICIES: dict[str, Callable[..., list[int]]] = {
     "none": no_checkpoints,
     "kv_only": no_checkpoints,
     "block": block,
+    "last": last,
     "balanced": balanced,
     "logarithmic": logarithmic,
     "sqrt": sqrt_spacing,

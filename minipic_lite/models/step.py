@@ -49,6 +49,40 @@ class HostStep:
 
 
 @dataclass(slots=True)
+class RecurrentStep:
+    """Hybrid models: the state slot of each sequence of the step (state_cache.py decides which)."""
+
+    slots: torch.Tensor  # [num_seqs] int64 live slot of each sequence
+    slot_ids: list[int]  # [num_seqs] the same on the host (per-sequence loops without a sync)
+    query_lens: list[int]  # [num_seqs] query tokens of each sequence (contiguous: hybrids never skip holes)
+    cu_seqlens: torch.Tensor  # [num_seqs + 1] int64 (fla's varlen kernels)
+    conv: torch.Tensor  # [linear_layers, num_slots, conv_dim, kernel - 1] the last inputs of each conv
+    ssm: torch.Tensor  # [linear_layers, num_slots, v_heads, k_head_dim, v_head_dim] float32
+    fla: tuple | None = None  # fla's (chunk, fused_recurrent) kernels on CUDA when installed; set by the model
+
+    @property
+    def is_decode(self) -> bool:
+        return all(n == 1 for n in self.query_lens)
+
+    @classmethod
+    def build(cls, slot_ids: list[int], cu_seqlens_q: list[int], conv, ssm) -> RecurrentStep:
+        query_lens = [end - start for start, end in zip(cu_seqlens_q, cu_seqlens_q[1:], strict=False)]
+        slots = torch.tensor(slot_ids, dtype=torch.long).to(ssm.device, non_blocking=True)
+        cu = torch.tensor(cu_seqlens_q, dtype=torch.long).to(ssm.device, non_blocking=True)
+        return cls(slots, list(slot_ids), query_lens, cu, conv, ssm)
+
+    @classmethod
+    def scratch(cls, shapes, meta: StepMetadata, dtype) -> RecurrentStep:
+        """Zero states for every sequence of `meta` (a forward outside the engine's slots: the warm-up)."""
+        cu = meta.cu_seqlens_q.tolist()
+        conv_shape, ssm_shape = shapes
+        num_seqs, device = len(cu) - 1, meta.positions.device
+        conv = torch.zeros(conv_shape[0], num_seqs, *conv_shape[1:], dtype=dtype, device=device)
+        ssm = torch.zeros(ssm_shape[0], num_seqs, *ssm_shape[1:], dtype=torch.float32, device=device)
+        return cls.build(list(range(num_seqs)), cu, conv, ssm)
+
+
+@dataclass(slots=True)
 class StepMetadata:
     """Per-step tensors on the device; shapes in the op's contract (ops/README.md)."""
 
@@ -62,6 +96,8 @@ class StepMetadata:
     use_packed_weights: bool = False
     # CPU decode steps: attention over contiguous per-request keys instead of the op (decode_mirror.py)
     decode_mirror: MirrorStep | None = None
+    # hybrid models: the state slots of the step's sequences (models/qwen3_5.py)
+    recurrent: RecurrentStep | None = None
 
     @classmethod
     def build(cls, host: HostStep, device: torch.device) -> StepMetadata:

@@ -1,0 +1,334 @@
+"""The Qwen3.5 hybrid (text part): Gated DeltaNet layers with recurrent state, and gated full attention.
+
+Layers follow `cfg.layer_types` (3 linear : 1 full in the released models). Full-attention layers work like
+llama.py's: flattened tokens, K/V written unrotated to the paged cache, `rope_paged_attention` reads them,
+here with partial rotary (the first `rotary_dim` dims of a head; the op rotates only those) and an output
+gate. Linear-attention layers keep, per running request, a conv window (the last kernel−1 inputs) and a
+recurrent state [v_heads, k_dim, v_dim] (float32) in state slots that the runner owns and the step names
+(`StepMetadata.recurrent`); a chunk continues the request's state from where its previous chunk left it.
+
+    hidden ──norm──┬─ linear_attn (conv → gated delta rule → gated RMSNorm) ─┐        (3 of every 4 layers)
+                   └─ self_attn (q·gate, qk-norm, partial RoPE, paged op) ────┴─ + ──norm── MLP ── +
+
+Qwen3.5's RMSNorm scales by (1 + weight) (weights are stored centred on 0); the gated norm inside the
+linear layers by weight. Weights load from `Qwen3_5ForCausalLM.save_pretrained` (`model.layers...`) and from
+the released multimodal layout (`model.language_model.layers...`; the vision tower and MTP head are skipped).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from torch import nn
+from torch.nn import functional as F
+
+from minipic_lite.config import ModelConfig
+from minipic_lite.models import gated_delta_rule as gdr
+from minipic_lite.models.llama import MLP, Kernels, rope_table
+from minipic_lite.models.step import RecurrentStep, StepMetadata
+from ops import rope_paged_attention
+
+
+def rms_norm_1p(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Qwen3.5's RMSNorm: float32 statistics, scaled by (1 + weight), rounded once to x's dtype."""
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return (h * (1.0 + weight.float())).to(x.dtype)
+
+
+class Norm1p(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm_1p(x, self.weight, self.eps)
+
+
+def _fla_kernels():
+    """fla's chunked and fused-recurrent kernels, or None (not installed). Only ever called on CUDA."""
+    try:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+    except ImportError:
+        return None
+    return chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+
+
+class GatedAttention(nn.Module):
+    """Full attention with q/k RMSNorm, partial rotary and a sigmoid output gate (per head and dim)."""
+
+    def __init__(self, cfg: ModelConfig, position_free: bool, kernels: Kernels):
+        super().__init__()
+        self.kernels = kernels
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        # NOTE: q_proj's rows are [q | gate] per head: (heads, 2·head_dim)
+        self.qkv_proj = nn.Linear(cfg.hidden_size, 2 * self.q_size + 2 * self.kv_size, bias=cfg.attention_bias)
+        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=cfg.attention_bias)
+        self.q_norm = Norm1p(self.head_dim, cfg.rms_norm_eps)
+        self.k_norm = Norm1p(self.head_dim, cfg.rms_norm_eps)
+        self.position_free = position_free
+        self.scale = self.head_dim**-0.5
+
+    def forward(self, x, meta: StepMetadata, k_cache, v_cache, cos_sin) -> torch.Tensor:
+        num_tokens = x.shape[0]
+        q_gate, k, v = self.qkv_proj(x).split([2 * self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q, gate = q_gate.view(num_tokens, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)  # (T, H, D) each
+        q = self.kernels.apply_rope(self.q_norm(q), meta.positions, cos_sin)
+        k = self.k_norm(k.view(num_tokens, self.num_kv_heads, self.head_dim))  # (T, KVH, D)
+        if not self.position_free:
+            k = self.kernels.apply_rope(k, meta.positions, cos_sin)
+        # NOTE: K/V of this step's tokens are written before attention reads the cache (DESIGN §2).
+        k_cache.view(-1, self.num_kv_heads, self.head_dim).index_copy_(0, meta.slot_mapping, k)
+        v_cache.view(-1, self.num_kv_heads, self.head_dim).index_copy_(0, meta.slot_mapping, v.reshape(k.shape))
+        out = rope_paged_attention(
+            q,
+            k_cache,
+            v_cache,
+            meta.block_tables,
+            meta.cu_seqlens_q,
+            meta.positions,
+            meta.kv_lens,
+            meta.visible_start,
+            cos_sin if self.position_free else None,
+            self.scale,
+            check=False,
+        )  # (T, H, D)
+        out = out.reshape(num_tokens, self.q_size) * torch.sigmoid(gate.reshape(num_tokens, self.q_size))
+        return self.o_proj(out)
+
+
+class GatedDeltaNet(nn.Module):
+    """Causal depthwise conv (kernel K) → gated delta rule → RMSNorm gated by silu(z) → out_proj."""
+
+    def __init__(self, cfg: ModelConfig, linear_idx: int):
+        super().__init__()
+        lin = cfg.linear
+        self.linear_idx = linear_idx  # index among the linear layers: the state's first dim
+        self.num_k_heads, self.num_v_heads = lin.num_k_heads, lin.num_v_heads
+        self.k_dim, self.v_dim = lin.k_head_dim, lin.v_head_dim
+        self.key_size, self.value_size = lin.num_k_heads * lin.k_head_dim, lin.num_v_heads * lin.v_head_dim
+        self.conv_dim = lin.conv_dim
+        # NOTE: in_proj fuses transformers' in_proj_qkv, in_proj_z, in_proj_b, in_proj_a (one matmul)
+        self.in_proj = nn.Linear(cfg.hidden_size, self.conv_dim + self.value_size + 2 * lin.num_v_heads, bias=False)
+        self.conv_weight = nn.Parameter(torch.empty(self.conv_dim, 1, lin.conv_kernel))  # (C, 1, K)
+        self.dt_bias = nn.Parameter(torch.ones(lin.num_v_heads))
+        self.A_log = nn.Parameter(torch.zeros(lin.num_v_heads))
+        self.norm_weight = nn.Parameter(torch.ones(lin.v_head_dim))
+        self.eps = cfg.rms_norm_eps
+        self.out_proj = nn.Linear(self.value_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor, meta: StepMetadata) -> torch.Tensor:
+        rec = meta.recurrent
+        mixed, z, b, a = self.in_proj(x).split(
+            [self.conv_dim, self.value_size, self.num_v_heads, self.num_v_heads], dim=-1
+        )  # (T, C), (T, Hv·Dv), (T, Hv), (T, Hv)
+        conv_state = rec.conv[self.linear_idx]  # (slots, C, K−1), updated in place
+        ssm_state = rec.ssm[self.linear_idx]  # (slots, Hv, Dk, Dv) float32, updated in place
+        mixed = self._conv(mixed, conv_state, rec)  # (T, C)
+        q, k, v = mixed.split([self.key_size, self.key_size, self.value_size], dim=-1)
+        num_tokens = x.shape[0]
+        q = q.reshape(num_tokens, self.num_k_heads, self.k_dim)
+        k = k.reshape(num_tokens, self.num_k_heads, self.k_dim)
+        v = v.reshape(num_tokens, self.num_v_heads, self.v_dim)
+        beta = b.sigmoid()  # (T, Hv)
+        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)  # (T, Hv), log decay <= 0
+        out = self._delta_rule(q, k, v, g, beta, ssm_state, rec)  # (T, Hv, Dv) float32
+        z = z.reshape(num_tokens, self.num_v_heads, self.v_dim)
+        h = out * torch.rsqrt(out.pow(2).mean(-1, keepdim=True) + self.eps)
+        h = (self.norm_weight * h.to(x.dtype)).float() * F.silu(z.float())
+        return self.out_proj(h.to(x.dtype).reshape(num_tokens, self.value_size))
+
+    def _conv(self, mixed: torch.Tensor, conv_state: torch.Tensor, rec: RecurrentStep) -> torch.Tensor:
+        """Per sequence: its window of the last K−1 inputs, then this chunk's inputs; the window moves on."""
+        weight = self.conv_weight  # (C, 1, K)
+        if rec.is_decode:
+            window = torch.cat([conv_state[rec.slots], mixed[:, :, None]], dim=-1)  # (S, C, K)
+            conv_state[rec.slots] = window[:, :, 1:]
+            return F.silu((window * weight[:, 0]).sum(-1))  # (S, C)
+        outs, start = [], 0
+        for slot, n in zip(rec.slot_ids, rec.query_lens, strict=True):
+            seq = torch.cat([conv_state[slot], mixed[start : start + n].T], dim=-1)  # (C, K−1+n)
+            conv_state[slot] = seq[:, -conv_state.shape[-1] :]
+            outs.append(F.conv1d(seq[None], weight, groups=self.conv_dim)[0].T)  # (n, C)
+            start += n
+        return F.silu(torch.cat(outs))
+
+    def _delta_rule(self, q, k, v, g, beta, ssm_state: torch.Tensor, rec: RecurrentStep) -> torch.Tensor:
+        if self.num_v_heads != self.num_k_heads:  # each q/k head serves consecutive value heads
+            q = q.repeat_interleave(self.num_v_heads // self.num_k_heads, dim=1)
+            k = k.repeat_interleave(self.num_v_heads // self.num_k_heads, dim=1)
+        q, k = gdr.prepare_qk(q, k)
+        if rec.fla is not None:
+            return self._fla(q, k, v, g, beta, ssm_state, rec)
+        if rec.is_decode:
+            out, ssm_state[rec.slots] = gdr.recurrent_step(q, k, v, g, beta, ssm_state[rec.slots])
+            return out
+        outs, start = [], 0
+        for slot, n in zip(rec.slot_ids, rec.query_lens, strict=True):
+            part = slice(start, start + n)
+            out, ssm_state[slot] = gdr.chunk_gated_delta_rule(q[part], k[part], v[part], g[part], beta[part],
+                                                              ssm_state[slot])  # fmt: skip
+            outs.append(out)
+            start += n
+        return torch.cat(outs)
+
+    def _fla(self, q, k, v, g, beta, ssm_state, rec: RecurrentStep) -> torch.Tensor:
+        """CUDA with fla installed: one varlen launch for all sequences (q, k prepared here, so no l2norm)."""
+        chunk, fused = rec.fla
+        kernel = fused if rec.is_decode else chunk
+        out, final = kernel(
+            q[None], k[None], v[None].float(), g[None], beta[None].float(), scale=1.0,
+            initial_state=ssm_state[rec.slots], output_final_state=True, cu_seqlens=rec.cu_seqlens,
+        )  # fmt: skip
+        ssm_state[rec.slots] = final.float()
+        return out[0].float()
+
+
+class HybridLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_type: str, index: int, position_free: bool, kernels: Kernels):
+        super().__init__()
+        self.layer_type = layer_type
+        self.index = index  # among the layers of its type
+        self.input_layernorm = Norm1p(cfg.hidden_size, cfg.rms_norm_eps)
+        if layer_type == "linear_attention":
+            self.linear_attn = GatedDeltaNet(cfg, index)
+        else:
+            self.self_attn = GatedAttention(cfg, position_free, kernels)
+        self.post_attention_layernorm = Norm1p(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg, kernels)
+
+    def forward(self, x, meta: StepMetadata, kv_cache: torch.Tensor, cos_sin) -> torch.Tensor:
+        h = self.input_layernorm(x)
+        if self.layer_type == "linear_attention":
+            h = self.linear_attn(h, meta)
+        else:
+            h = self.self_attn(h, meta, kv_cache[0, self.index], kv_cache[1, self.index], cos_sin)
+        x = x + h
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Qwen3_5ForCausalLM(nn.Module):
+    """The hybrid's text model over the paged cache (full-attention layers) and state slots (linear layers)."""
+
+    is_hybrid = True
+
+    def __init__(self, cfg: ModelConfig, position_free: bool = True, compile: bool = False):  # noqa: A002
+        super().__init__()
+        self.cfg = cfg
+        self.kernels = Kernels.compiled() if compile else Kernels()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        counts = {"linear_attention": 0, "full_attention": 0}
+        layers = []
+        for layer_type in cfg.layer_types:
+            layers.append(HybridLayer(cfg, layer_type, counts[layer_type], position_free, self.kernels))
+            counts[layer_type] += 1
+        self.layers = nn.ModuleList(layers)
+        self.num_linear_layers = counts["linear_attention"]
+        self.norm = Norm1p(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.tie_weights()
+        self.register_buffer("cos_sin", rope_table(cfg), persistent=False)
+        self.matmul_route = None  # set by packed_linear.pack_linears on the CPU
+
+    def tie_weights(self) -> None:
+        if self.cfg.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+
+    def state_shapes(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """Per slot: the conv window [linear_layers, conv_dim, K−1], the recurrent state [linear_layers, Hv, Dk, Dv]."""
+        lin = self.cfg.linear
+        conv = (self.num_linear_layers, lin.conv_dim, lin.conv_kernel - 1)
+        return conv, (self.num_linear_layers, lin.num_v_heads, lin.k_head_dim, lin.v_head_dim)
+
+    def forward(self, input_ids, meta: StepMetadata, kv_cache: torch.Tensor) -> torch.Tensor:
+        """input_ids [T] -> hidden states [T, hidden]; kv_cache [2, attention layers, blocks, B, KVH, D]."""
+        if self.matmul_route is not None:
+            self.matmul_route.packed = meta.use_packed_weights
+        if meta.recurrent is None:  # a forward with no slots (the warm-up that sizes the cache): zero states
+            meta.recurrent = RecurrentStep.scratch(self.state_shapes(), meta, self.embed_tokens.weight.dtype)
+        if meta.recurrent.fla is None and meta.positions.is_cuda:
+            meta.recurrent.fla = _fla_kernels()
+        x = self.embed_tokens(input_ids)  # (T, hidden)
+        for layer in self.layers:
+            x = layer(x, meta, kv_cache, self.cos_sin)
+        return self.norm(x)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden).float()  # (N, vocab)
+
+    @torch.no_grad()
+    def init_dummy_weights(self, seed: int = 0, std: float = 0.02) -> None:
+        """Random weights of the shape (benchmarks): norms at their identity, decays in the released range."""
+        gen = torch.Generator(self.embed_tokens.weight.device).manual_seed(seed)
+        for name, param in self.named_parameters():
+            if name.endswith(("norm.weight", "_norm.weight")):
+                param.zero_()  # (1 + w) norms: identity at 0
+            elif name.endswith("norm_weight") or name.endswith("dt_bias"):
+                param.fill_(1.0)
+            elif name.endswith("A_log"):
+                param.uniform_(0.01, 16, generator=gen).log_()
+            else:
+                param.normal_(0.0, std, generator=gen)
+
+    @torch.no_grad()
+    def load_weights(self, model_dir: Path) -> None:
+        files = sorted(Path(model_dir).glob("*.safetensors"))
+        if not files:
+            raise ValueError(f"no *.safetensors weights in {model_dir} (pickle checkpoints are not loaded)")
+        params = dict(self.named_parameters())
+        pending: dict[str, dict[int, torch.Tensor]] = {}
+        loaded: set[str] = set()
+        for file in files:
+            with safe_open(str(file), framework="pt") as f:
+                for name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                    target, part = _target_name(name)
+                    if target not in params:
+                        continue  # the vision tower, the MTP head, rotary buffers
+                    tensor = f.get_tensor(name)
+                    if part is None:
+                        params[target].copy_(tensor.view(params[target].shape))
+                    else:
+                        pending.setdefault(target, {})[part] = tensor
+                    loaded.add(target)
+        for target, parts in pending.items():
+            params[target].copy_(torch.cat([parts[i] for i in sorted(parts)], dim=0))
+        missing = sorted(set(params) - loaded)
+        if missing:
+            more = " ..." if len(missing) > 5 else ""
+            raise ValueError(f"{model_dir} lacks weights for: {', '.join(missing[:5])}{more}")
+
+
+# transformers' name -> (our fused parameter, its part in the concatenation)
+_FUSED = {
+    "self_attn.q_proj.weight": ("self_attn.qkv_proj.weight", 0),
+    "self_attn.k_proj.weight": ("self_attn.qkv_proj.weight", 1),
+    "self_attn.v_proj.weight": ("self_attn.qkv_proj.weight", 2),
+    "self_attn.q_proj.bias": ("self_attn.qkv_proj.bias", 0),
+    "self_attn.k_proj.bias": ("self_attn.qkv_proj.bias", 1),
+    "self_attn.v_proj.bias": ("self_attn.qkv_proj.bias", 2),
+    "mlp.gate_proj.weight": ("mlp.gate_up_proj.weight", 0),
+    "mlp.up_proj.weight": ("mlp.gate_up_proj.weight", 1),
+    "linear_attn.in_proj_qkv.weight": ("linear_attn.in_proj.weight", 0),
+    "linear_attn.in_proj_z.weight": ("linear_attn.in_proj.weight", 1),
+    "linear_attn.in_proj_b.weight": ("linear_attn.in_proj.weight", 2),
+    "linear_attn.in_proj_a.weight": ("linear_attn.in_proj.weight", 3),
+}
+_RENAMED = {
+    "linear_attn.conv1d.weight": "linear_attn.conv_weight",
+    "linear_attn.norm.weight": "linear_attn.norm_weight",
+}
+
+
+def _target_name(name: str) -> tuple[str, int | None]:
+    name = name.removeprefix("model.language_model.").removeprefix("model.")
+    for suffix, (target, part) in _FUSED.items():
+        if name.endswith(suffix):
+            return name[: -len(suffix)] + target, part
+    for suffix, target in _RENAMED.items():
+        if name.endswith(suffix):
+            return name[: -len(suffix)] + target, None
+    return name, None

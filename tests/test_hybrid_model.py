@@ -1,0 +1,170 @@
+"""The Qwen3.5 hybrid against transformers: the gated delta rule (reference loop, our chunked path,
+transformers' torch fallback), prefill logits (fp32 engine vs float64 transformers), greedy tokens against
+transformers' generate(), both checkpoint layouts, and the start-up errors."""
+
+import json
+
+import pytest
+import torch
+
+import minipic_lite as mp
+from minipic_lite.models import gated_delta_rule as gdr
+from tests.conftest import max_abs_err
+from tests.hybrid_models import make_hybrid, to_released_layout
+
+GREEDY = dict(temperature=0.0, ignore_eos=True)
+
+
+def _inputs(num_tokens, num_heads=3, k_dim=16, v_dim=8, seed=0, dtype=torch.float64):
+    g = torch.Generator().manual_seed(seed)
+    q, k = (torch.randn(num_tokens, num_heads, k_dim, generator=g, dtype=dtype) for _ in range(2))
+    v = torch.randn(num_tokens, num_heads, v_dim, generator=g, dtype=dtype)
+    decay = -2 * torch.rand(num_tokens, num_heads, generator=g, dtype=dtype)
+    beta = torch.rand(num_tokens, num_heads, generator=g, dtype=dtype)
+    state = torch.randn(num_heads, k_dim, v_dim, generator=g, dtype=dtype)
+    return q, k, v, decay, beta, state
+
+
+@pytest.mark.parametrize("num_tokens", [1, 5, 63, 64, 65, 131])
+def test_chunked_delta_rule_matches_the_loop_and_transformers(num_tokens):
+    from transformers.models.qwen3_5.modeling_qwen3_5 import torch_chunk_gated_delta_rule
+
+    q, k, v, decay, beta, state = _inputs(num_tokens)
+    qp, kp = gdr.prepare_qk(q, k)
+    out_ref, state_ref = gdr.recurrent_gated_delta_rule_ref(qp, kp, v, decay, beta, state)
+    out, final = gdr.chunk_gated_delta_rule(qp, kp, v, decay, beta, state)
+    assert max_abs_err(out, out_ref) < 2e-5 and max_abs_err(final, state_ref) < 2e-5
+    out_hf, final_hf = torch_chunk_gated_delta_rule(
+        q[None], k[None], v[None], decay[None], beta[None], initial_state=state[None], output_final_state=True,
+        use_qk_l2norm_in_kernel=True,
+    )  # fmt: skip
+    assert max_abs_err(out, out_hf[0]) < 2e-5 and max_abs_err(final, final_hf[0]) < 2e-5
+
+
+def test_decode_step_is_the_loop_for_one_token():
+    q, k, v, decay, beta, state = _inputs(1, dtype=torch.float32)
+    qp, kp = gdr.prepare_qk(q, k)
+    out_ref, state_ref = gdr.recurrent_gated_delta_rule_ref(qp, kp, v, decay, beta, state)
+    out, final = gdr.recurrent_step(qp, kp, v, decay, beta, state[None])
+    assert torch.equal(out, out_ref) and torch.equal(final[0], state_ref)
+
+
+def test_chunks_compose_exactly_at_chunk_multiples():
+    """Two calls split at a multiple of CHUNK_SIZE compute the same floats as one call (resume's premise)."""
+    q, k, v, decay, beta, state = _inputs(100, dtype=torch.float32)
+    qp, kp = gdr.prepare_qk(q, k)
+    whole, final = gdr.chunk_gated_delta_rule(qp, kp, v, decay, beta, state)
+    a, mid = gdr.chunk_gated_delta_rule(qp[:64], kp[:64], v[:64], decay[:64], beta[:64], state)
+    b, end = gdr.chunk_gated_delta_rule(qp[64:], kp[64:], v[64:], decay[64:], beta[64:], mid)
+    assert torch.equal(torch.cat([a, b]), whole) and torch.equal(end, final)
+
+
+@pytest.fixture(scope="module")
+def hybrid(tmp_path_factory):
+    path = tmp_path_factory.mktemp("qwen3_5_text")
+    return path, make_hybrid(path)
+
+
+def _llm(path, **options):
+    defaults = dict(device="cpu", dtype="float32", num_blocks=96, max_model_len=512, max_num_batched_tokens=64)
+    return mp.LLM(str(path), **{**defaults, **options})
+
+
+def _prefill_logits(llm, token_ids):
+    engine = llm.engine
+    request_id = engine.add_request(token_ids, mp.SamplingParams(max_tokens=1))
+    out = engine.scheduler.schedule()
+    assert [s.query_ranges for s in out.scheduled] == [[(0, len(token_ids))]]
+    logits = engine.runner.prompt_logits(out)
+    engine.abort(request_id)
+    return logits
+
+
+def _prompts(num, lengths, seed=1, vocab=256):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, vocab, (n,), generator=g).tolist() for n in lengths[:num]]
+
+
+@pytest.mark.parametrize("layout", ["qwen3_5_text", "qwen3_5"])
+def test_prefill_logits_match_transformers_in_float64(hybrid, tmp_path, layout):
+    path, hf = hybrid
+    if layout == "qwen3_5":
+        to_released_layout(path, tmp_path)
+        path = tmp_path
+        assert json.loads((path / "config.json").read_text())["model_type"] == "qwen3_5"
+    llm = _llm(path, max_num_batched_tokens=512, enable_prefix_caching=False)
+    hf64 = type(hf)(hf.config).double().eval()
+    hf64.load_state_dict(hf.state_dict())
+    for token_ids in _prompts(3, [150, 64, 7]):
+        logits = _prefill_logits(llm, token_ids)
+        with torch.no_grad():
+            ref = hf64(torch.tensor([token_ids])).logits[0]
+        assert max_abs_err(logits, ref) <= 1e-4
+
+
+def test_greedy_tokens_equal_transformers_generate(hybrid):
+    """Chunked prefill (64-token budget: chunks end mid-prompt), batched decode, prefix hits + resumes."""
+    path, hf = hybrid
+    llm = _llm(path)
+    prefix = _prompts(1, [70], seed=2)[0]
+    prompts = [prefix + tail for tail in _prompts(3, [30, 3, 50], seed=3)] + _prompts(2, [1, 130], seed=4)
+    params = mp.SamplingParams(max_tokens=12, **GREEDY)
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    again = llm.generate(prompts, params, use_tqdm=False)  # now from checkpoints
+    for token_ids, out, out2 in zip(prompts, outs, again, strict=True):
+        mask = torch.ones(1, len(token_ids), dtype=torch.long)
+        with torch.no_grad():
+            expected = hf.generate(torch.tensor([token_ids]), attention_mask=mask, max_new_tokens=12, do_sample=False,
+                                   eos_token_id=None, pad_token_id=0)  # fmt: skip
+        assert out.token_ids == expected[0, len(token_ids) :].tolist()
+        assert out2.token_ids == out.token_ids
+    assert sum(o.state_report.resume_position > 0 for o in again) >= 4
+
+
+def test_config_of_the_hybrid(hybrid):
+    path, _ = hybrid
+    cfg = _llm(path).config.model
+    assert cfg.is_hybrid and cfg.layer_types.count("linear_attention") == 3
+    assert cfg.num_attention_layers == 1 and cfg.rotary_dim == 8 and cfg.linear.conv_dim == 2 * 32 + 64
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (dict(checkpoint_policy="fancy"), "unknown checkpoint_policy 'fancy'"),
+        (dict(checkpoint_prior="dp"), "checkpoint_prior must be a policy that needs no traffic"),
+        (dict(state_cache_gib=-1.0), "state_cache_gib must be >= 0"),
+        (dict(checkpoints_per_entry=-2), "checkpoints_per_entry must be an integer >= 0"),
+        (dict(state_eviction="random"), "state_eviction must be one of lru, flops"),
+    ],
+)
+def test_bad_checkpoint_options_fail_at_start_up(hybrid, options, message):
+    path, _ = hybrid
+    with pytest.raises(ValueError, match=message):
+        _llm(path, **options)
+
+
+def test_unsupported_layer_types_fail_at_start_up(hybrid, tmp_path):
+    path, _ = hybrid
+    config = json.loads((path / "config.json").read_text())
+    config["layer_types"] = ["linear_attention", "sliding_attention", "linear_attention", "full_attention"]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"unsupported layer types \['sliding_attention'\]"):
+        _llm(tmp_path)
+
+
+def test_span_markers_are_refused_on_a_hybrid(hybrid):
+    path, _ = hybrid
+    llm = _llm(path, control_tokens=mp.ControlTokens(ssep_id=3, pdep_id=4, pad_id=5))
+    with pytest.raises(ValueError, match="span markers need attention-only models"):
+        llm.generate([[3] + [7] * 15 + [9, 9]], mp.SamplingParams(max_tokens=1), use_tqdm=False)
+
+
+def test_bursts_of_decode_steps_carry_the_state(hybrid):
+    """num_scheduler_steps > 1: the state slots advance on the device step after step, as in single steps."""
+    path, _ = hybrid
+    prompts = _prompts(3, [40, 90, 17], seed=5)
+    params = mp.SamplingParams(max_tokens=13, **GREEDY)
+    bursts = _llm(path, num_scheduler_steps=4).generate(prompts, params, use_tqdm=False)
+    single = _llm(path, enable_prefix_caching=False).generate(prompts, params, use_tqdm=False)
+    assert [o.token_ids for o in bursts] == [o.token_ids for o in single]

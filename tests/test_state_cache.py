@@ -1,0 +1,179 @@
+"""State slots, the checkpoint store and its planner, without a model: the pure rules with exact expectations,
+then the books through the real scheduler and KV-cache manager (exact chunk ends, resumes and copy ops)."""
+
+import pytest
+
+from minipic_lite.config import SchedulerConfig
+from minipic_lite.kv_cache_manager import KVCacheManager
+from minipic_lite.scheduler import Scheduler
+from minipic_lite.state_cache import (
+    Checkpoint,
+    CheckpointPlanner,
+    StateCache,
+    choose_victim,
+    chunk_end,
+    resume_blocks,
+)
+from tests.sched_factory import make_request
+
+B = 4
+
+
+@pytest.mark.parametrize(
+    ("num_computed", "positions", "expected"),
+    [
+        (0, None, 64),  # attention-only models plan nothing
+        (0, [16, 32, 48], 16),
+        (16, [16, 32, 48], 32),  # a position already reached is passed
+        (40, [16, 32, 48], 48),
+        (48, [16, 32, 48], 64),
+        (0, [64], 64),  # the whole prompt: the last chunk ends there anyway
+        (63, [16], 64),  # decode
+    ],
+)
+def test_chunk_end(num_computed, positions, expected):
+    assert chunk_end(num_computed, positions, 64) == expected
+
+
+def test_resume_blocks_takes_the_deepest_checkpoint_inside_the_hits():
+    saved = {3, 7}  # checkpoints after blocks 3 and 7: positions 4·B and 8·B
+    assert resume_blocks(10, saved.__contains__) == 8
+    assert resume_blocks(7, saved.__contains__) == 4  # block 7 is not a hit
+    assert resume_blocks(3, saved.__contains__) == 0
+    assert resume_blocks(0, saved.__contains__) == 0
+
+
+def _ckpt(ckpt_id, position, last_used, ref_cnt=0, reserved_at=0):
+    return Checkpoint(ckpt_id, bytes([ckpt_id]), position, reserved_at, last_used, ref_cnt)
+
+
+def test_lru_evicts_the_least_recently_used_free_written_checkpoint():
+    ckpts = [_ckpt(0, 64, last_used=1, ref_cnt=1), _ckpt(1, 16, last_used=2), _ckpt(2, 32, last_used=3),
+             _ckpt(3, 48, last_used=0, reserved_at=5)]  # fmt: skip
+    # 0 is pinned (a load is pending), 3 is not written yet (reserved in step 5, now step 5)
+    assert choose_victim(ckpts, num_steps=5, eviction="lru").ckpt_id == 1
+    assert choose_victim(ckpts, num_steps=6, eviction="lru").ckpt_id == 3
+
+
+def test_flops_eviction_weighs_recency_against_depth():
+    # recency scaled to [0, 1] over last_used 10..20, depth over the deepest (256): scores 0+0.25, 0.5+0.125, 1+1
+    ckpts = [_ckpt(0, 64, last_used=10), _ckpt(1, 32, last_used=15), _ckpt(2, 256, last_used=20)]
+    assert choose_victim(ckpts, num_steps=1, eviction="flops").ckpt_id == 0
+    ckpts[0].position = 200  # now 0 scores 0.78 and 1 scores 0.625
+    assert choose_victim(ckpts, num_steps=1, eviction="flops").ckpt_id == 1
+    assert choose_victim(ckpts, num_steps=1, eviction="lru").ckpt_id == 0
+
+
+def test_nothing_is_evicted_while_every_checkpoint_is_in_use():
+    ckpts = [_ckpt(0, 16, last_used=1, ref_cnt=1), _ckpt(1, 32, last_used=2, ref_cnt=2)]
+    assert choose_victim(ckpts, num_steps=9, eviction="lru") is None
+    assert choose_victim(ckpts, num_steps=9, eviction="flops") is None
+
+
+def test_dp_plans_with_its_prior_until_traffic_says_something_about_the_prompt():
+    planner = CheckpointPlanner("dp", budget=2, bin_size=B, prior="balanced")
+    first = list(range(100, 164))
+    assert planner.plan(first) == [20, 40]  # balanced: ⌊i·65/3⌋ = 21, 43, on the grid of 4
+    planner.observe(first)
+    second = first[:40] + list(range(24))
+    planner.observe(second)  # it leaves the first at depth 40
+    assert 40 in planner.plan(first[:40] + list(range(500, 524)))  # dp puts a checkpoint where requests leave
+
+
+# -- the books through the scheduler and the KV-cache manager ----------------------------------------------
+
+
+def _scheduler(num_checkpoints=8, policy="balanced", budget=3, num_blocks=64, max_num_seqs=4, eviction="lru"):
+    states = StateCache(max_num_seqs, num_checkpoints, 100, CheckpointPlanner(policy, budget, B, "balanced"), eviction)
+    kv = KVCacheManager(num_blocks, states=states)
+    return Scheduler(SchedulerConfig(max_num_seqs, 256, 1024), kv), states
+
+
+def _step(sched, token_id=7):
+    out = sched.schedule()
+    sched.postprocess(out, [[token_id] if s.do_sample else [] for s in out.scheduled], lambda req: False)
+    running = [r.state_slot for r in sched.running]
+    sched.kv.check_integrity()
+    sched.kv.states.check_integrity(running)
+    return out
+
+
+def test_chunks_end_at_planned_positions_and_save_there():
+    sched, states = _scheduler()
+    req = make_request("a", range(64), B)
+    sched.add(req)
+    outs = [_step(sched) for _ in range(4)]
+    assert req.checkpoint_positions == [16, 32, 48]
+    assert [o.scheduled[0].query_ranges for o in outs] == [[(0, 16)], [(16, 32)], [(32, 48)], [(48, 64)]]
+    assert [(o.state_ops.zero, o.state_ops.load, o.state_ops.save) for o in outs] == [
+        ([0], [], [(0, 0)]),
+        ([], [], [(0, 1)]),
+        ([], [], [(0, 2)]),
+        ([], [], []),
+    ]
+    assert req.saved_checkpoints == [16, 32, 48] and states.stats.num_saved == 3
+
+
+def test_a_new_request_resumes_from_the_deepest_checkpoint_inside_its_hits():
+    sched, states = _scheduler()
+    first = make_request("a", range(64), B)
+    sched.add(first)
+    for _ in range(5):
+        _step(sched)
+    second = make_request("b", list(range(40)) + list(range(100, 124)), B)  # shares 40 tokens = 10 blocks
+    sched.add(second)
+    out = _step(sched)
+    assert second.num_resumed_tokens == 32 and second.num_cached_tokens == 32
+    assert second.cached_block_ids == set(range(8))  # the KV hits past the resume point are recomputed
+    assert out.scheduled[-1].query_ranges == [(32, 48)]  # it resumes at 32 and stops at its own 48
+    assert out.state_ops.load == [(1, second.state_slot)] and out.state_ops.save == [(second.state_slot, 3)]
+
+
+def test_a_checkpoint_is_found_only_after_the_step_that_writes_it():
+    sched, states = _scheduler(budget=1)
+    sched.add(make_request("a", range(32), B))  # balanced, M = 1: position 16
+    sched.add(make_request("b", range(32), B))  # admitted in the same step: no checkpoint written yet
+    out = _step(sched)
+    assert [r.num_resumed_tokens for r in sched.running] == [0, 0]
+    assert out.state_ops.save == [(0, 0)]  # b's save at 16 finds a's reservation: one copy
+    sched.add(make_request("c", range(32), B))
+    _step(sched)
+    assert sched.running[-1].num_resumed_tokens == 16
+
+
+def test_the_store_never_exceeds_its_budget_and_pinned_states_survive():
+    sched, states = _scheduler(num_checkpoints=2, budget=3)
+    for i in range(6):
+        sched.add(make_request(f"r{i}", [i] * 5 + list(range(59)), B, max_tokens=2))
+        for _ in range(3):
+            _step(sched)
+            assert len(states.by_hash) <= 2 and states.num_used_bytes <= states.budget_bytes
+    assert states.stats.num_evicted > 0
+    # a request that will load a checkpoint pins it: saves in the same step cannot take its place
+    states2 = StateCache(4, 1, 100, CheckpointPlanner("balanced", 1, B, "balanced"))
+    sched2 = Scheduler(SchedulerConfig(4, 256, 1024), KVCacheManager(64, states=states2))
+    sched2.add(make_request("a", range(32), B, max_tokens=1))
+    _step(sched2), _step(sched2), _step(sched2)
+    (kept,) = states2.by_hash.values()
+    sched2.add(make_request("b", list(range(16)) + [99] * 16, B, max_tokens=1))  # resumes at 16 from `kept`
+    sched2.add(make_request("c", [5] * 32, B, max_tokens=1))  # wants to save at 16: the one slot is pinned
+    out = _step(sched2)
+    assert out.state_ops.load == [(kept.ckpt_id, 1)] and out.state_ops.save == []
+    assert states2.stats.num_skipped_saves == 1 and list(states2.by_hash.values()) == [kept]
+
+
+def test_slots_are_freed_on_finish_and_preemption():
+    sched, states = _scheduler(num_blocks=20, budget=0)
+    reqs = [make_request(f"r{i}", range(i, i + 30), B, max_tokens=30) for i in range(3)]
+    for req in reqs:
+        sched.add(req)
+    num_preempted = 0
+    while sched.has_unfinished:
+        out = _step(sched)
+        num_preempted += len(out.preempted)
+        for req in out.preempted:
+            assert req.state_slot is None
+        for s in list(sched.running):
+            if s.num_output_tokens >= 30:
+                sched.finish(s, "length")
+    assert num_preempted > 0 and len(states.free_slots) == 4
