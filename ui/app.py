@@ -33,38 +33,39 @@ def build_demo(llm) -> gr.Blocks:
             "then reorder the documents and generate again: with `block_attention` or `epic` the documents' "
             "blocks are cache hits at their new offsets."
         )
-        with gr.Tab("Compose & generate"):
-            with gr.Row():
-                with gr.Column(scale=3):
-                    recipe = gr.Radio(list(RECIPES), value="block_attention", label="Recipe", elem_id="recipe")
-                    system_pick = gr.Dropdown(list(systems), value="default", label="System prompt (bundled)")
-                    system = gr.Textbox(systems["default"], label="System prompt", lines=2, elem_id="system")
-                    doc_pick = gr.Dropdown(list(documents), multiselect=True, label="Bundled documents (essays)")
-                    docs = gr.Textbox(
-                        compose.join_documents(list(documents.values())[:NUM_DEFAULT_DOCUMENTS]),
-                        label=f"Documents, separated by a line '{compose.SEPARATOR}' "
-                        f"(prompt_cache: a section starting '{compose.PARAM_PREFIX}' is a parameter)",
-                        lines=10,
-                        max_lines=20,
-                        elem_id="documents",
-                    )
-                    with gr.Row():
-                        reverse_btn = gr.Button("Reverse order", elem_id="reverse", size="sm")
-                        rotate_btn = gr.Button("Rotate order", elem_id="rotate", size="sm")
-                    question = gr.Textbox(texts.DEFAULT_QUESTION, label="Question", elem_id="question")
-                    max_tokens = gr.Slider(1, compose.MAX_NEW_TOKENS, DEFAULT_MAX_TOKENS, step=1, label="Max new tokens")
-                    with gr.Row():
-                        generate_btn = gr.Button("Generate", variant="primary", elem_id="generate")
-                        stop_btn = gr.Button("Stop", elem_id="stop")
-                with gr.Column(scale=4):
-                    status = gr.Markdown("", elem_id="status")
-                    answer = gr.Textbox(label="Answer", lines=6, interactive=False, elem_id="answer")
-                    summary = gr.Markdown("", elem_id="summary")
-                    grid = gr.HTML(grid_html([]), label="Your last request's blocks", elem_id="grid")
+        with gr.Tab("Compose & generate"), gr.Row():
+            with gr.Column(scale=3):
+                recipe = gr.Radio(list(RECIPES), value="block_attention", label="Recipe", elem_id="recipe")
+                system_pick = gr.Dropdown(list(systems), value="default", label="System prompt (bundled)")
+                system = gr.Textbox(systems["default"], label="System prompt", lines=2, elem_id="system")
+                doc_pick = gr.Dropdown(list(documents), multiselect=True, label="Bundled documents (essays)")
+                docs = gr.Textbox(
+                    compose.join_documents(list(documents.values())[:NUM_DEFAULT_DOCUMENTS]),
+                    label=f"Documents, separated by a line '{compose.SEPARATOR}' "
+                    f"(prompt_cache: a section starting '{compose.PARAM_PREFIX}' is a parameter)",
+                    lines=10,
+                    max_lines=20,
+                    elem_id="documents",
+                )
+                with gr.Row():
+                    reverse_btn = gr.Button("Reverse order", elem_id="reverse", size="sm")
+                    rotate_btn = gr.Button("Rotate order", elem_id="rotate", size="sm")
+                question = gr.Textbox(texts.DEFAULT_QUESTION, label="Question", elem_id="question")
+                max_tokens = gr.Slider(1, compose.MAX_NEW_TOKENS, DEFAULT_MAX_TOKENS, step=1, label="Max new tokens")
+                with gr.Row():
+                    generate_btn = gr.Button("Generate", variant="primary", elem_id="generate")
+                    stop_btn = gr.Button("Stop", elem_id="stop")
+            with gr.Column(scale=4):
+                status = gr.Markdown("", elem_id="status")
+                answer = gr.Textbox(label="Answer", lines=6, interactive=False, elem_id="answer")
+                summary = gr.Markdown("", elem_id="summary")
+                grid = gr.HTML(grid_html([]), label="Your last request's blocks", elem_id="grid")
         with gr.Tab("Cache view"):
             with gr.Row():
                 pool = gr.Markdown("", elem_id="pool")
-                hit_rate = gr.LinePlot(x="seconds", y="hit rate", color="rate", y_lim=[0, 1], label="Hit rate over time")
+                hit_rate = gr.LinePlot(
+                    x="seconds", y="hit rate", color="rate", y_lim=[0, 1], label="Hit rate over time"
+                )
             inflight = gr.HTML("", label="Requests in flight", elem_id="inflight")
         with gr.Tab("Scheduler timeline"):
             gr.Markdown(

@@ -53,9 +53,7 @@ class Cell:
 
     @property
     def css_class(self) -> str:
-        return " ".join(
-            ["mp-cell", self.status] + ["shared"] * self.is_shared + ["padded"] * (self.num_pad_tokens > 0)
-        )
+        return " ".join(["mp-cell", self.status] + ["shared"] * self.is_shared + ["padded"] * (self.num_pad_tokens > 0))
 
     @property
     def tooltip(self) -> str:
@@ -131,7 +129,10 @@ def summary_markdown(output) -> str:
 def pool_markdown(stats: dict) -> str:
     """The KV block pool and the hit rates, from `LLM.stats()` (a host tier's row when the engine has one)."""
     rows = [
-        ("blocks used / free / total", f"{stats['num_used_blocks']} / {stats['num_free_blocks']} / {stats['num_blocks']}"),
+        (
+            "blocks used / free / total",
+            f"{stats['num_used_blocks']} / {stats['num_free_blocks']} / {stats['num_blocks']}",
+        ),
         ("cached (hashed, reusable)", stats["num_cached_blocks"]),
         ("block lookups that hit", f"{stats['block_hit_rate']:.1%}"),
         ("prompt blocks hit", f"{stats['prompt_block_hit_rate']:.1%}"),

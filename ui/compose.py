@@ -65,7 +65,11 @@ def check_inputs(recipe: str, system: str, documents: list[str], question: str, 
         raise InputError(f"The system prompt is too long: {len(system):,} characters (at most {MAX_SYSTEM_CHARS:,}).")
     if len(question) > MAX_QUESTION_CHARS:
         raise InputError(f"The question is too long: {len(question):,} characters (at most {MAX_QUESTION_CHARS:,}).")
-    if not isinstance(max_tokens, int | float) or not 1 <= max_tokens <= MAX_NEW_TOKENS or max_tokens != int(max_tokens):
+    if (
+        not isinstance(max_tokens, int | float)
+        or not 1 <= max_tokens <= MAX_NEW_TOKENS
+        or max_tokens != int(max_tokens)
+    ):
         raise InputError(f"Max new tokens must be a whole number from 1 to {MAX_NEW_TOKENS}, got {max_tokens!r}.")
 
 
@@ -77,7 +81,12 @@ def schema(documents: list[str]) -> list[Module | Param]:
 
 
 def build_prompt(
-    composer: PromptComposer, recipe: str, system: str, documents: list[str], question: str, max_tokens: int,
+    composer: PromptComposer,
+    recipe: str,
+    system: str,
+    documents: list[str],
+    question: str,
+    max_tokens: int,
     max_model_len: int,
 ) -> Prompt:
     """The recipe's prompt, checked against the bounds (and the model's context, with room for the answer)."""
@@ -87,7 +96,6 @@ def build_prompt(
     limit = min(MAX_PROMPT_TOKENS, max_model_len - int(max_tokens))
     if len(prompt) > limit:
         raise InputError(
-            f"The prompt is too long: {len(prompt):,} tokens (at most {limit:,} here). "
-            "Use fewer or shorter documents."
+            f"The prompt is too long: {len(prompt):,} tokens (at most {limit:,} here). Use fewer or shorter documents."
         )
     return prompt

@@ -35,7 +35,12 @@ class Handlers:
         """Stream (answer so far, summary, cache grid, status message) of one request; bad input: the message."""
         try:
             prompt = build_prompt(
-                self.composer, recipe, system or "", split_documents(documents_text), question or "", max_tokens,
+                self.composer,
+                recipe,
+                system or "",
+                split_documents(documents_text),
+                question or "",
+                max_tokens,
                 self.llm.config.scheduler.max_model_len,
             )
         except (InputError, ValueError) as e:
@@ -95,14 +100,16 @@ class Handlers:
             raise InputError(f"The budget must be 1 to {MAX_BUDGET} checkpoints, got {budget}.")
         requests = self.monitor.served_prompts() if source == APP_STREAM else bench_stream(source)
         if len(requests) < 2:
-            raise InputError("Generate a few prompts first (or pick a benchmark stream): there is nothing to learn from.")
+            raise InputError(
+                "Generate a few prompts first (or pick a benchmark stream): there is nothing to learn from."
+            )
         estimator = learn_overlaps(requests, budget, bin_size)
         num_tokens = len(requests[-1])
         weights = estimator.weights(num_tokens)
         rows = policy_plans(weights, budget, bin_size)
         caption = (
             f"Learned from {len(requests)} requests of *{source}* ({estimator.num_observations} overlaps seen); "
-            f"planned for an entry of N = {num_tokens:,} tokens with M = {budget} checkpoints on a {bin_size}-token grid."
+            f"planned for an entry of N = {num_tokens:,} tokens, M = {budget} checkpoints, a {bin_size}-token grid."
         )
         return histogram_frame(weights, bin_size), positions_frame(rows), plans_frame(rows), caption
 

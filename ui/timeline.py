@@ -8,7 +8,11 @@ from __future__ import annotations
 
 import pandas as pd
 
-KINDS = {"span prefill": "num_span_prefill_tokens", "final prefill": "num_final_prefill_tokens", "decode": "num_decode_tokens"}
+KINDS = {
+    "span prefill": "num_span_prefill_tokens",
+    "final prefill": "num_final_prefill_tokens",
+    "decode": "num_decode_tokens",
+}
 TIMELINE_STEPS = 120  # the most recent steps drawn
 
 
