@@ -51,7 +51,9 @@ def build_demo(llm) -> gr.Blocks:
                     reverse_btn = gr.Button("Reverse order", elem_id="reverse", size="sm")
                     rotate_btn = gr.Button("Rotate order", elem_id="rotate", size="sm")
                 question = gr.Textbox(texts.DEFAULT_QUESTION, label="Question", elem_id="question")
-                max_tokens = gr.Slider(1, compose.MAX_NEW_TOKENS, DEFAULT_MAX_TOKENS, step=1, label="Max new tokens")
+                max_tokens = gr.Slider(
+                    1, compose.MAX_NEW_TOKENS, DEFAULT_MAX_TOKENS, step=1, label="Max new tokens", elem_id="max-tokens"
+                )
                 with gr.Row():
                     generate_btn = gr.Button("Generate", variant="primary", elem_id="generate")
                     stop_btn = gr.Button("Stop", elem_id="stop")
@@ -105,8 +107,15 @@ def build_demo(llm) -> gr.Blocks:
             concurrency_limit=MAX_CONCURRENT_REQUESTS,
             show_progress="minimal",
         )
-        stop_btn.click(lambda request: h.stop(request.session_hash), None, status, concurrency_limit=None)
-        demo.unload(lambda request: h.close_session(request.session_hash))
+
+        def on_stop(request: gr.Request):
+            return h.stop(request.session_hash)
+
+        def on_close(request: gr.Request):  # the tab was closed: abort its requests
+            h.close_session(request.session_hash)
+
+        stop_btn.click(on_stop, None, status, concurrency_limit=None)
+        demo.unload(on_close)
 
         timer = gr.Timer(TICK_SECONDS)
         timer.tick(h.tick, None, [pool, hit_rate, inflight, timeline], concurrency_limit=None, show_progress="hidden")

