@@ -81,6 +81,12 @@ def test_a_prompt_longer_than_the_bound_is_refused_before_anything_runs(handlers
     assert handlers.monitor.in_flight() == [] and llm.stats()["num_waiting"] == 0
 
 
+def test_a_control_token_in_a_document_gets_the_composers_message(handlers):
+    *_, (answer, _, _, status) = handlers.generate("block_attention", "", "a <repo_name> b", "Why?", 8, "s-ctl")
+    assert answer == "" and "contains the SSEP control token" in status
+    assert handlers.monitor.in_flight() == []
+
+
 # -- generate, the grid, and the documents moved --------------------------------------------------------------
 
 

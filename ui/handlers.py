@@ -33,6 +33,7 @@ class Handlers:
         self, recipe: str, system: str, documents_text: str, question: str, max_tokens, session: str = "local"
     ) -> Iterator[tuple[str, str, str, str]]:
         """Stream (answer so far, summary, cache grid, status message) of one request; bad input: the message."""
+        request_id = self.monitor.new_request_id()
         try:
             prompt = build_prompt(
                 self.composer,
@@ -43,12 +44,13 @@ class Handlers:
                 max_tokens,
                 self.llm.config.scheduler.max_model_len,
             )
-        except (InputError, ValueError) as e:
+            params = mp.SamplingParams(max_tokens=int(max_tokens), temperature=0.0)
+            # NOTE: validated here; the request is queued on the stream's first next(), below
+            stream = self.llm.stream(prompt, params, request_id=request_id)
+        except ValueError as e:  # InputError is one: outside the bounds; others: the engine's own checks
             yield "", "", self.last_grid.get(session, grid_html([])), f"⚠️ {e}"
             return
-        request_id = self.monitor.start(session, prompt.token_ids)
-        params = mp.SamplingParams(max_tokens=int(max_tokens), temperature=0.0)
-        stream = self.llm.stream(prompt, params, request_id=request_id)
+        self.monitor.start(request_id, session, prompt.token_ids)
         grid, has_report = self.last_grid.get(session, grid_html([])), False
         try:
             for out in stream:

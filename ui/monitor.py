@@ -4,6 +4,7 @@ on its loop thread and is read only through `LLM.stats()` and the outputs."""
 
 from __future__ import annotations
 
+import secrets
 import threading
 import time
 from collections import deque
@@ -30,14 +31,19 @@ class Monitor:
     start_time: float = field(default_factory=time.perf_counter)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _ids: count = field(default_factory=count)
+    # NOTE: two apps over one LLM must not reuse an id in flight: each monitor tags its ids
+    _tag: str = field(default_factory=lambda: secrets.token_hex(2))
 
-    def start(self, session: str, token_ids) -> str:
-        """A new request id (no session in it: ids are shown to everyone), registered as in flight."""
+    def new_request_id(self) -> str:
+        """A request id with no session in it: ids are shown to everyone."""
         with self._lock:
-            request_id = f"ui-{next(self._ids)}"
+            return f"ui-{self._tag}-{next(self._ids)}"
+
+    def start(self, request_id: str, session: str, token_ids) -> None:
+        """Register a request as in flight for `session`, and its prompt as served."""
+        with self._lock:
             self.requests[request_id] = InFlight(session)
             self.served.append(list(token_ids))
-            return request_id
 
     def update(self, request_id: str, output) -> None:
         with self._lock:
