@@ -43,7 +43,7 @@ class Cell:
     start: int  # tokens [start, end)
     end: int
     status: str  # "hit" or "computed"
-    is_shared: bool
+    ref_cnt: int  # > 1: another request holds the same physical block
     kind: str  # "leading", "ssep", "pdep"
     span_id: int
     label: str
@@ -52,14 +52,18 @@ class Cell:
     marker: str  # "S", "P" or ""
 
     @property
+    def is_shared(self) -> bool:
+        return self.ref_cnt > 1
+
+    @property
     def css_class(self) -> str:
         return " ".join(["mp-cell", self.status] + ["shared"] * self.is_shared + ["padded"] * (self.num_pad_tokens > 0))
 
     @property
     def tooltip(self) -> str:
         return (
-            f"block {self.index}, tokens [{self.start}, {self.end}), {self.status}, ref_cnt "
-            f"{'>1 (shared)' if self.is_shared else '1'}\nhash {self.hash or '- (partial block, never cached)'}\n"
+            f"block {self.index}, tokens [{self.start}, {self.end}), {self.status}, ref_cnt {self.ref_cnt}"
+            f"{' (shared)' if self.is_shared else ''}\nhash {self.hash or '- (partial block, never cached)'}\n"
             f"{self.kind} segment {self.span_id} ({self.label}), {self.num_pad_tokens} pad tokens"
         )
 
@@ -76,7 +80,7 @@ def grid_cells(report, token_ids, control) -> list[Cell]:
                 start=b.start,
                 end=b.end,
                 status=b.status,
-                is_shared=b.is_shared,
+                ref_cnt=b.ref_cnt,
                 kind=b.kind.value,
                 span_id=b.span_id,
                 label=b.label or b.kind.value,
