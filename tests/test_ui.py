@@ -124,6 +124,19 @@ def test_reordered_documents_hit_with_the_same_hashes(handlers):
     assert after[0][1] == "hit"  # the system turn is the same prefix
 
 
+def test_documents_held_by_a_running_request_show_as_shared(handlers):
+    docs = compose.join_documents(unique_documents(2))
+    running = handlers.generate("block_attention", "", docs, "Tell me a long story.", 64, "s-holder")
+    next(running)  # admitted and decoding: it holds the documents' blocks
+    *_, (_, summary, grid, _) = handlers.generate(
+        "block_attention", "", compose.reverse_documents(docs), "Why?", 2, "s-sharer"
+    )
+    running.close()
+    doc_cells = re.findall(r"class='([^']*)'[^>]*data-label='doc \d'", grid)
+    assert doc_cells and all("hit" in c and "shared" in c for c in doc_cells)
+    assert int(re.search(r"(\d+) shared", summary).group(1)) >= len(doc_cells)  # the system turn's blocks too
+
+
 def test_grid_cells_mark_markers_and_padding(handlers, llm):
     import minipic_lite as mp
 
