@@ -167,15 +167,26 @@ def test_a_too_long_input_shows_the_message(browser, app_url):
     page.context.close()
 
 
-def test_closing_the_tab_aborts_its_request(browser, app_url, llm):
+def test_closing_the_tab_aborts_its_request_and_others_see_its_blocks_only(browser, app_url, llm):
     aborted_before = llm.stats()["num_aborted"]
+    watcher = open_page(browser, app_url)
+    watcher.get_by_role("tab", name="Cache view").click()
     page = open_page(browser, app_url)
-    fill_form(page, ["A short document."], "Tell me a very long story about a dragon.", compose.MAX_NEW_TOKENS)
+    question = "Tell me a very long story about a dragon."
+    fill_form(page, ["A short document."], question, compose.MAX_NEW_TOKENS)
     page.click("#generate")
     page.wait_for_function("() => document.querySelector('#answer textarea').value.length > 0")
+    # the other tab sees the request in flight: its id and blocks, not its text
+    watcher.wait_for_selector("#inflight .mp-inflight .mp-cell")
+    inflight = watcher.locator("#inflight").inner_text()
+    assert "ui-" in inflight and question not in inflight and "dragon" not in inflight
+    watcher.screenshot(path=ARTIFACTS / "6-in-flight-seen-from-another-tab.png", full_page=True)
+
     page.context.close()
     deadline = time.monotonic() + 30
     while llm.stats()["num_aborted"] == aborted_before and time.monotonic() < deadline:
         time.sleep(0.2)
     stats = llm.stats()
     assert stats["num_aborted"] == aborted_before + 1 and stats["num_running"] == 0
+    watcher.wait_for_function("() => document.querySelector('#inflight').innerText.includes('No request in flight')")
+    watcher.context.close()

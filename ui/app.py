@@ -93,7 +93,9 @@ def build_demo(llm) -> gr.Blocks:
 
         # -- wiring --
         system_pick.change(lambda name: systems.get(name, ""), system_pick, system)
-        doc_pick.change(lambda names: compose.join_documents([documents[n] for n in names or ()]), doc_pick, docs)
+        doc_pick.change(
+            lambda names: compose.join_documents([documents[n] for n in names]) if names else gr.skip(), doc_pick, docs
+        )
         reverse_btn.click(compose.reverse_documents, docs, docs)
         rotate_btn.click(compose.rotate_documents, docs, docs)
 
