@@ -15,7 +15,7 @@ independence adds over prefix caching). TTFT is the engine's own (arrival -> fir
 `--repeats` runs (the CPU is shared: the minimum is the least disturbed run).
 
     python bench/ttft_spans.py                                  # CPU scale: 128-token documents, k = 1..16
-    python bench/ttft_spans.py --device cuda --doc-tokens 2048  # the paper's scale
+    python bench/ttft_spans.py --device cuda --llama3-8b-shape --doc-tokens 512,1024,2048,4096 --ks 1,2,4,8
 
 Results go to bench/results/ttft_spans-<sha>-<device>.{json,md}.
 """
@@ -29,6 +29,7 @@ import json
 import os
 import random
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -75,6 +76,12 @@ def documents(tokenizer, num: int, num_tokens: int) -> list[str]:
     return docs
 
 
+def random_documents(num: int, num_tokens: int, seed: int = 0) -> list[tuple[int, ...]]:
+    """Token-id documents for a model without a tokenizer (random weights on the GPU machine)."""
+    g = torch.Generator().manual_seed(seed)
+    return [tuple(torch.randint(100, 40000, (num_tokens,), generator=g).tolist()) for _ in range(num)]
+
+
 def ttft(llm: mp.LLM, prompt) -> tuple[float, int]:
     out = llm.generate(prompt, ONE_TOKEN, use_tqdm=False)[0]
     return out.metrics.ttft, out.num_cached_tokens
@@ -84,15 +91,15 @@ def measure(llm: mp.LLM, setup, prompt, repeats: int) -> dict:
     """min TTFT over `repeats` runs, each on a fresh cache prepared by `setup()`."""
     times, cached = [], 0
     for _ in range(repeats):
-        llm.engine.pool.reset_prefix_cache()
+        llm.engine.kv.reset_prefix_cache()
         setup()
         seconds, cached = ttft(llm, prompt)
         times.append(seconds)
     return {"ttft_s": min(times), "ttft_all_s": times, "num_cached_tokens": cached, "num_tokens": len(prompt)}
 
 
-def run_k(llm: mp.LLM, docs: list[str], k: int, repeats: int, rng: random.Random) -> dict:
-    c = llm.composer
+def run_k(llm: mp.LLM, docs: list, k: int, repeats: int, rng: random.Random) -> dict:
+    c = llm.composer if llm.tokenizer is not None else TokenIdRecipes(llm)
     chosen = docs[:k]
     shuffled = chosen[:]
     while k > 1 and shuffled == chosen:
@@ -117,6 +124,34 @@ def run_k(llm: mp.LLM, docs: list[str], k: int, repeats: int, rng: random.Random
     return row
 
 
+class TokenIdRecipes:
+    """The recipes run_k needs, from token-id documents (no tokenizer): system and question as fixed ids."""
+
+    def __init__(self, llm: mp.LLM):
+        self.c = mp.PromptComposer(None, llm.config.control, llm.config.cache.block_size, chat=False)
+
+    def _pieces(self, system, docs, question, markers):
+        from minipic_lite.prompts import Piece
+        from minipic_lite.spans import SegmentKind
+
+        ssep, pdep = (SegmentKind.SSEP, SegmentKind.PDEP) if markers else (None, None)
+        system_ids, question_ids = tuple(range(100, 132)), tuple(range(200 + len(question), 216 + len(question)))
+        pieces = [Piece(system_ids if system else (), label="system"), *(Piece(d, ssep) for d in docs)]
+        return [p for p in pieces if p.content] + [Piece(question_ids, pdep, "question")]
+
+    def block_attention(self, system, docs, question):
+        return self.c.compose(self._pieces(system, docs, question, True), "block_attention")
+
+    def prefix(self, system, docs, question):
+        return self.c.compose(self._pieces(system, docs, question, False), "prefix")
+
+    def span_prompts(self, recipe, docs):
+        from minipic_lite.prompts import Piece
+        from minipic_lite.spans import SegmentKind
+
+        return [self.c.compose([Piece(d, SegmentKind.SSEP)], recipe, pad_end=True) for d in docs]
+
+
 def table(rows: list[dict], doc_tokens: int) -> str:
     lines = [
         "| k | prompt tokens | PIC cached TTFT (ms) | PIC cold (ms) | prefix, shuffled (ms) | cold / cached "
@@ -136,56 +171,69 @@ def table(rows: list[dict], doc_tokens: int) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default=None, help="model path (default: the embedded SmolLM2-135M)")
+    parser.add_argument("--llama3-8b-shape", action="store_true", help="random bf16 weights, token-id documents")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default=None)
-    parser.add_argument("--doc-tokens", type=int, default=128)
+    parser.add_argument("--doc-tokens", default="128", help="comma-separated document lengths (one table each)")
     parser.add_argument("--ks", default="1,2,4,8,16", help="comma-separated document counts")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     ks = [int(k) for k in args.ks.split(",")]
+    lengths = [int(n) for n in args.doc_tokens.split(",")]
 
     load_before = load_average()
-    max_len = max(ks) * (args.doc_tokens + 32) + 256
-    llm = mp.LLM(
-        args.model, device=args.device, dtype=args.dtype, max_model_len=max_len, max_num_batched_tokens=max_len
-    )
-    docs = documents(llm.tokenizer, max(ks), args.doc_tokens)
-    llm.generate("Warm up the engine.", ONE_TOKEN, use_tqdm=False)
+    max_len = max(ks) * (max(lengths) + 32) + 256
+    model, options = args.model, {}
+    if args.llama3_8b_shape:
+        from rag import CONTROL, LLAMA3_8B  # bench/rag.py, beside this file
+
+        model = Path(tempfile.mkdtemp()) / "llama3-8b-shape"
+        model.mkdir()
+        (model / "config.json").write_text(json.dumps(LLAMA3_8B))
+        options = {"load_format": "dummy", "control_tokens": CONTROL}
+    llm = mp.LLM(model, device=args.device, dtype=args.dtype, max_model_len=max_len,
+                 max_num_batched_tokens=max_len, **options)  # fmt: skip
+    llm.generate([list(range(10, 300))], ONE_TOKEN, use_tqdm=False)  # warm-up
     rng = random.Random(args.seed)
-    rows = []
-    start = time.perf_counter()
-    for k in ks:
-        rows.append(run_k(llm, docs, k, args.repeats, rng))
-        r = rows[-1]
-        print(
-            f"k={k:>2}: cached {1e3 * r['pic_cached']['ttft_s']:8.1f} ms  cold {1e3 * r['pic_cold']['ttft_s']:8.1f} ms"
-            f"  prefix-shuffled {1e3 * r['prefix_shuf']['ttft_s']:8.1f} ms  ({r['cold_over_cached']:.2f}x, "
-            f"{r['prefix_shuf_over_cached']:.2f}x)",
-            flush=True,
-        )
+    tables, start = {}, time.perf_counter()
+    for doc_tokens in lengths:
+        if llm.tokenizer is not None:
+            docs = documents(llm.tokenizer, max(ks), doc_tokens)
+        else:
+            docs = random_documents(max(ks), doc_tokens, args.seed)
+        rows = tables[doc_tokens] = []
+        for k in ks:
+            rows.append(run_k(llm, docs, k, args.repeats, rng))
+            r = rows[-1]
+            print(
+                f"{doc_tokens} tokens, k={k:>2}: cached {1e3 * r['pic_cached']['ttft_s']:8.1f} ms  cold "
+                f"{1e3 * r['pic_cold']['ttft_s']:8.1f} ms  prefix-shuffled {1e3 * r['prefix_shuf']['ttft_s']:8.1f} ms"
+                f"  ({r['cold_over_cached']:.2f}x, {r['prefix_shuf_over_cached']:.2f}x)",
+                flush=True,
+            )
     device = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"cpu ({os.cpu_count()} cores)"
     result = {
         "bench": "ttft_spans",
-        "git_sha": git_sha(),
+        "git_sha": os.environ.get("GIT_SHA") or git_sha(),
         "git_dirty": git_is_dirty(),  # uncommitted changes to tracked files when it ran
         "device": device,
         "dtype": llm.config.dtype,
-        "model": str(llm.config.model_dir.name),
+        "model": "llama3-8b-shape (random)" if args.llama3_8b_shape else str(llm.config.model_dir.name),
         "block_size": llm.config.cache.block_size,
-        "doc_tokens": args.doc_tokens,
         "repeats": args.repeats,
         "torch_threads": torch.get_num_threads(),
         "load_average_before": load_before,
         "load_average_after": load_average(),
         "wall_s": time.perf_counter() - start,
-        "rows": rows,
+        "tables": tables,
     }
-    md = table(rows, args.doc_tokens)
+    md = "\n\n".join(table(rows, n) for n, rows in tables.items())
     dirty = " (uncommitted changes)" if result["git_dirty"] else ""
     md += (
-        f"\n\ngit {result['git_sha']}{dirty}, {device}, {result['dtype']}, torch threads {result['torch_threads']}, "
-        f"load average before {load_before[0]:.2f} / after {result['load_average_after'][0]:.2f}\n"
+        f"\n\ngit {result['git_sha']}{dirty}, {device}, {result['dtype']}, {result['model']}, torch threads "
+        f"{result['torch_threads']}, load average before {load_before[0]:.2f} / after "
+        f"{result['load_average_after'][0]:.2f}\n"
     )
     print("\n" + md)
     RESULTS.mkdir(parents=True, exist_ok=True)

@@ -13,7 +13,7 @@ pool never cares where a block sits in a request.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from minipic_lite.hashing import BlockHash
@@ -31,9 +31,10 @@ class Block:
 
 
 class BlockPool:
-    def __init__(self, num_blocks: int):
+    def __init__(self, num_blocks: int, on_evict: Callable[[int, BlockHash], None] | None = None):
         if num_blocks <= 0:
             raise ValueError(f"num_blocks must be positive, got {num_blocks}")
+        self.on_evict = on_evict  # told (block_id, hash) before a cached block is handed out again
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.free_queue: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
         self.hash_to_block: dict[BlockHash, int] = {}
@@ -59,6 +60,10 @@ class BlockPool:
         self.num_hits += block_id is not None
         return block_id
 
+    def peek(self, block_hash: BlockHash) -> int | None:
+        """`lookup` without counting it (planning, not admission)."""
+        return self.hash_to_block.get(block_hash)
+
     def touch(self, block_id: int) -> None:
         """Take one more reference to a (cached) block, pulling it out of the free queue."""
         block = self.blocks[block_id]
@@ -76,6 +81,8 @@ class BlockPool:
             # NOTE: another block may have taken the hash over (see cache()); only drop our own entry.
             if self.hash_to_block.get(block.block_hash) == block_id:
                 del self.hash_to_block[block.block_hash]
+                if self.on_evict is not None:
+                    self.on_evict(block_id, block.block_hash)
             block.block_hash = None
         block.ref_cnt = 1
         return block_id

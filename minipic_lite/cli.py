@@ -9,22 +9,23 @@ from a file or standard input instead of the command line.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import re
 import sys
 import time
 
+from minipic_lite.config import SPAN_POLICIES
+
 PROG = "minipic-lite"
-EXIT_RUN_ERROR = 1
-EXIT_USAGE = 2
-EXIT_INTERRUPTED = 130
-DEFAULT_MAX_TOKENS = 128
-DEFAULT_TEMPERATURE = 0.0
-DEFAULT_TOP_P = 1.0
-DEFAULT_TOP_K = 0
+EXIT_RUN_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?")
+EXAMPLES = "\n  ".join([
+    "examples:",
+    f'{PROG} generate "Write a haiku about caches."',
+    f"{PROG} generate --file question.txt --max-tokens 256",
+    f"cat question.txt | {PROG} generate - --stream",
+    f'{PROG} generate --model ./Qwen2.5-0.5B-Instruct --device cuda "Hello"',
+])  # fmt: skip
 
 
 class UsageError(Exception):
@@ -38,46 +39,19 @@ class Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-# -- argument types: each names the rule it checks, so argparse's one line says what is wrong ---------------
+def checked(kind: type, rule: str, ok=lambda value: True):
+    """An argparse type: `kind(text)` where `ok(value)` holds; else one line that names the rule."""
 
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or not ok(value):
+            raise argparse.ArgumentTypeError(f"must be {rule}, got {text!r}")
+        return value
 
-def _number(text: str, kind: type, rule: str, ok) -> int | float:
-    try:
-        value = kind(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be {rule}, got {text!r}") from None
-    if not ok(value):
-        raise argparse.ArgumentTypeError(f"must be {rule}, got {text!r}")
-    return value
-
-
-def positive_int(text: str) -> int:
-    return _number(text, int, "an integer >= 1", lambda v: v >= 1)
-
-
-def non_negative_int(text: str) -> int:
-    return _number(text, int, "an integer >= 0", lambda v: v >= 0)
-
-
-def any_int(text: str) -> int:
-    return _number(text, int, "an integer", lambda v: True)
-
-
-def temperature(text: str) -> float:
-    return _number(text, float, "a number >= 0 (0 = greedy)", lambda v: math.isfinite(v) and v >= 0)
-
-
-def top_p(text: str) -> float:
-    return _number(text, float, "a number in (0, 1]", lambda v: 0 < v <= 1)
-
-
-def device(text: str) -> str:
-    if not DEVICE_PATTERN.fullmatch(text):
-        raise argparse.ArgumentTypeError(f"must be auto, cpu, cuda or cuda:N, got {text!r}")
-    return text
-
-
-# -- the command line ---------------------------------------------------------------------------------------
+    return parse
 
 
 def build_parser() -> Parser:
@@ -90,59 +64,49 @@ def build_parser() -> Parser:
         description="Generate a reply to a prompt. The prompt is sent as a chat message (the model's chat\n"
         "template) unless --raw is given. The reply goes to standard output, a one-line summary to\n"
         "standard error. Exit status: 0 done, 1 the run failed, 2 a usage error.",
-        epilog="examples:\n"
-        f'  {PROG} generate "Write a haiku about caches."\n'
-        f"  {PROG} generate --file question.txt --max-tokens 256\n"
-        f"  cat question.txt | {PROG} generate - --stream\n"
-        f'  {PROG} generate --model ./Qwen2.5-0.5B-Instruct --device cuda "Hello"',
+        epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     source = gen.add_argument_group("prompt (give exactly one)")
     source.add_argument("prompt", nargs="?", help="the prompt text; '-' reads it from standard input")
     source.add_argument("-f", "--file", metavar="PATH", help="read the prompt from a file (UTF-8; '-' = stdin)")
     gen.add_argument("--raw", action="store_true", help="no chat template: continue the text as it is")
-
     model = gen.add_argument_group("model")
+    model.add_argument("--model", metavar="PATH", help="a .gguf file or a local Hugging Face directory "
+                       "(default: the embedded SmolLM2-135M-Instruct)")  # fmt: skip
+    device = checked(str, "auto, cpu, cuda or cuda:N", re.compile(r"auto|cpu|cuda(:\d+)?").fullmatch)
     model.add_argument(
-        "--model",
-        metavar="PATH",
-        help="a .gguf file or a local Hugging Face directory (default: the embedded SmolLM2-135M-Instruct)",
-    )
-    model.add_argument(
-        "--device",
-        type=device,
-        default="auto",
-        help="auto, cpu, cuda or cuda:N (default: %(default)s = cuda when torch sees a GPU)",
+        "--device", type=device, default="auto", help="default: %(default)s = cuda when torch sees a GPU"
     )
     model.add_argument(
         "--dtype", choices=DTYPES, default="auto", help="default: %(default)s = bfloat16 on CUDA, float32 on the CPU"
     )
-
     sampling = gen.add_argument_group("sampling")
-    sampling.add_argument(
-        "--max-tokens", type=positive_int, default=DEFAULT_MAX_TOKENS, metavar="N", help="default: %(default)s"
-    )
-    sampling.add_argument(
-        "--temperature",
-        type=temperature,
-        default=DEFAULT_TEMPERATURE,
-        metavar="T",
-        help="0 = greedy (default: %(default)s)",
-    )
-    sampling.add_argument(
-        "--top-p", type=top_p, default=DEFAULT_TOP_P, metavar="P", help="nucleus sampling (default: %(default)s)"
-    )
-    sampling.add_argument(
-        "--top-k", type=non_negative_int, default=DEFAULT_TOP_K, metavar="K", help="0 = no cut (default: %(default)s)"
-    )
-    sampling.add_argument("--seed", type=any_int, metavar="S", help="seed for sampling (default: none)")
+    for flag, kind, default, metavar, help_ in [
+        ("--max-tokens", checked(int, "an integer >= 1", lambda v: v >= 1), 128, "N", ""),
+        (
+            "--temperature",
+            checked(float, "a number >= 0 (0 = greedy)", lambda v: 0 <= v < float("inf")),
+            0.0,
+            "T",
+            "0 = greedy",
+        ),
+        ("--top-p", checked(float, "a number in (0, 1]", lambda v: 0 < v <= 1), 1.0, "P", "nucleus sampling"),
+        ("--top-k", checked(int, "an integer >= 0", lambda v: v >= 0), 0, "K", "0 = no cut"),
+        ("--seed", checked(int, "an integer"), None, "S", "seed for sampling"),
+    ]:
+        sampling.add_argument(
+            flag, type=kind, default=default, metavar=metavar, help=f"{help_} (default: %(default)s)".lstrip()
+        )
     gen.add_argument("--stream", action="store_true", help="print the reply as it is generated")
     app = sub.add_parser(
         "ui", help="serve the web app (needs the [ui] extra)", description="Serve the web app (no share link)."
     )
     app.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
-    app.add_argument("--port", type=positive_int, default=7860, help="default: %(default)s")
+    port = checked(int, "a port number in 1..65535", lambda v: 1 <= v <= 65535)
+    app.add_argument("--port", type=port, default=7860, help="default: %(default)s")
     app.add_argument("--model", metavar="PATH", help="a .gguf file or a Hugging Face directory (default SmolLM2)")
+    app.add_argument("--span-policy", choices=SPAN_POLICIES, default="inline", help="default: %(default)s")
     return parser
 
 
@@ -153,9 +117,6 @@ def package_version() -> str:
         return version("minipic-lite")
     except PackageNotFoundError:
         return "(not installed)"
-
-
-# -- checks before loading ---------------------------------------------------------------------------------
 
 
 def read_prompt(args) -> str:
@@ -188,23 +149,15 @@ def check_model(model: str | None) -> None:
         raise UsageError(str(e)) from None
 
 
-# -- the run ------------------------------------------------------------------------------------------------
-
-
 def run_generate(args, prompt_text: str) -> int:
     from minipic_lite import LLM, SamplingParams
 
     start = time.perf_counter()
-    llm = LLM(
-        args.model,
-        device=None if args.device == "auto" else args.device,
-        dtype=None if args.dtype == "auto" else args.dtype,
-    )
+    auto = lambda value: None if value == "auto" else value
+    llm = LLM(args.model, device=auto(args.device), dtype=auto(args.dtype))
     load_time = time.perf_counter() - start
     prompt = prompt_text if args.raw else [{"role": "user", "content": prompt_text}]
-    params = SamplingParams(
-        max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed
-    )
+    params = SamplingParams(**{k: getattr(args, k) for k in ("max_tokens", "temperature", "top_p", "top_k", "seed")})
     output = stream_to_stdout(llm, prompt, params) if args.stream else llm.generate([prompt], params, use_tqdm=False)[0]
     if not args.stream:
         print(output.text)
@@ -242,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
             check_model(args.model)
             from ui.__main__ import serve  # NOTE: gradio loads only for this command
 
-            return serve(args.host, args.port, args.model)
+            return serve(args.host, args.port, args.model, args.span_policy)
         prompt_text = read_prompt(args)
         check_model(args.model)
         return run_generate(args, prompt_text)

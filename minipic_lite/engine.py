@@ -48,7 +48,8 @@ class LLMEngine:
         self.tokenizer = tokenizer
         self.runner = ModelRunner(config)
         self._check_cache_fits_one_request()
-        self.kv = KVCacheManager(self.runner.num_blocks, config.cache.enable_prefix_caching)
+        cache = config.cache
+        self.kv = KVCacheManager(self.runner.num_blocks, cache.enable_prefix_caching, self.runner.num_host_blocks)
         self.scheduler = Scheduler(config.scheduler, self.kv)
         self.root = root_hash(config.hash_namespace)
         self.stats = EngineStats()
@@ -176,7 +177,7 @@ class LLMEngine:
         """Build the cache report of each request whose first chunk this step is (admission or re-admission)."""
         for scheduled in out.scheduled:
             req = scheduled.seq
-            if req.num_computed_tokens == 0:
+            if req.num_computed_tokens == 0 and not req.is_span_prefill:
                 segments = req.layout.segments if req.layout is not None else ()
                 req.cache_report = build_cache_report(req, self.pool, segments, req.span_labels)
                 totals = report_totals(req.cache_report)
@@ -231,7 +232,7 @@ class LLMEngine:
         )
 
     def cache_stats(self) -> dict:
-        pool, s = self.pool, self.stats
+        pool, s, host = self.pool, self.stats, self.kv.host
         num_admitted = s.num_hit_blocks + s.num_computed_blocks
         return {
             "num_blocks": pool.num_blocks,
@@ -248,4 +249,8 @@ class LLMEngine:
             "num_hit_blocks": s.num_hit_blocks,
             "num_computed_blocks": s.num_computed_blocks,
             "prompt_block_hit_rate": s.num_hit_blocks / num_admitted if num_admitted else 0.0,
+            "num_computed_tokens": s.num_computed_tokens,
+            "num_host_hit_blocks": self.kv.num_host_hits,
+            "num_host_blocks": self.runner.num_host_blocks,
+            "host_bytes_moved": 0 if host is None else (host.num_stored + host.num_loaded) * self.runner.block_bytes,
         }

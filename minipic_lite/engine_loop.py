@@ -137,7 +137,7 @@ class EngineLoop:
         """A step raised: every request in flight gets the error and is aborted; the loop keeps serving."""
         logger.exception("engine step failed; aborting %d requests", len(self._sinks))
         # NOTE: the failed step may have published blocks whose K/V it never wrote: forget every hash.
-        self.engine.pool.reset_prefix_cache()
+        self.engine.kv.reset_prefix_cache()
         for request_id, sink in list(self._sinks.items()):
             self.engine.abort(request_id)
             self._sinks.pop(request_id, None)

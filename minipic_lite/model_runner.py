@@ -108,6 +108,7 @@ class ModelRunner:
         self.scratch_block = self.num_blocks
         cfg = config.model
         self.kv_cache = allocate_kv_cache(cfg, self.num_blocks + 1, self.block_size, self.dtype, self.device)
+        self.host_cache = self._allocate_host_tier(config.cache.host_cache_gib)
         self.sampler = Sampler(self.device)
         self.decode_mirror = None
         if self.device.type == "cpu" and config.cache.cpu_decode_mirror:
@@ -123,6 +124,32 @@ class ModelRunner:
     def block_bytes(self) -> int:
         cfg = self.config.model
         return 2 * cfg.num_layers * self.block_size * cfg.num_kv_heads * cfg.head_dim * self.dtype.itemsize
+
+    def _allocate_host_tier(self, gib: float) -> torch.Tensor | None:
+        """[2, layers, host blocks, block_size, kv_heads, head_dim] in host memory (pinned on CUDA), or None."""
+        num_host_blocks = int(gib * GIB) // self.block_bytes
+        if gib == 0:
+            return None
+        available = cpu_available_bytes()
+        if num_host_blocks == 0 or num_host_blocks * self.block_bytes > 0.9 * available:
+            raise ValueError(
+                f"host_cache_gib={gib} does not fit: it must hold at least one block ({self.block_bytes} bytes) "
+                f"and at most 90% of the host's available memory ({available / GIB:.1f} GiB)"
+            )
+        shape = (*self.kv_cache.shape[:2], num_host_blocks, *self.kv_cache.shape[3:])
+        return torch.zeros(shape, dtype=self.dtype, pin_memory=self.device.type == "cuda")
+
+    @property
+    def num_host_blocks(self) -> int:
+        return 0 if self.host_cache is None else self.host_cache.shape[2]
+
+    def copy_blocks(self, copies) -> None:
+        """Run the host tier's copies in order (an eviction before a load that may reuse its block)."""
+        for copy in copies:
+            if copy.to_host:
+                self.host_cache[:, :, copy.slot].copy_(self.kv_cache[:, :, copy.block_id], non_blocking=True)
+            else:
+                self.kv_cache[:, :, copy.block_id].copy_(self.host_cache[:, :, copy.slot], non_blocking=True)
 
     def _num_blocks_from_memory(self) -> int:
         cache = self.config.cache
@@ -183,6 +210,7 @@ class ModelRunner:
         A request that only prefilled this step gets []. A burst (`out.num_steps > 1`, decodes only) feeds
         each sampled token back on the device, so the whole burst has one host sync, at the end.
         """
+        self.copy_blocks(out.copies)
         inputs = self.prepare(out)
         sampling = [s for s in out.scheduled if s.do_sample]
         if not sampling:
@@ -208,5 +236,6 @@ class ModelRunner:
     @torch.inference_mode()
     def prompt_logits(self, out: SchedulerOutput) -> torch.Tensor:
         """Logits of every query token of one step (tests compare them with transformers)."""
+        self.copy_blocks(out.copies)
         inputs = self.prepare(out)
         return self.model.compute_logits(self.model(inputs.input_ids, inputs.meta, self.kv_cache))

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from minipic_lite.hashing import BlockHash
 from minipic_lite.sampling_params import SamplingParams
-from minipic_lite.spans import HashState, SpanLayout, block_hashes
+from minipic_lite.spans import HashState, Segment, SegmentKind, SpanLayout, block_hashes
 from minipic_lite.utils import cdiv
 
 
@@ -39,6 +39,7 @@ class Request:
     prompt: str | None = None  # the prompt's text, where there is one
     span_labels: tuple[str | None, ...] = ()  # names of the layout's segments in the cache report
     stream: bool = False  # True: an output after every step, with the text so far
+    is_span_prefill: bool = False  # an SSEP span of another request's prompt, computed ahead (ISPS); no output
     # -- progress (Scheduler) --
     status: RequestStatus = RequestStatus.WAITING
     num_computed_tokens: int = 0
@@ -46,6 +47,7 @@ class Request:
     # -- cache (KVCacheManager) --
     block_table: list[int] = field(default_factory=list)
     cached_block_ids: set[int] = field(default_factory=set)  # logical blocks taken from the cache
+    waiting_blocks: set[int] = field(default_factory=set)  # ... of which another request still computes these
     block_hashes: list[BlockHash] = field(default_factory=list)
     num_published_blocks: int = 0
     num_cached_tokens: int = 0
@@ -109,7 +111,27 @@ class Request:
         """After preemption: forget the cache state; tokens (prompt + outputs so far) are kept."""
         self.block_table.clear()
         self.cached_block_ids.clear()
+        self.waiting_blocks.clear()
         self.num_computed_tokens = 0
         self.num_published_blocks = 0
         self.status = RequestStatus.WAITING
         self.num_preemptions += 1
+
+    def span_segments(self) -> list[Segment]:
+        """The SSEP spans of the prompt that can be computed ahead: whole blocks, before the last prompt token."""
+        segments = self.layout.segments if self.layout is not None else ()
+        return [
+            s
+            for s in segments
+            if s.kind is SegmentKind.SSEP and s.end % self.block_size == 0 and s.end < self.num_prompt_tokens
+        ]
+
+    def span_prefill(self, segment: Segment) -> Request:
+        """One SSEP span of this prompt as a request of its own, whose blocks hash as they do inside this prompt
+        (an SSEP block restarts the chain: spans.py); it samples nothing and ends when its blocks are cached."""
+        tokens = self.token_ids[segment.start : segment.end]
+        n = len(tokens)
+        layout = SpanLayout((Segment(SegmentKind.SSEP, 0, n, 0),), (0,) * n, {0: SegmentKind.SSEP})
+        request_id = f"{self.request_id}/span{segment.index}"
+        params = SamplingParams(max_tokens=1)
+        return Request(request_id, tokens, params, self.block_size, self.root, layout, is_span_prefill=True)

@@ -23,10 +23,13 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import islice
 
 from minipic_lite.config import SchedulerConfig
-from minipic_lite.kv_cache_manager import KVCacheManager
+from minipic_lite.host_tier import BlockCopy
+from minipic_lite.kv_cache_manager import MISS, KVCacheManager
 from minipic_lite.request import Request, RequestStatus
+from minipic_lite.spans import Segment
 
 
 @dataclass(slots=True)
@@ -46,6 +49,7 @@ class SchedulerOutput:
     scheduled: list[ScheduledSeq] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
     num_steps: int = 1  # > 1: a burst of decode steps (every scheduled request decodes)
+    copies: list[BlockCopy] = field(default_factory=list)  # host tier <-> device, run before the forward
 
     @property
     def num_batched_tokens(self) -> int:
@@ -69,6 +73,8 @@ def plan_chunk(seq: Request, budget: int) -> tuple[list[tuple[int, int]], int]:
     while pos < total and num_tokens < budget:
         block = pos // block_size
         if block in seq.cached_block_ids:
+            if block in seq.waiting_blocks:
+                break  # another request computes this block: wait for it (dedup)
             pos = (block + 1) * block_size
             continue
         end = min(total, (block + 1) * block_size, pos + budget - num_tokens)
@@ -82,13 +88,23 @@ def plan_chunk(seq: Request, budget: int) -> tuple[list[tuple[int, int]], int]:
 
 
 class Scheduler:
-    """Queues, the token budget, chunk plans and preemption; blocks are the KV-cache manager's business."""
+    """Queues, the token budget, chunk plans and preemption; blocks are the KV-cache manager's business.
+
+    `config.span_policy` says when the SSEP spans of a waiting prompt are computed:
+      inline   inside the request's own prefill, once it is admitted (spans shared by requests in flight
+               are still computed once: a later request waits for the blocks another one is computing);
+      isps     ahead, as span prefills of their own (`Request.span_prefill`), in the budget the running
+               requests leave; a final part is admitted once none of its spans is missing (cached, or being
+               computed: it then waits for those blocks);
+      barrier  (SPNL) every missing span of the waiting requests first; finals only once none is left.
+    """
 
     def __init__(self, config: SchedulerConfig, kv: KVCacheManager):
         self.config = config
         self.kv = kv
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        self.span_running: list[Request] = []  # span prefills computing ahead of their finals
 
     def add(self, req: Request) -> None:
         self.waiting.append(req)
@@ -106,34 +122,74 @@ class Scheduler:
         if not out.preempted:
             self._schedule_waiting(out, budget)
         out.num_steps = self._plan_burst(out)
+        out.copies = self.kv.take_copies() if out.scheduled else []
         return out
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
-        index = 0
-        while index < len(self.running) and budget > 0:
-            req = self.running[index]
-            ranges, end = plan_chunk(req, budget)
-            if not self._make_room(req, end, out):
-                break  # req itself was preempted: everything after it already was
-            self.kv.grow(req, end)
-            budget -= self._commit_chunk(req, ranges, end, out)
-            index += 1
+        for queue in (self.running, self.span_running):
+            index = 0
+            while index < len(queue) and budget > 0:
+                req = queue[index]
+                ranges, end = plan_chunk(req, budget)
+                if not self._make_room(req, end, out):
+                    break  # req itself was preempted: everything after it already was
+                self.kv.grow(req, end)
+                budget -= self._commit_chunk(req, ranges, end, out)
+                index += 1
         return budget
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
-            req = self.waiting[0]
+        policy = self.config.span_policy
+        # NOTE: spans are computed ahead for the next max_num_seqs waiting requests (not for the whole queue:
+        # blocks computed too early would be evicted before their final uses them).
+        lookahead = list(islice(self.waiting, self.config.max_num_seqs)) if policy != "inline" else []
+        missing = {req.request_id: self._missing_spans(req) for req in lookahead}
+        barrier = policy == "barrier" and (any(missing.values()) or bool(self.span_running))
+        for req in list(self.waiting):
+            if budget <= 0 or len(self.running) >= self.config.max_num_seqs:
+                break
+            if policy != "inline":
+                if req.request_id not in missing:
+                    missing[req.request_id] = self._missing_spans(req)
+                if barrier or missing[req.request_id]:
+                    continue  # its spans are computed ahead first
             if not self.kv.allocate_prompt(req):
                 break
-            self.waiting.popleft()
+            self.waiting.remove(req)
             req.status = RequestStatus.RUNNING
             self.running.append(req)
             ranges, end = plan_chunk(req, budget)
             budget -= self._commit_chunk(req, ranges, end, out)
+        for req in islice(self.waiting, self.config.max_num_seqs) if policy != "inline" else ():
+            if req.request_id not in missing:
+                missing[req.request_id] = self._missing_spans(req)
+            for segment in missing[req.request_id]:
+                budget = self._start_span_prefill(req, segment, out, budget)
+                if budget <= 0:
+                    return
+
+    def _missing_spans(self, req: Request) -> list[Segment]:
+        """Spans of `req` with a block that is neither cached (device or host) nor being computed."""
+        kinds, B = self.kv.match(req), req.block_size
+        return [s for s in req.span_segments() if MISS in kinds[s.start // B : s.end // B]]
+
+    def _start_span_prefill(self, req: Request, segment: Segment, out: SchedulerOutput, budget: int) -> int:
+        unit = req.span_prefill(segment)
+        if MISS not in self.kv.match(unit):
+            return budget  # an earlier span prefill of this step computes it (the same document twice)
+        if not self.kv.allocate_prompt(unit):
+            return 0
+        unit.status = RequestStatus.RUNNING
+        self.span_running.append(unit)
+        ranges, end = plan_chunk(unit, budget)
+        return budget - self._commit_chunk(unit, ranges, end, out)
 
     def _commit_chunk(self, req: Request, ranges, end: int, out: SchedulerOutput) -> int:
+        if not ranges:
+            return 0  # it waits for a block another request computes
         self.kv.publish(req, end)
-        scheduled = ScheduledSeq(req, ranges, end, do_sample=end == len(req.token_ids))
+        do_sample = end == len(req.token_ids) and not req.is_span_prefill
+        scheduled = ScheduledSeq(req, ranges, end, do_sample)
         out.scheduled.append(scheduled)
         return scheduled.num_query_tokens
 
@@ -159,9 +215,10 @@ class Scheduler:
     # -- preemption and finishing ------------------------------------------------------------------------
 
     def _make_room(self, req: Request, end: int, out: SchedulerOutput) -> bool:
-        """Free blocks for `req` up to `end`, preempting from the back of `running`. False if req was preempted."""
+        """Free blocks for `req` up to `end`, preempting from the back: span prefills first (a span prefill
+        never preempts a request), then `running`. False if req itself was preempted."""
         while not self.kv.can_allocate(self.kv.num_missing_blocks(req, end)):
-            victim = self.running[-1]
+            victim = self.span_running[-1] if self.span_running else self.running[-1]
             self.preempt(victim)
             out.preempted.append(victim)
             if victim is req:
@@ -169,19 +226,25 @@ class Scheduler:
         return True
 
     def preempt(self, req: Request) -> None:
+        if req.is_span_prefill:  # dropped: its final computes what is still missing
+            self.finish(req, "preempted")
+            return
         self.running.remove(req)
         self.kv.free(req)
         req.reset_for_recompute()
         self.waiting.appendleft(req)  # NOTE: at the head: it keeps its turn
 
     def finish(self, req: Request, reason: str) -> None:
-        if req in self.running:
-            self.running.remove(req)
-        elif req in self.waiting:
-            self.waiting.remove(req)
+        for queue in (self.running, self.waiting, self.span_running):
+            if req in queue:
+                queue.remove(req)
+                break
         self.kv.free(req)
         req.status = RequestStatus.FINISHED
         req.finish_reason = reason
+        if not req.is_span_prefill and not self.running and not self.waiting:
+            while self.span_running:  # nobody is left to use them
+                self.finish(self.span_running[-1], "abort")
 
     # -- after the forward -------------------------------------------------------------------------------
 
@@ -196,7 +259,11 @@ class Scheduler:
         advanced = []
         for scheduled, tokens in zip(out.scheduled, sampled, strict=True):
             req = scheduled.seq
+            if req.is_finished:
+                continue  # a span prefill dropped when the last request finished earlier in this loop
             req.num_computed_tokens = scheduled.kv_len
+            if req.is_span_prefill and req.num_computed_tokens == len(req.token_ids):
+                self.finish(req, "stop")  # its blocks are published and stay cached
             for i, token_id in enumerate(tokens):
                 req.num_computed_tokens = scheduled.kv_len + i  # step i computed position kv_len - 1 + i
                 req.append_token(token_id)

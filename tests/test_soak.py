@@ -51,15 +51,30 @@ def random_params(rng: random.Random) -> mp.SamplingParams:
     return mp.SamplingParams(max_tokens=max_tokens, temperature=0.9, top_p=0.9, seed=rng.randrange(100))
 
 
+ENGINE_KWARGS = dict(device="cpu", dtype="float32", control_tokens=CONTROL, block_size=B, max_model_len=96)
+
+
 def test_soak(tiny_dir):
-    rng = random.Random(1234)
-    engine_kwargs = dict(device="cpu", dtype="float32", control_tokens=CONTROL, block_size=B, max_model_len=96)
-    llm = mp.LLM(str(tiny_dir), num_blocks=40, max_num_seqs=6, max_num_batched_tokens=24, **engine_kwargs)
+    soak(tiny_dir, NUM_STEPS, seed=1234)
+
+
+@pytest.mark.parametrize("span_policy", ["isps", "barrier"])
+def test_soak_span_policies_with_a_small_host_tier(tiny_dir, span_policy):
+    """The other span policies, and a host tier of 12 blocks under a device cache of 40 (it fills and evicts)."""
+    llm = soak(tiny_dir, 2_000, seed=99, span_policy=span_policy, host_cache_gib=12 * 1024 / 2**30)
+    stats = llm.stats()
+    assert stats["num_host_blocks"] == 12 and stats["num_host_hit_blocks"] > 0 and stats["host_bytes_moved"] > 0
+    assert llm.engine.kv.host.num_stored > 12  # the host tier was full and evicted (LRU)
+
+
+def soak(tiny_dir, num_steps_wanted: int, seed: int, **options):
+    rng = random.Random(seed)
+    llm = mp.LLM(str(tiny_dir), num_blocks=40, max_num_seqs=6, max_num_batched_tokens=24, **ENGINE_KWARGS, **options)
     engine = llm.engine
     docs = [[rng.randrange(6, 48) for _ in range(rng.randrange(3, 11))] for _ in range(5)]
     submitted, finished = {}, {}
     num_steps = 0
-    while num_steps < NUM_STEPS:
+    while num_steps < num_steps_wanted:
         if len(engine.requests) < 8 and rng.random() < 0.3:
             tokens, params = random_prompt(rng, docs), random_params(rng)
             submitted[engine.add_request(tokens, params)] = (tokens, params)
@@ -69,19 +84,19 @@ def test_soak(tiny_dir):
         for output in engine.step():
             assert output.finished
             finished[output.request_id] = output
-        engine.pool.check_integrity()
+        engine.kv.check_integrity()
         num_steps += 1
     while engine.has_unfinished():
         for output in engine.step():
             finished[output.request_id] = output
-        engine.pool.check_integrity()
+        engine.kv.check_integrity()
         num_steps += 1
     print(f"soak: {num_steps} engine steps, {len(submitted)} requests, {engine.stats.num_preemptions} preemptions")
     assert set(finished) == set(submitted), "a request was lost"
     assert engine.pool.num_free_blocks == engine.pool.num_blocks and not engine.requests  # nothing leaked
     assert engine.stats.num_preemptions > 0 and engine.stats.num_aborted > 0 and engine.stats.num_hit_blocks > 0
 
-    solo = mp.LLM(str(tiny_dir), num_blocks=64, enable_prefix_caching=False, **engine_kwargs)
+    solo = mp.LLM(str(tiny_dir), num_blocks=64, enable_prefix_caching=False, **ENGINE_KWARGS)
     num_checked = 0
     for request_id, (tokens, params) in submitted.items():
         out = finished[request_id]
@@ -91,4 +106,5 @@ def test_soak(tiny_dir):
         assert out.token_ids == alone.token_ids, request_id
         num_checked += 1
     print(f"soak: {num_checked} greedy outputs equal their solo runs")
-    assert num_checked > 100
+    assert num_checked > 100 * num_steps_wanted // NUM_STEPS
+    return llm

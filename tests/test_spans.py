@@ -1,5 +1,5 @@
-"""Span semantics as pure functions (segments, visible_start, the two hash chains, validation), the prompt
-composer on the real tokenizer, and per-block reuse of spans in the scheduler (no model)."""
+"""Span semantics as pure functions (segments, visible_start, the two hash chains, validation) and per-block
+reuse of spans in the scheduler (no model). The composer that writes span prompts: test_prompts.py."""
 
 import pytest
 from hypothesis import given, settings
@@ -8,7 +8,6 @@ from hypothesis import strategies as st
 from minipic_lite.config import ControlTokens, SchedulerConfig
 from minipic_lite.hashing import chain_hashes, root_hash
 from minipic_lite.kv_cache_manager import KVCacheManager
-from minipic_lite.prompts import Module, Param, Piece, PromptComposer
 from minipic_lite.request import Request
 from minipic_lite.sampling_params import SamplingParams
 from minipic_lite.scheduler import Scheduler
@@ -191,80 +190,6 @@ def test_sequence_hashes_incrementally_and_generated_tokens_continue_the_last_se
     for t in generated:
         plain.append_token(t)
     assert plain.block_hashes == chain_hashes(ROOT, [10] * split + generated, B)
-
-
-# -- the composer (real SmolLM2 tokenizer, no model) ---------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def composer():
-    from minipic_lite.llm import default_control_tokens
-    from minipic_lite.models.loader import load_tokenizer, resolve_model_dir
-
-    tokenizer = load_tokenizer(resolve_model_dir(None))
-    return PromptComposer(tokenizer, default_control_tokens(tokenizer), 16)
-
-
-DOCS = ["The cat sat on the mat. " * 5, "Paris is the capital of France.", "Water boils at 100 degrees. " * 3]
-
-
-def test_smollm2_control_tokens_are_its_unused_repository_tokens(composer):
-    assert composer.control == ControlTokens(ssep_id=3, pdep_id=4, pad_id=5)
-    assert composer.tokenizer.convert_ids_to_tokens([3, 4, 5]) == ["<repo_name>", "<reponame>", "<file_sep>"]
-
-
-def test_block_attention_prompt_layout(composer):
-    prompt = composer.block_attention("Answer briefly.", DOCS, "Where is Paris?")
-    layout = prompt.layout
-    assert [s.kind.value for s in layout.segments] == ["leading", "ssep", "ssep", "ssep", "pdep"]
-    assert prompt.labels == ("system", "doc 0", "doc 1", "doc 2", "question")
-    assert prompt.text.startswith("<|im_start|>system\nAnswer briefly.<|im_end|>\n<|im_start|>user\n")
-    assert prompt.text.endswith("Where is Paris?<|im_end|>\n<|im_start|>assistant\n")
-    for seg, doc in zip(layout.segments[1:4], DOCS, strict=True):
-        body = prompt.token_ids[seg.start + 1 : seg.end]
-        doc_ids = composer.encode(doc + "\n\n")
-        assert body[: len(doc_ids)] == doc_ids and set(body[len(doc_ids) :]) <= {5}  # the doc, then padding
-    # the prefix recipe is the same tokens without markers and padding
-    plain = composer.prefix("Answer briefly.", DOCS, "Where is Paris?")
-    assert [t for t in prompt.token_ids if t not in (3, 4, 5)] == list(plain.token_ids)
-    assert not plain.has_markers and plain.layout.visible_start == (0,) * len(plain)
-
-
-def test_epic_links_are_one_pdep_block_before_each_ssep_rest(composer):
-    prompt = composer.epic(None, DOCS, "Where is Paris?")
-    kinds = [(s.kind.value, s.end - s.start) for s in prompt.segments]
-    assert kinds[0][0] == "leading" and kinds[-1][0] == "pdep"
-    links = [s for s, label in zip(prompt.segments, prompt.labels, strict=True) if label.startswith("link")]
-    assert len(links) == 3 and all(s.kind is SegmentKind.PDEP for s in links)
-    assert [s.end - s.start for s in links[:1]] == [16]  # marker + the document's first 15 tokens
-
-
-def test_span_prompts_hash_as_in_the_final_prompts(composer):
-    root = root_hash("composer")
-    for recipe in ("block_attention", "epic"):
-        final = composer.recipe(recipe, "System A", DOCS[::-1], "Q?")
-        final_hashes = set(prompt_block_hashes(final.token_ids, composer.control, 16, root))
-        for warm in composer.span_prompts(recipe, DOCS):
-            assert len(warm) % 16 == 0 and warm.token_ids[0] == 3
-            assert set(prompt_block_hashes(warm.token_ids, composer.control, 16, root)) <= final_hashes
-
-
-def test_prompt_cache_puts_modules_and_params_in_schema_order(composer):
-    schema = [Module(DOCS[0], "rules"), Param("Name: Alice"), Module(DOCS[1]), Param("Age: 7", "age")]
-    prompt = composer.prompt_cache("sys", schema, "Hi?")
-    assert [s.kind.value for s in prompt.segments] == ["leading", "ssep", "pdep", "ssep", "pdep", "pdep"]
-    assert prompt.labels == ("system", "rules", "param 1", "module 2", "age", "question")
-    assert [p.labels for p in composer.span_prompts("prompt_cache", schema)] == [("rules",), ("module 2",)]
-
-
-def test_composer_refuses_markers_in_content_and_missing_control_tokens(composer):
-    with pytest.raises(ValueError, match=r"piece 1 \(doc\) contains the SSEP control token at offset 2"):
-        composer.compose([Piece("hi"), Piece((7, 8, 3), label="doc")])
-    bare = PromptComposer(composer.tokenizer, ControlTokens(), 16)
-    with pytest.raises(ValueError, match="no SSEP control token"):
-        bare.block_attention(None, DOCS, "Q?")
-    with pytest.raises(ValueError, match="unknown recipe"):
-        composer.recipe("rag", None, DOCS, "Q?")
 
 
 # -- per-block reuse of spans in the scheduler ---------------------------------------------------------------

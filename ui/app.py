@@ -22,6 +22,11 @@ TICK_SECONDS = 1.0
 MAX_CONCURRENT_REQUESTS = 8  # generate events served at once (all share the engine's batches)
 DEFAULT_MAX_TOKENS = 48
 NUM_DEFAULT_DOCUMENTS = 3
+SPAN_POLICY_NOTES = {
+    "inline": "a prompt's spans are prefilled in the same chunks as the rest of it",
+    "isps": "spans of waiting prompts are prefilled ahead, in the budget running requests leave",
+    "barrier": "every missing span of the waiting prompts first, their final prefills after",
+}
 
 
 def build_demo(llm) -> gr.Blocks:
@@ -72,7 +77,8 @@ def build_demo(llm) -> gr.Blocks:
         with gr.Tab("Scheduler timeline"):
             gr.Markdown(
                 "Tokens per engine step: **span prefill** (SSEP documents), **final prefill** (the rest of the "
-                "prompt) and **decode**. Today's policy prefills spans inline, in the same chunks as the rest."
+                f"prompt) and **decode**. This engine's span policy: **{llm.config.scheduler.span_policy}** "
+                f"({SPAN_POLICY_NOTES[llm.config.scheduler.span_policy]}; `minipic-lite ui --span-policy` picks it)."
             )
             timeline = gr.BarPlot(x="step", y="tokens", color="kind", label="Scheduler timeline", elem_id="timeline")
         with gr.Tab("Checkpoints"):

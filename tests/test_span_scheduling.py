@@ -1,0 +1,234 @@
+"""Span dedup, the span policies (inline / isps / barrier) and the host tier, on the scheduler and the KV-cache
+manager with exact block ids and token counts (no model; `check_integrity()` after every step)."""
+
+import dataclasses
+
+import pytest
+
+from minipic_lite.config import ControlTokens, SchedulerConfig
+from minipic_lite.hashing import root_hash
+from minipic_lite.host_tier import BlockCopy, HostTier
+from minipic_lite.kv_cache_manager import KVCacheManager
+from minipic_lite.request import Request
+from minipic_lite.sampling_params import SamplingParams
+from minipic_lite.scheduler import Scheduler, plan_chunk
+from minipic_lite.spans import span_layout
+
+B = 4
+S, P, PAD = 1, 2, 3
+CONTROL = ControlTokens(ssep_id=S, pdep_id=P, pad_id=PAD)
+ROOT = root_hash("test-span-scheduling")
+DOC = [S, 30, 31, 32, 33, 34, 35, 36]  # an SSEP span of two blocks
+DOC2 = [S, 40, 41, 42, 43, 44, PAD, PAD]
+
+
+def request(request_id, token_ids, max_tokens=2):
+    params = SamplingParams(max_tokens=max_tokens)
+    return Request(request_id, list(token_ids), params, B, ROOT, span_layout(token_ids, CONTROL, B))
+
+
+def scheduler(num_blocks=32, budget=256, max_num_seqs=8, policy="inline", num_host_blocks=0):
+    config = SchedulerConfig(max_num_seqs, budget, 1024, span_policy=policy)
+    return Scheduler(config, KVCacheManager(num_blocks, num_host_blocks=num_host_blocks))
+
+
+def step(sched, computed=None):
+    """One engine step without a model (token 7 sampled); `computed` collects (request id, position) pairs."""
+    out = sched.schedule()
+    for s in out.scheduled:
+        for start, end in s.query_ranges:
+            computed is not None and computed.extend((s.seq.request_id, p) for p in range(start, end))
+    sampled = [[7] if s.do_sample else [] for s in out.scheduled]
+    sched.postprocess(out, sampled, lambda req: req.num_output_tokens >= req.sampling_params.max_tokens and (
+        sched.finish(req, "length") or True))  # fmt: skip
+    sched.kv.check_integrity()
+    return out
+
+
+def run(sched, computed=None, max_steps=200):
+    for _ in range(max_steps):
+        if not sched.has_unfinished:
+            return
+        step(sched, computed)
+    raise AssertionError("requests did not finish")
+
+
+def positions_of(computed, request_id):
+    return [p for r, p in computed if r == request_id]
+
+
+# -- dedup ---------------------------------------------------------------------------------------------------
+
+
+def test_the_same_document_twice_in_one_prompt_is_computed_once():
+    sched = scheduler()
+    a = request("a", [20, 21, 22, PAD] + DOC + DOC + [P, 60, 61])
+    sched.add(a)
+    computed = []
+    run(sched, computed)
+    assert a.block_table[3:5] == a.block_table[1:3]  # one physical copy at two offsets
+    assert a.cached_block_ids == {3, 4} and a.waiting_blocks == set()
+    prompt_positions = [p for p in positions_of(computed, "a") if p < 23]
+    assert prompt_positions == list(range(12)) + list(range(20, 23))  # the second copy [12, 20) never computed
+    assert sched.kv.pool.num_free_blocks == 32 and not sched.kv.pending and not sched.kv.waiters
+
+
+def test_a_request_admitted_while_another_computes_the_document_waits_for_its_blocks():
+    kv = KVCacheManager(16)
+    a = request("a", [20, 21, 22, PAD] + DOC + [P, 60, 61])
+    b = request("b", [25, 26, 27, PAD] + DOC + [P, 60, 62])
+    assert kv.allocate_prompt(a)
+    kv.publish(a, 6)  # a's first chunk [0, 6) is scheduled: block 0 published, the document's are not
+    assert kv.allocate_prompt(b)
+    assert b.block_table[1:3] == a.block_table[1:3] and b.waiting_blocks == {1, 2} and b.cached_block_ids == {1, 2}
+    assert plan_chunk(b, 100) == ([(0, 4)], 4)  # b stops where a's blocks are not written yet
+    kv.check_integrity()
+    kv.publish(a, 12)
+    assert b.waiting_blocks == set() and plan_chunk(b, 100) == ([(0, 4), (12, 15)], 15)
+    kv.free(a)
+    kv.free(b)
+    kv.check_integrity()
+    assert kv.num_free_blocks == 16 and not kv.pending and not kv.waiters
+
+
+def test_when_the_computing_request_goes_the_waiting_one_computes_the_rest_itself():
+    kv = KVCacheManager(16)
+    a = request("a", [20, 21, 22, PAD] + DOC + [P, 60, 61])
+    b = request("b", [25, 26, 27, PAD] + DOC + [P, 60, 62])
+    assert kv.allocate_prompt(a)
+    kv.publish(a, 8)  # the document's first block is written, its second is not
+    assert kv.allocate_prompt(b) and b.waiting_blocks == {2}
+    kv.free(a)  # a is aborted (or preempted)
+    kv.check_integrity()
+    assert b.waiting_blocks == set() and b.cached_block_ids == {1} and kv.pending[b.block_hashes[2]][1] is b
+    assert b.num_cached_tokens == 4 and plan_chunk(b, 100) == ([(0, 4), (8, 15)], 15)
+    kv.publish(b, 15)
+    assert not kv.pending
+    kv.free(b)
+    kv.check_integrity()
+
+
+# -- the policies -------------------------------------------------------------------------------------------
+
+
+def test_isps_computes_a_waiting_prompts_spans_beside_the_running_decodes():
+    sched = scheduler(max_num_seqs=1, policy="isps")
+    a = request("a", [20, 21, 22, PAD] + DOC + [P, 60, 61], max_tokens=4)
+    b = request("b", [25, 26, 27, PAD] + DOC2 + [P, 60, 62])
+    sched.add(a)
+    sched.add(b)
+    first, second = step(sched), step(sched)
+    # one seat: spans are computed ahead for one waiting request at a time, beside the running one
+    assert [(s.seq.request_id, s.query_ranges, s.do_sample) for s in first.scheduled] == [("a/span1", [(0, 8)], False)]
+    assert [(s.seq.request_id, s.query_ranges) for s in second.scheduled] == [
+        ("a", [(0, 4), (12, 15)]),  # the document's blocks are hits
+        ("b/span1", [(0, 8)]),
+    ]
+    run(sched)
+    assert a.num_output_tokens == 4 and b.num_output_tokens == 2 and not sched.span_running
+
+
+def test_isps_overlaps_span_prefill_of_later_requests_with_decodes_and_then_admits_the_final_with_hits():
+    sched = scheduler(max_num_seqs=1, policy="isps")
+    a = request("a", [20, 21, 22, PAD, P, 60, 61], max_tokens=4)  # no spans
+    b = request("b", [25, 26, 27, PAD] + DOC2 + [P, 60, 62])
+    sched.add(a)
+    sched.add(b)
+    first = step(sched)  # a takes the only seat; b's span is computed in the same step, beside a's prefill
+    assert [(s.seq.request_id, s.query_ranges) for s in first.scheduled] == [("a", [(0, 7)]), ("b/span1", [(0, 8)])]
+    second = step(sched)  # a decodes; b waits for the seat with its span cached
+    assert [(s.seq.request_id, s.query_ranges) for s in second.scheduled] == [("a", [(7, 8)])]
+    computed = []
+    run(sched, computed)
+    assert b.cached_block_ids == {1, 2} and [p for p in positions_of(computed, "b") if p < 15] == [
+        0,
+        1,
+        2,
+        3,
+        12,
+        13,
+        14,
+    ]
+    assert b.num_output_tokens == 2
+
+
+def test_barrier_admits_no_final_while_a_waiting_prompt_misses_a_span():
+    sched = scheduler(budget=8, policy="barrier")
+    a = request("a", [20, 21, 22, PAD] + DOC + [P, 60, 61])
+    b = request("b", [25, 26, 27, PAD] + DOC2 + [P, 60, 62])
+    sched.add(a)
+    sched.add(b)
+    out = step(sched)
+    assert [s.seq.request_id for s in out.scheduled] == ["a/span1"]  # the budget of 8: one span per step
+    out = step(sched)
+    assert [s.seq.request_id for s in out.scheduled] == ["b/span1"]
+    out = step(sched)
+    assert [s.seq.request_id for s in out.scheduled] == ["a", "b"]  # every span is cached: finals, with hits
+    run(sched)
+    assert a.cached_block_ids == {1, 2} and b.cached_block_ids == {1, 2}
+
+
+def test_a_span_prefill_never_preempts_a_request():
+    sched = scheduler(num_blocks=6, max_num_seqs=1, policy="isps")
+    a = request("a", [20, 21, 22, PAD, P, 60, 61], max_tokens=6)  # 2 blocks, growing to 4
+    b = request("b", [25, 26, 27, PAD] + DOC2 + [P, 60, 62])  # its span needs 2 blocks
+    sched.add(a)
+    sched.add(b)
+    run(sched)
+    assert a.num_preemptions == 0 and a.num_output_tokens == 6 and b.num_output_tokens == 2
+
+
+@pytest.mark.parametrize("policy", ["inline", "isps", "barrier"])
+def test_every_policy_finishes_a_mix_sharing_documents_with_no_block_lost(policy):
+    sched = scheduler(num_blocks=14, budget=6, max_num_seqs=2, policy=policy)
+    prompts = [
+        [20, 21, 22, PAD] + DOC + DOC2 + [P, 60, 61],
+        [25, PAD, PAD, PAD] + DOC2 + DOC + [P, 62],
+        DOC + DOC + [P, 63, 64, 65, 66],
+        [26, 27, 28, 29, P, 67],
+    ]
+    requests = [request(str(i), p, max_tokens=3) for i, p in enumerate(prompts)]
+    for r in requests:
+        sched.add(r)
+    run(sched)
+    assert all(r.num_output_tokens == 3 for r in requests)
+    assert sched.kv.pool.num_free_blocks == 14 and not sched.kv.pending and not sched.kv.waiters
+    with pytest.raises(ValueError, match="span_policy must be one of inline, isps, barrier"):
+        dataclasses.replace(sched.config, span_policy="eager")
+
+
+# -- the host tier -------------------------------------------------------------------------------------------
+
+
+def test_host_tier_is_lru_and_never_evicts_a_pinned_slot():
+    host = HostTier(2)
+    assert (host.store(b"a"), host.store(b"b")) == (0, 1)
+    assert host.store(b"a") is None  # here already: fresher, no copy
+    host.pinned = {b"b"}
+    assert host.store(b"c") == 0 and b"a" not in host  # "b" was older but pinned: "a" goes
+    host.pinned = {b"b", b"c"}
+    assert host.store(b"d") is None and b"d" not in host
+    assert host.load(b"b") == 1 and host.num_loaded == 1 and host.num_stored == 3
+    host.check_integrity()
+
+
+def test_an_evicted_block_comes_back_from_the_host_tier_into_any_free_block():
+    kv = KVCacheManager(3, num_host_blocks=8)
+    a = request("a", [20, 21, 22, 23, 24, 25, 26, 27, 28])  # blocks 0, 1 full
+    assert kv.allocate_prompt(a) and a.block_table == [0, 1, 2]
+    kv.publish(a, 9)
+    kv.free(a)  # free queue (LRU): [1, 2] then [0] ... tail first: 2, 1, 0
+    b = request("b", [50, 51, 52, 53, 54, 55, 56, 57, 58])  # evicts all three of a's blocks
+    assert kv.allocate_prompt(b)
+    copies = kv.take_copies()
+    assert copies == [BlockCopy(True, 1, 0), BlockCopy(True, 0, 1)]  # only full (hashed) blocks go to the host
+    kv.publish(b, 9)
+    kv.free(b)
+    a2 = request("a2", [20, 21, 22, 23, 24, 25, 26, 27, 99])
+    assert kv.allocate_prompt(a2) and a2.cached_block_ids == {0, 1} and kv.num_host_hits == 2
+    copies = kv.take_copies()
+    # in order: block 1 goes out to the host (b's hash) before a's block comes into it
+    assert a2.block_table == [0, 1, 2]
+    assert copies == [BlockCopy(False, 0, 1), BlockCopy(True, 1, 2), BlockCopy(False, 1, 0), BlockCopy(True, 2, 3)]
+    kv.check_integrity()
+    assert kv.pool.peek(a2.block_hashes[0]) == a2.block_table[0]  # published: others hit it at once
