@@ -37,3 +37,24 @@ def test_cuda_graph_replay_gives_the_eager_tokens(tiny_dir, num_scheduler_steps)
     reference = eager.generate(prompts, params, use_tqdm=False)
     assert [o.token_ids for o in replayed] == [o.token_ids for o in reference]
     assert all(len(o.token_ids) == 24 for o in replayed)
+
+
+@pytest.mark.parametrize("span_policy", ["isps", "barrier"])
+def test_host_tier_copies_and_span_policies_on_cuda_give_the_roomy_inline_tokens(tiny_dir, span_policy):
+    """Pinned host blocks copied back before the forward (non-blocking, stream-ordered), span prefills beside
+    CUDA-graph decodes: the tokens of a roomy cache with the inline policy."""
+    control = mp.ControlTokens(ssep_id=3, pdep_id=4, pad_id=5)
+    kwargs = dict(device="cuda", dtype="float32", max_model_len=256, max_num_seqs=4, control_tokens=control)
+    roomy = mp.LLM(str(tiny_dir), num_blocks=512, **kwargs)
+    small = mp.LLM(str(tiny_dir), num_blocks=16, host_cache_gib=64 * roomy.engine.runner.block_bytes / 2**30,
+                   span_policy=span_policy, max_num_batched_tokens=64, **kwargs)  # fmt: skip
+    gen = torch.Generator().manual_seed(2)
+    docs = [[3, *torch.randint(6, 512, (30,), generator=gen).tolist(), 5] for _ in range(12)]  # 2 blocks each
+    prompts = [[7, 8, 9] + [5] * 13 + docs[i] + docs[(i + 5) % 12] + [4, 10 + i, 11] for i in range(12)]
+    prompts += prompts[::-1]  # 25 blocks of documents and system turn against 16 on the device
+    params = mp.SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    expected = [o.token_ids for o in roomy.generate(prompts, params, use_tqdm=False)]
+    got = [o.token_ids for p in prompts for o in small.generate([p], params, use_tqdm=False)]
+    assert got == expected
+    assert small.stats()["num_host_hit_blocks"] > 0
+    small.engine.kv.check_integrity()

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Issue 10 on the H200 in one device call: the GPU tests, then the RAG, offload, TTFT-grid and span-scaling
+# benches (Llama-3-8B shape, random bf16), each log under $OUT. Needs .whl (datasets, dill, multiprocess) and
+# bench/data (the RAG datasets, built here with `python bench/rag.py --build-only --samples 64`) carried.
+#
+#   GIT_SHA=$(git rev-parse --short HEAD) bash bench/gpu_issue10.sh [part]   part: all (default), a or b
+set -u
+cd "$(dirname "$0")/.."
+export TRITON_INTERPRET=0 PYTHONUNBUFFERED=1 GIT_SHA=${GIT_SHA:-unknown}
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl >/dev/null 2>&1
+export PYTHONPATH=/tmp/site:$PWD
+step() {  # step NAME LIMIT_S command...: run it with a limit, keep its log, show its end
+    local name=$1 limit=$2
+    shift 2
+    echo "== $name ($(date +%T))"
+    timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
+    echo "rc=$? ($(date +%T))"
+    tail -n 25 "$OUT/$name.log"
+}
+part=${1:-all}
+RAG="python3 bench/rag.py --device cuda --llama3-8b-shape --samples 64"
+if [[ $part == all || $part == a ]]; then
+    step gpu_tests 240 python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider
+    step rag 420 $RAG --max-num-seqs 32 --max-num-batched-tokens 8192
+    step offload_host 200 $RAG --systems isps --reuse 0.9 --max-num-seqs 4 --max-num-batched-tokens 4096 \
+        --max-model-len 2560 --num-blocks 240 --host-cache-gib 16 --tag -offload-host
+    step offload_recompute 200 $RAG --systems isps --reuse 0.9 --max-num-seqs 4 --max-num-batched-tokens 4096 \
+        --max-model-len 2560 --num-blocks 240 --tag -offload-recompute
+fi
+if [[ $part == all || $part == b ]]; then
+    step ttft_grid 420 python3 bench/ttft_spans.py --device cuda --llama3-8b-shape --doc-tokens 512,1024,2048,4096 \
+        --ks 1,2,4,8 --repeats 3
+    step span_scaling 240 python3 bench/span_scaling.py --device cuda --llama3-8b-shape --span-tokens 2048 \
+        --ns 1,2,4,8,16 --repeats 3
+fi
+cp bench/results/*"$GIT_SHA"* "$OUT"/ 2>/dev/null
+ls "$OUT"
