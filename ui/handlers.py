@@ -1,0 +1,126 @@
+"""The app's handlers as plain Python over the public API (`LLM.stream`, `LLM.abort`, `LLM.stats`): gradio
+calls them (app.py), the tests call them directly. One `Handlers` serves every browser session; a session is
+named by gradio's session hash and sees its own answers only."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from functools import lru_cache
+
+import minipic_lite as mp
+from minipic_lite.checkpoints import DEFAULT_BIN_SIZE
+from ui.cache_view import grid_cells, grid_html, inflight_html, pool_markdown, summary_markdown
+from ui.checkpoints_panel import MAX_BUDGET, histogram_frame, learn_overlaps, plans_frame, policy_plans, positions_frame
+from ui.compose import InputError, build_prompt, split_documents
+from ui.monitor import Monitor
+from ui.timeline import timeline_frame
+
+APP_STREAM = "this app's prompts"
+BENCH_STREAMS = ("system_prompts", "essay_questions")
+BENCH_STREAM_REQUESTS = 60
+
+
+class Handlers:
+    def __init__(self, llm: mp.LLM):
+        self.llm = llm
+        self.composer = llm.composer
+        self.monitor = Monitor()
+        self.last_grid: dict[str, str] = {}  # session -> the grid of its last request
+
+    # -- compose & generate -------------------------------------------------------------------------------
+
+    def generate(
+        self, recipe: str, system: str, documents_text: str, question: str, max_tokens, session: str = "local"
+    ) -> Iterator[tuple[str, str, str, str]]:
+        """Stream (answer so far, summary, cache grid, status message) of one request; bad input: the message."""
+        request_id = self.monitor.new_request_id()
+        try:
+            prompt = build_prompt(
+                self.composer,
+                recipe,
+                system or "",
+                split_documents(documents_text),
+                question or "",
+                max_tokens,
+                self.llm.config.scheduler.max_model_len,
+            )
+            params = mp.SamplingParams(max_tokens=int(max_tokens), temperature=0.0)
+            # NOTE: validated here; the request is queued on the stream's first next(), below
+            stream = self.llm.stream(prompt, params, request_id=request_id)
+        except ValueError as e:  # InputError is one: outside the bounds; others: the engine's own checks
+            yield "", "", self.last_grid.get(session, grid_html([])), f"⚠️ {e}"
+            return
+        self.monitor.start(request_id, session, prompt.token_ids)
+        grid, has_report = self.last_grid.get(session, grid_html([])), False
+        try:
+            for out in stream:
+                self.monitor.update(request_id, out)
+                if out.cache_report and not has_report:  # NOTE: the report is fixed at admission: draw it once
+                    has_report = True
+                    grid = self.grid(out, caption=f"request {request_id} ({recipe}): {len(prompt)} prompt tokens")
+                    self.last_grid[session] = grid
+                yield out.text, summary_markdown(out), grid, f"{request_id}: {out.finish_reason or 'generating'}"
+        finally:
+            stream.close()  # NOTE: a generator left early (tab closed, event cancelled) aborts its request here
+            self.monitor.finish(request_id)
+
+    def grid(self, output, caption: str = "") -> str:
+        return grid_html(grid_cells(output.cache_report, output.prompt_token_ids, self.llm.config.control), caption)
+
+    def stop(self, session: str) -> str:
+        """Abort the session's requests in flight (the Stop button, a closed tab)."""
+        request_ids = self.monitor.requests_of(session)
+        for request_id in request_ids:
+            self.llm.abort(request_id)
+        return f"stopped {', '.join(request_ids)}" if request_ids else "nothing to stop"
+
+    def close_session(self, session: str) -> None:
+        self.stop(session)
+        self.last_grid.pop(session, None)
+
+    # -- live views ---------------------------------------------------------------------------------------
+
+    def tick(self):
+        """(pool table, hit rate over time, requests in flight, scheduler timeline), sampled now."""
+        stats = self.llm.stats()
+        self.monitor.record_stats(stats)
+        control = self.llm.config.control
+        entries = [
+            (rid, grid_cells(out.cache_report, out.prompt_token_ids, control), len(out.token_ids))
+            for rid, out in self.monitor.in_flight()
+            if out is not None
+        ]
+        records = self.llm.engine.step_log.records()
+        return pool_markdown(stats), self.monitor.hit_rate_frame(), inflight_html(entries), timeline_frame(records)
+
+    # -- checkpoints --------------------------------------------------------------------------------------
+
+    def plan_checkpoints(self, source: str, budget, bin_size=DEFAULT_BIN_SIZE):
+        """(overlap histogram, positions per policy, table, caption) for the chosen request stream."""
+        budget, bin_size = int(budget), int(bin_size)
+        if not 1 <= budget <= MAX_BUDGET:
+            raise InputError(f"The budget must be 1 to {MAX_BUDGET} checkpoints, got {budget}.")
+        requests = self.monitor.served_prompts() if source == APP_STREAM else bench_stream(source)
+        if len(requests) < 2:
+            raise InputError(
+                "Generate a few prompts first (or pick a benchmark stream): there is nothing to learn from."
+            )
+        estimator = learn_overlaps(requests, budget, bin_size)
+        num_tokens = len(requests[-1])
+        weights = estimator.weights(num_tokens)
+        rows = policy_plans(weights, budget, bin_size)
+        caption = (
+            f"Learned from {len(requests)} requests of *{source}* ({estimator.num_observations} overlaps seen); "
+            f"planned for an entry of N = {num_tokens:,} tokens, M = {budget} checkpoints, a {bin_size}-token grid."
+        )
+        return histogram_frame(weights, bin_size), positions_frame(rows), plans_frame(rows), caption
+
+
+@lru_cache(maxsize=len(BENCH_STREAMS))
+def bench_stream(name: str) -> list[list[int]]:
+    """The first requests of a benchmark stream (checkpoints/streams.py), as token ids."""
+    from minipic_lite.checkpoints.streams import STREAMS, StreamSpec, load_tokenizer, tokenize
+
+    if name not in STREAMS:
+        raise InputError(f"Unknown stream {name!r}: choose one of {APP_STREAM!r}, {', '.join(STREAMS)}.")
+    return tokenize(STREAMS[name](StreamSpec(num_requests=BENCH_STREAM_REQUESTS, num_prefixes=8)), load_tokenizer())
