@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 10 on the H200 in one device call: the GPU tests, then the RAG, offload, TTFT-grid and span-scaling
+# Issues 10 and 11 on the H200 in two device calls: the GPU tests, then the RAG, offload, TTFT-grid and span-scaling
 # benches (Llama-3-8B shape, random bf16), each log under $OUT. Needs .whl (datasets, dill, multiprocess) and
 # bench/data (the RAG datasets, built here with `python bench/rag.py --build-only --samples 64`) carried.
 #
@@ -28,10 +28,13 @@ if [[ $part == all || $part == a ]]; then
         --max-model-len 3584 --num-blocks 240 --tag=-offload-recompute
 fi
 if [[ $part == all || $part == b ]]; then
-    step ttft_grid 420 python3 bench/ttft_spans.py --device cuda --llama3-8b-shape --doc-tokens 512,1024,2048,4096 \
-        --ks 1,2,4,8 --repeats 3
-    step span_scaling 240 python3 bench/span_scaling.py --device cuda --llama3-8b-shape --span-tokens 2048 \
-        --ns 1,2,4,8,16 --repeats 3
+    step ttft_grid 240 python3 bench/ttft_spans.py --device cuda --llama3-8b-shape --doc-tokens 512,1024,2048,4096 \
+        --ks 1,2,4,8 --repeats 2
+    step span_scaling 120 python3 bench/span_scaling.py --device cuda --llama3-8b-shape --span-tokens 2048 \
+        --ns 1,2,4,8,16 --repeats 2
+    # issue 11's side by side (Qwen3.5 9B shape vs transformers, fla-core carried in .whl); the token-savings
+    # part needs the texts and SmolLM2's tokenizer, which this machine lacks
+    step hybrid_gpu 200 python3 bench/hybrid_checkpoints.py --gpu --skip-savings
 fi
 cp bench/results/*"$GIT_SHA"* "$OUT"/ 2>/dev/null
 ls "$OUT"
