@@ -348,10 +348,12 @@ def main() -> None:
     if args.gpu:
         args.max_prefix_chars, args.num_requests = 0, max(args.num_requests, 100)
 
-    spec = streams.StreamSpec(num_requests=args.num_requests, num_prefixes=args.num_prefixes)
-    stream_requests = truncated_streams(spec, args.max_prefix_chars or None)
-    stream_requests["long_suffix"] = long_suffix_stream(args.num_requests // 2, prefix_len=384, suffix_len=256)
-    stream_requests = {k: [r[: args.max_len - 1] for r in v] for k, v in stream_requests.items()}
+    stream_requests = {}
+    if not args.skip_savings:  # NOTE: the streams need the texts and SmolLM2's tokenizer (not on the GPU machine)
+        spec = streams.StreamSpec(num_requests=args.num_requests, num_prefixes=args.num_prefixes)
+        stream_requests = truncated_streams(spec, args.max_prefix_chars or None)
+        stream_requests["long_suffix"] = long_suffix_stream(args.num_requests // 2, prefix_len=384, suffix_len=256)
+        stream_requests = {k: [r[: args.max_len - 1] for r in v] for k, v in stream_requests.items()}
     with tempfile.TemporaryDirectory() as tmp:
         shape = GPU_SHAPE if args.gpu else CPU_SHAPE
         model_dir = write_config(Path(tmp), shape, args.vocab_size, args.max_len)

@@ -45,9 +45,10 @@ HERE = Path(__file__).parent
 RESULTS, DATA = HERE / "results", HERE / "data"
 NUM_PASSAGES, PASSAGE_TOKENS, SYSTEM_TOKENS, NEW_TOKENS = 10, (100, 300), 96, 32
 CONTROL = mp.ControlTokens(ssep_id=3, pdep_id=4, pad_id=5)  # SmolLM2's unused repository tokens (README)
+# NOTE: Llama-3-8B's shape with a 64k position table (plain RoPE), so the 32k-token TTFT and scaling runs fit.
 LLAMA3_8B = {"model_type": "llama", "vocab_size": 128256, "hidden_size": 4096, "intermediate_size": 14336,
              "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
-             "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "max_position_embeddings": 8192,
+             "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "max_position_embeddings": 65536,
              "tie_word_embeddings": False}  # fmt: skip
 SYSTEMS = {  # name -> (LLM keywords, recipe, span policy)
     "vanilla_prefix": ({"position_free": False}, "prefix", "inline"),

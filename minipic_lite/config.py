@@ -286,6 +286,11 @@ class EngineConfig:
         engine = {k: options.pop(k) for k in ENGINE_OPTIONS & options.keys()}
         if options:
             raise TypeError(f"unknown option {', '.join(map(repr, options))}: the options are named in config.py")
+        if scheduler.max_model_len > model.max_position:
+            raise ValueError(
+                f"max_model_len={scheduler.max_model_len} is past the model's {model.max_position} positions "
+                f"(max_position_embeddings in {Path(model_dir) / 'config.json'})"
+            )
         dtype = dtype or ("bfloat16" if is_cuda else "float32")
         return cls(model_dir, model, cache, scheduler, control, device, dtype, **engine)
 

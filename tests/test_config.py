@@ -47,6 +47,7 @@ def test_from_options_applies_the_device_defaults(model_dir):
         ({"num_blocks": 0}, "num_blocks"),
         ({"max_num_seqs": 0}, "max_num_seqs"),
         ({"num_scheduler_steps": 0}, "num_scheduler_steps"),
+        ({"max_model_len": 129}, "max_model_len=129 is past the model's 128 positions"),
     ],
 )
 def test_bad_options_are_named(model_dir, options, message):
