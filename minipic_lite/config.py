@@ -161,6 +161,9 @@ class CacheConfig:
     cpu_kv_cache_gib: float = DEFAULT_CPU_KV_CACHE_GIB
     position_free: bool = True
     enable_prefix_caching: bool = True
+    # The copy-rerotate baseline (position_free=False only): span markers take effect, and a cached span hit at
+    # another offset is copied to a fresh block with its keys rotated by the offset difference.
+    rerotate_spans: bool = False
     # A host tier for blocks evicted from the device cache (host_tier.py); 0: none.
     host_cache_gib: float = 0.0
     # CPU: decode steps attend over contiguous copies of the running requests' rotated keys and values
@@ -184,6 +187,8 @@ class CacheConfig:
             raise ValueError(f"cpu_kv_cache_gib must be positive, got {self.cpu_kv_cache_gib}")
         if not self.host_cache_gib >= 0:
             raise ValueError(f"host_cache_gib must be >= 0 (0: no host tier), got {self.host_cache_gib}")
+        if self.rerotate_spans and (self.position_free or self.host_cache_gib):
+            raise ValueError("rerotate_spans (the rotated-key baseline) needs position_free=False and no host tier")
         self._check_checkpoints()
 
     def _check_checkpoints(self) -> None:
@@ -259,7 +264,8 @@ class EngineConfig:
     def hash_namespace(self) -> str:
         """Block hashes of different models, dtypes, block sizes and cache modes never alias."""
         c = self.cache
-        return f"minipic:{self.model_dir.name}:{self.dtype}:B{c.block_size}:pf{int(c.position_free)}"
+        mode = f"pf{int(c.position_free)}" + ("rr" if c.rerotate_spans else "")
+        return f"minipic:{self.model_dir.name}:{self.dtype}:B{c.block_size}:{mode}"
 
     @classmethod
     def from_options(

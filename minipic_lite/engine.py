@@ -52,7 +52,9 @@ class LLMEngine:
         self._check_cache_fits_one_request()
         cache = config.cache
         num_host_blocks, states = self.runner.num_host_blocks, self._state_cache()
-        self.kv = KVCacheManager(self.runner.num_blocks, cache.enable_prefix_caching, num_host_blocks, states)
+        self.kv = KVCacheManager(
+            self.runner.num_blocks, cache.enable_prefix_caching, num_host_blocks, states, cache.rerotate_spans
+        )
         self.scheduler = Scheduler(config.scheduler, self.kv)
         self.root = root_hash(config.hash_namespace)
         self.stats = EngineStats()
@@ -102,7 +104,8 @@ class LLMEngine:
                 "(at least one token must be left to generate)"
             )
         cache = self.config.cache
-        layout = span_layout(token_ids, self.config.control, cache.block_size, cache.position_free, require_spans)
+        spans_apply = cache.position_free or cache.rerotate_spans
+        layout = span_layout(token_ids, self.config.control, cache.block_size, spans_apply, require_spans)
         if layout.has_spans and self.config.model.is_hybrid:
             raise ValueError("span markers need attention-only models: a hybrid's recurrent state sees every token")
         return layout
@@ -278,6 +281,7 @@ class LLMEngine:
             "prompt_block_hit_rate": s.num_hit_blocks / num_admitted if num_admitted else 0.0,
             "num_computed_tokens": s.num_computed_tokens,
             "num_host_hit_blocks": self.kv.num_host_hits,
+            "num_rerotated_blocks": self.kv.num_rerotated,
             "num_host_blocks": self.runner.num_host_blocks,
             "host_bytes_moved": 0 if host is None else (host.num_stored + host.num_loaded) * self.runner.block_bytes,
         } | self._state_stats()

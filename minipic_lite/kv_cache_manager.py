@@ -18,18 +18,29 @@ A hybrid model's recurrent-state slots and checkpoints (state_cache.py) plug in 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from minipic_lite.block_pool import BlockPool
 from minipic_lite.hashing import BlockHash
 from minipic_lite.host_tier import BlockCopy, HostTier
 from minipic_lite.request import Request
 from minipic_lite.state_cache import StateCache, StateOps
 
-HIT, PENDING, HOST, MISS = "hit", "pending", "host", "miss"
+HIT, PENDING, HOST, MISS, REROTATE = "hit", "pending", "host", "miss", "rerotate"
+
+
+@dataclass(frozen=True, slots=True)
+class Rerotate:
+    """The copy-rerotate baseline: copy block `src` to `dst`, its (rotated) keys turned by `delta` positions."""
+
+    src: int
+    dst: int
+    delta: int
 
 
 class KVCacheManager:
     def __init__(self, num_blocks: int, enable_prefix_caching: bool = True, num_host_blocks: int = 0,
-                 states: StateCache | None = None):  # fmt: skip
+                 states: StateCache | None = None, rerotate: bool = False):  # fmt: skip
         self.pool = BlockPool(num_blocks, on_evict=self._evicted)
         self.enable_prefix_caching = enable_prefix_caching
         self.host = HostTier(num_host_blocks) if num_host_blocks and enable_prefix_caching else None
@@ -38,6 +49,8 @@ class KVCacheManager:
         self.waiters: dict[BlockHash, list[tuple[Request, int]]] = {}  # hash -> (request, logical block)
         self.num_host_hits = 0
         self.states = states  # hybrid models: state slots and checkpoints (state_cache.py)
+        # the copy-rerotate baseline: where each published block's first token sat when it was computed
+        self.rerotate, self.block_start, self.num_rerotated = rerotate, {}, 0
 
     @property
     def num_free_blocks(self) -> int:
@@ -52,11 +65,12 @@ class KVCacheManager:
         num_hittable = len(req.block_hashes) if req.is_span_prefill else (len(req.token_ids) - 1) // req.block_size
         if not self.enable_prefix_caching:
             return [MISS] * num_hittable
-        kinds, computed_here = [], set()
-        for block_hash in req.block_hashes[:num_hittable]:
-            if self.pool.peek(block_hash) is not None:
-                kinds.append(HIT)
-            elif block_hash in self.pending or block_hash in computed_here:
+        kinds, computed_here, B = [], set(), req.block_size
+        for i, block_hash in enumerate(req.block_hashes[:num_hittable]):
+            block_id = self.pool.peek(block_hash)
+            if block_id is not None:
+                kinds.append(REROTATE if self.rerotate and self.block_start.get(block_id) != i * B else HIT)
+            elif (block_hash in self.pending or block_hash in computed_here) and not self.rerotate:
                 kinds.append(PENDING)
             else:
                 kinds.append(HOST if self.host is not None and block_hash in self.host else MISS)
@@ -81,7 +95,8 @@ class KVCacheManager:
         req.block_table, req.cached_block_ids, req.waiting_blocks = [], set(), set()
         if self.host is not None:  # NOTE: evictions by this admission must not take the slots it loads from
             self.host.pinned = {hashes[i] for i, kind in enumerate(kinds) if kind == HOST}
-        for block_id in hits.values():  # NOTE: first, so that allocating a fresh block never evicts a hit
+        sources = {i: found[i] for i, kind in enumerate(kinds) if kind == REROTATE}
+        for block_id in [*hits.values(), *sources.values()]:  # NOTE: first: a fresh block never evicts them
             self.pool.touch(block_id)
         for i in range(num_blocks):
             kind = kinds[i] if i < len(kinds) else MISS
@@ -97,7 +112,11 @@ class KVCacheManager:
                 req.waiting_blocks.add(i)
             else:
                 block_id = self.pool.allocate()
-            if kind == HOST:
+            if kind == REROTATE:
+                src = sources[i]
+                self.copies.append(Rerotate(src, block_id, i * req.block_size - self.block_start[src]))
+                self.num_rerotated += 1
+            elif kind == HOST:
                 self.copies.append(BlockCopy(False, block_id, self.host.load(hashes[i])))
                 self.pool.cache(block_id, hashes[i])  # NOTE: filled before the forward that reads it
                 self.num_host_hits += 1
@@ -107,15 +126,12 @@ class KVCacheManager:
                 req.cached_block_ids.add(i)
             req.block_table.append(block_id)
         req.num_cached_tokens = len(req.cached_block_ids) * req.block_size
+        self.pool.free(sources.values())  # NOTE: read by their copies before any forward overwrites them
         if self.host is not None:
             self.host.pinned = set()
         if self.states is not None:
             self.states.attach(req, resume)
         return True
-
-    def is_ready(self, req: Request, block: int) -> bool:
-        """A block of `req` taken from the cache holds its K/V (a pending one is not published yet)."""
-        return block not in req.waiting_blocks
 
     # -- growth, publishing, freeing -----------------------------------------------------------------------
 
@@ -140,6 +156,8 @@ class KVCacheManager:
             for i in range(req.num_published_blocks, num_full):
                 block_hash = req.block_hashes[i]
                 self.pool.cache(req.block_table[i], block_hash)
+                if self.rerotate and self.pool.peek(block_hash) == req.block_table[i]:
+                    self.block_start[req.block_table[i]] = i * req.block_size
                 if self.pending.get(block_hash, (None, None))[1] is req and i not in req.cached_block_ids:
                     del self.pending[block_hash]
                     for waiter, block in self.waiters.pop(block_hash, []):

@@ -15,6 +15,7 @@ import torch
 
 from minipic_lite.config import CUDA_GRAPH_BATCH_SIZES, GIB, EngineConfig, ModelConfig
 from minipic_lite.decode_mirror import DecodeMirror
+from minipic_lite.kv_cache_manager import Rerotate
 from minipic_lite.models.llama import rope_table
 from minipic_lite.models.packed_linear import can_pack, pack_linears
 from minipic_lite.models.registry import model_class
@@ -59,6 +60,17 @@ def allocate_kv_cache(cfg: ModelConfig, num_blocks: int, block_size: int, dtype,
     """The paged cache: [2 (k, v), layers, blocks, block_size, kv_heads, head_dim], zeroed."""
     shape = (2, cfg.num_attention_layers, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
     return torch.zeros(shape, dtype=dtype, device=device)
+
+
+def rerotate(keys: torch.Tensor, delta: int, cos_sin: torch.Tensor) -> torch.Tensor:
+    """Keys rotated at positions p (neox style, first rotary_dim dims) turned to p + delta: R(p + d) = R(d) R(p)."""
+    row = cos_sin[abs(delta)].float()
+    half = row.shape[0] // 2
+    cos, sin = row[:half], row[half:] * (1 if delta >= 0 else -1)  # NOTE: cos is even in delta, sin odd
+    x = keys.float()
+    x1, x2 = x[..., :half], x[..., half : 2 * half]
+    turned = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin, x[..., 2 * half :]], dim=-1)
+    return turned.to(keys.dtype)
 
 
 def build_model(config: EngineConfig) -> torch.nn.Module:
@@ -150,9 +162,13 @@ class ModelRunner:
         return 0 if self.host_cache is None else self.host_cache.shape[2]
 
     def copy_blocks(self, copies) -> None:
-        """Run the host tier's copies in order (an eviction before a load that may reuse its block)."""
+        """Run the step's block copies in order (an eviction before a load that may reuse its block): the host
+        tier's, and the copy-rerotate baseline's (kv_cache_manager.Rerotate)."""
         for copy in copies:
-            if copy.to_host:
+            if isinstance(copy, Rerotate):
+                self.kv_cache[1, :, copy.dst].copy_(self.kv_cache[1, :, copy.src])
+                self.kv_cache[0, :, copy.dst] = rerotate(self.kv_cache[0, :, copy.src], copy.delta, self.model.cos_sin)
+            elif copy.to_host:
                 self.host_cache[:, :, copy.slot].copy_(self.kv_cache[:, :, copy.block_id], non_blocking=True)
             else:
                 self.kv_cache[:, :, copy.block_id].copy_(self.host_cache[:, :, copy.slot], non_blocking=True)

@@ -129,3 +129,16 @@ def test_a_host_tier_that_cannot_exist_is_refused_at_start_up(tmp_path, gib, mes
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match=message):
         mp.LLM(str(tmp_path), device="cpu", load_format="dummy", host_cache_gib=gib)
+
+
+def test_the_copy_rerotate_baseline_gives_the_oracle_tokens_with_rotated_copies(model_dir, expected):
+    """Rotated keys with span semantics: a document hit at another offset is copied and its keys re-rotated."""
+    llm = mp.LLM(str(model_dir), device="cpu", dtype="float32", max_model_len=2048, position_free=False,
+                 rerotate_spans=True)  # fmt: skip
+    try:
+        outputs = [llm.generate(p, GREEDY, use_tqdm=False)[0] for p in composed(llm)]  # one by one: hits
+        assert [o.token_ids for o in outputs] == expected
+        assert llm.stats()["num_rerotated_blocks"] > 0 and outputs[1].num_cached_tokens > 0
+        llm.engine.kv.check_integrity()
+    finally:
+        llm.close()

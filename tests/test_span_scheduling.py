@@ -4,11 +4,12 @@ manager with exact block ids and token counts (no model; `check_integrity()` aft
 import dataclasses
 
 import pytest
+import torch
 
 from minipic_lite.config import ControlTokens, SchedulerConfig
 from minipic_lite.hashing import root_hash
 from minipic_lite.host_tier import BlockCopy, HostTier
-from minipic_lite.kv_cache_manager import KVCacheManager
+from minipic_lite.kv_cache_manager import KVCacheManager, Rerotate
 from minipic_lite.request import Request
 from minipic_lite.sampling_params import SamplingParams
 from minipic_lite.scheduler import Scheduler, plan_chunk
@@ -232,3 +233,35 @@ def test_an_evicted_block_comes_back_from_the_host_tier_into_any_free_block():
     assert copies == [BlockCopy(False, 0, 1), BlockCopy(True, 1, 2), BlockCopy(False, 1, 0), BlockCopy(True, 2, 3)]
     kv.check_integrity()
     assert kv.pool.peek(a2.block_hashes[0]) == a2.block_table[0]  # published: others hit it at once
+
+
+# -- the copy-rerotate baseline ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("rotary_dim", "delta"), [(64, 40), (64, -24), (32, 300)])
+def test_rerotate_turns_keys_rotated_at_p_into_keys_rotated_at_p_plus_delta(rotary_dim, delta):
+    from minipic_lite.model_runner import rerotate
+    from ops.rope import apply_rope, rope_cos_sin
+
+    cos_sin = rope_cos_sin(512, rotary_dim, 10000.0)
+    keys = torch.randn(2, B, 3, 64, dtype=torch.float64).float()  # [layers, block tokens, heads, head dim]
+    positions = torch.arange(100, 100 + B)
+    at_p = torch.stack([apply_rope(layer, positions, cos_sin) for layer in keys])
+    at_p_delta = torch.stack([apply_rope(layer, positions + delta, cos_sin) for layer in keys])
+    assert (rerotate(at_p, delta, cos_sin) - at_p_delta).abs().max() < 1e-5
+
+
+def test_a_span_hit_at_another_offset_is_a_rotated_private_copy_and_at_the_same_offset_a_shared_block():
+    kv = KVCacheManager(16, rerotate=True)
+    a = request("a", [20, 21, 22, PAD] + DOC + [P, 60, 61])
+    assert kv.allocate_prompt(a)
+    kv.publish(a, 15)
+    kv.free(a)
+    b = request("b", [25, 26, 27, 28, 29, 30, 31, PAD] + DOC + [P, 60, 62])  # the document 4 tokens later
+    assert kv.allocate_prompt(b) and b.cached_block_ids == {2, 3}
+    assert kv.take_copies() == [Rerotate(1, b.block_table[2], 4), Rerotate(2, b.block_table[3], 4)]
+    assert b.block_table[2:4] != [1, 2] and kv.num_rerotated == 2
+    kv.free(b)
+    c = request("c", [20, 21, 22, PAD] + DOC + [P, 60, 63])  # where a computed it: shared, no copy
+    assert kv.allocate_prompt(c) and c.block_table[1:3] == [1, 2] and kv.take_copies() == []
+    kv.check_integrity()
