@@ -209,7 +209,8 @@ def main() -> None:
         names = [n for n in systems if json.dumps(SYSTEMS[n][0], sort_keys=True) == mode]
         llm = make_llm(args, model_dir, json.loads(mode))
         for name in names:  # warm-up: compile and autotune every shape class the timed runs will meet
-            run_system(llm, data[reuses[0]].select(range(min(8, args.samples))), *SYSTEMS[name][1:])
+            warm = min(8 if args.device.startswith("cuda") else 2, args.samples)
+            run_system(llm, data[reuses[0]].select(range(warm)), *SYSTEMS[name][1:])
         for reuse in reuses:
             for name in names:
                 _, recipe, policy = SYSTEMS[name]

@@ -88,14 +88,15 @@ class KVCacheManager:
         num_blocks = req.num_blocks_for(len(req.token_ids))
         found = [self.pool.lookup(block_hash) for block_hash in hashes[: len(kinds)]]  # NOTE: counts the lookups
         hits = {i: block_id for i, block_id in enumerate(found) if kinds[i] == HIT}
-        num_free_hits = sum(self.pool.blocks[b].ref_cnt == 0 for b in hits.values())
+        sources = {i: found[i] for i, kind in enumerate(kinds) if kind == REROTATE}
+        # NOTE: hits and copy sources leave the free queue while this admission allocates its fresh blocks
+        num_taken_free = sum(self.pool.blocks[b].ref_cnt == 0 for b in {*hits.values(), *sources.values()})
         num_shared = len(hits) + kinds.count(PENDING)
-        if not self.pool.can_allocate(num_blocks - num_shared + num_free_hits):
+        if not self.pool.can_allocate(num_blocks - num_shared + num_taken_free):
             return False
         req.block_table, req.cached_block_ids, req.waiting_blocks = [], set(), set()
         if self.host is not None:  # NOTE: evictions by this admission must not take the slots it loads from
             self.host.pinned = {hashes[i] for i, kind in enumerate(kinds) if kind == HOST}
-        sources = {i: found[i] for i, kind in enumerate(kinds) if kind == REROTATE}
         for block_id in [*hits.values(), *sources.values()]:  # NOTE: first: a fresh block never evicts them
             self.pool.touch(block_id)
         for i in range(num_blocks):

@@ -79,6 +79,21 @@ class RMSNorm(nn.Module):
         return rms_norm(x, self.weight, self.eps)
 
 
+def write_kv(k: torch.Tensor, v: torch.Tensor, meta: StepMetadata, k_cache, v_cache) -> None:
+    """This step's keys and values into their slots; before attention reads the cache (DESIGN §2)."""
+    num_kv_heads, head_dim = k.shape[1], k.shape[2]
+    k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, k)
+    v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, v.reshape(k.shape))
+
+
+def paged_attention(q, meta: StepMetadata, k_cache, v_cache, cos_sin, scale: float) -> torch.Tensor:
+    """The op over the paged cache; `cos_sin` None: the keys are stored rotated (the vanilla mode)."""
+    return rope_paged_attention(
+        q, k_cache, v_cache, meta.block_tables, meta.cu_seqlens_q, meta.positions, meta.kv_lens,
+        meta.visible_start, cos_sin, scale, check=False,
+    )  # (T, H, D)  # fmt: skip
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, position_free: bool, kernels: Kernels, layer_idx: int):
         super().__init__()
@@ -105,25 +120,11 @@ class Attention(nn.Module):
         q = self.kernels.apply_rope(q, meta.positions, cos_sin)
         if not self.position_free:
             k = self.kernels.apply_rope(k, meta.positions, cos_sin)  # the vanilla baseline: keys stored rotated
-        # NOTE: K/V of this step's tokens are written before attention reads the cache (DESIGN §2).
-        k_cache.view(-1, self.num_kv_heads, self.head_dim).index_copy_(0, meta.slot_mapping, k)
-        v_cache.view(-1, self.num_kv_heads, self.head_dim).index_copy_(0, meta.slot_mapping, v)
+        write_kv(k, v, meta, k_cache, v_cache)
         if meta.decode_mirror is not None:
             out = meta.decode_mirror.attend(self.layer_idx, q, k, v, self.scale)  # (T, H, D)
-            return self.o_proj(out.reshape(num_tokens, self.q_size))
-        out = rope_paged_attention(
-            q,
-            k_cache,
-            v_cache,
-            meta.block_tables,
-            meta.cu_seqlens_q,
-            meta.positions,
-            meta.kv_lens,
-            meta.visible_start,
-            cos_sin if self.position_free else None,
-            self.scale,
-            check=False,
-        )  # (T, H, D)
+        else:
+            out = paged_attention(q, meta, k_cache, v_cache, cos_sin if self.position_free else None, self.scale)
         return self.o_proj(out.reshape(num_tokens, self.q_size))
 
 

@@ -26,9 +26,8 @@ from torch.nn import functional as F
 
 from minipic_lite.config import ModelConfig
 from minipic_lite.models import gated_delta_rule as gdr
-from minipic_lite.models.llama import MLP, Kernels, rope_table
+from minipic_lite.models.llama import MLP, Kernels, paged_attention, rope_table, write_kv
 from minipic_lite.models.step import RecurrentStep, StepMetadata
-from ops import rope_paged_attention
 
 
 def rms_norm_1p(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -81,22 +80,8 @@ class GatedAttention(nn.Module):
         k = self.k_norm(k.view(num_tokens, self.num_kv_heads, self.head_dim))  # (T, KVH, D)
         if not self.position_free:
             k = self.kernels.apply_rope(k, meta.positions, cos_sin)
-        # NOTE: K/V of this step's tokens are written before attention reads the cache (DESIGN §2).
-        k_cache.view(-1, self.num_kv_heads, self.head_dim).index_copy_(0, meta.slot_mapping, k)
-        v_cache.view(-1, self.num_kv_heads, self.head_dim).index_copy_(0, meta.slot_mapping, v.reshape(k.shape))
-        out = rope_paged_attention(
-            q,
-            k_cache,
-            v_cache,
-            meta.block_tables,
-            meta.cu_seqlens_q,
-            meta.positions,
-            meta.kv_lens,
-            meta.visible_start,
-            cos_sin if self.position_free else None,
-            self.scale,
-            check=False,
-        )  # (T, H, D)
+        write_kv(k, v, meta, k_cache, v_cache)
+        out = paged_attention(q, meta, k_cache, v_cache, cos_sin if self.position_free else None, self.scale)
         out = out.reshape(num_tokens, self.q_size) * torch.sigmoid(gate.reshape(num_tokens, self.q_size))
         return self.o_proj(out)
 
