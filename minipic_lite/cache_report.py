@@ -22,7 +22,7 @@ from minipic_lite.block_pool import BlockPool
 from minipic_lite.request import Request
 from minipic_lite.spans import Segment, SegmentKind
 
-HASH_HEX_CHARS = 12  # short hex shown for a block hash (48 bits: plenty to tell blocks apart on screen)
+HASH_HEX_CHARS = 12  # the short hex shown for a block hash (48 bits: plenty to tell blocks apart on screen)
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,12 +31,16 @@ class BlockReport:
     start: int  # first token, half-open [start, end)
     end: int
     block_id: int  # physical block
-    hash: str | None  # short hex of the block hash; None for a partial block (never cached)
+    hash: str | None  # the block hash in hex (`short_hash` for display); None for a partial block (never cached)
     status: str  # "hit" or "computed"
     ref_cnt: int
     kind: SegmentKind  # kind of the segment the block belongs to
     span_id: int  # index of that segment in the prompt
     label: str | None = None  # the segment's label, where the prompt was composed (prompts.py)
+
+    @property
+    def short_hash(self) -> str | None:
+        return None if self.hash is None else self.hash[:HASH_HEX_CHARS]
 
     @property
     def is_hit(self) -> bool:
@@ -75,7 +79,7 @@ def build_cache_report(
                 start=start,
                 end=end,
                 block_id=block_id,
-                hash=seq.block_hashes[i].hex()[:HASH_HEX_CHARS] if full else None,
+                hash=seq.block_hashes[i].hex() if full else None,
                 status="hit" if i in seq.cached_block_ids else "computed",
                 ref_cnt=pool.blocks[block_id].ref_cnt,
                 kind=seg.kind,
@@ -105,7 +109,7 @@ def format_report(report: Seq[BlockReport]) -> str:
         ref = f"{b.ref_cnt}{'*' if b.is_shared else ''}"
         tokens = f"[{b.start}, {b.end})"
         lines.append(
-            f"{b.index:>5}  {tokens:<12}{b.hash or '-':<14}{b.status:<10}{ref:<5}{b.kind.value:<9}"
+            f"{b.index:>5}  {tokens:<12}{b.short_hash or '-':<14}{b.status:<10}{ref:<5}{b.kind.value:<9}"
             f"{b.span_id:<6}{b.label or ''}"
         )
     return "\n".join(lines)

@@ -42,7 +42,8 @@ def test_a_cached_span_at_another_offset_reports_hits_with_the_same_hashes():
         (SegmentKind.SSEP, 1, "doc"),
         (SegmentKind.PDEP, 2, "question"),
     ]
-    assert [b.hash for b in r1] == [h.hex()[:12] for h in first.block_hashes[:3]] + [None]
+    assert [b.hash for b in r1] == [h.hex() for h in first.block_hashes[:3]] + [None]
+    assert r1[0].short_hash == r1[0].hash[:12] and r1[3].short_hash is None
     # the same document after another leading segment: its two blocks hit, at the same physical blocks
     _, r2 = admit(sched, "b", LEAD_B + DOC + QUESTION)
     assert [(b.block_id, b.status) for b in r2] == [(4, "computed"), (1, "hit"), (2, "hit"), (5, "computed")]
@@ -74,8 +75,8 @@ def test_a_block_held_by_another_running_request_is_reported_shared():
 
 def test_format_report_is_one_fixed_width_line_per_block_with_shared_marked():
     report = [
-        BlockReport(0, 0, 4, 7, "3fa2c1d09b7e", "computed", 1, SegmentKind.LEADING, 0, "system"),
-        BlockReport(1, 4, 8, 9, "9c04e1aa52d3", "hit", 2, SegmentKind.SSEP, 1, "doc 0"),
+        BlockReport(0, 0, 4, 7, "3fa2c1d09b7e" + "0" * 52, "computed", 1, SegmentKind.LEADING, 0, "system"),
+        BlockReport(1, 4, 8, 9, "9c04e1aa52d3" + "f" * 52, "hit", 2, SegmentKind.SSEP, 1, "doc 0"),
         BlockReport(2, 8, 10, 3, None, "computed", 1, SegmentKind.PDEP, 2),
     ]
     assert format_report(report).splitlines() == [
