@@ -89,7 +89,7 @@ class TokenAxis:
     num_prompt_tokens: int
     resume_position: int
     planned: tuple[int, ...]  # the planner's positions for this prompt
-    saved: tuple[int, ...]  # those whose state this request saved (the rest: in the store already, or not reached)
+    saved: tuple[int, ...]  # those it saved: none at or below its resume point, none its prefill has not reached
 
     @property
     def segments(self) -> list[tuple[int, int, str]]:
@@ -135,8 +135,8 @@ AXIS_STYLE = """<style>
 </style>"""
 AXIS_LEGEND = (
     "<div class='mp-legend'>green: resumed from a checkpoint · amber: computed · solid blue: checkpoint saved "
-    "by this request · dashed: planned, not saved by it (stored already, or not reached yet) · red: where it "
-    "resumed</div>"
+    "by this request · dashed: planned, not saved by it (at or below where it resumed, or not "
+    "reached yet) · red: where it resumed</div>"
 )
 
 
