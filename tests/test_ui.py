@@ -304,6 +304,9 @@ def test_a_state_report_on_its_token_axis():
 
     cold = token_axis(StateReport(0, 40, (16, 32), (16, 32), 0), 40)  # computed from the start: no resume mark
     assert cold.segments == [(0, 40, "recomputed")] and cold.marks == [(16, "saved"), (32, "saved")]
+    assert "40 prompt tokens: computed from the start, 40 recomputed; checkpoints saved at 16, 32" in axis_html(
+        [("ui-4", cold)]
+    )
     assert "No request in flight." in axis_html([], "No request in flight.")
 
 

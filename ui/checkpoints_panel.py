@@ -117,9 +117,10 @@ def axis_frame(axis: TokenAxis) -> pd.DataFrame:
 
 def axis_caption(axis: TokenAxis) -> str:
     saved = ", ".join(map(str, axis.saved)) or "none"
+    start = f"resumed at {axis.resume_position:,}" if axis.resume_position else "computed from the start"
     return (
-        f"{axis.num_prompt_tokens:,} prompt tokens: resumed at {axis.resume_position:,}, "
-        f"{axis.num_prompt_tokens - axis.resume_position:,} recomputed; checkpoints saved at {saved}"
+        f"{axis.num_prompt_tokens:,} prompt tokens: {start}, {axis.num_prompt_tokens - axis.resume_position:,} "
+        f"recomputed; checkpoints saved at {saved}"
     )
 
 
@@ -132,9 +133,10 @@ AXIS_STYLE = """<style>
 .mp-axis-mark.planned{border-left:2px dashed #1f5fbf}
 .mp-axis-mark.resume{border-left:3px solid #c0392b}
 .mp-axis-ends{display:flex;justify-content:space-between;max-width:720px;color:#555}
+.mp-axis-legend{font-family:ui-monospace,monospace;font-size:11px;color:#333;max-width:720px}
 </style>"""
 AXIS_LEGEND = (
-    "<div class='mp-legend'>green: resumed from a checkpoint · amber: computed · solid blue: checkpoint saved "
+    "<div class='mp-axis-legend'>green: resumed from a checkpoint · amber: computed · solid blue: checkpoint saved "
     "by this request · dashed: planned, not saved by it (at or below where it resumed, or not "
     "reached yet) · red: where it resumed</div>"
 )
