@@ -60,3 +60,12 @@ def to_released_layout(src, dst) -> None:
     renamed["model.visual.patch_embed.proj.weight"] = torch.zeros(4, 3)
     renamed["mtp.fc.weight"] = torch.zeros(4, 4)
     save_file(renamed, dst / "model.safetensors", metadata={"format": "pt"})
+
+
+if __name__ == "__main__":  # `python -m tests.hybrid_models DIR`: a tiny hybrid for the web app, in DIR
+    import sys
+
+    from minipic_lite.models.loader import resolve_model_dir
+
+    make_hybrid_with_tokenizer(sys.argv[1], resolve_model_dir(None))
+    print(f"saved a tiny random Qwen3.5 hybrid with SmolLM2's tokenizer in {sys.argv[1]}")

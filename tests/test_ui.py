@@ -379,10 +379,15 @@ def test_the_app_on_a_hybrid_composes_with_prefix_only(hybrid_llm, llm):
 
 
 def test_a_model_without_a_tokenizer_gets_a_message(tmp_path):
+    import gradio as gr
+
     import minipic_lite as mp
+    from ui import build_demo
 
     make_hybrid(tmp_path)  # token ids only
-    h = Handlers(mp.LLM(str(tmp_path), device="cpu", dtype="float32"))
+    llm = mp.LLM(str(tmp_path), device="cpu", dtype="float32")
+    assert isinstance(build_demo(llm), gr.Blocks)  # the app starts
+    h = Handlers(llm)
     *_, (answer, _, _, status) = h.generate("prefix", "", "A document.", "Why?", 4, "s-notok")
     assert answer == "" and "ships no tokenizer" in status
 
