@@ -33,6 +33,17 @@ def make_hybrid(path, seed: int = 0, **overrides):
     return hf
 
 
+def make_hybrid_with_tokenizer(path, tokenizer_dir, seed: int = 0):
+    """A tiny random hybrid that speaks `tokenizer_dir`'s vocabulary (SmolLM2's: its span markers too) and has a
+    4k context: a model the web app can serve (`python -m ui --model path`). Its answers are noise."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    hf = make_hybrid(path, seed, vocab_size=len(tokenizer), max_position_embeddings=4096)
+    tokenizer.save_pretrained(path)
+    return hf
+
+
 def to_released_layout(src, dst) -> None:
     """Rewrite a saved hybrid as the released checkpoints lay it out: model_type `qwen3_5` with the text part in
     `text_config`, weights under `model.language_model.`, plus vision and MTP tensors the engine must skip."""
@@ -49,3 +60,12 @@ def to_released_layout(src, dst) -> None:
     renamed["model.visual.patch_embed.proj.weight"] = torch.zeros(4, 3)
     renamed["mtp.fc.weight"] = torch.zeros(4, 4)
     save_file(renamed, dst / "model.safetensors", metadata={"format": "pt"})
+
+
+if __name__ == "__main__":  # `python -m tests.hybrid_models DIR`: a tiny hybrid for the web app, in DIR
+    import sys
+
+    from minipic_lite.models.loader import resolve_model_dir
+
+    make_hybrid_with_tokenizer(sys.argv[1], resolve_model_dir(None))
+    print(f"saved a tiny random Qwen3.5 hybrid with SmolLM2's tokenizer in {sys.argv[1]}")

@@ -1,5 +1,6 @@
 """The web app's handlers and panels without a browser: composing and its bounds, the cache grid before and
-after the documents move, stop and early exit abort, the live views, the checkpoint panel, the CLI entry."""
+after the documents move, stop and early exit abort, the live views, the checkpoint panel (and a hybrid model's
+checkpoints on its requests' token axes), the CLI entry."""
 
 import re
 import threading
@@ -8,11 +9,22 @@ import uuid
 import numpy as np
 import pytest
 
+from minipic_lite.cache_report import StateReport
 from minipic_lite.checkpoints import expected_cost
 from minipic_lite.spans import SegmentKind
+from tests.hybrid_models import make_hybrid, make_hybrid_with_tokenizer
 from ui import compose, texts
 from ui.cache_view import grid_cells, inflight_html
-from ui.checkpoints_panel import histogram_frame, policy_plans
+from ui.checkpoints_panel import (
+    TokenAxis,
+    axis_frame,
+    axis_html,
+    format_bytes,
+    histogram_frame,
+    policy_plans,
+    state_markdown,
+    token_axis,
+)
 from ui.compose import InputError
 from ui.handlers import APP_STREAM, Handlers
 
@@ -260,6 +272,124 @@ def test_plan_checkpoints_on_a_bench_stream_and_on_the_apps_prompts(handlers):
         fresh.plan_checkpoints(APP_STREAM, 4)
     _, _, table, _ = handlers.plan_checkpoints(APP_STREAM, 2, 16)  # the prompts this module's tests sent
     assert len(table) == 5
+
+
+# -- a hybrid model's checkpoints -------------------------------------------------------------------------------
+
+AXIS_SEGMENT = re.compile(
+    r"mp-axis-seg (\w+)' data-start='(\d+)' data-end='(\d+)' style='left:([\d.]+)%;width:([\d.]+)%'"
+)
+AXIS_MARK = re.compile(r"mp-axis-mark (\w+)' data-position='(\d+)' style='left:([\d.]+)%'")
+
+
+def test_a_state_report_on_its_token_axis():
+    report = StateReport(64, 36, planned_checkpoints=(32, 64, 96), saved_checkpoints=(96,), state_memory_bytes=4096)
+    axis = token_axis(report, 100)
+    assert axis == TokenAxis(100, 64, (32, 64, 96), (96,))
+    assert axis.segments == [(0, 64, "resumed"), (64, 100, "recomputed")]
+    assert axis.marks == [(32, "planned"), (64, "planned"), (96, "saved"), (64, "resume")]
+    assert axis_frame(axis).values.tolist() == [[32, "planned"], [64, "planned"], [96, "saved"], [64, "resume"]]
+    drawn = axis_html([("ui-3", axis)])
+    assert AXIS_SEGMENT.findall(drawn) == [
+        ("resumed", "0", "64", "0.00", "64.00"),  # kind, start, end, left %, width %
+        ("recomputed", "64", "100", "64.00", "36.00"),
+    ]
+    assert AXIS_MARK.findall(drawn) == [
+        ("planned", "32", "32.00"),  # mark, position, left %
+        ("planned", "64", "64.00"),
+        ("saved", "96", "96.00"),
+        ("resume", "64", "64.00"),
+    ]
+    assert "ui-3: 100 prompt tokens: resumed at 64, 36 recomputed; checkpoints saved at 96" in drawn
+
+    cold = token_axis(StateReport(0, 40, (16, 32), (16, 32), 0), 40)  # computed from the start: no resume mark
+    assert cold.segments == [(0, 40, "recomputed")] and cold.marks == [(16, "saved"), (32, "saved")]
+    assert "40 prompt tokens: computed from the start, 40 recomputed; checkpoints saved at 16, 32" in axis_html(
+        [("ui-4", cold)]
+    )
+    assert "No request in flight." in axis_html([], "No request in flight.")
+
+
+def test_state_table_from_the_stats():
+    stats = {"state_memory_bytes": 66 * 2**10, "state_budget_bytes": 2**29, "num_checkpoints": 4,
+             "num_checkpoints_saved": 5, "num_checkpoints_evicted": 1, "num_resumed": 2, "num_resumed_tokens": 1234,
+             "num_recomputed_prompt_tokens": 56}  # fmt: skip
+    assert state_markdown(stats).splitlines()[2:] == [
+        "| state memory used / budget | 66.0 KiB / 512.0 MiB (0.01%) |",
+        "| checkpoints held | 4 |",
+        "| checkpoints saved / evicted | 5 / 1 |",
+        "| requests resumed from a checkpoint | 2 |",
+        "| prompt tokens resumed / recomputed | 1,234 / 56 |",
+    ]
+    assert "(no checkpoints: state_cache_gib=0)" in state_markdown(stats | {"state_budget_bytes": 0})
+    assert state_markdown({"num_blocks": 8}) == ""  # an attention-only model: no table
+    assert [format_bytes(n) for n in (100, 1536, 3 * 2**30)] == ["100 B", "1.5 KiB", "3.0 GiB"]
+
+
+@pytest.fixture(scope="module")
+def hybrid_llm(tmp_path_factory, model_dir):
+    import minipic_lite as mp
+
+    path = tmp_path_factory.mktemp("hybrid-app")
+    make_hybrid_with_tokenizer(path, model_dir)
+    return mp.LLM(str(path), device="cpu", dtype="float32", checkpoints_per_entry=2)
+
+
+def test_a_hybrid_resumes_a_shared_prefix_and_the_panel_draws_it(hybrid_llm):
+    h = Handlers(hybrid_llm)
+    docs = compose.join_documents(unique_documents(2))
+    *_, (answer, _, _, status) = h.generate("block_attention", "", docs, "Why?", 4, "s-hyb")
+    assert answer == "" and "This model is a hybrid" in status and "Use prefix" in status
+    assert hybrid_llm.stats()["num_waiting"] == 0
+
+    *_, (_, _, _, status) = h.generate("prefix", texts.DEFAULT_SYSTEM, docs, "What is common?", 4, "s-hyb")
+    first_id, first = h.last_axis["s-hyb"]
+    assert first.resume_position == 0 and first.saved == first.planned and len(first.saved) == 2
+    *_, (_, summary, _, _) = h.generate("prefix", texts.DEFAULT_SYSTEM, docs, "Why?", 4, "s-hyb")
+    second_id, second = h.last_axis["s-hyb"]
+    prompts = h.monitor.served_prompts()[-2:]
+    shared = next(i for i, (a, b) in enumerate(zip(*prompts, strict=False)) if a != b)  # the questions differ from here
+    assert second_id != first_id and second.resume_position == max(p for p in first.saved if p <= shared) > 0
+
+    table, last, in_flight = h.state_tick("s-hyb")
+    stats = hybrid_llm.stats()
+    assert f"| checkpoints saved / evicted | {stats['num_checkpoints_saved']} / 0 |" in table
+    assert stats["num_checkpoints_saved"] == len(first.saved) + len(second.saved) and stats["num_resumed"] == 1
+    assert f"data-request='{second_id}'" in last and "No request in flight." in in_flight
+    assert ("resume", str(second.resume_position)) in [m[:2] for m in AXIS_MARK.findall(last)]
+
+    running = h.generate("prefix", "", docs, "Tell me a long story.", 64, "s-hyb-2")
+    next(running)  # decoding: in flight, with its state report
+    (rid,) = h.monitor.requests_of("s-hyb-2")
+    _, mine, in_flight = h.state_tick("s-hyb-2")
+    running.close()
+    assert f"data-request='{rid}'" in in_flight and f"data-request='{rid}'" in mine
+
+
+def test_the_app_on_a_hybrid_composes_with_prefix_only(hybrid_llm, llm):
+    from ui import build_demo
+
+    def recipes(demo):
+        (radio,) = [b for b in demo.blocks.values() if getattr(b, "elem_id", None) == "recipe"]
+        return [value for _, value in radio.choices]
+
+    assert recipes(build_demo(hybrid_llm)) == ["prefix"]
+    assert recipes(build_demo(llm)) == ["prefix", "block_attention", "epic", "prompt_cache"]  # Llama: unchanged
+    assert not Handlers(llm).is_hybrid and state_markdown(llm.stats()) == ""
+
+
+def test_a_model_without_a_tokenizer_gets_a_message(tmp_path):
+    import gradio as gr
+
+    import minipic_lite as mp
+    from ui import build_demo
+
+    make_hybrid(tmp_path)  # token ids only
+    llm = mp.LLM(str(tmp_path), device="cpu", dtype="float32")
+    assert isinstance(build_demo(llm), gr.Blocks)  # the app starts
+    h = Handlers(llm)
+    *_, (answer, _, _, status) = h.generate("prefix", "", "A document.", "Why?", 4, "s-notok")
+    assert answer == "" and "ships no tokenizer" in status
 
 
 # -- the entry points ---------------------------------------------------------------------------------------

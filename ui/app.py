@@ -3,6 +3,9 @@
     Compose & generate | Cache view (your last request, the pool, every request in flight) |
     Scheduler timeline | Checkpoints
 
+A hybrid model (recurrent layers beside attention) composes with the `prefix` recipe only, and its Checkpoints tab
+shows the checkpoints each request saved on its token axis and where it resumed.
+
 Gradio is imported here only. Every session streams on the same engine loop; a timer refreshes the live views.
 """
 
@@ -15,7 +18,7 @@ from minipic_lite.prompts import RECIPES
 from ui import compose, texts
 from ui.cache_view import grid_html
 from ui.checkpoints_panel import MAX_BUDGET
-from ui.compose import InputError
+from ui.compose import HYBRID_RECIPES, InputError
 from ui.handlers import APP_STREAM, BENCH_STREAMS, Handlers
 
 TICK_SECONDS = 1.0
@@ -27,20 +30,29 @@ SPAN_POLICY_NOTES = {
     "isps": "spans of waiting prompts are prefilled ahead, in the budget running requests leave",
     "barrier": "every missing span of the waiting prompts first, their final prefills after",
 }
+INTRO = (
+    "# minipic_lite: watch position-independent caching\nCompose a prompt from documents, generate, then reorder "
+    "the documents and generate again: with `block_attention` or `epic` the documents' blocks are cache hits at "
+    "their new offsets."
+)
+HYBRID_INTRO = (
+    "# minipic_lite: watch a hybrid model resume from checkpoints\nThis model is a hybrid: its recurrent layers "
+    "see every token, so it composes with the `prefix` recipe only (span recipes need attention-only models). "
+    "Generate, then ask another question about the same documents: the *Checkpoints* tab shows where the second "
+    "request resumed from a saved recurrent state, and the checkpoints each request saved."
+)
 
 
 def build_demo(llm) -> gr.Blocks:
     h = Handlers(llm)
     documents, systems = texts.bundled_documents(), texts.bundled_system_prompts()
+    recipes = list(HYBRID_RECIPES) if h.is_hybrid else list(RECIPES)
+    default_recipe = recipes[0] if h.is_hybrid else "block_attention"
     with gr.Blocks(title="minipic_lite") as demo:
-        gr.Markdown(
-            "# minipic_lite: watch position-independent caching\nCompose a prompt from documents, generate, "
-            "then reorder the documents and generate again: with `block_attention` or `epic` the documents' "
-            "blocks are cache hits at their new offsets."
-        )
+        gr.Markdown(HYBRID_INTRO if h.is_hybrid else INTRO)
         with gr.Tab("Compose & generate"), gr.Row():
             with gr.Column(scale=3):
-                recipe = gr.Radio(list(RECIPES), value="block_attention", label="Recipe", elem_id="recipe")
+                recipe = gr.Radio(recipes, value=default_recipe, label="Recipe", elem_id="recipe")
                 system_pick = gr.Dropdown(list(systems), value="default", label="System prompt (bundled)")
                 system = gr.Textbox(systems["default"], label="System prompt", lines=2, elem_id="system")
                 doc_pick = gr.Dropdown(list(documents), multiselect=True, label="Bundled documents (essays)")
@@ -82,6 +94,8 @@ def build_demo(llm) -> gr.Blocks:
             )
             timeline = gr.BarPlot(x="step", y="tokens", color="kind", label="Scheduler timeline", elem_id="timeline")
         with gr.Tab("Checkpoints"):
+            if h.is_hybrid:
+                state_views = hybrid_state_views()
             gr.Markdown(
                 "Sparse recurrent-state checkpoints (for hybrid models): an overlap histogram learned from a "
                 "request stream, where each policy puts M checkpoints, and the tokens a request then recomputes."
@@ -127,6 +141,12 @@ def build_demo(llm) -> gr.Blocks:
 
         timer = gr.Timer(TICK_SECONDS)
         timer.tick(h.tick, None, [pool, hit_rate, inflight, timeline], concurrency_limit=None, show_progress="hidden")
+        if h.is_hybrid:
+
+            def on_state_tick(request: gr.Request):
+                return h.state_tick(request.session_hash)
+
+            timer.tick(on_state_tick, None, state_views, concurrency_limit=None, show_progress="hidden")
 
         def on_plan(source, budget, bin_size):
             try:
@@ -136,3 +156,18 @@ def build_demo(llm) -> gr.Blocks:
 
         plan_btn.click(on_plan, [source, budget, bin_size], [histogram, positions, plans, plan_caption])
     return demo
+
+
+def hybrid_state_views() -> list:
+    """The served hybrid's checkpoints: the store's table, your last request's token axis, those in flight."""
+    gr.Markdown(
+        "### This model's recurrent-state checkpoints\nEach prompt on its token axis: green was resumed from a "
+        "saved state, amber computed; blue lines are checkpoints (solid: saved by this request), red where it resumed."
+    )
+    with gr.Row():
+        table = gr.Markdown("", elem_id="state-stats")
+        with gr.Column(scale=3):
+            last = gr.HTML("", label="Your last request", elem_id="state-last")
+            in_flight = gr.HTML("", label="Requests in flight", elem_id="state-inflight")
+    gr.Markdown("### Planning: where each policy would place checkpoints")
+    return [table, last, in_flight]

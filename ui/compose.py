@@ -24,6 +24,7 @@ MAX_DOCUMENT_CHARS = 4_000
 MAX_SYSTEM_CHARS = 4_000
 MAX_QUESTION_CHARS = 1_000
 MAX_NEW_TOKENS = 256
+HYBRID_RECIPES = ("prefix",)  # the engine refuses span markers on a hybrid model
 MAX_PROMPT_TOKENS = 4_096  # a CPU prefills ~4k tokens of SmolLM2 in seconds; more would stall everyone's steps
 
 _SEPARATOR_LINE = re.compile(rf"^\s*{SEPARATOR}\s*$", re.MULTILINE)
@@ -71,6 +72,15 @@ def check_inputs(recipe: str, system: str, documents: list[str], question: str, 
         or max_tokens != int(max_tokens)
     ):
         raise InputError(f"Max new tokens must be a whole number from 1 to {MAX_NEW_TOKENS}, got {max_tokens!r}.")
+
+
+def check_recipe_for_model(recipe: str, is_hybrid: bool) -> None:
+    """A hybrid's recurrent layers see every token: only `prefix` (no span markers) runs on it."""
+    if is_hybrid and recipe in RECIPES and recipe not in HYBRID_RECIPES:
+        raise InputError(
+            f"This model is a hybrid: its recurrent layers see every token, so a span recipe ({recipe}) cannot run "
+            f"on it. Use {' or '.join(HYBRID_RECIPES)}: a shared prefix resumes from a saved recurrent state."
+        )
 
 
 def schema(documents: list[str]) -> list[Module | Param]:

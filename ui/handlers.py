@@ -10,8 +10,19 @@ from functools import lru_cache
 import minipic_lite as mp
 from minipic_lite.checkpoints import DEFAULT_BIN_SIZE
 from ui.cache_view import grid_cells, grid_html, inflight_html, pool_markdown, summary_markdown
-from ui.checkpoints_panel import MAX_BUDGET, histogram_frame, learn_overlaps, plans_frame, policy_plans, positions_frame
-from ui.compose import InputError, build_prompt, split_documents
+from ui.checkpoints_panel import (
+    MAX_BUDGET,
+    TokenAxis,
+    axis_html,
+    histogram_frame,
+    learn_overlaps,
+    plans_frame,
+    policy_plans,
+    positions_frame,
+    state_markdown,
+    token_axis,
+)
+from ui.compose import InputError, build_prompt, check_recipe_for_model, split_documents
 from ui.monitor import Monitor
 from ui.timeline import timeline_frame
 
@@ -23,9 +34,11 @@ BENCH_STREAM_REQUESTS = 60
 class Handlers:
     def __init__(self, llm: mp.LLM):
         self.llm = llm
-        self.composer = llm.composer
+        self.composer = llm.composer if llm.tokenizer is not None else None
+        self.is_hybrid = llm.config.model.is_hybrid
         self.monitor = Monitor()
         self.last_grid: dict[str, str] = {}  # session -> the grid of its last request
+        self.last_axis: dict[str, tuple[str, TokenAxis]] = {}  # hybrids: session -> its last request's token axis
 
     # -- compose & generate -------------------------------------------------------------------------------
 
@@ -35,6 +48,7 @@ class Handlers:
         """Stream (answer so far, summary, cache grid, status message) of one request; bad input: the message."""
         request_id = self.monitor.new_request_id()
         try:
+            self.check_model(recipe)
             prompt = build_prompt(
                 self.composer,
                 recipe,
@@ -59,10 +73,20 @@ class Handlers:
                     has_report = True
                     grid = self.grid(out, caption=f"request {request_id} ({recipe}): {len(prompt)} prompt tokens")
                     self.last_grid[session] = grid
+                if out.state_report is not None:  # hybrids: the checkpoints saved so far and the resume point
+                    self.last_axis[session] = (request_id, token_axis(out.state_report, len(out.prompt_token_ids)))
                 yield out.text, summary_markdown(out), grid, f"{request_id}: {out.finish_reason or 'generating'}"
         finally:
             stream.close()  # NOTE: a generator left early (tab closed, event cancelled) aborts its request here
             self.monitor.finish(request_id)
+
+    def check_model(self, recipe: str) -> None:
+        if self.composer is None:
+            raise InputError(
+                f"{self.llm.config.model_dir} ships no tokenizer: the app composes text prompts. Serve a model "
+                "directory with a tokenizer (or send token ids from Python: `LLM.generate`)."
+            )
+        check_recipe_for_model(recipe, self.is_hybrid)
 
     def grid(self, output, caption: str = "") -> str:
         return grid_html(grid_cells(output.cache_report, output.prompt_token_ids, self.llm.config.control), caption)
@@ -77,6 +101,7 @@ class Handlers:
     def close_session(self, session: str) -> None:
         self.stop(session)
         self.last_grid.pop(session, None)
+        self.last_axis.pop(session, None)
 
     # -- live views ---------------------------------------------------------------------------------------
 
@@ -92,6 +117,21 @@ class Handlers:
         ]
         records = self.llm.engine.step_log.records()
         return pool_markdown(stats), self.monitor.hit_rate_frame(), inflight_html(entries), timeline_frame(records)
+
+    def state_tick(self, session: str = "local") -> tuple[str, str, str]:
+        """Hybrids: (the checkpoint store's table, the session's last request on its token axis, every request in
+        flight on its axis), sampled now."""
+        last = self.last_axis.get(session)
+        in_flight = [
+            (rid, token_axis(out.state_report, len(out.prompt_token_ids)))
+            for rid, out in self.monitor.in_flight()
+            if out is not None and out.state_report is not None
+        ]
+        return (
+            state_markdown(self.llm.stats()),
+            axis_html([last] if last else [], "Generate (with the prefix recipe) to see your request here."),
+            axis_html(in_flight, "No request in flight."),
+        )
 
     # -- checkpoints --------------------------------------------------------------------------------------
 
