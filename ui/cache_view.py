@@ -5,7 +5,7 @@
 
 A cell is a hit (taken from the cache) or computed, shared when another request holds the same physical
 block, a marker block when it starts with SSEP (S) or PDEP (P). Its text is the short hash; hovering shows the
-report's hash (12 hex digits), its tokens and its reference count. Pure functions: notebooks draw the same grid.
+report's full block hash, its tokens and its reference count. Pure functions: notebooks draw the same grid.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ class Cell:
     kind: str  # "leading", "ssep", "pdep"
     span_id: int
     label: str
-    hash: str | None  # the report's short hex; None for the partial last block
+    hash: str | None  # the report's full hex (cells show a short prefix); None for the partial last block
     num_pad_tokens: int
     marker: str  # "S", "P" or ""
 
