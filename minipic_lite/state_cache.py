@@ -7,7 +7,8 @@ tensors live in the runner (`StateTensors`, allocated and copied by model_runner
     live slots:   one per running request (conv window + recurrent state), zeroed or loaded at admission
     checkpoints:  saved states keyed by the block hash of the prefix they follow (position p = k·B: the
                   hash of block k−1 names tokens [0, p)), within a memory budget, evicted LRU or by a
-                  FLOP-aware score, never while a request is about to load one
+                  FLOP-aware score, never while a request is about to load one; a save that must evict is
+                  admitted only if it is worth more than its victim (`marginal_saving` over recent prompts)
     the planner:  `checkpoints.plan` positions for each new prompt (`CheckpointPlanner`); chunked prefill
                   ends a chunk at each planned position, so the state there is saved by that same step
 
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
     from minipic_lite.request import Request
 
 FLOPS_RECENCY_WEIGHT = 1.0  # "flops" eviction: recency and depth (tokens a resume skips) weigh the same
+ADMISSION_GAMMA = 0.9  # admission: a recent prompt's depth weighs γ^age (age: prompts served after it)
 PLANNER_WINDOW = 512  # recent prompts the overlap estimate and the depth of a new prompt look at
 
 
@@ -59,6 +61,31 @@ def resume_blocks(num_contiguous_hits: int, has_checkpoint) -> int:
     return 0
 
 
+def marginal_saving(position: int, others, depth_weights) -> float:
+    """Tokens per request a checkpoint at `position` saves, given the other checkpoints on the same prefix.
+
+    depth_weights[t]: weight of requests that share the prefix to depth t. Adding `position` moves the resume
+    of depths position ≤ t < next (the next deeper other checkpoint) from prev (the next shallower one, or 0)
+    to `position`: Σ_{position ≤ t < next} w_t · (position − prev).
+    """
+    prev = max((c for c in others if c < position), default=0)
+    nxt = min((c for c in others if c > position), default=len(depth_weights))
+    return float(np.sum(depth_weights[position:nxt])) * (position - prev)
+
+
+def recent_depths(token_ids: np.ndarray, recent, gamma: float = ADMISSION_GAMMA) -> np.ndarray:
+    """[N + 1] Σ_i γ^age_i · [LCP(recent prompt i without its last token, token_ids) = t] (newest last)."""
+    weights = np.zeros(len(token_ids) + 1)
+    for age, prompt in enumerate(reversed(recent)):
+        weights[common_prefix_len(prompt[:-1], token_ids)] += gamma**age
+    return weights
+
+
+def admits(new_value: float, victim_value: float | None) -> bool:
+    """Value-aware admission: a save that must evict is made only if it is worth more than what it evicts."""
+    return victim_value is None or new_value > victim_value
+
+
 @dataclass(slots=True, eq=False)
 class Checkpoint:
     ckpt_id: int  # row of the runner's checkpoint tensors
@@ -67,6 +94,8 @@ class Checkpoint:
     reserved_at: int  # StateCache.num_steps when its save was planned; ready once a step later
     last_used: int
     ref_cnt: int = 0  # admissions whose load has not run yet
+    token_ids: np.ndarray | None = None  # the prompt that saved it (admission values it on its prefix)
+    block_hashes: list | None = None  # that prompt's block hashes (its other checkpoints in the store)
 
 
 def choose_victim(checkpoints, num_steps: int, eviction: str) -> Checkpoint | None:
@@ -108,6 +137,7 @@ class StateStats:
     num_evicted: int = 0
     num_resumed: int = 0  # admissions that loaded a checkpoint
     num_skipped_saves: int = 0  # planned saves with no free checkpoint (every one pinned or unwritten)
+    num_declined_saves: int = 0  # planned saves worth less than the checkpoint they would evict
 
 
 class CheckpointPlanner:
@@ -117,10 +147,13 @@ class CheckpointPlanner:
     request has yet left a cached prompt at some depth), `dp` plans with `prior`, a policy that needs no
     traffic: the DP's own prior would put every checkpoint near the end, past where a second request with the
     same long prefix and its own long suffix leaves; with `balanced` that request already resumes at depth > 0.
+    For the same reason the estimator spreads a prompt's own request uniformly (what `balanced` assumes) past
+    the part recent prompts share with it until some request has left a prompt there
+    (`EntryHistory(uniform_until_observed=True)`): a short shared header is evidence about the header only.
     """
 
     def __init__(self, policy: str, budget: int, bin_size: int, prior: str, window: int = PLANNER_WINDOW):
-        estimator = EntryHistory(window=window) if policy == "dp" else None
+        estimator = EntryHistory(window=window, uniform_until_observed=True) if policy == "dp" else None
         self.planner = Planner(policy, budget, estimator, bin_size=bin_size)
         self.prior = Planner(prior, budget, None, bin_size=bin_size) if policy == "dp" else None
         self.recent: deque[np.ndarray] = deque(maxlen=window)
@@ -165,6 +198,7 @@ class StateCache:
         self.num_steps = 0  # take_ops() calls: one per scheduled step
         self._clock = 0
         self.stats = StateStats()
+        self.block_size = 1  # the requests' (set by plan_saves)
 
     @property
     def num_used_bytes(self) -> int:
@@ -231,22 +265,37 @@ class StateCache:
         if block_hash in self.by_hash:  # NOTE: saved before (maybe by another request): just used again
             self.by_hash[block_hash].last_used = self._tick()
             return
-        ckpt_id = self._free_ckpt_id()
+        tokens = np.asarray(req.prompt_token_ids, dtype=np.int64)
+        self.block_size = req.block_size
+        ckpt_id = self._free_ckpt_id(lambda: self._value(num_tokens, tokens, req.block_hashes, None))
         if ckpt_id is None:
-            self.stats.num_skipped_saves += 1
             return
         now = self._tick()
-        self.by_hash[block_hash] = Checkpoint(ckpt_id, block_hash, num_tokens, self.num_steps, now)
+        self.by_hash[block_hash] = Checkpoint(ckpt_id, block_hash, num_tokens, self.num_steps, now,
+                                              token_ids=tokens, block_hashes=req.block_hashes)  # fmt: skip
         self.ops.save.append((req.state_slot, ckpt_id))
         req.saved_checkpoints.append(num_tokens)
         self.stats.num_saved += 1
 
-    def _free_ckpt_id(self) -> int | None:
+    def _value(self, position: int, tokens: np.ndarray, block_hashes, itself: Checkpoint | None) -> float:
+        """marginal_saving of a checkpoint at `position` of this prompt over the planner's recent prompts."""
+        n = min(len(block_hashes), len(tokens) // self.block_size)
+        others = [(k + 1) * self.block_size for k in range(n)
+                  if (c := self.by_hash.get(block_hashes[k])) is not None and c is not itself]  # fmt: skip
+        return marginal_saving(position, others, recent_depths(tokens, self.planner.recent))
+
+    def _free_ckpt_id(self, new_value=None) -> int | None:
         if self.free_ckpt_ids:
             return self.free_ckpt_ids.popleft()
         victim = choose_victim(self.by_hash.values(), self.num_steps, self.eviction)
         if victim is None:
+            self.stats.num_skipped_saves += 1
             return None
+        if new_value is not None and victim.token_ids is not None:
+            victim_value = self._value(victim.position, victim.token_ids, victim.block_hashes, victim)
+            if not admits(new_value(), victim_value):
+                self.stats.num_declined_saves += 1
+                return None
         del self.by_hash[victim.block_hash]
         self.stats.num_evicted += 1
         return victim.ckpt_id

@@ -102,7 +102,7 @@ def test_engine_checkpoints_are_the_plan_of_the_estimators_histogram(model_path)
     docs = [_tokens(n, seed=20 + i) for i, n in enumerate((90, 130))]
     rng = random.Random(0)
     prompts = [docs[rng.randrange(2)] + _tokens(rng.randint(5, 40), seed=100 + i) for i in range(8)]
-    estimator, seen = EntryHistory(), []
+    estimator, seen = EntryHistory(uniform_until_observed=True), []
     for i, prompt in enumerate(prompts):
         out = _run(llm.engine, prompt)
         ids = np.asarray(prompt)

@@ -6,12 +6,17 @@ import pytest
 from minipic_lite.config import SchedulerConfig
 from minipic_lite.kv_cache_manager import KVCacheManager
 from minipic_lite.scheduler import Scheduler
+import numpy as np
+
 from minipic_lite.state_cache import (
     Checkpoint,
     CheckpointPlanner,
     StateCache,
+    admits,
     choose_victim,
     chunk_end,
+    marginal_saving,
+    recent_depths,
     resume_blocks,
 )
 from tests.sched_factory import make_request
@@ -68,6 +73,56 @@ def test_nothing_is_evicted_while_every_checkpoint_is_in_use():
     ckpts = [_ckpt(0, 16, last_used=1, ref_cnt=1), _ckpt(1, 32, last_used=2, ref_cnt=2)]
     assert choose_victim(ckpts, num_steps=9, eviction="lru") is None
     assert choose_victim(ckpts, num_steps=9, eviction="flops") is None
+
+
+def test_marginal_saving_counts_the_depths_a_checkpoint_moves_and_how_far():
+    w = np.zeros(101)
+    w[[10, 50, 60, 100]] = [1.0, 2.0, 0.5, 1.0]
+    assert marginal_saving(48, [], w) == (2.0 + 0.5 + 1.0) * 48  # depths 50, 60, 100 resume at 48, not 0
+    assert marginal_saving(48, [16], w) == (2.0 + 0.5 + 1.0) * 32  # ... instead of at 16
+    assert marginal_saving(48, [16, 60], w) == 2.0 * 32  # depths 60 and 100 resume at 60 anyway
+    assert marginal_saving(48, [16, 50, 64], w) == 0.0  # only depths 48..49 move: no weight there
+    assert marginal_saving(100, [48], w) == 1.0 * 52
+
+
+def test_recent_depths_weigh_each_recent_prompt_by_its_age():
+    prompt = np.arange(10)
+    recent = [np.arange(10), np.array([0, 1, 2, 9, 9]), np.array([5, 5])]  # newest last
+    w = recent_depths(prompt, recent, gamma=0.5)
+    # the newest shares nothing (age 0), the middle one 3 tokens (age 1), the oldest all but its last (age 2)
+    assert w.tolist() == [1.0, 0, 0, 0.5, 0, 0, 0, 0, 0, 0.25, 0]
+
+
+def test_admission_saves_only_what_is_worth_more_than_its_victim():
+    assert admits(3.0, None)  # a free checkpoint: always
+    assert admits(3.0, 2.0) and not admits(2.0, 2.0) and not admits(1.0, 2.0)
+
+
+def _serve(sched, req):
+    sched.add(req)
+    while req.num_output_tokens == 0:
+        _step(sched)
+    sched.finish(req, "length")
+    _step(sched)  # NOTE: the step after the last save writes it
+
+
+def test_a_full_store_declines_a_tail_checkpoint_worth_less_than_its_victim():
+    # one checkpoint: a at 16, where b and c left it; d shares nothing and would save at 16 of its own
+    states = StateCache(4, 1, 100, CheckpointPlanner("balanced", 1, B, "balanced"))
+    sched = Scheduler(SchedulerConfig(4, 256, 1024), KVCacheManager(64, states=states))
+    for name, tokens in [("a", range(32)), ("b", list(range(18)) + [99] * 14), ("c", list(range(17)) + [98] * 15)]:
+        _serve(sched, make_request(name, tokens, B, max_tokens=1))
+    (kept,) = states.by_hash.values()
+    assert kept.position == 16 and states.stats.num_saved == 1
+    _serve(sched, make_request("d", [5] * 32, B, max_tokens=1))
+    # d's 16 is worth 16 (its own request, age 0); a's 16 is worth 16·(γ + γ² + γ³): a, b and c reach it
+    assert states.stats.num_declined_saves == 1 and list(states.by_hash.values()) == [kept]
+    for i, name in enumerate("ef"):  # d's prefix becomes popular
+        _serve(sched, make_request(name, [5] * 30 + [6 + i] * 2, B, max_tokens=1))
+    # e's 16: 16·(1 + γ) = 30.4 (e, d) < a's 16·(γ² + γ³ + γ⁴) = 35.1: declined; f's 16: 16·(1 + γ + γ²)
+    # = 43.4 (f, e, d) > a's 16·(γ³ + γ⁴ + γ⁵) = 31.6: a's is evicted
+    assert states.stats.num_declined_saves == 2 and states.stats.num_evicted == 1
+    assert next(iter(states.by_hash.values())) is not kept
 
 
 def test_dp_plans_with_its_prior_until_traffic_says_something_about_the_prompt():

@@ -58,6 +58,13 @@ def scale_free_prior(num_tokens: int) -> np.ndarray:
     return prior / prior.sum()
 
 
+def uniform_prior(num_tokens: int) -> np.ndarray:
+    """[N + 1] mass 1/N on depths t = 1..N (none at 0): what `balanced` is optimal for."""
+    prior = np.full(num_tokens + 1, 1.0 / num_tokens)
+    prior[0] = 0.0
+    return prior
+
+
 def _check_gamma(gamma: float) -> None:
     if not 0.0 < gamma <= 1.0:
         raise ValueError(f"gamma must lie in (0, 1], got {gamma}")
@@ -139,6 +146,7 @@ class EntryHistory:
         gamma: float = 1.0,
         window: int = DEFAULT_WINDOW,
         prior_weight: float = DEFAULT_PRIOR_WEIGHT,
+        uniform_until_observed: bool = False,
     ):
         _check_gamma(gamma)
         if window < 1:
@@ -147,6 +155,9 @@ class EntryHistory:
         self.history: deque[np.ndarray] = deque(maxlen=window)  # NOTE: newest last
         self.suffix = SuffixHistogram(gamma, prior_weight)
         self.prior_weight = prior_weight
+        # NOTE: True: while no request has left an entry past its known prefix, the entry's own request is
+        # spread uniformly over (a, N] (what `balanced` assumes), not by the suffix histogram's prior.
+        self.uniform_until_observed = uniform_until_observed
         self._known_prefix: dict[int, int] = {}  # entry key -> the deepest depth history had reached on it
         self.num_observations = 0
 
@@ -170,11 +181,13 @@ class EntryHistory:
         weights = self.history_weights(entry_token_ids)
         known = int(np.flatnonzero(weights)[-1]) if weights.any() else 0  # a: the deepest depth seen
         self._remember(entry_token_ids, known)
-        beyond = self.suffix.weights(weights.size - 1)
+        uniform = self.uniform_until_observed and self.suffix.num_observations == 0
+        beyond = np.ones(weights.size) if uniform else self.suffix.weights(weights.size - 1)
         beyond[: known + 1] = 0.0
         if beyond.sum() > 0:
             weights += beyond / beyond.sum()  # NOTE: the entry's own request, one observation's worth.
-        return weights + self.prior_weight * scale_free_prior(weights.size - 1)
+        prior = uniform_prior(weights.size - 1) if uniform else scale_free_prior(weights.size - 1)
+        return weights + self.prior_weight * prior
 
     def plan_key(self, entry_token_ids: np.ndarray):
         return None  # every entry is planned for itself

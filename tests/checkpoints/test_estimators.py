@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from minipic_lite.checkpoints import DepthHistogram, EntryHistory, Planner, SuffixHistogram, make_estimator
-from minipic_lite.checkpoints.estimators import scale_free_prior
+from minipic_lite.checkpoints.estimators import scale_free_prior, uniform_prior
 
 
 def test_weights_follow_gamma_to_the_age():
@@ -59,6 +59,18 @@ def test_entry_history_weights_by_hand():
     # beyond the known prefix a = 4 the entry's own request leaves at N − d = 5 (one observation).
     assert estimator.weights_for(entry).tolist() == [0, 0, 1.0, 0, 0.5, 1.0, 0, 0, 0]
     assert estimator.plan_key(entry) is None
+
+
+def test_entry_history_is_uniform_past_the_known_prefix_until_a_request_leaves_an_entry_there():
+    estimator = EntryHistory(prior_weight=2.0, uniform_until_observed=True)
+    estimator.observe_request(np.array([1, 2, 9, 9]), 0, None)
+    entry = np.array([1, 2, 3, 4, 5])  # N = 5, known prefix a = 2 (LCP of [1, 2, 9] with it)
+    # history 1 at depth 2; the entry's own request spread evenly over (2, 5]; the prior: 2 × 1/5 on 1..5
+    np.testing.assert_allclose(estimator.weights_for(entry), [0, 0.4, 1.4, 1 / 3 + 0.4, 1 / 3 + 0.4, 1 / 3 + 0.4])
+    assert uniform_prior(4).tolist() == [0.0, 0.25, 0.25, 0.25, 0.25]
+    estimator.observe_request(np.array([1, 2, 3, 4, 8]), 4, entry)  # left it past a = 2: d = 1 is learned
+    # now as without the option: history at 2 and 4 (a = 4), the own request past 4 (t = 5), the scale-free prior
+    np.testing.assert_allclose(estimator.weights_for(entry), np.array([0, 0, 1, 0, 1, 1]) + 2.0 * scale_free_prior(5))
 
 
 def test_entry_history_learns_distances_only_past_the_known_prefix():
