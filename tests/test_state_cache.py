@@ -1,13 +1,12 @@
 """State slots, the checkpoint store and its planner, without a model: the pure rules with exact expectations,
 then the books through the real scheduler and KV-cache manager (exact chunk ends, resumes and copy ops)."""
 
+import numpy as np
 import pytest
 
 from minipic_lite.config import SchedulerConfig
 from minipic_lite.kv_cache_manager import KVCacheManager
 from minipic_lite.scheduler import Scheduler
-import numpy as np
-
 from minipic_lite.state_cache import (
     Checkpoint,
     CheckpointPlanner,
