@@ -152,7 +152,7 @@ class Scheduler:
         for req in list(self.waiting):
             if budget <= 0 or len(self.running) >= self.config.max_num_seqs:
                 break
-            if policy != "inline":
+            if policy != "inline" and not self._must_go_inline(req):
                 if req.request_id not in missing:
                     missing[req.request_id] = self._missing_spans(req)
                 if barrier or missing[req.request_id]:
@@ -172,6 +172,15 @@ class Scheduler:
                 if budget <= 0:
                     return
 
+    def _must_go_inline(self, req: Request) -> bool:
+        """The head of the queue is admitted as it is (its missing spans computed in its own prefill) once its
+        spans were computed ahead and are missing again while no span prefill is in flight or no request runs:
+        spans computed ahead that do not fit in the cache together evict each other, and waiting until all of
+        them are cached at once could wait forever."""
+        is_head = bool(self.waiting) and req is self.waiting[0]
+        stalled = req.num_span_prefills > 0 and (not self.span_running or not self.running)
+        return is_head and stalled and bool(self._missing_spans(req))
+
     def _missing_spans(self, req: Request) -> list[Segment]:
         """Spans of `req` with a block that is neither cached (device or host) nor being computed."""
         kinds, B = self.kv.match(req), req.block_size
@@ -179,6 +188,7 @@ class Scheduler:
 
     def _start_span_prefill(self, req: Request, segment: Segment, out: SchedulerOutput, budget: int) -> int:
         unit = req.span_prefill(segment)
+        req.num_span_prefills += 1
         if MISS not in self.kv.match(unit):
             return budget  # an earlier span prefill of this step computes it (the same document twice)
         if not self.kv.allocate_prompt(unit):

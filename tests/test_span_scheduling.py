@@ -277,3 +277,16 @@ def test_rerotate_admission_counts_the_copy_sources_it_takes_out_of_the_free_que
     # 6 free blocks, but the 2 copy sources must stay intact while b takes its 5 fresh blocks: not enough
     assert not kv.allocate_prompt(b) and kv.num_free_blocks == 6 and kv.take_copies() == []
     kv.check_integrity()
+
+
+@pytest.mark.parametrize("policy", ["isps", "barrier"])
+def test_spans_computed_ahead_that_do_not_fit_together_never_stall_the_queue(policy):
+    """Three documents of two blocks per prompt, two prompts looked ahead, ten blocks: the spans computed ahead
+    evict each other, so a policy that waits until all of them are cached at once would wait forever."""
+    sched = scheduler(num_blocks=10, budget=16, max_num_seqs=2, policy=policy)
+    docs = [[S, 30 + 8 * d, 31 + 8 * d, 32 + 8 * d, 33 + 8 * d, 34 + 8 * d, PAD, PAD] for d in range(9)]
+    requests = [request(str(i), [20 + i, PAD, PAD, PAD] + sum(docs[3 * i : 3 * i + 3], []) + [P, 60]) for i in range(3)]
+    for r in requests:
+        sched.add(r)
+    run(sched, max_steps=100)
+    assert all(r.num_output_tokens == 2 for r in requests) and sched.kv.pool.num_free_blocks == 10
