@@ -144,9 +144,7 @@ class Scheduler:
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
         policy = self.config.span_policy
-        # NOTE: spans are computed ahead for the next max_num_seqs waiting requests (not for the whole queue:
-        # blocks computed too early would be evicted before their final uses them).
-        lookahead = list(islice(self.waiting, self.config.max_num_seqs)) if policy != "inline" else []
+        lookahead = self._lookahead() if policy != "inline" else []
         missing = {req.request_id: self._missing_spans(req) for req in lookahead}
         barrier = policy == "barrier" and (any(missing.values()) or bool(self.span_running))
         for req in list(self.waiting):
@@ -164,13 +162,25 @@ class Scheduler:
             self.running.append(req)
             ranges, end = plan_chunk(req, budget)
             budget -= self._commit_chunk(req, ranges, end, out)
-        for req in islice(self.waiting, self.config.max_num_seqs) if policy != "inline" else ():
+        for req in self._lookahead() if policy != "inline" else ():
             if req.request_id not in missing:
                 missing[req.request_id] = self._missing_spans(req)
             for segment in missing[req.request_id]:
                 budget = self._start_span_prefill(req, segment, out, budget)
                 if budget <= 0:
                     return
+
+    def _lookahead(self) -> list[Request]:
+        """The waiting requests whose spans are computed ahead: the next ones (at most max_num_seqs) whose whole
+        prompts fit in the free blocks together. Not the whole queue: spans computed too early, or more than the
+        cache holds at once, would be evicted before their final uses them, and be computed again."""
+        room, chosen = self.kv.num_free_blocks, []
+        for req in islice(self.waiting, self.config.max_num_seqs):
+            room -= req.num_blocks_for(len(req.token_ids))
+            if room < 0:
+                break
+            chosen.append(req)
+        return chosen
 
     def _must_go_inline(self, req: Request) -> bool:
         """The head of the queue is admitted as it is (its missing spans computed in its own prefill) once its

@@ -288,5 +288,8 @@ def test_spans_computed_ahead_that_do_not_fit_together_never_stall_the_queue(pol
     requests = [request(str(i), [20 + i, PAD, PAD, PAD] + sum(docs[3 * i : 3 * i + 3], []) + [P, 60]) for i in range(3)]
     for r in requests:
         sched.add(r)
-    run(sched, max_steps=100)
+    computed = []
+    run(sched, computed, max_steps=100)
     assert all(r.num_output_tokens == 2 for r in requests) and sched.kv.pool.num_free_blocks == 10
+    # spans are computed ahead only for prompts that fit in the free blocks together: nothing computed twice
+    assert len(computed) == 3 * 30 + 3  # 3 prompts of 30 tokens, one decode step each
