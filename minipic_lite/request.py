@@ -40,7 +40,7 @@ class Request:
     span_labels: tuple[str | None, ...] = ()  # names of the layout's segments in the cache report
     stream: bool = False  # True: an output after every step, with the text so far
     is_span_prefill: bool = False  # an SSEP span of another request's prompt, computed ahead (ISPS); no output
-    num_span_prefills: int = 0  # span prefills started for this request's spans (scheduler.py)
+    started_spans: set[int] = field(default_factory=set)  # segments whose span prefill was started (scheduler.py)
     # -- progress (Scheduler) --
     status: RequestStatus = RequestStatus.WAITING
     num_computed_tokens: int = 0

@@ -183,13 +183,11 @@ class Scheduler:
         return chosen
 
     def _must_go_inline(self, req: Request) -> bool:
-        """The head of the queue is admitted as it is (its missing spans computed in its own prefill) once its
-        spans were computed ahead and are missing again while no span prefill is in flight or no request runs:
-        spans computed ahead that do not fit in the cache together evict each other, and waiting until all of
-        them are cached at once could wait forever."""
+        """The head of the queue is admitted as it is (its missing spans computed in its own prefill) once a span
+        computed ahead for it is missing again (evicted): spans computed ahead that do not fit in the cache
+        together evict each other, and waiting until all of them are cached at once could wait forever."""
         is_head = bool(self.waiting) and req is self.waiting[0]
-        stalled = req.num_span_prefills > 0 and (not self.span_running or not self.running)
-        return is_head and stalled and bool(self._missing_spans(req))
+        return is_head and any(s.index in req.started_spans for s in self._missing_spans(req))
 
     def _missing_spans(self, req: Request) -> list[Segment]:
         """Spans of `req` with a block that is neither cached (device or host) nor being computed."""
@@ -198,7 +196,7 @@ class Scheduler:
 
     def _start_span_prefill(self, req: Request, segment: Segment, out: SchedulerOutput, budget: int) -> int:
         unit = req.span_prefill(segment)
-        req.num_span_prefills += 1
+        req.started_spans.add(segment.index)
         if MISS not in self.kv.match(unit):
             return budget  # an earlier span prefill of this step computes it (the same document twice)
         if not self.kv.allocate_prompt(unit):
