@@ -150,10 +150,10 @@ class Scheduler:
         for req in list(self.waiting):
             if budget <= 0 or len(self.running) >= self.config.max_num_seqs:
                 break
-            if policy != "inline" and not self._must_go_inline(req):
+            if policy != "inline":
                 if req.request_id not in missing:
                     missing[req.request_id] = self._missing_spans(req)
-                if barrier or missing[req.request_id]:
+                if (barrier or missing[req.request_id]) and not self._must_go_inline(req, missing[req.request_id]):
                     continue  # its spans are computed ahead first
             if not self.kv.allocate_prompt(req):
                 break
@@ -182,12 +182,12 @@ class Scheduler:
             chosen.append(req)
         return chosen
 
-    def _must_go_inline(self, req: Request) -> bool:
+    def _must_go_inline(self, req: Request, missing: list[Segment]) -> bool:
         """The head of the queue is admitted as it is (its missing spans computed in its own prefill) once a span
         computed ahead for it is missing again (evicted): spans computed ahead that do not fit in the cache
         together evict each other, and waiting until all of them are cached at once could wait forever."""
         is_head = bool(self.waiting) and req is self.waiting[0]
-        return is_head and any(s.index in req.started_spans for s in self._missing_spans(req))
+        return is_head and any(s.index in req.started_spans for s in missing)
 
     def _missing_spans(self, req: Request) -> list[Segment]:
         """Spans of `req` with a block that is neither cached (device or host) nor being computed."""
