@@ -25,12 +25,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import islice
 
+from minipic_lite.checkpoints.store import chunk_end
 from minipic_lite.config import SchedulerConfig
 from minipic_lite.host_tier import BlockCopy
 from minipic_lite.kv_cache_manager import MISS, KVCacheManager
 from minipic_lite.request import Request, RequestStatus
 from minipic_lite.spans import Segment
-from minipic_lite.state_cache import StateOps, chunk_end
+from minipic_lite.state_cache import StateOps
 
 
 @dataclass(slots=True)

@@ -4,13 +4,9 @@ then the books through the real scheduler and KV-cache manager (exact chunk ends
 import numpy as np
 import pytest
 
-from minipic_lite.config import SchedulerConfig
-from minipic_lite.kv_cache_manager import KVCacheManager
-from minipic_lite.scheduler import Scheduler
-from minipic_lite.state_cache import (
+from minipic_lite.checkpoints.planner import CheckpointPlanner
+from minipic_lite.checkpoints.store import (
     Checkpoint,
-    CheckpointPlanner,
-    StateCache,
     admits,
     choose_victim,
     chunk_end,
@@ -18,6 +14,10 @@ from minipic_lite.state_cache import (
     recent_depths,
     resume_blocks,
 )
+from minipic_lite.config import SchedulerConfig
+from minipic_lite.kv_cache_manager import KVCacheManager
+from minipic_lite.scheduler import Scheduler
+from minipic_lite.state_cache import StateCache
 from tests.sched_factory import make_request
 
 B = 4

@@ -2,7 +2,8 @@
 
 Pure Python/NumPy planning (no model): the cost model (cost.py), the placement policies and `plan`
 (policies.py), the exact O(NM) DP (dp.py), online overlap estimators (estimators.py), a planner that re-plans
-as they learn (planner.py), and a trace simulator (simulator.py) with real-text streams (streams.py).
+as they learn (planner.py, with the engine's `CheckpointPlanner`), a trace simulator (simulator.py) with
+real-text streams (streams.py), and the engine's checkpoint store (store.py: budget, eviction, admission).
 
     from minipic_lite.checkpoints import plan, expected_cost
     positions = plan("dp", weights, budget=4)        # weights[t] = mass of overlap depth t, t = 0..N
@@ -27,15 +28,18 @@ from minipic_lite.checkpoints.estimators import (
     SuffixHistogram,
     make_estimator,
 )
-from minipic_lite.checkpoints.planner import Planner
+from minipic_lite.checkpoints.planner import CheckpointPlanner, Planner
 from minipic_lite.checkpoints.policies import DEFAULT_BIN_SIZE, POLICIES, bin_weights, plan
 from minipic_lite.checkpoints.simulator import CheckpointCache, SimResult, simulate
+from minipic_lite.checkpoints.store import CheckpointStore
 
 __all__ = [
     "DEFAULT_BIN_SIZE",
     "ESTIMATORS",
     "POLICIES",
     "CheckpointCache",
+    "CheckpointPlanner",
+    "CheckpointStore",
     "DepthHistogram",
     "EntryHistory",
     "OverlapEstimator",

@@ -1,13 +1,16 @@
-"""A placement policy fed by an online overlap estimator, re-planned every k observations."""
+"""A placement policy fed by an online overlap estimator, re-planned every k observations; the engine's."""
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from minipic_lite.checkpoints.estimators import OverlapEstimator
+from minipic_lite.checkpoints.estimators import EntryHistory, OverlapEstimator, common_prefix_len
 from minipic_lite.checkpoints.policies import WEIGHT_AWARE, plan
+
+PLANNER_WINDOW = 512  # recent prompts the overlap estimate and the depth of a new prompt look at
 
 
 @dataclass
@@ -59,3 +62,43 @@ class Planner:
         if key is not None:
             self._plans[key] = positions
         return positions
+
+
+class CheckpointPlanner:
+    """`checkpoints.plan` positions for each new prompt; `dp` learns overlap depths from the engine's requests.
+
+    While the estimator knows nothing about a new prompt (no recent request shares a token with it and no
+    request has yet left a cached prompt at some depth), `dp` plans with `prior`, a policy that needs no
+    traffic: the DP's own prior would put every checkpoint near the end, past where a second request with the
+    same long prefix and its own long suffix leaves; with `balanced` that request already resumes at depth > 0.
+    For the same reason the estimator spreads a prompt's own request uniformly (what `balanced` assumes) past
+    the part recent prompts share with it until some request has left a prompt there
+    (`EntryHistory(uniform_until_observed=True)`): a short shared header is evidence about the header only.
+    """
+
+    def __init__(self, policy: str, budget: int, bin_size: int, prior: str, window: int = PLANNER_WINDOW):
+        estimator = EntryHistory(window=window, uniform_until_observed=True) if policy == "dp" else None
+        self.planner = Planner(policy, budget, estimator, bin_size=bin_size)
+        self.prior = Planner(prior, budget, None, bin_size=bin_size) if policy == "dp" else None
+        self.recent: deque[np.ndarray] = deque(maxlen=window)
+
+    def has_evidence(self, token_ids: np.ndarray) -> bool:
+        """The estimate for this prompt rests on traffic, not only on priors."""
+        estimator = self.planner.estimator
+        return estimator.suffix.num_observations > 0 or bool(estimator.history_weights(token_ids)[1:].any())
+
+    def plan(self, token_ids) -> list[int]:
+        ids = np.asarray(token_ids, dtype=np.int64)
+        use_prior = self.prior is not None and not self.has_evidence(ids)
+        return (self.prior if use_prior else self.planner).plan(ids)
+
+    def observe(self, token_ids) -> None:
+        """A served prompt and its overlap depth with the recent prompt it shares most with (as simulator.py)."""
+        ids = np.asarray(token_ids, dtype=np.int64)
+        best, depth = None, 0
+        for entry in self.recent:
+            d = common_prefix_len(ids[:-1], entry)
+            if d > depth:
+                best, depth = entry, d
+        self.planner.observe(ids, depth, best)
+        self.recent.append(ids)
