@@ -225,12 +225,9 @@ class SchedulerConfig:
     def __post_init__(self):
         if self.span_policy not in SPAN_POLICIES:
             raise ValueError(f"span_policy must be one of {', '.join(SPAN_POLICIES)}, got {self.span_policy!r}")
-        if self.num_scheduler_steps <= 0:
-            raise ValueError(f"num_scheduler_steps must be positive, got {self.num_scheduler_steps}")
-        if self.max_num_seqs <= 0:
-            raise ValueError(f"max_num_seqs must be positive, got {self.max_num_seqs}")
-        if self.max_num_batched_tokens <= 0:
-            raise ValueError(f"max_num_batched_tokens must be positive, got {self.max_num_batched_tokens}")
+        for name in ("num_scheduler_steps", "max_num_seqs", "max_num_batched_tokens"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
 
 
 @dataclass(frozen=True)
