@@ -85,9 +85,9 @@ class StateCache(CheckpointStore):
             num_tokens <= req.num_computed_tokens
             or req.state_slot is None
             or num_tokens not in (req.checkpoint_positions or ())
+            or num_tokens in req.saved_checkpoints
+            or num_tokens % req.block_size
         ):
-            return
-        if num_tokens in req.saved_checkpoints or num_tokens % req.block_size:
             return
         ckpt_id = self.reserve(num_tokens, req.prompt_token_ids, req.block_hashes, req.block_size)
         if ckpt_id is not None:

@@ -184,14 +184,15 @@ class CheckpointStore:
                   if (c := self.by_hash.get(block_hashes[k])) is not None and c is not itself]  # fmt: skip
         return marginal_saving(position, others, recent_depths(tokens, self.planner.recent))
 
-    def _free_ckpt_id(self, new_value=None) -> int | None:
+    def _free_ckpt_id(self, new_value) -> int | None:
+        """A free checkpoint id, or a victim's if the new save (`new_value()`) is worth more than it; None."""
         if self.free_ckpt_ids:
             return self.free_ckpt_ids.popleft()
         victim = choose_victim(self.by_hash.values(), self.num_steps, self.eviction)
         if victim is None:
             self.stats.num_skipped_saves += 1
             return None
-        if new_value is not None and victim.token_ids is not None:
+        if victim.token_ids is not None:
             victim_value = self._value(victim.position, victim.token_ids, victim.block_hashes, victim)
             if not admits(new_value(), victim_value):
                 self.stats.num_declined_saves += 1
