@@ -83,19 +83,19 @@ class Piece:
 
 
 @dataclass(frozen=True)
-class Module:
+class SchemaItem:
+    """An item of a Prompt Cache schema: its text and an optional name for the cache report."""
+
+    text: str
+    name: str | None = None
+
+
+class Module(SchemaItem):
     """A reusable prompt module (Prompt Cache): an SSEP span, cached wherever it appears."""
 
-    text: str
-    name: str | None = None
 
-
-@dataclass(frozen=True)
-class Param:
+class Param(SchemaItem):
     """A user parameter (Prompt Cache): a PDEP segment, which sees and hashes everything before it."""
-
-    text: str
-    name: str | None = None
 
 
 @dataclass
