@@ -40,14 +40,14 @@ Rules
 
 Reuse
 -----
-Lookup is per block (`Scheduler._admit`): every full prompt block whose hash is cached is shared wherever it
-sits, after a missing block too (a hole); only missing blocks are computed (queries need not be contiguous), and
-the block of the last prompt token always is. A block is published when the step that computes it is scheduled,
-and K/V are written before attention reads them, so a request admitted later in the same step already shares
-it: one computation, one physical block, read at different offsets by different requests. Under one token
-budget a waiting request is only admitted once the prompts scheduled before it are scheduled in full, so their
-blocks are published by then. The edge case left: the same span twice in ONE prompt is computed twice (both
-lookups happen at admission, before either copy is published; the pool keeps the first copy).
+Lookup is per block (`KVCacheManager.allocate_prompt`): every full prompt block whose hash is cached is shared
+wherever it sits, after a missing block too (a hole); only missing blocks are computed (queries need not be
+contiguous), and the block of the last prompt token always is. A block is published when the step that computes
+it is scheduled, and K/V are written before attention reads them, so a request admitted later in the same step
+already shares it: one computation, one physical block, read at different offsets by different requests. Under
+one token budget a waiting request is only admitted once the prompts scheduled before it are scheduled in full,
+so their blocks are published by then. The same span twice in ONE prompt is computed once: the later copy waits
+for the earlier one, as for a block another request is computing (kv_cache_manager.py).
 
 Example (block_size 4, S = SSEP, P = PDEP, _ = pad)::
 
