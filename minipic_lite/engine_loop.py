@@ -7,8 +7,11 @@
     abort(request_id)  --------------------------->  inbox  --> engine.abort: blocks freed, final output
 
 No caller holds a lock across a model step: the loop alone calls the engine, and it takes the inbox between
-steps. A sink is a callable that takes a `RequestOutput` (or the exception of a failed step); it must not
-block. A sink that raises (its consumer is gone) aborts its request.
+steps. The loop thread also builds the engine, so every torch op of the engine runs on one thread: on the CPU each
+thread that runs torch ops keeps an OpenMP pool, and two pools on one machine throttle each other (libgomp stops
+spinning once it manages more threads than cores: a decode step of SmolLM2 on 2 cores took ~30% longer).
+A sink is a callable that takes a `RequestOutput` (or the exception of a failed step); it must not block.
+A sink that raises (its consumer is gone) aborts its request.
 """
 
 from __future__ import annotations
@@ -28,13 +31,15 @@ Sink = Callable[[RequestOutput | BaseException], object]
 
 
 class EngineLoop:
-    def __init__(self, engine: LLMEngine):
-        self.engine = engine
+    def __init__(self, build: Callable[[], LLMEngine]):
+        """Start the loop thread and build the engine on it with `build()`; its error is raised here."""
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()  # callables run on the loop thread, in order
         self._sinks: dict[str, Sink] = {}  # requests submitted through the loop and not finished
         self._closed = False
-        self._thread = threading.Thread(target=self._run, name="minipic-engine-loop", daemon=True)
+        built: Future = Future()
+        self._thread = threading.Thread(target=self._run, args=(build, built), name="minipic-engine-loop", daemon=True)
         self._thread.start()
+        self.engine: LLMEngine = built.result()
 
     # -- from any thread ---------------------------------------------------------------------------------
 
@@ -76,7 +81,14 @@ class EngineLoop:
 
     # -- on the loop thread ------------------------------------------------------------------------------
 
-    def _run(self) -> None:
+    def _run(self, build: Callable[[], LLMEngine], built: Future) -> None:
+        try:
+            self.engine = build()
+        except BaseException as e:
+            self._closed = True
+            built.set_exception(e)
+            return
+        built.set_result(self.engine)
         while self._take_inbox(block=not self._sinks):
             if self._sinks:
                 self._step()

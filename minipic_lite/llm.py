@@ -91,8 +91,8 @@ class LLM:
         self.tokenizer = load_tokenizer(model_dir)
         control = control_tokens or (default_control_tokens(self.tokenizer) if self.tokenizer else ControlTokens())
         config = EngineConfig.from_options(model_dir, model_config, device, control, dtype, **options)
-        self.engine = LLMEngine(config, self.tokenizer)
-        self._loop = EngineLoop(self.engine)
+        self._loop = EngineLoop(lambda: LLMEngine(config, self.tokenizer))
+        self.engine = self._loop.engine
         weakref.finalize(self, self._loop.close)  # NOTE: the loop thread holds the engine, not this object
         self._composer: PromptComposer | None = None
 

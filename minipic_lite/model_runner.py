@@ -17,7 +17,7 @@ from minipic_lite.config import CUDA_GRAPH_BATCH_SIZES, GIB, EngineConfig, Model
 from minipic_lite.decode_mirror import DecodeMirror
 from minipic_lite.kv_cache_manager import Rerotate
 from minipic_lite.models.llama import rope_table
-from minipic_lite.models.packed_linear import can_pack, pack_linears
+from minipic_lite.models.packed_linear import can_pack, pack_linears, packed_min_rows
 from minipic_lite.models.registry import model_class
 from minipic_lite.models.step import HostStep, RecurrentStep, StepMetadata
 from minipic_lite.sampler import Sampler
@@ -112,10 +112,12 @@ class ModelRunner:
         self.dtype = getattr(torch, config.dtype)
         self.block_size = config.cache.block_size
         self.model = build_model(config)
-        # CPU: decode steps take weights prepacked for oneDNN, other steps F.linear (models/packed_linear.py)
-        self.can_pack = can_pack(self.device, self.dtype)
-        if self.can_pack:
+        # CPU: decode steps of at least `packed_min_rows` rows (timed here) take weights prepacked for oneDNN,
+        # other steps F.linear (models/packed_linear.py)
+        self.packed_min_rows = None
+        if can_pack(self.device, self.dtype):
             pack_linears(self.model)
+            self.packed_min_rows = packed_min_rows(self.model)
         self.state_tensors = None  # hybrid models: live state slots and checkpoints (state_cache.py)
         if config.model.is_hybrid:
             budget = config.cache.state_cache_gib * GIB
@@ -219,7 +221,8 @@ class ModelRunner:
             req, B = s.seq, self.block_size
             host.add_chunk(req.token_ids, req.block_table, s.query_ranges, s.kv_len, req.visible_start, s.do_sample, B)
         meta = StepMetadata.build(host, self.device)
-        meta.use_packed_weights = self.can_pack and out.is_decode_only
+        min_rows = self.packed_min_rows
+        meta.use_packed_weights = out.is_decode_only and min_rows is not None and len(host.input_ids) >= min_rows
         if self.state_tensors is not None:
             st = self.state_tensors
             st.before_forward(out.state_ops)  # NOTE: zero / load slots before the forward reads them

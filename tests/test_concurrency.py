@@ -213,3 +213,27 @@ def test_llm_abort_gives_the_caller_a_final_output_and_frees_blocks(llm):
     outs = run_with_timeout(scenario)
     assert outs[-1].finished and outs[-1].finish_reason == "abort" and len(outs[-1].token_ids) >= 2
     assert_idle(llm)
+
+
+def test_the_loop_thread_builds_the_engine_and_a_build_error_reaches_the_caller(model_dir, monkeypatch):
+    """Every torch op of the engine runs on its loop thread, from the weights on (engine_loop.py: two OpenMP pools
+    on one CPU throttle each other)."""
+    import minipic_lite.llm as llm_module
+
+    built_on = []
+
+    class RecordingEngine(llm_module.LLMEngine):
+        def __init__(self, *args, **kwargs):
+            built_on.append(threading.current_thread())
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(llm_module, "LLMEngine", RecordingEngine)
+    llm = mp.LLM(model_dir, device="cpu", num_blocks=64, max_model_len=256)
+    try:
+        assert built_on == [llm._loop._thread] and built_on[0] is not threading.current_thread()
+        out = llm.generate("Hi", mp.SamplingParams(max_tokens=2), use_tqdm=False)[0]
+        assert len(out.token_ids) == 2
+    finally:
+        llm.close()
+    with pytest.raises(ValueError, match="too few for one request"):
+        mp.LLM(model_dir, device="cpu", num_blocks=2, max_model_len=256)

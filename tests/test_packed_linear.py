@@ -6,7 +6,14 @@ from torch import nn
 from torch.nn import functional as F
 
 import minipic_lite as mp
-from minipic_lite.models.packed_linear import MatmulRoute, PackedLinear, can_pack, pack_linears
+from minipic_lite.models.packed_linear import (
+    MatmulRoute,
+    PackedLinear,
+    can_pack,
+    first_of_winning_tail,
+    pack_linears,
+    packed_min_rows,
+)
 
 pytestmark = pytest.mark.skipif(not can_pack(torch.device("cpu"), torch.float32), reason="torch lacks oneDNN")
 
@@ -37,9 +44,26 @@ def test_pack_linears_replaces_every_linear_and_shares_one_route():
     assert not any(type(m) is nn.Linear for m in model.modules())
 
 
+@pytest.mark.parametrize(
+    "wins, expected",
+    [([True] * 4, 1), ([False, False, True, True], 4), ([True, False, True, True], 4),
+     ([True, True, True, False], None), ([False] * 4, None)],
+)  # fmt: skip
+def test_the_packed_route_starts_where_its_wins_run_to_the_largest_probe(wins, expected):
+    assert first_of_winning_tail((1, 2, 4, 8), wins) == expected
+
+
+def test_packed_min_rows_times_both_routes_and_leaves_the_route_off():
+    model = nn.Sequential(nn.Linear(64, 256), nn.Linear(256, 64))
+    route = pack_linears(model)
+    assert packed_min_rows(model) in (1, 2, 4, 8, None)
+    assert route.packed is False
+
+
 def test_the_step_contract_routes_decode_steps_to_the_packed_weights(llm):
     engine = llm.engine
     route = engine.runner.model.matmul_route
+    min_rows, engine.runner.packed_min_rows = engine.runner.packed_min_rows, 1  # the start-up timing aside
     request_id = engine.add_request(llm.encode("The capital of France is")[0], mp.SamplingParams(max_tokens=3))
     out = engine.scheduler.schedule()  # prefill
     assert engine.runner.prepare(out).meta.use_packed_weights is False
@@ -50,3 +74,11 @@ def test_the_step_contract_routes_decode_steps_to_the_packed_weights(llm):
     engine.scheduler.postprocess(out, engine.runner.execute(out), engine._stops)
     assert route.packed is True
     engine.abort(request_id)
+    engine.runner.packed_min_rows = 2  # a decode step of one row stays on F.linear
+    request_id = engine.add_request(llm.encode("The capital of France is")[0], mp.SamplingParams(max_tokens=3))
+    for _ in range(2):  # prefill, then decode
+        out = engine.scheduler.schedule()
+        assert engine.runner.prepare(out).meta.use_packed_weights is False
+        engine.scheduler.postprocess(out, engine.runner.execute(out), engine._stops)
+    engine.abort(request_id)
+    engine.runner.packed_min_rows = min_rows

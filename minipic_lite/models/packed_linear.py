@@ -1,14 +1,16 @@
 """Linear layers whose weights are also prepacked for oneDNN: the CPU's decode matmuls.
 
-On the project's CPU, MKL's `F.linear` is slow at decode shapes and oneDNN with weights prepacked once (what
-Inductor's `freezing` does) is faster (README, "CPU matmuls by step kind", has the figures). oneDNN's fp32 sums
-round differently (2-3x MKL's error), which would break the 1e-4 logits bound that prefill is held to against
-transformers. So decode steps take the packed weights and every other step `F.linear`: the step contract says
-which (`StepMetadata.use_packed_weights`), and the model sets the shared `MatmulRoute` from it.
+At decode shapes oneDNN with weights prepacked once (what Inductor's `freezing` does) can beat MKL's `F.linear`;
+which one wins depends on the CPU and the row count (README, "CPU matmuls by step kind", has the figures), so
+`packed_min_rows` times both on the model's own matmuls at start-up. oneDNN's fp32 sums round differently (2-3x
+MKL's error), which would break the 1e-4 logits bound that prefill is held to against transformers. So only
+decode steps may take the packed weights and every other step takes `F.linear`: the step contract says which
+(`StepMetadata.use_packed_weights`), and the model sets the shared `MatmulRoute` from it.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -16,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 PACK_BATCH_HINT = 32  # oneDNN picks its blocking for this many rows; any row count still works
+ROUTE_PROBE_ROWS = (1, 2, 4, 8)  # decode row counts timed at start-up to pick the route
 
 
 @dataclass
@@ -60,3 +63,33 @@ def pack_linears(model: nn.Module) -> MatmulRoute:
             if isinstance(child, nn.Linear):
                 setattr(parent, name, PackedLinear(child, route))
     return route
+
+
+def packed_min_rows(model: nn.Module, probe_rows: tuple[int, ...] = ROUTE_PROBE_ROWS) -> int | None:
+    """The fewest rows from which the packed weights beat F.linear at every probed count, timed on `model`'s
+    own matmuls (one pass per route after a warm-up); the largest probe speaks for larger batches, and None
+    (never packed) when F.linear wins there."""
+    linears = [m for m in model.modules() if isinstance(m, PackedLinear)]
+    route = linears[0].route
+
+    def seconds(rows: int, packed: bool) -> float:
+        route.packed = packed
+        inputs = [torch.zeros(rows, m.weight.shape[1]) for m in linears]
+        for _ in range(2):  # the first pass warms the caches and oneDNN's primitives
+            start = time.perf_counter()
+            for m, x in zip(linears, inputs, strict=True):
+                m(x)
+        return time.perf_counter() - start
+
+    with torch.inference_mode():
+        wins = [seconds(rows, True) < seconds(rows, False) for rows in probe_rows]
+    route.packed = False
+    return first_of_winning_tail(probe_rows, wins)
+
+
+def first_of_winning_tail(probe_rows: tuple[int, ...], wins: list[bool]) -> int | None:
+    """The first probe of the longest run of wins that reaches the last probe; None when the last one lost."""
+    first = len(probe_rows)
+    while first > 0 and wins[first - 1]:
+        first -= 1
+    return probe_rows[first] if first < len(probe_rows) else None
