@@ -84,8 +84,11 @@ def decode_step_bytes(llm, batch: int, kv_len: int) -> dict:
     """What one decode step must read from memory: every weight matrix once (the tied embedding as the LM
     head; embedding rows of the batch are negligible) and each request's keys and values."""
     model, cfg = llm.engine.runner.model, llm.config.model
-    weight_bytes = sum(m.weight.numel() * m.weight.element_size() for m in model.modules() if hasattr(m, "weight")
-                       and m.weight is not None and m.weight.dim() == 2)  # fmt: skip
+    from minipic_lite.models.packed_linear import PackedLinear
+
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear | PackedLinear)]
+    matmul_weights = {m.weight.data_ptr(): m.weight for m in linears}  # NOTE: a tied LM head counts once
+    weight_bytes = sum(w.numel() * w.element_size() for w in matmul_weights.values())
     kv_bytes = batch * kv_len * 2 * cfg.num_attention_layers * cfg.num_kv_heads * cfg.head_dim * 4
     return {"weight_bytes": weight_bytes, "kv_bytes": kv_bytes}
 
