@@ -89,6 +89,7 @@ class EngineLoop:
             built.set_exception(e)
             return
         built.set_result(self.engine)
+        del build, built  # NOTE: the thread lives as long as the engine: hold nothing else
         while self._take_inbox(block=not self._sinks):
             if self._sinks:
                 self._step()

@@ -6,6 +6,7 @@ may run from many threads at once, each reading only its own requests' outputs.
 
 from __future__ import annotations
 
+import functools
 import queue
 import weakref
 from collections.abc import Iterator, Sequence
@@ -91,7 +92,8 @@ class LLM:
         self.tokenizer = load_tokenizer(model_dir)
         control = control_tokens or (default_control_tokens(self.tokenizer) if self.tokenizer else ControlTokens())
         config = EngineConfig.from_options(model_dir, model_config, device, control, dtype, **options)
-        self._loop = EngineLoop(lambda: LLMEngine(config, self.tokenizer))
+        # NOTE: the build callable must not hold `self`: the loop thread would keep this LLM alive forever
+        self._loop = EngineLoop(functools.partial(LLMEngine, config, self.tokenizer))
         self.engine = self._loop.engine
         weakref.finalize(self, self._loop.close)  # NOTE: the loop thread holds the engine, not this object
         self._composer: PromptComposer | None = None

@@ -237,3 +237,17 @@ def test_the_loop_thread_builds_the_engine_and_a_build_error_reaches_the_caller(
         llm.close()
     with pytest.raises(ValueError, match="too few for one request"):
         mp.LLM(model_dir, device="cpu", num_blocks=2, max_model_len=256)
+
+
+def test_an_llm_nobody_holds_is_collected_and_its_loop_thread_ends(model_dir):
+    import gc
+    import weakref
+
+    llm = mp.LLM(model_dir, device="cpu", num_blocks=64, max_model_len=256)
+    llm.generate("Hi", mp.SamplingParams(max_tokens=2), use_tqdm=False)
+    thread, ref = llm._loop._thread, weakref.ref(llm)
+    del llm
+    gc.collect()
+    assert ref() is None
+    thread.join(timeout=30)
+    assert not thread.is_alive()
