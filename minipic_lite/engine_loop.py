@@ -9,7 +9,7 @@
 No caller holds a lock across a model step: the loop alone calls the engine, and it takes the inbox between
 steps. The loop thread also builds the engine, so every torch op of the engine runs on one thread: on the CPU each
 thread that runs torch ops keeps an OpenMP pool, and two pools on one machine throttle each other (libgomp stops
-spinning once it manages more threads than cores: a decode step of SmolLM2 on 2 cores took ~30% longer).
+spinning once it manages more threads than cores: SmolLM2 decoded at two thirds of the speed on 2 cores).
 A sink is a callable that takes a `RequestOutput` (or the exception of a failed step); it must not block.
 A sink that raises (its consumer is gone) aborts its request.
 """
