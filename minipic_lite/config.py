@@ -14,8 +14,12 @@ DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
 DEFAULT_MEMORY_UTILIZATION = 0.85
 # On the CPU the cache is also capped, so a laptop run does not reserve most of its RAM.
 DEFAULT_CPU_KV_CACHE_GIB = 2.0
-# Decode batch sizes captured as CUDA graphs (a batch is padded up to the next bucket).
+# Steps captured as CUDA graphs (cuda_graphs.py), padded up to the next bucket: decode steps per batch size, and
+# prefill or mixed steps with few new tokens (a prompt whose documents are cached) per (sequences, tokens) with at
+# most CUDA_GRAPH_MAX_TOKENS_PER_SEQ tokens per sequence on average.
 CUDA_GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256)
+CUDA_GRAPH_TOKEN_SIZES = (16, 32, 64, 128, 256, 512)
+CUDA_GRAPH_MAX_TOKENS_PER_SEQ = 32
 # Decode steps run back to back on a GPU between two visits of the scheduler (one host sync per burst):
 # the host's scheduling, input building and output handling then stop leaving the GPU idle every step.
 DEFAULT_CUDA_SCHEDULER_STEPS = 8

@@ -13,7 +13,14 @@ from dataclasses import dataclass
 
 import torch
 
-from minipic_lite.config import CUDA_GRAPH_BATCH_SIZES, GIB, EngineConfig, ModelConfig
+from minipic_lite.config import (
+    CUDA_GRAPH_BATCH_SIZES,
+    CUDA_GRAPH_MAX_TOKENS_PER_SEQ,
+    CUDA_GRAPH_TOKEN_SIZES,
+    GIB,
+    EngineConfig,
+    ModelConfig,
+)
 from minipic_lite.decode_mirror import DecodeMirror
 from minipic_lite.kv_cache_manager import Rerotate
 from minipic_lite.models.llama import rope_table
@@ -136,9 +143,13 @@ class ModelRunner:
             self.decode_mirror = DecodeMirror(cfg, config.cache.position_free, mirror_bytes)
         self.graphs = None
         if self.device.type == "cuda" and not config.enforce_eager and not cfg.is_hybrid:
-            from minipic_lite.cuda_graphs import DecodeGraphs
+            from minipic_lite.cuda_graphs import StepGraphs, graph_shapes
 
-            self.graphs = DecodeGraphs(self, CUDA_GRAPH_BATCH_SIZES)
+            sched = config.scheduler
+            token_sizes = tuple(t for t in CUDA_GRAPH_TOKEN_SIZES if t <= sched.max_num_batched_tokens)
+            per_seq = CUDA_GRAPH_MAX_TOKENS_PER_SEQ
+            shapes = graph_shapes(CUDA_GRAPH_BATCH_SIZES, sched.max_num_seqs, token_sizes, per_seq)
+            self.graphs = StepGraphs(self, shapes)
 
     @property
     def block_bytes(self) -> int:
@@ -243,17 +254,17 @@ class ModelRunner:
         self.copy_blocks(out.copies)
         inputs = self.prepare(out)
         sampling = [s for s in out.scheduled if s.do_sample]
+        shape = None if self.graphs is None else self.graphs.shape_for(out)
         if not sampling:
-            self.model(inputs.input_ids, inputs.meta, self.kv_cache)
+            self._logits(inputs, shape)  # K/V written, nothing to sample
             self._save_states(out)
             return [[] for _ in out.scheduled]
         batch = self.sampler.prepare([s.seq.request_id for s in sampling], [s.seq.sampling_params for s in sampling])
-        use_graphs = self.graphs is not None and self.graphs.can_run(out)
         steps = []  # [num_steps] of (num_sampling,) token ids on the device
         for step in range(out.num_steps):
             if step:
                 inputs = advance_decode_inputs(inputs, steps[-1], self.block_size)
-            logits = self._logits(inputs, len(out.scheduled), use_graphs)
+            logits = self._logits(inputs, shape)
             steps.append(self.sampler(logits, batch))
         self._save_states(out)
         rows = iter(torch.stack(steps, dim=1).tolist())  # (num_sampling, num_steps): the one host sync
@@ -263,9 +274,10 @@ class ModelRunner:
         if self.state_tensors is not None:
             self.state_tensors.after_forward(out.state_ops)
 
-    def _logits(self, inputs: StepInputs, num_seqs: int, use_graphs: bool) -> torch.Tensor:
-        if use_graphs:
-            return self.graphs.run(inputs, num_seqs)
+    def _logits(self, inputs: StepInputs, shape: tuple[int, int] | None) -> torch.Tensor:
+        """[num_sampling, vocab]: eagerly, or by replaying the graph of `shape` (a bucket, or None)."""
+        if shape is not None:
+            return self.graphs.run(inputs, shape)
         hidden = self.model(inputs.input_ids, inputs.meta, self.kv_cache)
         return self.model.compute_logits(hidden[inputs.logits_indices])
 

@@ -43,6 +43,11 @@ MIN_KEYS_PER_SPLIT = 512
 # against 0.056 ms with 32-key tiles, bench/results/gpu_ops_ecd1644_h200* and gpu_ops_cd5f0ee_h200_run1*).
 LONG_DECODE_CONTEXT = 8192  # table width (keys) from which decode with a 16-bit cos/sin table takes 128-key tiles
 LONG_PREFILL_ROWS = 32768  # query rows (tokens x GROUP) per sequence from which the dense kernel takes 128x128 tiles
+# Query rows per sequence up to which a prefill-like batch is read as a decode is: keys rotated in the kernel (each
+# sequence has one or two query tiles, so each key is rotated about once anyway) and split-KV to fill the GPU.
+# A few new tokens over a long cached context (a RAG prompt whose documents hit) otherwise gets one program
+# per query tile and kv head walking every key: 16 programs for 19 tokens on 8 kv heads.
+SHORT_PREFILL_ROWS = 128
 
 
 @triton.jit
@@ -539,19 +544,24 @@ def pick_config(
     """Tile sizes, warps, stages, split count and pre-rotation from shapes only (no host sync).
 
     Measured on an H200 (bench/results): decode-like batches (<= 16 query rows per sequence) use 16-row
-    tiles and split the key range when too few programs would fill the GPU (flash-decoding); prefill-like
-    batches use 128-row tiles and, in position-free mode, rotate each key once per call into a scratch
+    tiles and split the key range when too few programs would fill the GPU (flash-decoding); short prefills
+    (<= SHORT_PREFILL_ROWS rows per sequence, on CUDA) do the same with one query tile per sequence; longer
+    prefill-like batches use 128-row tiles and, in position-free mode, rotate each key once per call into a scratch
     buffer (PRE_ROTATE) instead of once per query tile. On Hopper, 16-bit prefill-like batches take the DENSE
     path: keys (rotated) and values gathered into contiguous scratch, read by tensor-descriptor (TMA) loads.
     ``table_elem_size`` is the cos/sin table's element size (the engine passes it in the model dtype).
     """
     rows_per_seq = math.ceil(num_tokens / num_seqs) * group
-    dense = rows_per_seq > 16 and elem_size == 2 and device.type == "cuda" and _has_tma(device.index or 0)
+    is_cuda = device.type == "cuda"
+    short = 16 < rows_per_seq <= SHORT_PREFILL_ROWS and is_cuda
+    dense = rows_per_seq > SHORT_PREFILL_ROWS and elem_size == 2 and is_cuda and _has_tma(device.index or 0)
     warp_specialize = False
     if rows_per_seq <= 16:  # decode: memory bound
         block_m, tile_n, num_warps, num_stages = 16, 128, 4, 2
         if is_rotary and head_dim >= 128:  # in-kernel rotation (bench/results/gpu_ops_*_short_decode*, *_ecd1644_*)
             tile_n, num_warps, num_stages = 32, 4, 3
+    elif short:
+        block_m, tile_n, num_warps, num_stages = _next_pow2(rows_per_seq), 64, 8, 2
     elif rows_per_seq <= 64:
         block_m, tile_n, num_warps, num_stages = 64, 64, 4, 3
     elif head_dim <= 64:
@@ -579,9 +589,10 @@ def pick_config(
         warp_specialize = rows_per_seq >= LONG_PREFILL_ROWS
     block_m = max(block_m, _next_pow2(group))
     num_splits = 1
-    if device.type == "cuda" and rows_per_seq <= 16:
+    if is_cuda and (rows_per_seq <= 16 or short):
         # flash-decoding: aim at ~4 programs per SM, each split keeping >= MIN_KEYS_PER_SPLIT keys
-        want = 4 * _num_sms(device.index or 0) // (num_seqs * num_kv_heads)
+        query_tiles = num_seqs if rows_per_seq <= 16 else num_tokens // max(block_m // group, 1) + num_seqs
+        want = 4 * _num_sms(device.index or 0) // (query_tiles * num_kv_heads)
         want = min(want, max_context // MIN_KEYS_PER_SPLIT, 32)
         num_splits = 1 << (max(want, 1).bit_length() - 1)  # largest power of two <= want
     return dict(
@@ -590,7 +601,7 @@ def pick_config(
         num_warps=num_warps,
         num_stages=num_stages,
         NUM_SPLITS=num_splits,
-        PRE_ROTATE=is_rotary and rows_per_seq > 16,
+        PRE_ROTATE=is_rotary and rows_per_seq > 16 and not short,
         DENSE=dense,
         WARP_SPECIALIZE=warp_specialize,
     )

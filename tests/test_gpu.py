@@ -39,6 +39,30 @@ def test_cuda_graph_replay_gives_the_eager_tokens(tiny_dir, num_scheduler_steps)
     assert all(len(o.token_ids) == 24 for o in replayed)
 
 
+def test_prefill_and_mixed_steps_replay_graphs_and_give_the_eager_tokens(tiny_dir):
+    """Prompts whose prefixes are cached (few new tokens each), and requests admitted while others decode (mixed
+    steps), run through the prefill buckets' graphs with the tokens of an eager engine."""
+    kwargs = dict(device="cuda", dtype="float32", max_model_len=256, max_num_seqs=4, num_blocks=256)
+    graphs = mp.LLM(str(tiny_dir), **kwargs)
+    eager = mp.LLM(str(tiny_dir), enforce_eager=True, **kwargs)
+    step_graphs = graphs.engine.runner.graphs
+    replayed_shapes = []
+    run = step_graphs.run
+    step_graphs.run = lambda inputs, shape: (replayed_shapes.append(shape), run(inputs, shape))[1]
+    gen = torch.Generator().manual_seed(3)
+    bases = [torch.randint(6, 512, (n,), generator=gen).tolist() for n in (40, 57, 70, 90, 33, 64)]
+    follow_ups = [b + torch.randint(6, 512, (5 + 3 * i,), generator=gen).tolist() for i, b in enumerate(bases)]
+    # different lengths: requests finish at different steps, so waiting ones join running decodes
+    params = [mp.SamplingParams(max_tokens=6 + 5 * i, temperature=0.0, ignore_eos=True) for i in range(6)]
+    for prompts in (bases, follow_ups):
+        outs = graphs.generate(prompts, params, use_tqdm=False)
+        assert [o.token_ids for o in outs] == [o.token_ids for o in eager.generate(prompts, params, use_tqdm=False)]
+    assert all(o.num_cached_tokens >= 32 for o in outs)  # the follow-ups hit their bases' full blocks
+    prefill_shapes = {shape for shape in replayed_shapes if shape[0] != shape[1]}
+    assert prefill_shapes, f"no prefill bucket replayed: {sorted(set(replayed_shapes))}"
+    graphs.engine.kv.check_integrity()
+
+
 @pytest.mark.parametrize("span_policy", ["isps", "barrier"])
 def test_host_tier_copies_and_span_policies_on_cuda_give_the_roomy_inline_tokens(tiny_dir, span_policy):
     """Pinned host blocks copied back before the forward (non-blocking, stream-ordered), span prefills beside

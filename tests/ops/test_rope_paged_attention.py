@@ -65,6 +65,7 @@ def check_against_ref(problem: Problem, impl: str, what: str, **kwargs) -> None:
 # the Triton kernel (interpreter): a curated grid, each axis covered at least once
 # ------------------------------------------------------------------------------------------------------
 
+SHORT = {"PRE_ROTATE": False, "BLOCK_M": 128}  # pick_config's short prefill on CUDA
 TRITON_CASES = [
     # scenario, heads, head_dim, rotary_dim, block_size, dtype, position_free, extra, config
     ("prefill_T63", "gqa4", 64, None, 16, torch.float32, True, {}, None),
@@ -84,6 +85,10 @@ TRITON_CASES = [
     ("decode_only", "gqa3", 64, None, 16, torch.float32, True, {}, {"PRE_ROTATE": True}),
     ("decode_only", "gqa4", 64, None, 16, torch.float32, True, {}, {"NUM_SPLITS": 4}),
     ("mixed", "gqa3", 64, 32, 16, torch.float16, True, {"repeat_block": True}, {"NUM_SPLITS": 2, "TILE_N": 32}),
+    # a short prefill over a cached context as CUDA runs it: one query tile per sequence, keys rotated in the
+    # kernel, split-KV (ssep: a split can hold no key a row may see)
+    ("chunk_after_cache", "gqa4", 64, None, 16, torch.bfloat16, True, {}, {**SHORT, "NUM_SPLITS": 4}),
+    ("ssep_segments", "mha4", 64, 32, 16, torch.float32, True, {}, {**SHORT, "NUM_SPLITS": 8, "TILE_N": 16}),
     # the dense kernel (gathered K and V, tensor-descriptor loads; the default for 16-bit prefill on Hopper)
     ("mixed", "gqa4", 128, None, 16, torch.bfloat16, True, {"repeat_block": True}, {"DENSE": True}),
     ("mixed", "gqa3", 64, 32, 32, torch.float16, True, {"share_span": True}, {"DENSE": True, "TILE_N": 32}),
@@ -361,3 +366,21 @@ def test_check_false_reads_no_values(valid_args, monkeypatch):
 def test_valid_args_pass(valid_args):
     out = rope_paged_attention(**valid_args, impl="ref")
     assert torch.isfinite(out).all()
+
+
+def test_pick_config_reads_a_short_prefill_over_a_long_context_like_a_decode(monkeypatch):
+    """19 new tokens over 16k cached keys on an H200 (132 SMs, 8 kv heads, group 4): one 128-row query tile per
+    sequence, keys rotated in the kernel, 32 splits. A 2,048-token chunk keeps the dense (gathered, TMA) path."""
+    from ops import triton_kernel as tk
+
+    monkeypatch.setattr(tk, "_num_sms", lambda index: 132)
+    monkeypatch.setattr(tk, "_has_tma", lambda index: True)
+    cuda = torch.device("cuda", 0)
+    short = tk.pick_config(19, 1, 8, 4, 128, 16384, True, cuda, table_elem_size=2)
+    assert (short["BLOCK_M"], short["NUM_SPLITS"], short["PRE_ROTATE"], short["DENSE"]) == (128, 32, False, False)
+    two = tk.pick_config(40, 2, 8, 4, 128, 16384, True, cuda, table_elem_size=2)  # 80 rows per sequence
+    assert (two["BLOCK_M"], two["NUM_SPLITS"], two["DENSE"]) == (128, 16, False)
+    long = tk.pick_config(2048, 1, 8, 4, 128, 16384, True, cuda, table_elem_size=2)
+    assert long["DENSE"] and long["NUM_SPLITS"] == 1
+    decode = tk.pick_config(1, 1, 8, 4, 128, 16384, True, cuda, table_elem_size=2)
+    assert (decode["BLOCK_M"], decode["NUM_SPLITS"], decode["DENSE"]) == (16, 32, False)

@@ -1,0 +1,126 @@
+"""The op on a short prefill over a long cached context (the step of a RAG prompt whose documents hit), on the GPU.
+
+Llama-3-8B heads (32 query, 8 kv, d128), bf16, position-free with the bf16 cos/sin table as the engine passes it,
+keys on shuffled paged blocks. For each (sequences x new tokens, context): the op with pick_config's choice, the
+choice before short prefills had their own rule (SHORT_PREFILL_ROWS = 16: the dense, gathered path on Hopper),
+and a sweep of short-prefill configs; each checked against the torch path, timed as CUDA-graph replays
+(bench/gpu_ops.py's Clock). The floor: K and V read once at the copy bandwidth measured in the same run.
+
+    python bench/gpu_short_prefill.py [--smoke]      # results: bench/results/gpu_short_prefill_<sha>_<gpu>.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import sys
+from pathlib import Path
+from unittest import mock
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_ops import Clock  # noqa: E402
+
+from ops import triton_kernel  # noqa: E402
+from ops.testing import SeqSpec, make_problem  # noqa: E402
+from ops.torch_impl import rope_paged_attention_torch  # noqa: E402
+
+HEADS = dict(num_heads=32, num_kv_heads=8, head_dim=128)
+CASES = [(1, 17), (1, 32), (1, 64), (2, 32), (8, 16)]  # (sequences, new tokens each)
+CONTEXTS = [2048, 8192, 16384, 32768]
+SWEEP_CONTEXTS = (8192, 32768)  # the config sweep runs at these contexts only (each config compiles once per split)
+SWEEP = [
+    dict(BLOCK_M=m, TILE_N=n, num_warps=w, num_stages=st)
+    for m, n, w, st in itertools.product((64, 128), (32, 64, 128), (4, 8), (2, 3))
+]
+
+
+def problem(num_seqs: int, new_tokens: int, context: int, device):
+    specs = [SeqSpec(context, ((context - new_tokens, context),)) for _ in range(num_seqs)]
+    p = make_problem(specs, HEADS["num_heads"], HEADS["num_kv_heads"], HEADS["head_dim"], 16, torch.bfloat16,
+                     device=device, seed=context + new_tokens)  # fmt: skip
+    args = list(p.args())
+    args[8] = args[8].to(torch.bfloat16)  # the engine's table dtype
+    return args
+
+
+def config_for(args, short_rows: int) -> dict:
+    q, k_cache, block_tables = args[0], args[1], args[3]
+    with mock.patch.object(triton_kernel, "SHORT_PREFILL_ROWS", short_rows):
+        return triton_kernel.pick_config(
+            q.shape[0], block_tables.shape[0], k_cache.shape[2], q.shape[1] // k_cache.shape[2], q.shape[2],
+            block_tables.shape[1] * k_cache.shape[1], True, q.device, table_elem_size=2,
+        )  # fmt: skip
+
+
+def copy_bandwidth(clock: Clock, device) -> float:
+    src = torch.empty(1 << 30, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    ms = clock(lambda: dst.copy_(src))
+    return 2 * src.numel() / (ms * 1e-3)  # bytes/s, read + write
+
+
+def measure_case(num_seqs: int, new_tokens: int, context: int, clock, bandwidth: float, sweep, device) -> dict:
+    args = problem(num_seqs, new_tokens, context, device)
+    expected = rope_paged_attention_torch(*args).float()
+
+    def run(config):
+        return triton_kernel.rope_paged_attention_triton(*args, config=config)
+
+    def timed(config) -> dict:
+        err = (run(config).float() - expected).abs().max().item()
+        return dict(ms=clock(lambda: run(config)), max_err=err)
+
+    row = dict(num_seqs=num_seqs, new_tokens=new_tokens, context=context)
+    kv_bytes = 2 * num_seqs * context * HEADS["num_kv_heads"] * HEADS["head_dim"] * 2
+    row["floor_ms"] = kv_bytes / (bandwidth / 2) * 1e3  # K and V read once at the copy's read rate
+    for name, short_rows in (("before", 16), ("default", triton_kernel.SHORT_PREFILL_ROWS)):
+        config = config_for(args, short_rows)
+        row[name] = dict(config=config, **timed(config))
+    row["sweep"] = []
+    for extra in sweep:
+        try:
+            row["sweep"].append(dict(config=extra, **timed({**row["default"]["config"], **extra})))
+        except Exception as exc:  # noqa: BLE001 -- a config may not fit (shared memory, registers)
+            row["sweep"].append(dict(config=extra, error=f"{type(exc).__name__}: {str(exc)[:200]}"))
+    row["best"] = min((e for e in row["sweep"] if "ms" in e), key=lambda e: e["ms"], default=None)
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--smoke", action="store_true", help="one small case, wall-clock timing")
+    args_ = parser.parse_args()
+    device = torch.device("cuda")
+    clock = Clock(args_.smoke)
+    bandwidth = copy_bandwidth(clock, device)
+    print(f"copy bandwidth {bandwidth / 1e12:.2f} TB/s", flush=True)
+    rows = []
+    cases = [(1, 17)] if args_.smoke else CASES
+    contexts = [2048] if args_.smoke else CONTEXTS
+    for (num_seqs, new_tokens), context in itertools.product(cases, contexts):
+        sweep = SWEEP if context in SWEEP_CONTEXTS and not args_.smoke else []
+        row = measure_case(num_seqs, new_tokens, context, clock, bandwidth, sweep, device)
+        rows.append(row)
+        best = row["best"] or {"ms": float("nan"), "config": ""}
+        print(
+            f"{num_seqs} x {new_tokens:>3} over {context:>6}: before {row['before']['ms']:.4f} ms, default "
+            f"{row['default']['ms']:.4f} ms (err {row['default']['max_err']:.2e}), best swept "
+            f"{best['ms']:.4f} ms {best['config']}, floor {row['floor_ms']:.4f}",
+            flush=True,
+        )
+    sha = os.environ.get("GIT_SHA", "unknown")
+    gpu = torch.cuda.get_device_name().split()[-1].lower()
+    out = Path(__file__).parent / "results" / f"gpu_short_prefill_{sha}_{gpu}.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps(dict(git_sha=sha, device=torch.cuda.get_device_name(), copy_bandwidth=bandwidth,
+                                   heads=HEADS, rows=rows), indent=2) + "\n")  # fmt: skip
+    print(f"saved {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,127 @@
+"""The CUDA-graph buckets without a GPU: which shapes are captured, which one a step takes, how it is padded.
+(Replay against eager runs on the GPU: tests/test_gpu.py.)"""
+
+import pytest
+import torch
+
+import minipic_lite as mp
+from minipic_lite.cuda_graphs import StepGraphs, graph_shapes, padding_lens, pick_shape
+
+SHAPES = graph_shapes((1, 2, 4, 8, 16), max_num_seqs=8, token_sizes=(16, 32, 64, 128), max_tokens_per_seq=8)
+
+
+def test_graph_shapes_are_decode_buckets_and_prefill_buckets_sorted_by_tokens():
+    assert SHAPES == [
+        (1, 1), (2, 2), (4, 4), (8, 8),  # decode: one token per sequence, up to max_num_seqs
+        (2, 16), (4, 16), (8, 16), (9, 16),  # prefill: 1 < S < T <= 8 S, S up to max_num_seqs + 1
+        (4, 32), (8, 32), (9, 32),
+        (8, 64), (9, 64),
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "num_seqs, num_tokens, expected",
+    [
+        (1, 1, (1, 1)),  # a lone decode
+        (3, 3, (4, 4)),  # decodes padded by one sequence of one token
+        (8, 8, (8, 8)),
+        (1, 2, (2, 16)),  # a prefill of two tokens: a padding sequence takes the other 14
+        (1, 15, (2, 16)),
+        (1, 16, (4, 32)),  # 16 real tokens leave no token for the padding sequence of (2, 16)
+        (2, 16, (2, 16)),  # an exact fit needs no padding sequence
+        (3, 13, (4, 16)),  # 3 padding tokens for 1 padding sequence
+        (8, 9, (9, 16)),  # a full batch with a prefill: the bucket past max_num_seqs has the padding sequence
+        (7, 40, (8, 64)),
+        (1, 64, None),  # past every bucket: eager
+        (10, 10, None),  # more sequences than any bucket
+    ],
+)
+def test_pick_shape_takes_the_fewest_padded_tokens_that_leave_a_token_per_padding_sequence(
+    num_seqs, num_tokens, expected
+):
+    assert pick_shape(SHAPES, num_seqs, num_tokens) == expected
+
+
+def test_pick_shape_takes_an_exact_fit_without_padding():
+    assert pick_shape([(2, 16), (4, 16)], 4, 16) == (4, 16)
+    assert pick_shape([(2, 16)], 2, 16) == (2, 16)
+
+
+@pytest.mark.parametrize(
+    "num_seqs, num_tokens, shape, expected",
+    [
+        (1, 19, (2, 32), [13]),
+        (3, 3, (8, 8), [1, 1, 1, 1, 1]),
+        (2, 10, (8, 16), [1, 1, 1, 1, 1, 1]),
+        (1, 2, (4, 16), [1, 1, 12]),
+        (4, 16, (4, 16), []),
+    ],
+)
+def test_padding_lens(num_seqs, num_tokens, shape, expected):
+    lens = padding_lens(num_seqs, num_tokens, shape)
+    assert lens == expected
+    assert num_tokens + sum(lens) == shape[1] and num_seqs + len(lens) == shape[0]
+
+
+# -- the graph path through the real engine, on the CPU: each "graph" replays its forward eagerly on the static
+#    buffers, so the padding, the buffers and the choice of logits rows are checked against an eager engine --
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=64, max_position_embeddings=256, eos_token_id=2)  # fmt: skip
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():  # logits far apart: batch shapes never flip a greedy choice
+        model.lm_head.weight.normal_(0.0, 4.0)
+    path = tmp_path_factory.mktemp("tiny_graphs")
+    model.save_pretrained(path)
+    return path
+
+
+class EagerReplay:
+    """A stand-in for a captured graph: replay runs the bucket's forward on the static buffers."""
+
+    def __init__(self, graphs: StepGraphs, shape):
+        self.graphs, self.shape = graphs, shape
+
+    def replay(self):
+        self.graphs.logits[self.shape].copy_(self.graphs._forward(self.shape))
+
+
+def test_the_graph_path_gives_the_eager_tokens_for_prefill_mixed_and_decode_steps(tiny_dir, monkeypatch):
+    monkeypatch.setattr(StepGraphs, "_capture", lambda self, shape: (EagerReplay(self, shape), self._forward(shape)))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    kwargs = dict(
+        max_model_len=256,
+        max_num_seqs=4,
+        num_blocks=128,
+        block_size=4,
+        cpu_decode_mirror=False,
+        max_num_batched_tokens=16,
+    )  # chunked prefills: steps where some sequences do not sample
+    graphed, eager = mp.LLM(str(tiny_dir), **kwargs), mp.LLM(str(tiny_dir), **kwargs)
+    runner = graphed.engine.runner
+    runner.graphs = graphed._loop.call(lambda engine: StepGraphs(engine.runner, SHAPES_4))
+    replayed = []
+    run = runner.graphs.run
+    runner.graphs.run = lambda inputs, shape: (replayed.append(shape), run(inputs, shape))[1]
+    gen = torch.Generator().manual_seed(3)
+    bases = [torch.randint(6, 64, (n,), generator=gen).tolist() for n in (9, 14, 21, 30, 7, 17)]
+    follow_ups = [b + torch.randint(6, 64, (2 + i,), generator=gen).tolist() for i, b in enumerate(bases)]
+    params = [mp.SamplingParams(max_tokens=3 + 4 * i, temperature=0.0, ignore_eos=True) for i in range(6)]
+    for prompts in (bases, follow_ups):  # 6 requests, 4 at a time: later ones join running decodes
+        outs = graphed.generate(prompts, params, use_tqdm=False)
+        assert [o.token_ids for o in outs] == [o.token_ids for o in eager.generate(prompts, params, use_tqdm=False)]
+    assert all(o.num_cached_tokens > 0 for o in outs)
+    shapes = set(replayed)
+    assert {(1, 1), (2, 2), (4, 4)} & shapes, "decode buckets"
+    assert {s for s in shapes if s[0] < s[1]}, "prefill buckets"
+    assert any(s[0] == 5 for s in shapes), "a full batch with a prefill (max_num_seqs + 1)"
+    graphed.engine.kv.check_integrity()
+
+
+SHAPES_4 = graph_shapes((1, 2, 4), max_num_seqs=4, token_sizes=(8, 16, 32, 64), max_tokens_per_seq=16)
