@@ -39,6 +39,11 @@ STATE_EVICTIONS = ("lru", "flops")
 SMOLLM2_CONTROL_TOKENS = {"ssep": "<repo_name>", "pdep": "<reponame>", "pad": "<file_sep>"}
 
 
+def cdiv(a: int, b: int) -> int:
+    """Ceiling division: how many blocks of `b` hold `a` tokens."""
+    return -(-a // b)
+
+
 @dataclass(frozen=True)
 class LinearAttentionConfig:
     """Gated DeltaNet layers of a hybrid model: state [v_heads, k_head_dim, v_head_dim] + a conv window."""

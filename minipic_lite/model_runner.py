@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from minipic_lite.config import CUDA_GRAPH_BATCH_SIZES, GIB, EngineConfig, ModelConfig
+from minipic_lite.config import CUDA_GRAPH_BATCH_SIZES, GIB, EngineConfig, ModelConfig, cdiv
 from minipic_lite.decode_mirror import DecodeMirror
 from minipic_lite.kv_cache_manager import Rerotate
 from minipic_lite.models.llama import rope_table
@@ -23,7 +23,6 @@ from minipic_lite.models.step import HostStep, RecurrentStep, StepMetadata
 from minipic_lite.sampler import Sampler
 from minipic_lite.scheduler import SchedulerOutput
 from minipic_lite.state_cache import StateTensors
-from minipic_lite.utils import cdiv
 
 logger = logging.getLogger(__name__)
 

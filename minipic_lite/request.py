@@ -14,10 +14,10 @@ import enum
 import time
 from dataclasses import dataclass, field
 
+from minipic_lite.config import cdiv
 from minipic_lite.hashing import BlockHash
 from minipic_lite.sampling_params import SamplingParams
 from minipic_lite.spans import HashState, Segment, SegmentKind, SpanLayout, block_hashes
-from minipic_lite.utils import cdiv
 
 
 class RequestStatus(enum.Enum):
