@@ -164,7 +164,7 @@ class LLMEngine:
         """One scheduler step. Returns an output for every finished request and every streaming one that got a token."""
         start = time.perf_counter()
         out = self.scheduler.schedule()
-        if out.is_empty:
+        if not out.scheduled:
             return []
         self._report_admissions(out)
         num_tokens_before = sum(len(s.seq) for s in out.scheduled)

@@ -60,10 +60,6 @@ class SchedulerOutput:
         return self.num_steps * sum(s.num_query_tokens for s in self.scheduled)
 
     @property
-    def is_empty(self) -> bool:
-        return not self.scheduled
-
-    @property
     def is_decode_only(self) -> bool:
         """Every scheduled request computes one token and samples the next (bursts, CUDA graphs, CPU fast path)."""
         return bool(self.scheduled) and all(s.num_query_tokens == 1 and s.do_sample for s in self.scheduled)
