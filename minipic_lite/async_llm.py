@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
-from minipic_lite.llm import LLM, PromptType
+from minipic_lite.llm import LLM, PromptType, _raise_if_error
 from minipic_lite.outputs import RequestOutput
 from minipic_lite.sampling_params import SamplingParams
 
@@ -41,9 +41,7 @@ class AsyncLLM:
         finished = False
         try:
             while not finished:
-                output = await outputs.get()
-                if isinstance(output, BaseException):
-                    raise output
+                output = _raise_if_error(await outputs.get())
                 finished = output.finished
                 yield output
         finally:

@@ -82,15 +82,10 @@ def build_parser() -> Parser:
         "--dtype", choices=DTYPES, default="auto", help="default: %(default)s = bfloat16 on CUDA, float32 on the CPU"
     )
     sampling = gen.add_argument_group("sampling")
+    temperature = checked(float, "a number >= 0 (0 = greedy)", lambda v: 0 <= v < float("inf"))
     for flag, kind, default, metavar, help_ in [
         ("--max-tokens", checked(int, "an integer >= 1", lambda v: v >= 1), 128, "N", ""),
-        (
-            "--temperature",
-            checked(float, "a number >= 0 (0 = greedy)", lambda v: 0 <= v < float("inf")),
-            0.0,
-            "T",
-            "0 = greedy",
-        ),
+        ("--temperature", temperature, 0.0, "T", "0 = greedy"),
         ("--top-p", checked(float, "a number in (0, 1]", lambda v: 0 < v <= 1), 1.0, "P", "nucleus sampling"),
         ("--top-k", checked(int, "an integer >= 0", lambda v: v >= 0), 0, "K", "0 = no cut"),
         ("--seed", checked(int, "an integer"), None, "S", "seed for sampling"),

@@ -43,6 +43,11 @@ STATE_EVICTIONS = ("lru", "flops")
 SMOLLM2_CONTROL_TOKENS = {"ssep": "<repo_name>", "pdep": "<reponame>", "pad": "<file_sep>"}
 
 
+def cdiv(a: int, b: int) -> int:
+    """Ceiling division: how many blocks of `b` hold `a` tokens."""
+    return -(-a // b)
+
+
 @dataclass(frozen=True)
 class LinearAttentionConfig:
     """Gated DeltaNet layers of a hybrid model: state [v_heads, k_head_dim, v_head_dim] + a conv window."""
@@ -198,12 +203,9 @@ class CacheConfig:
     def _check_checkpoints(self) -> None:
         from minipic_lite.checkpoints import POLICIES
 
-        for name, policy in (
-            ("checkpoint_policy", self.checkpoint_policy),
-            ("checkpoint_prior", self.checkpoint_prior),
-        ):
-            if policy not in POLICIES:
-                raise ValueError(f"unknown {name} {policy!r}; choose from {', '.join(sorted(POLICIES))}")
+        for name in ("checkpoint_policy", "checkpoint_prior"):
+            if getattr(self, name) not in POLICIES:
+                raise ValueError(f"unknown {name} {getattr(self, name)!r}; choose from {', '.join(sorted(POLICIES))}")
         if self.checkpoint_prior == "dp":
             raise ValueError("checkpoint_prior must be a policy that needs no traffic, not 'dp'")
         if not self.state_cache_gib >= 0:
@@ -286,10 +288,8 @@ class EngineConfig:
             options["max_model_len"] = model.max_position
         if options.get("num_scheduler_steps") is None:
             options["num_scheduler_steps"] = DEFAULT_CUDA_SCHEDULER_STEPS if is_cuda else 1
-        cache, scheduler = (
-            CacheConfig(**_pop_fields(options, CacheConfig)),
-            SchedulerConfig(**_pop_fields(options, SchedulerConfig)),
-        )
+        cache = CacheConfig(**_pop_fields(options, CacheConfig))
+        scheduler = SchedulerConfig(**_pop_fields(options, SchedulerConfig))
         engine = {k: options.pop(k) for k in ENGINE_OPTIONS & options.keys()}
         if options:
             raise TypeError(f"unknown option {', '.join(map(repr, options))}: the options are named in config.py")

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import torch
 
+from minipic_lite.config import cdiv
 from minipic_lite.models.step import StepMetadata
 from minipic_lite.scheduler import SchedulerOutput
-from minipic_lite.utils import cdiv
 
 
 def graph_shapes(

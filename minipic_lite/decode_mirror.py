@@ -67,8 +67,7 @@ class DecodeMirror:
         """Sync the mirror with a decode-only step; None when it cannot hold it (the op serves the step)."""
         seqs = [s.seq for s in out.scheduled]
         present = {seq.request_id for seq in seqs}
-        for request_id in [i for i in self.entries if i not in present]:
-            del self.entries[request_id]
+        self.entries = {i: entry for i, entry in self.entries.items() if i in present}
         for seq in seqs:
             entry = self.entries.get(seq.request_id)
             if entry is None or entry.num_preemptions != seq.num_preemptions:

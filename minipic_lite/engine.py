@@ -16,7 +16,7 @@ from itertools import count
 
 from minipic_lite.cache_report import StateReport, build_cache_report, report_totals
 from minipic_lite.checkpoints.planner import CheckpointPlanner
-from minipic_lite.config import EngineConfig
+from minipic_lite.config import EngineConfig, cdiv
 from minipic_lite.hashing import root_hash
 from minipic_lite.kv_cache_manager import KVCacheManager
 from minipic_lite.model_runner import ModelRunner
@@ -27,7 +27,6 @@ from minipic_lite.scheduler import Scheduler, SchedulerOutput
 from minipic_lite.spans import SpanLayout, span_layout
 from minipic_lite.state_cache import StateCache
 from minipic_lite.step_log import StepLog
-from minipic_lite.utils import cdiv
 
 
 @dataclass
@@ -165,7 +164,7 @@ class LLMEngine:
         """One scheduler step. Returns an output for every finished request and every streaming one that got a token."""
         start = time.perf_counter()
         out = self.scheduler.schedule()
-        if out.is_empty:
+        if not out.scheduled:
             return []
         self._report_admissions(out)
         num_tokens_before = sum(len(s.seq) for s in out.scheduled)

@@ -28,8 +28,7 @@ class HostTier:
         if num_slots <= 0:
             raise ValueError(f"the host tier needs at least one slot, got {num_slots}")
         self.num_slots = num_slots
-        self.slots: OrderedDict[BlockHash, int] = OrderedDict()  # hash -> slot, least recently used first
-        self.free_slots = list(range(num_slots - 1, -1, -1))
+        self.reset()
         self.pinned: set[BlockHash] = set()  # hashes being loaded by the admission under way: never evicted
         self.num_stored = self.num_loaded = 0
 
@@ -60,7 +59,7 @@ class HostTier:
         return self.slots[block_hash]
 
     def reset(self) -> None:
-        self.slots.clear()
+        self.slots: OrderedDict[BlockHash, int] = OrderedDict()  # hash -> slot, least recently used first
         self.free_slots = list(range(self.num_slots - 1, -1, -1))
 
     def check_integrity(self) -> None:

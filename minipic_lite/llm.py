@@ -140,21 +140,13 @@ class LLM:
         requests = []
         for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
             is_composed = isinstance(prompt, Prompt)
+            spans = {"require_spans": prompt.has_markers, "span_labels": prompt.labels} if is_composed else {}
             try:
                 token_ids, text = self.encode(prompt)
-                requests.append(
-                    self.engine.make_request(
-                        token_ids,
-                        p,
-                        text,
-                        stream=stream,
-                        require_spans=is_composed and prompt.has_markers,
-                        span_labels=prompt.labels if is_composed else (),
-                        request_id=request_id,
-                    )
-                )
+                req = self.engine.make_request(token_ids, p, text, stream=stream, request_id=request_id, **spans)
             except (ValueError, TypeError) as e:
                 raise type(e)(f"prompt {i}: {e}") from None
+            requests.append(req)
         return requests
 
     def submit(self, requests: list[Request], sink) -> None:

@@ -20,6 +20,7 @@ from minipic_lite.config import (
     GIB,
     EngineConfig,
     ModelConfig,
+    cdiv,
 )
 from minipic_lite.decode_mirror import DecodeMirror
 from minipic_lite.kv_cache_manager import Rerotate
@@ -30,7 +31,6 @@ from minipic_lite.models.step import HostStep, RecurrentStep, StepMetadata
 from minipic_lite.sampler import Sampler
 from minipic_lite.scheduler import SchedulerOutput
 from minipic_lite.state_cache import StateTensors
-from minipic_lite.utils import cdiv
 
 logger = logging.getLogger(__name__)
 
@@ -127,9 +127,8 @@ class ModelRunner:
             self.packed_min_rows = packed_min_rows(self.model)
         self.state_tensors = None  # hybrid models: live state slots and checkpoints (state_cache.py)
         if config.model.is_hybrid:
-            budget = config.cache.state_cache_gib * GIB
-            shapes, num_slots = self.model.state_shapes(), config.scheduler.max_num_seqs
-            self.state_tensors = StateTensors(shapes, num_slots, budget, self.dtype, self.device)
+            budget, num_slots = config.cache.state_cache_gib * GIB, config.scheduler.max_num_seqs
+            self.state_tensors = StateTensors(self.model.state_shapes(), num_slots, budget, self.dtype, self.device)
         self.num_blocks = config.cache.num_blocks or self._num_blocks_from_memory()
         # NOTE: one extra block that the block pool never hands out: CUDA-graph padding rows write there.
         self.scratch_block = self.num_blocks

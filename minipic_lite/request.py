@@ -14,10 +14,10 @@ import enum
 import time
 from dataclasses import dataclass, field
 
+from minipic_lite.config import cdiv
 from minipic_lite.hashing import BlockHash
 from minipic_lite.sampling_params import SamplingParams
 from minipic_lite.spans import HashState, Segment, SegmentKind, SpanLayout, block_hashes
-from minipic_lite.utils import cdiv
 
 
 class RequestStatus(enum.Enum):
@@ -126,11 +126,8 @@ class Request:
     def span_segments(self) -> list[Segment]:
         """The SSEP spans of the prompt that can be computed ahead: whole blocks, before the last prompt token."""
         segments = self.layout.segments if self.layout is not None else ()
-        return [
-            s
-            for s in segments
-            if s.kind is SegmentKind.SSEP and s.end % self.block_size == 0 and s.end < self.num_prompt_tokens
-        ]
+        B = self.block_size
+        return [s for s in segments if s.kind is SegmentKind.SSEP and s.end % B == 0 and s.end < self.num_prompt_tokens]
 
     def span_prefill(self, segment: Segment) -> Request:
         """One SSEP span of this prompt as a request of its own, whose blocks hash as they do inside this prompt

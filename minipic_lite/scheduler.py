@@ -20,6 +20,7 @@ for the whole burst are taken up front; tokens sampled after a request stopped a
 
 from __future__ import annotations
 
+import functools
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -57,10 +58,6 @@ class SchedulerOutput:
     @property
     def num_batched_tokens(self) -> int:
         return self.num_steps * sum(s.num_query_tokens for s in self.scheduled)
-
-    @property
-    def is_empty(self) -> bool:
-        return not self.scheduled
 
     @property
     def is_decode_only(self) -> bool:
@@ -146,16 +143,14 @@ class Scheduler:
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
         policy = self.config.span_policy
         lookahead = self._lookahead() if policy != "inline" else []
-        missing = {req.request_id: self._missing_spans(req) for req in lookahead}
-        barrier = policy == "barrier" and (any(missing.values()) or bool(self.span_running))
+        missing = functools.cache(self._missing_spans)  # per request: what it misses when first asked this step
+        # NOTE: a list, not a generator: all of the lookahead is asked before any admission changes the cache
+        barrier = policy == "barrier" and (any([missing(req) for req in lookahead]) or bool(self.span_running))
         for req in list(self.waiting):
             if budget <= 0 or len(self.running) >= self.config.max_num_seqs:
                 break
-            if policy != "inline":
-                if req.request_id not in missing:
-                    missing[req.request_id] = self._missing_spans(req)
-                if (barrier or missing[req.request_id]) and not self._must_go_inline(req, missing[req.request_id]):
-                    continue  # its spans are computed ahead first
+            if policy != "inline" and (barrier or missing(req)) and not self._must_go_inline(req, missing(req)):
+                continue  # its spans are computed ahead first
             if not self.kv.allocate_prompt(req):
                 break
             self.waiting.remove(req)
@@ -164,9 +159,7 @@ class Scheduler:
             ranges, end = plan_chunk(req, budget)
             budget -= self._commit_chunk(req, ranges, end, out)
         for req in self._lookahead() if policy != "inline" else ():
-            if req.request_id not in missing:
-                missing[req.request_id] = self._missing_spans(req)
-            for segment in missing[req.request_id]:
+            for segment in missing(req):
                 budget = self._start_span_prefill(req, segment, out, budget)
                 if budget <= 0:
                     return

@@ -87,20 +87,11 @@ class Segment:
         return self.start if self.kind is SegmentKind.SSEP else 0
 
 
-def marker_kind(token_id: int, control: ControlTokens) -> SegmentKind | None:
-    if control.ssep_id is not None and token_id == control.ssep_id:
-        return SegmentKind.SSEP
-    if control.pdep_id is not None and token_id == control.pdep_id:
-        return SegmentKind.PDEP
-    return None
-
-
 def find_markers(token_ids: Sequence[int], control: ControlTokens) -> list[tuple[int, SegmentKind]]:
     """(index, kind) of every SSEP / PDEP token, in order."""
-    if control.ssep_id is None and control.pdep_id is None:
-        return []
-    found = ((i, marker_kind(t, control)) for i, t in enumerate(token_ids))
-    return [(i, kind) for i, kind in found if kind is not None]
+    kinds = {control.pdep_id: SegmentKind.PDEP, control.ssep_id: SegmentKind.SSEP}  # NOTE: SSEP wins a tie
+    kinds.pop(None, None)
+    return [(i, kinds[t]) for i, t in enumerate(token_ids) if t in kinds]
 
 
 def check_markers(
@@ -161,10 +152,6 @@ class HashState:
     parent: BlockHash
     digest: BlockHash
 
-    @classmethod
-    def start(cls, root: BlockHash) -> HashState:
-        return cls(root, root)
-
 
 def next_block_hash(
     state: HashState, root: BlockHash, block_tokens: Sequence[int], kind: SegmentKind | None
@@ -195,7 +182,7 @@ def block_hashes(
     sequence hashes its new blocks incrementally. `markers` maps a logical block index to its marker kind
     (`marker_blocks`); blocks not in it continue their segment's chain (generated tokens always do).
     """
-    state = state or HashState.start(root)
+    state = state or HashState(root, root)
     markers = markers or {}
     hashes = []
     for b, start in enumerate(range(0, len(token_ids) - block_size + 1, block_size), start=first_block):

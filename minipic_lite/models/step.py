@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from minipic_lite.utils import cdiv
+from minipic_lite.config import cdiv
 
 if TYPE_CHECKING:
     from minipic_lite.decode_mirror import MirrorStep
