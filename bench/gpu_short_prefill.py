@@ -3,7 +3,7 @@
 Llama-3-8B heads (32 query, 8 kv, d128), bf16, position-free with the bf16 cos/sin table as the engine passes it,
 keys on shuffled paged blocks. For each (sequences x new tokens, context): the op with pick_config's choice, the
 choice before short prefills had their own rule (SHORT_PREFILL_ROWS = 16: the dense, gathered path on Hopper),
-and a sweep of short-prefill configs; each checked against the torch path, timed as CUDA-graph replays
+and a sweep of short-prefill configs (at 8k and 32k); each checked against the torch path, timed as CUDA-graph replays
 (bench/gpu_ops.py's Clock). The floor: K and V read once at the copy bandwidth measured in the same run.
 
     python bench/gpu_short_prefill.py [--smoke]      # results: bench/results/gpu_short_prefill_<sha>_<gpu>.json
@@ -77,7 +77,7 @@ def measure_case(num_seqs: int, new_tokens: int, context: int, clock, bandwidth:
 
     row = dict(num_seqs=num_seqs, new_tokens=new_tokens, context=context)
     kv_bytes = 2 * num_seqs * context * HEADS["num_kv_heads"] * HEADS["head_dim"] * 2
-    row["floor_ms"] = kv_bytes / (bandwidth / 2) * 1e3  # K and V read once at the copy's read rate
+    row["floor_ms"] = kv_bytes / bandwidth * 1e3  # K and V read once at the copy's rate (read + write bytes)
     for name, short_rows in (("before", 16), ("default", triton_kernel.SHORT_PREFILL_ROWS)):
         config = config_for(args, short_rows)
         row[name] = dict(config=config, **timed(config))

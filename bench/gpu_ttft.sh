@@ -22,6 +22,12 @@ if [[ $1 == a ]]; then
     step op_validation 120 python3 bench/gpu_ops.py --only __none__ --out "$OUT"
     step short_prefill 240 python3 bench/gpu_short_prefill.py
 fi
+if [[ $1 == c ]]; then  # after a kernel change: tests and validation, then the RAG bench
+    step gpu_tests 200 python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider
+    step op_validation 120 python3 bench/gpu_ops.py --only __none__ --out "$OUT"
+    step rag 300 python3 bench/rag.py --device cuda --llama3-8b-shape --samples 64 --max-num-seqs 32 \
+        --max-num-batched-tokens 8192
+fi
 if [[ $1 == b ]]; then
     step ttft_grid 280 python3 bench/ttft_spans.py --device cuda --llama3-8b-shape --doc-tokens 512,1024,2048,4096 \
         --ks 1,2,4,8 --repeats 2

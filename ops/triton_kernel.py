@@ -24,7 +24,8 @@ Design (after vLLM's unified attention and Triton tutorial 06):
   specialization. Measured on the H200: 320-330 -> 480-500 TFLOP/s at 16k-32k (bench/results/gpu_ops_7bbe73e_*).
 * Split-KV (flash-decoding): with ``NUM_SPLITS > 1`` the key range of a tile is cut into NUM_SPLITS chunks
   run by separate programs that write partial (out, max, sum) to fp32 scratch; ``_reduce_splits_kernel``
-  merges them.
+  merges them. The split count is a runtime argument (one compiled kernel for all of them: a new constexpr
+  value would compile for seconds in the middle of serving).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ import triton.language as tl
 
 LOG2E = 1.4426950408889634
 MIN_KEYS_PER_SPLIT = 512
+MAX_SPLITS = 32  # split-KV programs per query tile at most (the split count is a runtime value: one compiled kernel)
 # NOTE: under CUDA graphs the engine's block tables are max_model_len wide, so max_context is that, not the context
 # in use: an engine built with max_model_len >= 8192 takes 128-key tiles also for short contexts (64 x 576: 0.071 ms
 # against 0.056 ms with 32-key tiles, bench/results/gpu_ops_ecd1644_h200* and gpu_ops_cd5f0ee_h200_run1*).
@@ -152,7 +154,7 @@ def _attend_key_tiles(
     return acc, m_i, l_i
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])  # NOTE: one compiled kernel for every split count
 def _rope_paged_attention_kernel(
     out_ptr,  # [num_tokens, num_heads, HEAD_DIM]
     q_ptr,  # [num_tokens, num_heads, HEAD_DIM]
@@ -164,12 +166,13 @@ def _rope_paged_attention_kernel(
     q_positions_ptr,  # [num_tokens]
     visible_start_ptr,  # [num_tokens]
     cos_sin_ptr,  # [max_position, ROTARY_DIM] (unused when ROTARY_DIM == 0)
-    partial_out_ptr,  # [num_tokens, num_heads, NUM_SPLITS, HEAD_DIM] fp32 (NUM_SPLITS > 1 only)
-    partial_m_ptr,  # [num_tokens, num_heads, NUM_SPLITS] fp32
-    partial_l_ptr,  # [num_tokens, num_heads, NUM_SPLITS] fp32
+    partial_out_ptr,  # [num_tokens, num_heads, num_splits, HEAD_DIM] fp32 (SPLIT_KV only)
+    partial_m_ptr,  # [num_tokens, num_heads, num_splits] fp32
+    partial_l_ptr,  # [num_tokens, num_heads, num_splits] fp32
     qk_scale,  # softmax scale * log2(e)
     num_seqs,
     num_heads,
+    num_splits,  # programs along the key range of a tile (grid axis 2)
     stride_q_tok,
     stride_q_head,
     stride_o_tok,
@@ -191,7 +194,7 @@ def _rope_paged_attention_kernel(
     BLOCK_M: tl.constexpr,  # rows per tile = BLOCK_Q tokens x GROUP heads (padded)
     BLOCK_Q: tl.constexpr,
     TILE_N: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
+    SPLIT_KV: tl.constexpr,  # num_splits > 1: write partial (out, max, sum) for _reduce_splits_kernel
     DOT_PRECISION: tl.constexpr,
 ):
     # NOTE: tiles are taken in reverse so the last tiles of a causal prefill (the most keys) start first.
@@ -238,8 +241,8 @@ def _rope_paged_attention_kernel(
     #    masked tail --
     tile_begin = key_begin // TILE_N
     tile_end = tl.cdiv(key_end, TILE_N)
-    if NUM_SPLITS > 1:
-        tiles_per_split = tl.cdiv(tile_end - tile_begin, NUM_SPLITS)
+    if SPLIT_KV:
+        tiles_per_split = tl.cdiv(tile_end - tile_begin, num_splits)
         tile_begin = tile_begin + split * tiles_per_split
         tile_end = tl.minimum(tile_end, tile_begin + tiles_per_split)
         tile_end = tl.maximum(tile_end, tile_begin)
@@ -269,11 +272,11 @@ def _rope_paged_attention_kernel(
     # -- epilogue --
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     out = acc / l_safe[:, None]  # [BLOCK_M, HEAD_DIM]
-    if NUM_SPLITS == 1:
+    if not SPLIT_KV:
         o_ptrs = out_ptr + tokens.to(tl.int64)[:, None] * stride_o_tok + heads[:, None] * stride_o_head
         tl.store(o_ptrs + offs_d[None, :], out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
     else:
-        row = (tokens.to(tl.int64) * num_heads + heads) * NUM_SPLITS + split  # [BLOCK_M]
+        row = (tokens.to(tl.int64) * num_heads + heads) * num_splits + split  # [BLOCK_M]
         tl.store(partial_out_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], out, mask=row_ok[:, None])
         tl.store(partial_m_ptr + row, m_i, mask=row_ok)
         tl.store(partial_l_ptr + row, l_i, mask=row_ok)
@@ -477,28 +480,31 @@ def _dense_attention_kernel(
     tl.store(o_ptrs + offs_d[None, :], out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])
 def _reduce_splits_kernel(
     out_ptr,  # [num_tokens, num_heads, HEAD_DIM]
-    partial_out_ptr,  # [num_tokens, num_heads, NUM_SPLITS, HEAD_DIM] fp32
-    partial_m_ptr,  # [num_tokens, num_heads, NUM_SPLITS] fp32 (base-2 running max)
-    partial_l_ptr,  # [num_tokens, num_heads, NUM_SPLITS] fp32
+    partial_out_ptr,  # [num_tokens, num_heads, num_splits, HEAD_DIM] fp32
+    partial_m_ptr,  # [num_tokens, num_heads, num_splits] fp32 (base-2 running max)
+    partial_l_ptr,  # [num_tokens, num_heads, num_splits] fp32
     num_heads,
+    num_splits,
     stride_o_tok,
     stride_o_head,
     HEAD_DIM: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
+    MAX_SPLITS: tl.constexpr,  # >= num_splits, a power of two
 ):
     token = tl.program_id(0)
     head = tl.program_id(1)
-    row = (token.to(tl.int64) * num_heads + head) * NUM_SPLITS
-    offs_s = tl.arange(0, NUM_SPLITS)
+    row = (token.to(tl.int64) * num_heads + head) * num_splits
+    offs_s = tl.arange(0, MAX_SPLITS)
     offs_d = tl.arange(0, HEAD_DIM)
-    m_part = tl.load(partial_m_ptr + row + offs_s)  # [NUM_SPLITS]
-    l_part = tl.load(partial_l_ptr + row + offs_s)  # [NUM_SPLITS]
+    split_ok = offs_s < num_splits
+    m_part = tl.load(partial_m_ptr + row + offs_s, mask=split_ok, other=float("-inf"))  # [MAX_SPLITS]
+    l_part = tl.load(partial_l_ptr + row + offs_s, mask=split_ok, other=0.0)  # [MAX_SPLITS]
     m_max = tl.max(m_part, 0)
     weight = tl.where(l_part > 0.0, l_part * tl.math.exp2(m_part - m_max), 0.0)  # empty splits weigh 0
-    parts = tl.load(partial_out_ptr + (row + offs_s)[:, None] * HEAD_DIM + offs_d[None, :])
+    parts = tl.load(partial_out_ptr + (row + offs_s)[:, None] * HEAD_DIM + offs_d[None, :], mask=split_ok[:, None],
+                    other=0.0)  # fmt: skip
     out = tl.sum(parts * weight[:, None], 0) / tl.sum(weight, 0)  # [HEAD_DIM]
     o_ptrs = out_ptr + token.to(tl.int64) * stride_o_tok + head * stride_o_head + offs_d
     tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty))
@@ -561,7 +567,7 @@ def pick_config(
         if is_rotary and head_dim >= 128:  # in-kernel rotation (bench/results/gpu_ops_*_short_decode*, *_ecd1644_*)
             tile_n, num_warps, num_stages = 32, 4, 3
     elif short:
-        block_m, tile_n, num_warps, num_stages = _next_pow2(rows_per_seq), 64, 8, 2
+        block_m, tile_n, num_warps, num_stages = (64 if rows_per_seq <= 64 else 128), 64, 8, 2
     elif rows_per_seq <= 64:
         block_m, tile_n, num_warps, num_stages = 64, 64, 4, 3
     elif head_dim <= 64:
@@ -593,7 +599,7 @@ def pick_config(
         # flash-decoding: aim at ~4 programs per SM, each split keeping >= MIN_KEYS_PER_SPLIT keys
         query_tiles = num_seqs if rows_per_seq <= 16 else num_tokens // max(block_m // group, 1) + num_seqs
         want = 4 * _num_sms(device.index or 0) // (query_tiles * num_kv_heads)
-        want = min(want, max_context // MIN_KEYS_PER_SPLIT, 32)
+        want = min(want, max_context // MIN_KEYS_PER_SPLIT, MAX_SPLITS)
         num_splits = 1 << (max(want, 1).bit_length() - 1)  # largest power of two <= want
     return dict(
         BLOCK_M=block_m,
@@ -725,6 +731,8 @@ def rope_paged_attention_triton(
     )
     cfg.update(config or {})
     block_m, num_splits = cfg["BLOCK_M"], cfg["NUM_SPLITS"]
+    if not 1 <= num_splits <= MAX_SPLITS:
+        raise ValueError(f"config: NUM_SPLITS must lie in [1, {MAX_SPLITS}], got {num_splits}")
     block_q = max(block_m // group, 1)
     if block_q * group > block_m:
         block_m = _next_pow2(group)
@@ -751,20 +759,20 @@ def rope_paged_attention_triton(
     _rope_paged_attention_kernel[grid](
         out, q, k_cache, v_cache, k_tables, block_tables, cu_seqlens_q, q_positions, visible_start,
         q if cos_sin is None else cos_sin, partial_out, partial_m, partial_l,
-        scale * LOG2E, num_seqs, num_heads,
+        scale * LOG2E, num_seqs, num_heads, num_splits,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         k_tables.stride(0), block_tables.stride(0), 0 if cos_sin is None else cos_sin.stride(0),
         BLOCK_SIZE=block_size, GROUP=group, HEAD_DIM=head_dim, ROTARY_DIM=rotary_dim,
         HALF_PAD=max(_next_pow2(rotary_dim // 2), 16), BLOCK_M=block_m, BLOCK_Q=block_q,
-        TILE_N=cfg["TILE_N"], NUM_SPLITS=num_splits,
+        TILE_N=cfg["TILE_N"], SPLIT_KV=num_splits > 1,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )  # fmt: skip
     if num_splits > 1:
         _reduce_splits_kernel[(num_tokens, num_heads)](
-            out, partial_out, partial_m, partial_l, num_heads, out.stride(0), out.stride(1),
-            HEAD_DIM=head_dim, NUM_SPLITS=num_splits,
+            out, partial_out, partial_m, partial_l, num_heads, num_splits, out.stride(0), out.stride(1),
+            HEAD_DIM=head_dim, MAX_SPLITS=MAX_SPLITS,
         )  # fmt: skip
     return out
