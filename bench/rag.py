@@ -131,6 +131,21 @@ def compose(composer: mp.PromptComposer, sample: dict, recipe: str) -> mp.Prompt
 # -- one system ---------------------------------------------------------------------------------------------
 
 
+def num_compiles() -> int:
+    """Kernels compiled so far: the op's Triton kernels (per device cache) plus torch.compile graphs. A count that
+    grows during a timed run means that run paid a compile (seconds) in the middle of serving."""
+    import torch._dynamo.utils
+
+    from ops import triton_kernel as tk
+
+    count = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    for fn in (tk._rope_paged_attention_kernel, tk._reduce_splits_kernel, tk._gather_kv_kernel,
+               tk._dense_attention_kernel):  # fmt: skip
+        caches = getattr(fn, "device_caches", {})
+        count += sum(len(c[0]) for c in caches.values() if isinstance(c, tuple) and isinstance(c[0], dict))
+    return count
+
+
 def run_system(llm: mp.LLM, samples, recipe: str, policy: str) -> dict:
     scheduler = llm.engine.scheduler
     scheduler.config = dataclasses.replace(scheduler.config, span_policy=policy)
@@ -140,6 +155,7 @@ def run_system(llm: mp.LLM, samples, recipe: str, policy: str) -> dict:
     params = mp.SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
     before = llm.stats()
     steps_before, step_time_before = llm.engine.stats.num_steps, llm.engine.stats.total_step_time
+    compiles_before = num_compiles()
     start = time.perf_counter()
     outputs = llm.generate(prompts, params, use_tqdm=False)
     elapsed = time.perf_counter() - start
@@ -161,6 +177,7 @@ def run_system(llm: mp.LLM, samples, recipe: str, policy: str) -> dict:
         "step_ms": 1e3
         * (llm.engine.stats.total_step_time - step_time_before)
         / max(1, llm.engine.stats.num_steps - steps_before),
+        "compiles": num_compiles() - compiles_before,
         "outputs": [o.token_ids for o in outputs],
     }
 
@@ -217,7 +234,8 @@ def main() -> None:
                 rows[reuse][name] = r = run_system(llm, data[reuse], recipe, policy)
                 print(f"reuse {reuse}: {name:15s} {r['samples_per_s']:7.2f} samples/s  ttft p50 "
                       f"{1e3 * r['ttft_p50_s']:8.1f} ms p99 {1e3 * r['ttft_p99_s']:8.1f} ms  cached "
-                      f"{r['cached_fraction']:.2f}  {r['engine_steps']} steps of {r['step_ms']:.1f} ms",
+                      f"{r['cached_fraction']:.2f}  {r['engine_steps']} steps of {r['step_ms']:.1f} ms, "
+                      f"{r['compiles']} compiles",
                       flush=True)  # fmt: skip
         llm.close()
         del llm
@@ -260,8 +278,8 @@ def table(result: dict) -> str:
         f"Device KV blocks: {result['num_blocks'] or 'from memory'}; host tier: {result['host_cache_gib']} GiB.",
         "",
         "| reuse | system | samples/s | vs vanilla | vs barrier | TTFT p50 (ms) | TTFT p99 (ms) | prompt cached "
-        "| host hit blocks | engine steps | ms / step |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| host hit blocks | engine steps | ms / step | compiles in the run |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for reuse, systems in result["rows"].items():
         base = systems.get("vanilla_prefix", {}).get("samples_per_s")
@@ -273,7 +291,7 @@ def table(result: dict) -> str:
             lines.append(
                 f"| {reuse} | {name} | {r['samples_per_s']:.2f} | {vs(base)} | {vs(barrier)} "
                 f"| {1e3 * r['ttft_p50_s']:.0f} | {1e3 * r['ttft_p99_s']:.0f} | {r['cached_fraction']:.2f} "
-                f"| {r['host_hit_blocks']} | {r['engine_steps']} | {r['step_ms']:.1f} |"
+                f"| {r['host_hit_blocks']} | {r['engine_steps']} | {r['step_ms']:.1f} | {r.get('compiles', '-')} |"
             )
     return "\n".join(lines)
 

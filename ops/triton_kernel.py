@@ -154,7 +154,10 @@ def _attend_key_tiles(
     return acc, m_i, l_i
 
 
-@triton.jit(do_not_specialize=["num_splits"])  # NOTE: one compiled kernel for every split count
+# NOTE: Triton compiles a kernel again for every constexpr value and for integer arguments equal to 1 or divisible
+# by 16. Counts and widths that change from step to step are left unspecialized: a compile takes seconds, and an
+# eager step with a new batch shape would otherwise pay it in the middle of serving.
+@triton.jit(do_not_specialize=["num_seqs", "num_splits", "stride_kbt_seq", "stride_vbt_seq"])
 def _rope_paged_attention_kernel(
     out_ptr,  # [num_tokens, num_heads, HEAD_DIM]
     q_ptr,  # [num_tokens, num_heads, HEAD_DIM]
@@ -282,7 +285,7 @@ def _rope_paged_attention_kernel(
         tl.store(partial_l_ptr + row, l_i, mask=row_ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["max_blocks", "stride_bt_seq"])
 def _gather_kv_kernel(
     k_out_ptr,  # [num_seqs * max_blocks, BLOCK_SIZE, num_kv_heads, HEAD_DIM] contiguous
     v_out_ptr,  # [num_seqs * max_blocks, BLOCK_SIZE, num_kv_heads, HEAD_DIM] contiguous (GATHER_V only)
@@ -399,7 +402,7 @@ def _attend_dense_tiles(
     return acc, m_i, l_i
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_seqs", "max_context"])
 def _dense_attention_kernel(
     out_ptr,  # [num_tokens, num_heads, HEAD_DIM]
     q_ptr,  # [num_tokens, num_heads, HEAD_DIM]
