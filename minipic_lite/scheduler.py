@@ -97,7 +97,8 @@ class Scheduler:
       isps     ahead, as span prefills of their own (`Request.span_prefill`), in the budget the running
                requests leave; a final part is admitted once none of its spans is missing (cached, or being
                computed: it then waits for those blocks);
-      barrier  (SPNL) every missing span of the waiting requests first; finals only once none is left.
+      barrier  (SPNL) in batches: every missing span of the next waiting requests (up to max_num_seqs) first,
+               then their finals, and the next batch's spans only once those finals are done.
     """
 
     def __init__(self, config: SchedulerConfig, kv: KVCacheManager):
@@ -158,7 +159,9 @@ class Scheduler:
             self.running.append(req)
             ranges, end = plan_chunk(req, budget)
             budget -= self._commit_chunk(req, ranges, end, out)
-        for req in self._lookahead() if policy != "inline" else ():
+        # NOTE: barrier (SPNL) starts the spans of the next batch only once the finals of the last one are done
+        ahead = policy == "isps" or (policy == "barrier" and not self.running)
+        for req in self._lookahead() if ahead else ():
             for segment in missing(req):
                 budget = self._start_span_prefill(req, segment, out, budget)
                 if budget <= 0:

@@ -569,8 +569,8 @@ def pick_config(
         block_m, tile_n, num_warps, num_stages = 16, 128, 4, 2
         if is_rotary and head_dim >= 128:  # in-kernel rotation (bench/results/gpu_ops_*_short_decode*, *_ecd1644_*)
             tile_n, num_warps, num_stages = 32, 4, 3
-    elif short:
-        block_m, tile_n, num_warps, num_stages = (64 if rows_per_seq <= 64 else 128), 64, 8, 2
+    elif short:  # NOTE: 128 rows, so a sequence's tokens sit in one tile and each key is rotated once per head
+        block_m, tile_n, num_warps, num_stages = 128, 64, 8, 2
     elif rows_per_seq <= 64:
         block_m, tile_n, num_warps, num_stages = 64, 64, 4, 3
     elif head_dim <= 64:

@@ -169,6 +169,30 @@ def test_barrier_admits_no_final_while_a_waiting_prompt_misses_a_span():
     assert a.cached_block_ids == {1, 2} and b.cached_block_ids == {1, 2}
 
 
+@pytest.mark.parametrize("policy", ["barrier", "isps"])
+def test_barrier_computes_the_next_batch_spans_only_after_the_last_batch_finals_isps_beside_them(policy):
+    """One seat (batches of one request): b's span waits for a to finish under barrier (SPNL), and is computed
+    beside a's decodes under isps."""
+    sched = scheduler(max_num_seqs=1, policy=policy)
+    a = request("a", [20, 21, 22, PAD, P, 60, 61], max_tokens=4)  # no spans: its final goes first
+    b = request("b", [25, 26, 27, PAD] + DOC2 + [P, 60, 62])
+    sched.add(a)
+    sched.add(b)
+    steps = [[(s.seq.request_id, s.query_ranges) for s in step(sched).scheduled] for _ in range(5)]
+    if policy == "barrier":
+        assert steps == [
+            [("a", [(0, 7)])],
+            [("a", [(7, 8)])],
+            [("a", [(8, 9)])],
+            [("a", [(9, 10)])],  # a's fourth token: it finishes
+            [("b/span1", [(0, 8)])],  # only now the next batch's span
+        ]
+    else:
+        assert steps[:2] == [[("a", [(0, 7)]), ("b/span1", [(0, 8)])], [("a", [(7, 8)])]]
+    run(sched)
+    assert b.cached_block_ids == {1, 2} and b.num_output_tokens == 2
+
+
 def test_a_span_prefill_never_preempts_a_request():
     sched = scheduler(num_blocks=6, max_num_seqs=1, policy="isps")
     a = request("a", [20, 21, 22, PAD, P, 60, 61], max_tokens=6)  # 2 blocks, growing to 4
