@@ -3,11 +3,11 @@
 # benches (Llama-3-8B shape, random bf16), each log under $OUT. Needs .whl (datasets, dill, multiprocess) and
 # bench/data (the RAG datasets, built here with `python bench/rag.py --build-only --samples 64`) carried.
 #
-#   GIT_SHA=$(git rev-parse --short HEAD) bash bench/gpu_issue10.sh [part]   part: all (default), a or b
+#   GIT_SHA=$(git rev-parse --short HEAD) bash bench/gpu_issue10.sh [part]   part: all (default), a, b, ops or ttft
 set -u
 cd "$(dirname "$0")/.."
 export TRITON_INTERPRET=0 PYTHONUNBUFFERED=1 GIT_SHA=${GIT_SHA:-unknown}
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl >/dev/null 2>&1
+[[ -d .whl ]] && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl >/dev/null 2>&1
 export PYTHONPATH=/tmp/site:$PWD
 step() {  # step NAME LIMIT_S command...: run it with a limit, keep its log, show its end
     local name=$1 limit=$2
@@ -15,9 +15,22 @@ step() {  # step NAME LIMIT_S command...: run it with a limit, keep its log, sho
     echo "== $name ($(date +%T))"
     timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
     echo "rc=$? ($(date +%T))"
-    tail -n 25 "$OUT/$name.log"
+    tail -n 30 "$OUT/$name.log"
 }
 part=${1:-all}
+if [[ $part == ops ]]; then  # after a kernel change: the GPU tests, the op's validation, the short-prefill op bench
+    step gpu_tests 200 python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider
+    step op_validation 120 python3 bench/gpu_ops.py --only __none__ --out "$OUT"
+    step short_prefill 240 python3 bench/gpu_short_prefill.py
+fi
+if [[ $part == ttft ]]; then  # the cached-prompt TTFT grid and the RAG bench, with the tests first (one call)
+    step gpu_tests 110 python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider
+    step op_validation 90 python3 bench/gpu_ops.py --only __none__ --out /tmp/gpu_ops  # its log says enough
+    step ttft_grid 160 python3 bench/ttft_spans.py --device cuda --llama3-8b-shape --doc-tokens 512,1024,2048,4096 \
+        --ks 1,2,4,8 --repeats 2
+    step rag 200 python3 bench/rag.py --device cuda --llama3-8b-shape --samples 64 --max-num-seqs 32 \
+        --max-num-batched-tokens 8192
+fi
 RAG="python3 bench/rag.py --device cuda --llama3-8b-shape --samples 64"
 if [[ $part == all || $part == a ]]; then
     [[ ${SKIP_TESTS:-0} == 1 ]] || step gpu_tests 240 python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider
