@@ -19,6 +19,7 @@ from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
 from minipic_lite.block_pool import BlockPool
+from minipic_lite.config import cdiv
 from minipic_lite.request import Request
 from minipic_lite.spans import Segment, SegmentKind
 
@@ -66,28 +67,26 @@ def build_cache_report(
     seq: Request, pool: BlockPool, segments: Seq[Segment], labels: Seq[str | None] = ()
 ) -> list[BlockReport]:
     """The report of `seq`'s prompt blocks, read right after the step that admitted it was scheduled."""
-    B = seq.block_size
+    B, num_tokens, hashes = seq.block_size, seq.num_prompt_tokens, seq.block_hashes
     report = []
-    for i in range(seq.num_blocks_for(seq.num_prompt_tokens)):
-        start, end = i * B, min((i + 1) * B, seq.num_prompt_tokens)
-        seg = next(s for s in segments if s.start <= start < s.end)
-        full = end - start == B and i < len(seq.block_hashes)
+    for i, seg in enumerate(block_segments(segments, B)):
+        start, end = i * B, min((i + 1) * B, num_tokens)
+        full = end - start == B and i < len(hashes)
         block_id = seq.block_table[i]
+        status = "hit" if i in seq.cached_block_ids else "computed"
+        label = labels[seg.index] if seg.index < len(labels) else None
+        block_hash = hashes[i].hex() if full else None
         report.append(
             BlockReport(
-                index=i,
-                start=start,
-                end=end,
-                block_id=block_id,
-                hash=seq.block_hashes[i].hex() if full else None,
-                status="hit" if i in seq.cached_block_ids else "computed",
-                ref_cnt=pool.blocks[block_id].ref_cnt,
-                kind=seg.kind,
-                span_id=seg.index,
-                label=labels[seg.index] if seg.index < len(labels) else None,
+                i, start, end, block_id, block_hash, status, pool.blocks[block_id].ref_cnt, seg.kind, seg.index, label
             )
         )
     return report
+
+
+def block_segments(segments: Seq[Segment], block_size: int) -> list[Segment]:
+    """The segment of each block: the one that holds its first token (the segments partition the prompt)."""
+    return [seg for seg in segments for _ in range(cdiv(seg.start, block_size), cdiv(seg.end, block_size))]
 
 
 def report_totals(report: Seq[BlockReport]) -> dict:

@@ -1,13 +1,13 @@
 """The per-request cache report (cache_report.py) on a scheduler with exact block ids (no model)."""
 
-from minipic_lite.cache_report import BlockReport, build_cache_report, format_report, report_totals
+from minipic_lite.cache_report import BlockReport, block_segments, build_cache_report, format_report, report_totals
 from minipic_lite.config import ControlTokens, SchedulerConfig
 from minipic_lite.hashing import root_hash
 from minipic_lite.kv_cache_manager import KVCacheManager
 from minipic_lite.request import Request
 from minipic_lite.sampling_params import SamplingParams
 from minipic_lite.scheduler import Scheduler
-from minipic_lite.spans import SegmentKind, span_layout
+from minipic_lite.spans import Segment, SegmentKind, span_layout
 
 B = 4
 S, P, PAD = 1, 2, 3
@@ -92,3 +92,10 @@ def test_format_report_is_one_fixed_width_line_per_block_with_shared_marked():
         "num_shared_blocks": 0,
         "hit_rate": 0.0,
     }
+
+
+def test_each_block_belongs_to_the_segment_of_its_first_token():
+    lead, doc, question = (Segment(SegmentKind.LEADING, 0, 4, 0), Segment(SegmentKind.SSEP, 4, 12, 1),
+                           Segment(SegmentKind.PDEP, 12, 15, 2))  # fmt: skip
+    assert block_segments([lead, doc, question], B) == [lead, doc, doc, question]  # the partial last block too
+    assert block_segments([Segment(SegmentKind.LEADING, 0, 9, 0)], B) == [Segment(SegmentKind.LEADING, 0, 9, 0)] * 3
