@@ -116,6 +116,9 @@ class CacheReport(Seq[BlockReport]):
     def __repr__(self) -> str:
         return repr(self.blocks)
 
+    def __eq__(self, other) -> bool:  # NOTE: compares as the list of BlockReports it stands for
+        return self.blocks == (other.blocks if isinstance(other, CacheReport) else other)
+
 
 def build_cache_report(
     seq: Request, pool: BlockPool, segments: Seq[Segment], labels: Seq[str | None] = ()

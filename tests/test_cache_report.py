@@ -87,6 +87,7 @@ def test_the_report_is_read_at_admission_and_built_when_first_read():
     assert [(blk.block_id, blk.status, blk.ref_cnt) for blk in report] == [(4, "computed", 1), (1, "hit", 1),
                                                                          (2, "hit", 1), (5, "computed", 1)]  # fmt: skip
     assert report[-1] is report.blocks[-1] and repr(report) == repr(report.blocks)
+    assert report == report.blocks and report != tuple(report.blocks)
     sched.kv.check_integrity()
 
 
