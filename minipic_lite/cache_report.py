@@ -11,6 +11,10 @@
 `status` is "hit" (taken from the cache, not computed for this request) or "computed". `ref_cnt` is the
 block's reference count when the request's first chunk was scheduled: > 1 means another request holds the
 same physical block (`is_shared`). After a preemption the report describes the re-admission.
+
+The engine reads what the report needs at admission (`Admission`: copies, since ref counts and the request's
+blocks change later) and builds the thousand `BlockReport`s of a long prompt only when someone reads the report
+(`CacheReport`): most callers never do, and the build would sit in the request's time to first token.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
 from minipic_lite.block_pool import BlockPool
+from minipic_lite.config import cdiv
+from minipic_lite.hashing import BlockHash
 from minipic_lite.request import Request
 from minipic_lite.spans import Segment, SegmentKind
 
@@ -62,32 +68,85 @@ class StateReport:
     state_memory_bytes: int  # the checkpoint store's use when the output was built
 
 
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """What a request's cache report says, read right after the step that admitted it was scheduled."""
+
+    num_prompt_tokens: int
+    block_size: int
+    block_table: tuple[int, ...]  # the prompt blocks' physical blocks
+    ref_cnts: tuple[int, ...]  # ... and their reference counts then
+    hit_blocks: frozenset[int]  # prompt blocks taken from the cache
+    block_hashes: tuple[BlockHash, ...]
+    segments: tuple[Segment, ...]
+    labels: tuple[str | None, ...]
+
+    @classmethod
+    def read(cls, seq: Request, pool: BlockPool, segments: Seq[Segment], labels: Seq[str | None]) -> Admission:
+        table = tuple(seq.block_table[: seq.num_blocks_for(seq.num_prompt_tokens)])
+        ref_cnts = tuple([pool.blocks[block_id].ref_cnt for block_id in table])
+        hits = frozenset(seq.cached_block_ids).intersection(range(len(table)))  # NOTE: a re-admission has outputs
+        hashes, B = tuple(seq.block_hashes), seq.block_size
+        return cls(seq.num_prompt_tokens, B, table, ref_cnts, hits, hashes, tuple(segments), tuple(labels))
+
+
+class CacheReport(Seq[BlockReport]):
+    """A request's cache report: a read-only list of `BlockReport`, built from its `Admission` when first read."""
+
+    def __init__(self, admission: Admission):
+        self.admission = admission
+        self._blocks: list[BlockReport] | None = None
+
+    @property
+    def blocks(self) -> list[BlockReport]:
+        if self._blocks is None:
+            self._blocks = block_reports(self.admission)
+        return self._blocks
+
+    @property
+    def num_hit_blocks(self) -> int:
+        return len(self.admission.hit_blocks)  # NOTE: without building the report
+
+    def __len__(self) -> int:
+        return len(self.admission.block_table)
+
+    def __getitem__(self, index):
+        return self.blocks[index]
+
+    def __repr__(self) -> str:
+        return repr(self.blocks)
+
+    def __eq__(self, other) -> bool:  # NOTE: compares as the list of BlockReports it stands for
+        return self.blocks == (other.blocks if isinstance(other, CacheReport) else other)
+
+
 def build_cache_report(
     seq: Request, pool: BlockPool, segments: Seq[Segment], labels: Seq[str | None] = ()
-) -> list[BlockReport]:
+) -> CacheReport:
     """The report of `seq`'s prompt blocks, read right after the step that admitted it was scheduled."""
-    B = seq.block_size
-    report = []
-    for i in range(seq.num_blocks_for(seq.num_prompt_tokens)):
-        start, end = i * B, min((i + 1) * B, seq.num_prompt_tokens)
-        seg = next(s for s in segments if s.start <= start < s.end)
-        full = end - start == B and i < len(seq.block_hashes)
-        block_id = seq.block_table[i]
-        report.append(
-            BlockReport(
-                index=i,
-                start=start,
-                end=end,
-                block_id=block_id,
-                hash=seq.block_hashes[i].hex() if full else None,
-                status="hit" if i in seq.cached_block_ids else "computed",
-                ref_cnt=pool.blocks[block_id].ref_cnt,
-                kind=seg.kind,
-                span_id=seg.index,
-                label=labels[seg.index] if seg.index < len(labels) else None,
-            )
+    return CacheReport(Admission.read(seq, pool, segments, labels))
+
+
+def block_reports(admission: Admission) -> list[BlockReport]:
+    """One `BlockReport` per prompt block (the partial last block too)."""
+    a, B, report = admission, admission.block_size, []
+    # NOTE: strict: the segments partition the prompt, so they cover its blocks exactly
+    for i, seg in zip(range(len(a.block_table)), block_segments(a.segments, B), strict=True):
+        start, end = i * B, min((i + 1) * B, a.num_prompt_tokens)
+        full = end - start == B and i < len(a.block_hashes)
+        block_hash = a.block_hashes[i].hex() if full else None
+        status = "hit" if i in a.hit_blocks else "computed"
+        label = a.labels[seg.index] if seg.index < len(a.labels) else None
+        block = BlockReport(
+            i, start, end, a.block_table[i], block_hash, status, a.ref_cnts[i], seg.kind, seg.index, label
         )
+        report.append(block)
     return report
+
+
+def block_segments(segments: Seq[Segment], block_size: int) -> list[Segment]:
+    """The segment of each block: the one that holds its first token (the segments partition the prompt)."""
+    return [seg for seg in segments for _ in range(cdiv(seg.start, block_size), cdiv(seg.end, block_size))]
 
 
 def report_totals(report: Seq[BlockReport]) -> dict:

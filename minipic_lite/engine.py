@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from itertools import count
 
-from minipic_lite.cache_report import StateReport, build_cache_report, report_totals
+from minipic_lite.cache_report import StateReport, build_cache_report
 from minipic_lite.checkpoints.planner import CheckpointPlanner
 from minipic_lite.config import EngineConfig, cdiv
 from minipic_lite.hashing import root_hash
@@ -199,10 +199,9 @@ class LLMEngine:
             # NOTE: a hybrid's first chunk starts past the checkpoint it resumed from
             if req.num_computed_tokens == req.num_resumed_tokens and not req.is_span_prefill:
                 segments = req.layout.segments if req.layout is not None else ()
-                req.cache_report = build_cache_report(req, self.pool, segments, req.span_labels)
-                totals = report_totals(req.cache_report)
-                self.stats.num_hit_blocks += totals["num_hit_blocks"]
-                self.stats.num_computed_blocks += totals["num_computed_blocks"]
+                req.cache_report = report = build_cache_report(req, self.pool, segments, req.span_labels)
+                self.stats.num_hit_blocks += report.num_hit_blocks
+                self.stats.num_computed_blocks += len(report) - report.num_hit_blocks
                 self.stats.num_resumed_tokens += req.num_resumed_tokens
 
     def _stops(self, req: Request) -> bool:

@@ -14,15 +14,26 @@ from collections.abc import Sequence
 import numpy as np
 
 BlockHash = bytes
+TOKEN_BYTES = 8  # a token id in the hashed bytes: little-endian int64
 
 
 def root_hash(namespace: str) -> BlockHash:
     return hashlib.sha256(namespace.encode()).digest()
 
 
+def token_bytes(token_ids: Sequence[int]) -> bytes:
+    """The tokens as little-endian int64, what a block hash covers (TOKEN_BYTES per token)."""
+    return np.asarray(token_ids, dtype="<i8").tobytes()
+
+
 def hash_block(parent: BlockHash, token_ids: Sequence[int]) -> BlockHash:
     """H(parent, tokens): sha256 over the parent hash and the tokens as little-endian int64."""
-    return hashlib.sha256(parent + np.asarray(token_ids, dtype="<i8").tobytes()).digest()
+    return hash_block_bytes(parent, token_bytes(token_ids))
+
+
+def hash_block_bytes(parent: BlockHash, block_bytes: bytes) -> BlockHash:
+    """`hash_block` of tokens already in `token_bytes` form (one conversion for a whole prompt)."""
+    return hashlib.sha256(parent + block_bytes).digest()
 
 
 def chain_hashes(parent: BlockHash, token_ids: Sequence[int], block_size: int) -> list[BlockHash]:

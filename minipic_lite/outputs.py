@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 
@@ -34,5 +35,5 @@ class RequestOutput:
     finish_reason: str | None  # "stop" (EOS, stop token or stop string), "length", "abort"
     metrics: RequestMetrics
     stop_reason: str | int | None = None  # the stop string or token that ended it
-    cache_report: list = field(default_factory=list)
+    cache_report: Sequence = field(default_factory=list)  # a cache_report.CacheReport once admitted
     state_report: object = None  # hybrid models: a cache_report.StateReport

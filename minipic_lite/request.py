@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import enum
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from minipic_lite.config import cdiv
@@ -61,7 +62,7 @@ class Request:
     finish_reason: str | None = None  # "stop", "length", "abort"
     stop_reason: str | int | None = None  # the stop string or token that ended it
     stop_text: str | None = None  # the text cut before a stop string
-    cache_report: list = field(default_factory=list)  # cache_report.BlockReport per prompt block
+    cache_report: Sequence = field(default_factory=list)  # a BlockReport per prompt block (cache_report.py)
     arrival_time: float = field(default_factory=time.perf_counter)
     first_token_time: float | None = None
     finish_time: float | None = None

@@ -60,11 +60,11 @@ Example (block_size 4, S = SSEP, P = PDEP, _ = pad)::
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from minipic_lite.config import ControlTokens
-from minipic_lite.hashing import BlockHash, hash_block
+from minipic_lite.hashing import TOKEN_BYTES, BlockHash, hash_block_bytes, token_bytes
 
 
 class SegmentKind(str, enum.Enum):
@@ -91,7 +91,19 @@ def find_markers(token_ids: Sequence[int], control: ControlTokens) -> list[tuple
     """(index, kind) of every SSEP / PDEP token, in order."""
     kinds = {control.pdep_id: SegmentKind.PDEP, control.ssep_id: SegmentKind.SSEP}  # NOTE: SSEP wins a tie
     kinds.pop(None, None)
-    return [(i, kinds[t]) for i, t in enumerate(token_ids) if t in kinds]
+    markers = [(i, kind) for token_id, kind in kinds.items() for i in indices_of(token_ids, token_id)]
+    return sorted(markers, key=lambda marker: marker[0])
+
+
+def indices_of(values: Sequence[int], value: int) -> Iterator[int]:
+    """Every index of `value` in `values`, in order (`Sequence.index` scans in C: a prompt holds few markers)."""
+    index = -1
+    while True:
+        try:
+            index = values.index(value, index + 1)
+        except ValueError:
+            return
+        yield index
 
 
 def check_markers(
@@ -134,7 +146,10 @@ def split_segments(num_tokens: int, markers: Sequence[tuple[int, SegmentKind]]) 
 
 def visible_starts(segments: Sequence[Segment]) -> list[int]:
     """`visible_start[i]` for every token of the segments."""
-    return [seg.visible_start for seg in segments for _ in range(seg.start, seg.end)]
+    starts = []
+    for seg in segments:
+        starts += [seg.visible_start] * (seg.end - seg.start)
+    return starts
 
 
 def marker_blocks(segments: Sequence[Segment], block_size: int) -> dict[int, SegmentKind]:
@@ -145,7 +160,7 @@ def marker_blocks(segments: Sequence[Segment], block_size: int) -> dict[int, Seg
 # -- hashes ------------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # NOTE: never mutated; not frozen only because one is made per block (a frozen init costs 2x)
 class HashState:
     """Where the two chains stand after the last hashed block: h_{b-1} (`parent`) and d_{b-1} (`digest`)."""
 
@@ -154,17 +169,18 @@ class HashState:
 
 
 def next_block_hash(
-    state: HashState, root: BlockHash, block_tokens: Sequence[int], kind: SegmentKind | None
+    state: HashState, root: BlockHash, block_bytes: bytes, kind: SegmentKind | None
 ) -> tuple[BlockHash, HashState]:
-    """h_b for one full block, and the state after it. `kind` is the block's marker (None: no marker)."""
-    digest = hash_block(state.digest, block_tokens)  # d_b = H(d_{b-1}, x_b)
+    """h_b for one full block (its tokens as `hashing.token_bytes`), and the state after it. `kind` is the
+    block's marker (None: no marker)."""
+    digest = hash_block_bytes(state.digest, block_bytes)  # d_b = H(d_{b-1}, x_b)
     if kind is SegmentKind.SSEP:
-        block_hash = hash_block(root, block_tokens)
+        block_hash = hash_block_bytes(root, block_bytes)
     elif kind is SegmentKind.PDEP or state.parent == state.digest:
         # NOTE: H(d_{b-1}, x_b) is d_b itself; and H(h_{b-1}, x_b) is too when h_{b-1} == d_{b-1}.
         block_hash = digest
     else:
-        block_hash = hash_block(state.parent, block_tokens)
+        block_hash = hash_block_bytes(state.parent, block_bytes)
     return block_hash, HashState(block_hash, digest)
 
 
@@ -184,9 +200,10 @@ def block_hashes(
     """
     state = state or HashState(root, root)
     markers = markers or {}
+    data, width = token_bytes(token_ids), block_size * TOKEN_BYTES  # NOTE: one conversion for all blocks
     hashes = []
-    for b, start in enumerate(range(0, len(token_ids) - block_size + 1, block_size), start=first_block):
-        block_hash, state = next_block_hash(state, root, token_ids[start : start + block_size], markers.get(b))
+    for b, start in enumerate(range(0, len(data) - width + 1, width), start=first_block):
+        block_hash, state = next_block_hash(state, root, data[start : start + width], markers.get(b))
         hashes.append(block_hash)
     return hashes, state
 

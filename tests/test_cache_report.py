@@ -1,13 +1,13 @@
 """The per-request cache report (cache_report.py) on a scheduler with exact block ids (no model)."""
 
-from minipic_lite.cache_report import BlockReport, build_cache_report, format_report, report_totals
+from minipic_lite.cache_report import BlockReport, block_segments, build_cache_report, format_report, report_totals
 from minipic_lite.config import ControlTokens, SchedulerConfig
 from minipic_lite.hashing import root_hash
 from minipic_lite.kv_cache_manager import KVCacheManager
 from minipic_lite.request import Request
 from minipic_lite.sampling_params import SamplingParams
 from minipic_lite.scheduler import Scheduler
-from minipic_lite.spans import SegmentKind, span_layout
+from minipic_lite.spans import Segment, SegmentKind, span_layout
 
 B = 4
 S, P, PAD = 1, 2, 3
@@ -73,6 +73,24 @@ def test_a_block_held_by_another_running_request_is_reported_shared():
     assert report_totals(report)["num_shared_blocks"] == 2
 
 
+def test_the_report_is_read_at_admission_and_built_when_first_read():
+    sched = Scheduler(SchedulerConfig(4, 256, 1024), KVCacheManager(16))
+    admit(sched, "a", LEAD + DOC + QUESTION)
+    b = Request(
+        "b", LEAD_B + DOC + QUESTION, SamplingParams(), B, ROOT, span_layout(LEAD_B + DOC + QUESTION, CONTROL, B)
+    )
+    sched.add(b)
+    sched.schedule()
+    report = build_cache_report(b, sched.kv.pool, b.layout.segments)
+    sched.preempt(b)  # its blocks, hits and refs change after admission: the report keeps what it read then
+    assert report._blocks is None and len(report) == 4 and report.num_hit_blocks == 2  # nothing built yet
+    assert [(blk.block_id, blk.status, blk.ref_cnt) for blk in report] == [(4, "computed", 1), (1, "hit", 1),
+                                                                         (2, "hit", 1), (5, "computed", 1)]  # fmt: skip
+    assert report[-1] is report.blocks[-1] and repr(report) == repr(report.blocks)
+    assert report == report.blocks and report != tuple(report.blocks)
+    sched.kv.check_integrity()
+
+
 def test_format_report_is_one_fixed_width_line_per_block_with_shared_marked():
     report = [
         BlockReport(0, 0, 4, 7, "3fa2c1d09b7e" + "0" * 52, "computed", 1, SegmentKind.LEADING, 0, "system"),
@@ -92,3 +110,10 @@ def test_format_report_is_one_fixed_width_line_per_block_with_shared_marked():
         "num_shared_blocks": 0,
         "hit_rate": 0.0,
     }
+
+
+def test_each_block_belongs_to_the_segment_of_its_first_token():
+    lead, doc, question = (Segment(SegmentKind.LEADING, 0, 4, 0), Segment(SegmentKind.SSEP, 4, 12, 1),
+                           Segment(SegmentKind.PDEP, 12, 15, 2))  # fmt: skip
+    assert block_segments([lead, doc, question], B) == [lead, doc, doc, question]  # the partial last block too
+    assert block_segments([Segment(SegmentKind.LEADING, 0, 9, 0)], B) == [Segment(SegmentKind.LEADING, 0, 9, 0)] * 3

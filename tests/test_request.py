@@ -5,7 +5,7 @@ import hashlib
 import numpy as np
 import torch
 
-from minipic_lite.hashing import chain_hashes, hash_block, root_hash
+from minipic_lite.hashing import chain_hashes, hash_block, hash_block_bytes, root_hash, token_bytes
 from minipic_lite.request import Request, RequestStatus
 from minipic_lite.sampler import Sampler
 from minipic_lite.sampling_params import SamplingParams
@@ -19,6 +19,12 @@ def test_hash_block_is_sha256_of_parent_and_int64_tokens():
     assert root_hash("a") != root_hash("b")
     h0 = hash_block(ROOT, [1, 2])
     assert chain_hashes(ROOT, [1, 2, 3, 4, 5], 2) == [h0, hash_block(h0, [3, 4])]  # the partial tail: none
+
+
+def test_token_bytes_are_int64_little_endian_and_hash_as_the_tokens_do():
+    assert token_bytes([1, 258]) == bytes([1, 0, 0, 0, 0, 0, 0, 0, 2, 1, 0, 0, 0, 0, 0, 0])
+    data = token_bytes([1, 2, 3, 4])
+    assert hash_block_bytes(ROOT, data[16:]) == hash_block(ROOT, [3, 4])
 
 
 def test_request_hashes_blocks_as_they_fill_and_resets_for_recompute():

@@ -15,6 +15,8 @@ from minipic_lite.spans import (
     SegmentKind,
     block_hashes,
     check_markers,
+    find_markers,
+    indices_of,
     prompt_block_hashes,
     span_layout,
 )
@@ -113,6 +115,17 @@ def test_markers_without_position_free_mode():
         check_markers(token_ids, CONTROL, B, position_free=False, require_spans=True)
     misplaced = [10, P, 11]  # not even at a block start: with position-free off it is still just a token
     assert span_layout(misplaced, CONTROL, B, position_free=False).visible_start == (0, 0, 0)
+
+
+def test_markers_are_found_in_index_order_and_ssep_wins_when_both_ids_are_one():
+    assert list(indices_of([7, 1, 7, 7], 7)) == [0, 2, 3] and list(indices_of((1, 2), 9)) == []
+    assert find_markers([S, 10, P, S, S], CONTROL) == [
+        (0, SegmentKind.SSEP),
+        (2, SegmentKind.PDEP),
+        (3, SegmentKind.SSEP),
+        (4, SegmentKind.SSEP),
+    ]
+    assert find_markers([P, S], ControlTokens(ssep_id=P, pdep_id=P)) == [(0, SegmentKind.SSEP)]
 
 
 def test_no_control_tokens_means_no_markers():
