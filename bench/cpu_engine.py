@@ -150,12 +150,21 @@ def git_sha() -> str:
     return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True).strip()
 
 
+def cpu_model() -> str:
+    """The processor's model name (`platform.processor()` is often empty on Linux)."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        return next(line.split(":", 1)[1].strip() for line in lines if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or "unknown cpu"
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--batches", default="1,2,4,32")
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--out", default=None)
+    parser.add_argument("--out", default=None, help="default: bench/results/cpu_engine_<git sha>.json")
     args = parser.parse_args()
     from transformers import AutoModelForCausalLM
 
@@ -174,7 +183,8 @@ def main():
     bandwidth = read_bandwidth(llm)
     results = {
         "git_sha": git_sha(),
-        "machine": f"{platform.machine()} {platform.processor() or ''} {torch.get_num_threads()} threads".strip(),
+        "machine": f"{platform.machine()} {cpu_model()} {torch.get_num_threads()} threads",
+        "packed_min_rows": llm.engine.runner.packed_min_rows,  # the matmul route the start-up probe chose
         "torch": torch.__version__,
         "read_bandwidth_gb_s": bandwidth / 1e9,
         "runs": args.runs,
@@ -205,8 +215,9 @@ def main():
         )
     ms = results["step_breakdown_ms"] = step_breakdown(llm, prompts[0], args.new_tokens)
     print("batch 1 step breakdown (ms/step): " + ", ".join(f"{k} {v:.2f}" for k, v in ms.items()))
-    if args.out:
-        Path(args.out).write_text(json.dumps(results, indent=2))
+    out = Path(args.out or Path(__file__).parent / "results" / f"cpu_engine_{results['git_sha']}.json")
+    out.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"saved {out}")
 
 
 if __name__ == "__main__":
