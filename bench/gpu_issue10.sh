@@ -47,7 +47,7 @@ if [[ $part == all || $part == b ]]; then
         --ns 1,2,4,8,16 --repeats 2
     # issue 11's side by side (Qwen3.5 9B shape vs transformers, fla-core carried in .whl); the token-savings
     # part needs the texts and SmolLM2's tokenizer, which this machine lacks
-    step hybrid_gpu 170 python3 bench/hybrid_checkpoints.py --gpu --skip-savings
+    step hybrid_gpu 200 python3 bench/hybrid_checkpoints.py --gpu --skip-savings --profile
 fi
 cp bench/results/*"$GIT_SHA"* "$OUT"/ 2>/dev/null
 ls "$OUT"

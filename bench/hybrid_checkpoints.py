@@ -201,8 +201,25 @@ def side_by_side(args) -> dict:
         out[f"decode_b{batch}"] = {"ours_tok_s": engine_decode(llm, short, args.decode_tokens),
                                    "hf_tok_s": hf_decode(hf, short, args.decode_tokens, args.device)}  # fmt: skip
     out["capture"] = capture_cost(engine, prompts[0])
+    if args.profile:  # where each side's prefill time goes, for the gap issue 11 measured
+        out["profile"] = {
+            "ours": top_kernels(lambda: engine_prefill(engine, prompts[:1]), args.device),
+            "hf": top_kernels(lambda: hf_prefill(hf, prompts[:1], args.device), args.device),
+        }
     print(json.dumps(out, indent=1))
     return out
+
+
+def top_kernels(run, device: str, num: int = 15) -> list[tuple[str, int, float]]:
+    """(name, calls, self ms) of the ops or kernels that took the most time in `run()` (GPU kernels on CUDA)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.startswith("cuda")
+    with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+        run()
+    key = "self_device_time_total" if cuda else "self_cpu_time_total"
+    events = sorted(prof.key_averages(), key=lambda e: -getattr(e, key))[:num]
+    return [(e.key[:90], e.count, getattr(e, key) / 1e3) for e in events]
 
 
 def engine_prefill(engine, prompts) -> float:
@@ -334,6 +351,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     parser.add_argument("--side-by-side", action="store_true", help="CPU: smoke-test the GPU part on the small shape")
     parser.add_argument("--skip-savings", action="store_true", help="only the side by side part")
+    parser.add_argument("--profile", action="store_true", help="side by side: also the top kernels of one prefill")
     parser.add_argument("--rerender", type=Path, help="only write the report again from a result .json")
     args = parser.parse_args()
     if args.rerender:
