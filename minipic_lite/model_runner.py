@@ -25,7 +25,7 @@ from minipic_lite.config import (
 from minipic_lite.decode_mirror import DecodeMirror
 from minipic_lite.kv_cache_manager import Rerotate
 from minipic_lite.models.llama import rope_table
-from minipic_lite.models.packed_linear import can_pack, pack_linears, packed_min_rows
+from minipic_lite.models.packed_linear import can_pack, drop_packed_weights, pack_linears, packed_min_rows
 from minipic_lite.models.registry import model_class
 from minipic_lite.models.step import HostStep, RecurrentStep, StepMetadata
 from minipic_lite.sampler import Sampler
@@ -125,6 +125,8 @@ class ModelRunner:
         if can_pack(self.device, self.dtype):
             pack_linears(self.model)
             self.packed_min_rows = packed_min_rows(self.model)
+            if self.packed_min_rows is None:
+                drop_packed_weights(self.model)
         self.state_tensors = None  # hybrid models: live state slots and checkpoints (state_cache.py)
         if config.model.is_hybrid:
             budget, num_slots = config.cache.state_cache_gib * GIB, config.scheduler.max_num_seqs

@@ -10,6 +10,7 @@ from minipic_lite.models.packed_linear import (
     MatmulRoute,
     PackedLinear,
     can_pack,
+    drop_packed_weights,
     first_of_winning_tail,
     pack_linears,
     packed_min_rows,
@@ -82,3 +83,26 @@ def test_the_step_contract_routes_decode_steps_to_the_packed_weights(llm):
         engine.scheduler.postprocess(out, engine.runner.execute(out), engine._stops)
     engine.abort(request_id)
     engine.runner.packed_min_rows = min_rows
+
+
+def test_an_engine_whose_probe_never_packs_frees_the_packed_copies(monkeypatch):
+    """When F.linear wins at every probed row count, the packed weights (as large as the model's) are freed and
+    every step runs F.linear."""
+    monkeypatch.setattr("minipic_lite.model_runner.packed_min_rows", lambda model: None)
+    llm = mp.LLM(max_model_len=256)
+    model = llm.engine.runner.model
+    linears = [m for m in model.modules() if isinstance(m, PackedLinear)]
+    assert linears and all(m.packed is None for m in linears)
+    out = llm.generate("The capital of France is", mp.SamplingParams(max_tokens=4, temperature=0.0))[0]
+    assert len(out.token_ids) == 4 and model.matmul_route.packed is False
+    llm.close()
+
+
+def test_drop_packed_weights_keeps_the_f_linear_route():
+    linear = nn.Linear(8, 4)
+    model = nn.Sequential(linear)
+    route = pack_linears(model)
+    drop_packed_weights(model)
+    route.packed = True  # even if asked, a layer without its packed copy runs F.linear
+    x = torch.randn(3, 8)
+    assert model[0].packed is None and torch.equal(model(x), F.linear(x, linear.weight, linear.bias))

@@ -48,7 +48,7 @@ class PackedLinear(nn.Module):
         self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), PACK_BATCH_HINT)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.route.packed:
+        if not self.route.packed or self.packed is None:
             return F.linear(x, self.weight, self.bias)
         rows = x.reshape(-1, x.shape[-1])  # (N, in)
         out = torch.ops.mkldnn._linear_pointwise(rows, self.packed, self.bias, "none", [], "")  # (N, out)
@@ -63,6 +63,13 @@ def pack_linears(model: nn.Module) -> MatmulRoute:
             if isinstance(child, nn.Linear):
                 setattr(parent, name, PackedLinear(child, route))
     return route
+
+
+def drop_packed_weights(model: nn.Module) -> None:
+    """Free the packed copies (as large as the weights) when the probe found F.linear faster at every row count."""
+    for m in model.modules():
+        if isinstance(m, PackedLinear):
+            m.packed = None
 
 
 def packed_min_rows(model: nn.Module, probe_rows: tuple[int, ...] = ROUTE_PROBE_ROWS) -> int | None:
