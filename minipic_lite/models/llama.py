@@ -68,15 +68,17 @@ class Kernels:
 
 
 class RMSNorm(nn.Module):
-    """Holds the weight and eps; the layers call `Kernels.rms_norm` / `add_rms_norm` with them."""
+    """Holds the weight and eps; the layers call `Kernels.rms_norm` / `add_rms_norm` with them. Another family's
+    norm passes its own `fn` and initial weight (Qwen3.5 scales by 1 + weight: models/qwen3_5.py)."""
 
-    def __init__(self, dim: int, eps: float):
+    def __init__(self, dim: int, eps: float, fn=rms_norm, init: float = 1.0):
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
+        self.weight = nn.Parameter(torch.full((dim,), init))
         self.eps = eps
+        self.fn = fn
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm(x, self.weight, self.eps)
+        return self.fn(x, self.weight, self.eps)
 
 
 def write_kv(k: torch.Tensor, v: torch.Tensor, meta: StepMetadata, k_cache, v_cache) -> None:
@@ -156,28 +158,46 @@ class DecoderLayer(nn.Module):
         return x, self.mlp(h)
 
 
-class LlamaForCausalLM(nn.Module):
-    def __init__(self, cfg: ModelConfig, position_free: bool = True, compile: bool = False):  # noqa: A002
+class CausalLM(nn.Module):
+    """What every model family shares: the token embedding, the elementwise kernels, the CPU matmul route, and
+    (added after the family's layers, `_add_head`) the LM head and the RoPE table."""
+
+    def __init__(self, cfg: ModelConfig, compile: bool):  # noqa: A002
         super().__init__()
         self.cfg = cfg
         self.kernels = Kernels.compiled() if compile else Kernels()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, position_free, self.kernels, i) for i in range(cfg.num_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        self.tie_weights()
-        self.register_buffer("cos_sin", rope_table(cfg), persistent=False)
         self.matmul_route = None  # set by packed_linear.pack_linears on the CPU
+
+    def _add_head(self) -> None:
+        # NOTE: registered after the layers, as transformers orders them (init_dummy_weights draws in this order)
+        self.lm_head = nn.Linear(self.cfg.hidden_size, self.cfg.vocab_size, bias=False)
+        self.tie_weights()
+        self.register_buffer("cos_sin", rope_table(self.cfg), persistent=False)
 
     def tie_weights(self) -> None:
         """Share the embedding with the LM head where the config says so (again after `to_empty`, which unties)."""
         if self.cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
 
-    def forward(self, input_ids, meta: StepMetadata, kv_cache: torch.Tensor) -> torch.Tensor:
-        """input_ids [T] -> hidden states [T, hidden]; kv_cache [2, layers, blocks, B, KVH, D]."""
+    def _follow_step(self, meta: StepMetadata) -> None:
         if self.matmul_route is not None:
             self.matmul_route.packed = meta.use_packed_weights  # the step contract picks the matmul route
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden).float()  # (N, vocab)
+
+
+class LlamaForCausalLM(CausalLM):
+    def __init__(self, cfg: ModelConfig, position_free: bool = True, compile: bool = False):  # noqa: A002
+        super().__init__(cfg, compile)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, position_free, self.kernels, i) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self._add_head()
+
+    def forward(self, input_ids, meta: StepMetadata, kv_cache: torch.Tensor) -> torch.Tensor:
+        """input_ids [T] -> hidden states [T, hidden]; kv_cache [2, layers, blocks, B, KVH, D]."""
+        self._follow_step(meta)
         x = self.embed_tokens(input_ids)  # (T, hidden)
         first = self.layers[0].input_layernorm
         normed = self.kernels.rms_norm(x, first.weight, first.eps)
@@ -186,9 +206,6 @@ class LlamaForCausalLM(nn.Module):
             norm = self.layers[i + 1].input_layernorm if i + 1 < len(self.layers) else self.norm
             x, normed = self.kernels.add_rms_norm(x, mlp_out, norm.weight, norm.eps)
         return normed
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden).float()  # (N, vocab)
 
     @torch.no_grad()
     def init_dummy_weights(self, seed: int = 0, std: float = 0.02) -> None:

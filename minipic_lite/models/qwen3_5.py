@@ -26,7 +26,7 @@ from torch.nn import functional as F
 
 from minipic_lite.config import ModelConfig
 from minipic_lite.models import gated_delta_rule as gdr
-from minipic_lite.models.llama import MLP, Kernels, paged_attention, rope_table, write_kv
+from minipic_lite.models.llama import MLP, CausalLM, Kernels, RMSNorm, paged_attention, write_kv
 from minipic_lite.models.step import RecurrentStep, StepMetadata
 
 
@@ -37,14 +37,8 @@ def rms_norm_1p(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tens
     return (h * (1.0 + weight.float())).to(x.dtype)
 
 
-class Norm1p(nn.Module):
-    def __init__(self, dim: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.zeros(dim))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm_1p(x, self.weight, self.eps)
+def Norm1p(dim: int, eps: float) -> RMSNorm:  # noqa: N802 (a constructor)
+    return RMSNorm(dim, eps, rms_norm_1p, init=0.0)
 
 
 def _fla_kernels():
@@ -196,16 +190,13 @@ class HybridLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-class Qwen3_5ForCausalLM(nn.Module):
+class Qwen3_5ForCausalLM(CausalLM):
     """The hybrid's text model over the paged cache (full-attention layers) and state slots (linear layers)."""
 
     is_hybrid = True
 
     def __init__(self, cfg: ModelConfig, position_free: bool = True, compile: bool = False):  # noqa: A002
-        super().__init__()
-        self.cfg = cfg
-        self.kernels = Kernels.compiled() if compile else Kernels()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        super().__init__(cfg, compile)
         counts = {"linear_attention": 0, "full_attention": 0}
         layers = []
         for layer_type in cfg.layer_types:
@@ -214,14 +205,7 @@ class Qwen3_5ForCausalLM(nn.Module):
         self.layers = nn.ModuleList(layers)
         self.num_linear_layers = counts["linear_attention"]
         self.norm = Norm1p(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        self.tie_weights()
-        self.register_buffer("cos_sin", rope_table(cfg), persistent=False)
-        self.matmul_route = None  # set by packed_linear.pack_linears on the CPU
-
-    def tie_weights(self) -> None:
-        if self.cfg.tie_word_embeddings:
-            self.lm_head.weight = self.embed_tokens.weight
+        self._add_head()
 
     def state_shapes(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """Per slot: the conv window [linear_layers, conv_dim, K−1], the recurrent state [linear_layers, Hv, Dk, Dv]."""
@@ -231,8 +215,7 @@ class Qwen3_5ForCausalLM(nn.Module):
 
     def forward(self, input_ids, meta: StepMetadata, kv_cache: torch.Tensor) -> torch.Tensor:
         """input_ids [T] -> hidden states [T, hidden]; kv_cache [2, attention layers, blocks, B, KVH, D]."""
-        if self.matmul_route is not None:
-            self.matmul_route.packed = meta.use_packed_weights
+        self._follow_step(meta)
         if meta.recurrent is None:  # a forward with no slots (the warm-up that sizes the cache): zero states
             meta.recurrent = RecurrentStep.scratch(self.state_shapes(), meta, self.embed_tokens.weight.dtype)
         if meta.recurrent.fla is None and meta.positions.is_cuda:
@@ -241,9 +224,6 @@ class Qwen3_5ForCausalLM(nn.Module):
         for layer in self.layers:
             x = layer(x, meta, kv_cache, self.cos_sin)
         return self.norm(x)
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden).float()  # (N, vocab)
 
     @torch.no_grad()
     def init_dummy_weights(self, seed: int = 0, std: float = 0.02) -> None:
