@@ -1,8 +1,9 @@
 """Steps as CUDA graphs (gpt-fast / nano-vllm style), one per bucketed shape (num_seqs, num_tokens).
 
 A step has a static shape once it is padded to a bucket: `num_tokens` query tokens in `num_seqs` sequences, and
-block tables as wide as `max_model_len` allows. We capture `model -> logits of each sequence's last token` for
-each bucket on static input buffers; a step copies its inputs into the buffers and replays. Decode steps are the
+block tables as wide as `max_model_len` allows. We capture `model -> logits of the step's sampling rows` (its
+`logits_indices`, padded) for each bucket on static input buffers; a step copies its inputs into the buffers
+and replays. Decode steps are the
 buckets with one token per sequence; a prefill or mixed step with few new tokens (a prompt whose documents are
 cached) takes a bucket with more tokens than sequences. Padding sequences write their K/V into a scratch block
 that no request owns, and attend only to it:
