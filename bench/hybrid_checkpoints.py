@@ -104,6 +104,21 @@ def long_suffix_stream(num_requests: int, prefix_len: int, suffix_len: int, num_
             for i in range(num_requests)]  # fmt: skip
 
 
+def request_streams(args) -> dict[str, list[list[int]]]:
+    """The request streams as token ids: read from `--streams` when that file exists, else built (which needs the
+    texts and SmolLM2's tokenizer, absent on the GPU machine) and written there when `--streams` is given."""
+    if args.streams and args.streams.exists():
+        return json.loads(args.streams.read_text())
+    spec = streams.StreamSpec(num_requests=args.num_requests, num_prefixes=args.num_prefixes)
+    built = truncated_streams(spec, args.max_prefix_chars or None)
+    built["long_suffix"] = long_suffix_stream(args.num_requests // 2, prefix_len=384, suffix_len=256)
+    if args.streams:
+        args.streams.parent.mkdir(parents=True, exist_ok=True)
+        args.streams.write_text(json.dumps(built))
+        print(f"wrote {args.streams} ({', '.join(f'{k}: {len(v)}' for k, v in built.items())} requests)")
+    return built
+
+
 # -- token savings through the engine ---------------------------------------------------------------------------
 
 
@@ -353,6 +368,13 @@ def main() -> None:
     parser.add_argument("--skip-savings", action="store_true", help="only the side by side part")
     parser.add_argument("--profile", action="store_true", help="side by side: also the top kernels of one prefill")
     parser.add_argument("--rerender", type=Path, help="only write the report again from a result .json")
+    parser.add_argument(
+        "--streams",
+        type=Path,
+        help="request streams as token ids: read if present, else written "
+        "(the GPU machine has no texts: build with --build-streams-only here, carry bench/data)",
+    )
+    parser.add_argument("--build-streams-only", action="store_true", help="write --streams and stop")
     args = parser.parse_args()
     if args.rerender:
         payload = json.loads(args.rerender.read_text())
@@ -372,10 +394,10 @@ def main() -> None:
         args.max_prefix_chars, args.num_requests = 0, max(args.num_requests, 100)
 
     stream_requests = {}
-    if not args.skip_savings:  # NOTE: the streams need the texts and SmolLM2's tokenizer (not on the GPU machine)
-        spec = streams.StreamSpec(num_requests=args.num_requests, num_prefixes=args.num_prefixes)
-        stream_requests = truncated_streams(spec, args.max_prefix_chars or None)
-        stream_requests["long_suffix"] = long_suffix_stream(args.num_requests // 2, prefix_len=384, suffix_len=256)
+    if not args.skip_savings or args.build_streams_only:
+        stream_requests = request_streams(args)
+        if args.build_streams_only:
+            return
         stream_requests = {k: [r[: args.max_len - 1] for r in v] for k, v in stream_requests.items()}
     with tempfile.TemporaryDirectory() as tmp:
         shape = GPU_SHAPE if args.gpu else CPU_SHAPE
