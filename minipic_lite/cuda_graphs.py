@@ -66,6 +66,7 @@ class StepGraphs:
         self.cu_seqlens_q = torch.zeros(max_seqs + 1, dtype=i32, device=dev)
         self.kv_lens = torch.ones(max_seqs, dtype=i32, device=dev)
         self.logits_indices = torch.zeros(max_seqs, dtype=i64, device=dev)  # rows of the sampling tokens, then 0s
+        self.ramp = torch.arange(1, max_seqs + 1, dtype=i32, device=dev)  # the padding sequences' cu offsets
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self.logits: dict[tuple[int, int], torch.Tensor] = {}
         self._capture_all()
@@ -106,17 +107,17 @@ class StepGraphs:
     def shape_for(self, out: SchedulerOutput) -> tuple[int, int] | None:
         if any(len(s.seq.block_table) > self.max_blocks for s in out.scheduled):
             return None
-        num_tokens = sum(end - start for s in out.scheduled for start, end in s.query_ranges)
+        num_tokens = sum(s.num_query_tokens for s in out.scheduled)
         return pick_shape(self.shapes, len(out.scheduled), num_tokens)
 
     def _set_padding(self, num_seqs: int, num_tokens: int, shape: tuple[int, int]) -> None:
-        """Padding sequences after the real ones: their own scratch slot, one key, position 0."""
-        lens = padding_lens(num_seqs, num_tokens, shape)
-        if not lens:
-            return
+        """Padding sequences after the real ones (`padding_lens`: one token each, the last takes the rest), on
+        their own scratch slot, one key, position 0. Written on the device: no host copy in a replayed step."""
         seqs, tokens = shape
-        cu = torch.tensor(lens, dtype=torch.int32).cumsum(0).add_(num_tokens)
-        self.cu_seqlens_q[num_seqs + 1 : seqs + 1].copy_(cu, non_blocking=True)
+        if seqs == num_seqs:
+            return
+        torch.add(self.ramp[: seqs - num_seqs - 1], num_tokens, out=self.cu_seqlens_q[num_seqs + 1 : seqs])
+        self.cu_seqlens_q[seqs].fill_(tokens)
         self.slot_mapping[num_tokens:tokens].fill_(self.scratch_slot)
         self.positions[num_tokens:tokens].zero_()
         self.visible_start[num_tokens:tokens].zero_()

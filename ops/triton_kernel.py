@@ -39,7 +39,7 @@ import triton.language as tl
 
 LOG2E = 1.4426950408889634
 MIN_KEYS_PER_SPLIT = 512
-MAX_SPLITS = 32  # split-KV programs per query tile at most (the split count is a runtime value: one compiled kernel)
+MAX_SPLITS = 32  # split-KV programs per query tile at most (the reduce kernel's width)
 # NOTE: under CUDA graphs the engine's block tables are max_model_len wide, so max_context is that, not the context
 # in use: an engine built with max_model_len >= 8192 takes 128-key tiles also for short contexts (64 x 576: 0.071 ms
 # against 0.056 ms with 32-key tiles, bench/results/gpu_ops_ecd1644_h200* and gpu_ops_cd5f0ee_h200_run1*).

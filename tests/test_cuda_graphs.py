@@ -95,6 +95,16 @@ class EagerReplay:
 def test_the_graph_path_gives_the_eager_tokens_for_prefill_mixed_and_decode_steps(tiny_dir, monkeypatch):
     monkeypatch.setattr(StepGraphs, "_capture", lambda self, shape: (EagerReplay(self, shape), self._forward(shape)))
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    set_padding, paddings = StepGraphs._set_padding, []
+
+    def checked_padding(self, num_seqs, num_tokens, shape):  # the buffers hold padding_lens' layout
+        set_padding(self, num_seqs, num_tokens, shape)
+        cu = self.cu_seqlens_q[num_seqs : shape[0] + 1].tolist()
+        lens = [b - a for a, b in zip(cu, cu[1:], strict=False)]
+        assert cu[0] == num_tokens and lens == padding_lens(num_seqs, num_tokens, shape)
+        paddings.append(lens)
+
+    monkeypatch.setattr(StepGraphs, "_set_padding", checked_padding)
     kwargs = dict(
         max_model_len=256,
         max_num_seqs=4,
@@ -121,6 +131,7 @@ def test_the_graph_path_gives_the_eager_tokens_for_prefill_mixed_and_decode_step
     assert {(1, 1), (2, 2), (4, 4)} & shapes, "decode buckets"
     assert {s for s in shapes if s[0] < s[1]}, "prefill buckets"
     assert any(s[0] == 5 for s in shapes), "a full batch with a prefill (max_num_seqs + 1)"
+    assert any(len(lens) > 1 for lens in paddings), "several padding sequences"
     graphed.engine.kv.check_integrity()
 
 
