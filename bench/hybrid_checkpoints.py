@@ -72,11 +72,20 @@ def git_sha() -> str:
         return "nogit"
 
 
-def write_config(path: Path, shape: dict, vocab_size: int, max_len: int) -> Path:
-    """A config.json of the hybrid (the weights are random: load_format="dummy")."""
+def hybrid_config(shape: dict, vocab_size: int, max_len: int, num_layers: int = 0):
+    """The hybrid's `Qwen3_5TextConfig`, cut to its first `num_layers` layers (0: all)."""
     from transformers import Qwen3_5TextConfig
 
-    Qwen3_5TextConfig(vocab_size=vocab_size, max_position_embeddings=max_len, **shape).save_pretrained(path)
+    config = Qwen3_5TextConfig(vocab_size=vocab_size, max_position_embeddings=max_len, **shape)
+    if num_layers:
+        config.num_hidden_layers = num_layers
+        config.layer_types = config.layer_types[:num_layers]
+    return config
+
+
+def write_config(path: Path, shape: dict, vocab_size: int, max_len: int, num_layers: int = 0) -> Path:
+    """A config.json of the hybrid (the weights are random: load_format="dummy")."""
+    hybrid_config(shape, vocab_size, max_len, num_layers).save_pretrained(path)
     return path
 
 
@@ -163,7 +172,7 @@ def savings_rows(model_dir, stream_requests, args) -> list[Row]:
     rows = []
     for stream, requests in stream_requests.items():
         lengths = [len(r) for r in requests]
-        for policy in POLICIES:
+        for policy in args.policies:
             for budget in args.budgets if policy != "none" else args.budgets[:1]:
                 recomputed, ttfts, stats = run_policy(model_dir, requests, policy, budget, args)
                 row = Row(
@@ -192,14 +201,11 @@ def side_by_side(args) -> dict:
 
     On the H200 (`--gpu`): the 9B shape in bf16. `--side-by-side` on the CPU runs the same code on the small
     shape in fp32 (a smoke test of this part, not a measurement)."""
-    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+    from transformers import Qwen3_5ForCausalLM
 
     torch.manual_seed(0)
     shape, dtype = (GPU_SHAPE, torch.bfloat16) if args.gpu else (CPU_SHAPE, torch.float32)
-    config = Qwen3_5TextConfig(vocab_size=args.vocab_size, max_position_embeddings=args.max_len, **shape)
-    if args.num_layers:
-        config.num_hidden_layers = args.num_layers
-        config.layer_types = config.layer_types[: args.num_layers]
+    config = hybrid_config(shape, args.vocab_size, args.max_len, args.num_layers)
     with torch.device(args.device):
         hf = Qwen3_5ForCausalLM(config).to(dtype).eval()
     tmp = Path(tempfile.mkdtemp(prefix="hybrid_bench_"))
@@ -332,7 +338,7 @@ def report(rows: list[Row], args, sha: str, extra: dict) -> str:
                   "per request", "", "prompt tokens recomputed per request (TTFT mean, ms; share of requests resumed)",
                   "", "| policy | " + " | ".join(f"M={m}" for m in args.budgets) + " |",
                   "|---" * (len(args.budgets) + 1) + "|"]  # fmt: skip
-        for policy in POLICIES:
+        for policy in args.policies:
             cells = []
             for m in args.budgets:
                 budget = args.budgets[0] if policy == "none" else m  # NOTE: `none` runs once
@@ -354,7 +360,7 @@ def report(rows: list[Row], args, sha: str, extra: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gpu", action="store_true", help="H200: the 9B shape in bf16, plus the GPU side by side")
-    parser.add_argument("--num-requests", type=int, default=24)
+    parser.add_argument("--num-requests", type=int, default=None, help="per stream (default: 24; GPU: 100)")
     parser.add_argument("--num-prefixes", type=int, default=4)
     parser.add_argument("--num-entries", type=int, default=4, help="state memory = num_entries x M checkpoints")
     parser.add_argument("--max-prefix-chars", type=int, default=2_000, help="cut shared prefixes (0: keep whole)")
@@ -374,6 +380,8 @@ def main() -> None:
         help="request streams as token ids: read if present, else written "
         "(the GPU machine has no texts: build with --build-streams-only here, carry bench/data)",
     )
+    parser.add_argument("--stream-names", nargs="+", help="only these streams (default: all)")
+    parser.add_argument("--policies", nargs="+", default=list(POLICIES), choices=POLICIES)
     parser.add_argument("--build-streams-only", action="store_true", help="write --streams and stop")
     args = parser.parse_args()
     if args.rerender:
@@ -391,17 +399,19 @@ def main() -> None:
     args.num_blocks = 8_192 if args.gpu else 1_024
     args.max_num_batched_tokens = 8_192 if args.gpu else 2_048
     if args.gpu:
-        args.max_prefix_chars, args.num_requests = 0, max(args.num_requests, 100)
+        args.max_prefix_chars = 0
+    args.num_requests = args.num_requests or (100 if args.gpu else 24)
 
     stream_requests = {}
     if not args.skip_savings or args.build_streams_only:
         stream_requests = request_streams(args)
         if args.build_streams_only:
             return
-        stream_requests = {k: [r[: args.max_len - 1] for r in v] for k, v in stream_requests.items()}
+        stream_requests = {k: [r[: args.max_len - 1] for r in v][: args.num_requests] for k, v in stream_requests.items()
+                           if not args.stream_names or k in args.stream_names}  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         shape = GPU_SHAPE if args.gpu else CPU_SHAPE
-        model_dir = write_config(Path(tmp), shape, args.vocab_size, args.max_len)
+        model_dir = write_config(Path(tmp), shape, args.vocab_size, args.max_len, args.num_layers)
         args.checkpoint_bytes = checkpoint_bytes(model_dir, args)
         rows = [] if args.skip_savings else savings_rows(model_dir, stream_requests, args)
     extra = side_by_side(args) if args.gpu or args.side_by_side else {}

@@ -146,13 +146,13 @@ def num_compiles() -> int:
     return count
 
 
-def run_system(llm: mp.LLM, samples, recipe: str, policy: str) -> dict:
+def run_system(llm: mp.LLM, samples, recipe: str, policy: str, new_tokens: int = NEW_TOKENS) -> dict:
     scheduler = llm.engine.scheduler
     scheduler.config = dataclasses.replace(scheduler.config, span_policy=policy)
     llm.engine.kv.reset_prefix_cache()
     composer = mp.PromptComposer(None, llm.config.control, llm.config.cache.block_size, chat=False)
     prompts = [compose(composer, s, recipe) for s in samples]
-    params = mp.SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
+    params = mp.SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
     before = llm.stats()
     steps_before, step_time_before = llm.engine.stats.num_steps, llm.engine.stats.total_step_time
     compiles_before = num_compiles()
@@ -162,7 +162,7 @@ def run_system(llm: mp.LLM, samples, recipe: str, policy: str) -> dict:
     after = llm.stats()
     ttfts = sorted(o.metrics.ttft for o in outputs)
     num_prompt_tokens = sum(len(p) for p in prompts)
-    computed = after["num_computed_tokens"] - before["num_computed_tokens"] - len(prompts) * (NEW_TOKENS - 1)
+    computed = after["num_computed_tokens"] - before["num_computed_tokens"] - len(prompts) * (new_tokens - 1)
     return {
         "samples_per_s": len(prompts) / elapsed,
         "wall_s": elapsed,
@@ -180,6 +180,21 @@ def run_system(llm: mp.LLM, samples, recipe: str, policy: str) -> dict:
         "compiles": num_compiles() - compiles_before,
         "outputs": [o.token_ids for o in outputs],
     }
+
+
+def schedule_ceiling(llm: mp.LLM, samples, barrier: dict) -> dict:
+    """The most any span schedule (ISPS included) could gain over `barrier` on these samples.
+
+    Every schedule computes the same tokens: the prompt tokens that miss the cache and one token per new token
+    but the first. The engine's best rate of computing tokens is its prefill rate (full steps, no decode: the
+    same prompts with one new token each). So no schedule takes less than tokens / that rate, and barrier's wall
+    time over that floor bounds what overlapping spans with decodes can win."""
+    prefill = run_system(llm, samples, "block_attention", "inline", new_tokens=1)
+    rate = prefill["computed_prompt_tokens"] / prefill["wall_s"]
+    tokens = barrier["computed_prompt_tokens"] + len(samples) * (NEW_TOKENS - 1)
+    floor_s = tokens / rate
+    return {"prefill_tok_s": rate, "tokens": tokens, "floor_s": floor_s, "barrier_s": barrier["wall_s"],
+            "max_gain_over_barrier": barrier["wall_s"] / floor_s}  # fmt: skip
 
 
 def make_llm(args, model_dir, options: dict) -> mp.LLM:
@@ -237,13 +252,17 @@ def main() -> None:
                       f"{r['cached_fraction']:.2f}  {r['engine_steps']} steps of {r['step_ms']:.1f} ms, "
                       f"{r['compiles']} compiles",
                       flush=True)  # fmt: skip
+            if "barrier" in names:
+                rows[reuse]["ceiling"] = c = schedule_ceiling(llm, data[reuse], rows[reuse]["barrier"])
+                print(f"reuse {reuse}: prefill alone {c['prefill_tok_s']:.0f} tok/s; no schedule computing these "
+                      f"tokens beats barrier by more than {c['max_gain_over_barrier']:.2f}x", flush=True)
         llm.close()
         del llm
         gc.collect()
         if args.device.startswith("cuda"):
             torch.cuda.empty_cache()
     for reuse in reuses:  # the span policies schedule differently; their greedy tokens should agree
-        outs = {n: r.pop("outputs") for n, r in rows[reuse].items()}
+        outs = {n: r.pop("outputs") for n, r in rows[reuse].items() if "outputs" in r}
         spans = [outs[n] for n in ("barrier", "inline", "isps") if n in outs]
         if len(spans) > 1:
             agree = sum(len({json.dumps(o) for o in same}) == 1 for same in zip(*spans, strict=True))
@@ -285,13 +304,21 @@ def table(result: dict) -> str:
         base = systems.get("vanilla_prefix", {}).get("samples_per_s")
         barrier = systems.get("barrier", {}).get("samples_per_s")
         for name, r in systems.items():
-            if not isinstance(r, dict):
+            if not isinstance(r, dict) or name == "ceiling":
                 continue
             vs = lambda b, r=r: f"{r['samples_per_s'] / b:.2f}x" if b else "-"  # noqa: E731
             lines.append(
                 f"| {reuse} | {name} | {r['samples_per_s']:.2f} | {vs(base)} | {vs(barrier)} "
                 f"| {1e3 * r['ttft_p50_s']:.0f} | {1e3 * r['ttft_p99_s']:.0f} | {r['cached_fraction']:.2f} "
                 f"| {r['host_hit_blocks']} | {r['engine_steps']} | {r['step_ms']:.1f} | {r.get('compiles', '-')} |"
+            )
+    for reuse, systems in result["rows"].items():
+        if c := systems.get("ceiling"):
+            lines.append(
+                f"\nReuse {reuse}: the engine computes {c['tokens']:,} tokens in every schedule; at its prefill rate "
+                f"({c['prefill_tok_s']:,.0f} tok/s, the same prompts with one new token) that is {c['floor_s']:.2f} s "
+                f"against barrier's {c['barrier_s']:.2f} s: no schedule beats barrier by more than "
+                f"{c['max_gain_over_barrier']:.2f}x."
             )
     return "\n".join(lines)
 

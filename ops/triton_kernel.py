@@ -599,9 +599,10 @@ def pick_config(
     block_m = max(block_m, _next_pow2(group))
     num_splits = 1
     if is_cuda and (rows_per_seq <= 16 or short):
-        # flash-decoding: aim at ~4 programs per SM, each split keeping >= MIN_KEYS_PER_SPLIT keys
-        query_tiles = num_seqs if rows_per_seq <= 16 else num_tokens // max(block_m // group, 1) + num_seqs
-        want = 4 * _num_sms(device.index or 0) // (query_tiles * num_kv_heads)
+        # flash-decoding: aim at ~4 programs per SM, each split keeping >= MIN_KEYS_PER_SPLIT keys.
+        # NOTE: one working query tile per sequence (a short prefill's tokens fit in one), whatever the grid
+        # holds: counting its empty tiles halved the splits of a CUDA graph's padded (2, 32) bucket.
+        want = 4 * _num_sms(device.index or 0) // (num_seqs * num_kv_heads)
         want = min(want, max_context // MIN_KEYS_PER_SPLIT, MAX_SPLITS)
         num_splits = 1 << (max(want, 1).bit_length() - 1)  # largest power of two <= want
     return dict(

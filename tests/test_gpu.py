@@ -82,3 +82,41 @@ def test_host_tier_copies_and_span_policies_on_cuda_give_the_roomy_inline_tokens
     assert got == expected
     assert small.stats()["num_host_hit_blocks"] > 0
     small.engine.kv.check_integrity()
+
+
+@pytest.fixture(scope="module")
+def hybrid_gpu(tmp_path_factory):
+    from tests.hybrid_models import make_hybrid
+
+    path = tmp_path_factory.mktemp("hybrid_gpu")
+    hf = make_hybrid(path)
+    with torch.no_grad():
+        hf.lm_head.weight.normal_(0.0, 2.0)  # logits far apart: kernel rounding never flips a token
+    hf.save_pretrained(path)
+    return path, hf.to("cuda")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_hybrid_on_cuda_gives_transformers_tokens_and_resumes_from_checkpoints(hybrid_gpu, dtype):
+    """The hybrid's fla path (q, k, v in the model dtype, L2 norm and GVA in the kernel, varlen chunks and the
+    fused decode step): greedy tokens equal to transformers' `generate()` (fla too, when installed), with
+    chunked prefill and batched decode; run again, the prompts resume from checkpoints with the same tokens."""
+    path, hf = hybrid_gpu
+    hf = hf.to(getattr(torch, dtype))
+    llm = mp.LLM(str(path), device="cuda", dtype=dtype, num_blocks=128, max_model_len=512, max_num_batched_tokens=64)
+    gen = torch.Generator().manual_seed(5)
+    prefix = torch.randint(0, 256, (70,), generator=gen).tolist()
+    prompts = [prefix + torch.randint(0, 256, (n,), generator=gen).tolist() for n in (30, 3, 50)]
+    prompts += [torch.randint(0, 256, (n,), generator=gen).tolist() for n in (1, 130)]
+    params = mp.SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    again = llm.generate(prompts, params, use_tqdm=False)  # now from checkpoints
+    for token_ids, out, out2 in zip(prompts, outs, again, strict=True):
+        ids = torch.tensor([token_ids], device="cuda")
+        with torch.no_grad():
+            expected = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, do_sample=False,
+                                   eos_token_id=None, pad_token_id=0)  # fmt: skip
+        assert out.token_ids == expected[0, len(token_ids) :].tolist()
+        assert out2.token_ids == out.token_ids
+    assert sum(o.state_report.resume_position > 0 for o in again) >= 4
+    llm.engine.kv.check_integrity()

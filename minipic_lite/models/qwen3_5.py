@@ -17,6 +17,7 @@ the released multimodal layout (`model.language_model.layers...`; the vision tow
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import torch
@@ -137,12 +138,12 @@ class GatedDeltaNet(nn.Module):
         return F.silu(torch.cat(outs))
 
     def _delta_rule(self, q, k, v, g, beta, ssm_state: torch.Tensor, rec: RecurrentStep) -> torch.Tensor:
+        if rec.fla is not None:
+            return self._fla(q, k, v, g, beta, ssm_state, rec)
         if self.num_v_heads != self.num_k_heads:  # each q/k head serves consecutive value heads
             q = q.repeat_interleave(self.num_v_heads // self.num_k_heads, dim=1)
             k = k.repeat_interleave(self.num_v_heads // self.num_k_heads, dim=1)
         q, k = gdr.prepare_qk(q, k)
-        if rec.fla is not None:
-            return self._fla(q, k, v, g, beta, ssm_state, rec)
         if rec.is_decode:
             out, ssm_state[rec.slots] = gdr.recurrent_step(q, k, v, g, beta, ssm_state[rec.slots])
             return out
@@ -156,13 +157,17 @@ class GatedDeltaNet(nn.Module):
         return torch.cat(outs)
 
     def _fla(self, q, k, v, g, beta, ssm_state, rec: RecurrentStep) -> torch.Tensor:
-        """CUDA with fla installed: one varlen launch for all sequences (q, k prepared here, so no l2norm)."""
+        """CUDA with fla installed: one varlen launch for all sequences, as transformers calls it: q, k, v in
+        the model's dtype (fla's tensor-core path; a float32 input runs several times slower), q and k
+        L2-normalised in the kernel, value heads sharing q/k heads (GVA) in the kernel; the state stays float32."""
         chunk, fused = rec.fla
-        kernel = fused if rec.is_decode else chunk
-        out, final = kernel(
-            q[None], k[None], v[None].float(), g[None], beta[None].float(), scale=1.0,
-            initial_state=ssm_state[rec.slots], output_final_state=True, cu_seqlens=rec.cu_seqlens,
-        )  # fmt: skip
+        common = dict(scale=self.k_dim**-0.5, initial_state=ssm_state[rec.slots], output_final_state=True,
+                      use_qk_l2norm_in_kernel=True, cu_seqlens=rec.cu_seqlens)  # fmt: skip
+        if rec.is_decode:
+            out, final = fused(q[None], k[None], v[None], g[None], beta[None], **common)
+        else:  # the host copy of cu_seqlens spares fla a device-to-host sync
+            cu_cpu = torch.tensor([0, *itertools.accumulate(rec.query_lens)])
+            out, final = chunk(q[None], k[None], v[None], g[None], beta[None], cu_seqlens_cpu=cu_cpu, **common)
         ssm_state[rec.slots] = final.float()
         return out[0].float()
 

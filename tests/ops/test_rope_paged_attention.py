@@ -379,7 +379,11 @@ def test_pick_config_reads_a_short_prefill_over_a_long_context_like_a_decode(mon
     short = tk.pick_config(19, 1, 8, 4, 128, 16384, True, cuda, table_elem_size=2)
     assert (short["BLOCK_M"], short["NUM_SPLITS"], short["PRE_ROTATE"], short["DENSE"]) == (128, 32, False, False)
     two = tk.pick_config(40, 2, 8, 4, 128, 16384, True, cuda, table_elem_size=2)  # 80 rows per sequence
-    assert (two["BLOCK_M"], two["NUM_SPLITS"], two["DENSE"]) == (128, 16, False)
+    assert (two["BLOCK_M"], two["NUM_SPLITS"], two["DENSE"]) == (128, 32, False)
+    graphed = tk.pick_config(32, 2, 8, 4, 128, 16384, True, cuda, table_elem_size=2)  # the (2, 32) graph bucket
+    assert graphed["NUM_SPLITS"] == short["NUM_SPLITS"]  # its padding sequence's empty tiles do not count
+    eight = tk.pick_config(8 * 17, 8, 8, 4, 128, 16384, True, cuda, table_elem_size=2)
+    assert eight["NUM_SPLITS"] == 8  # 8 sequences x 8 kv heads x 8 splits: ~4 programs per SM
     long = tk.pick_config(2048, 1, 8, 4, 128, 16384, True, cuda, table_elem_size=2)
     assert long["DENSE"] and long["NUM_SPLITS"] == 1
     decode = tk.pick_config(1, 1, 8, 4, 128, 16384, True, cuda, table_elem_size=2)
