@@ -407,8 +407,8 @@ def main() -> None:
         stream_requests = request_streams(args)
         if args.build_streams_only:
             return
-        stream_requests = {k: [r[: args.max_len - 1] for r in v][: args.num_requests] for k, v in stream_requests.items()
-                           if not args.stream_names or k in args.stream_names}  # fmt: skip
+        wanted = args.stream_names or list(stream_requests)
+        stream_requests = {k: [r[: args.max_len - 1] for r in stream_requests[k]][: args.num_requests] for k in wanted}
     with tempfile.TemporaryDirectory() as tmp:
         shape = GPU_SHAPE if args.gpu else CPU_SHAPE
         model_dir = write_config(Path(tmp), shape, args.vocab_size, args.max_len, args.num_layers)

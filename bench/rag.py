@@ -254,8 +254,11 @@ def main() -> None:
                       flush=True)  # fmt: skip
             if "barrier" in names:
                 rows[reuse]["ceiling"] = c = schedule_ceiling(llm, data[reuse], rows[reuse]["barrier"])
-                print(f"reuse {reuse}: prefill alone {c['prefill_tok_s']:.0f} tok/s; no schedule computing these "
-                      f"tokens beats barrier by more than {c['max_gain_over_barrier']:.2f}x", flush=True)
+                print(
+                    f"reuse {reuse}: prefill alone {c['prefill_tok_s']:.0f} tok/s; no schedule computing these "
+                    f"tokens beats barrier by more than {c['max_gain_over_barrier']:.2f}x",
+                    flush=True,
+                )
         llm.close()
         del llm
         gc.collect()
