@@ -3,7 +3,7 @@
 # benches (Llama-3-8B shape, random bf16), each log under $OUT. Needs .whl (datasets, dill, multiprocess) and
 # bench/data (the RAG datasets, built here with `python bench/rag.py --build-only --samples 64`) carried.
 #
-#   GIT_SHA=$(git rev-parse --short HEAD) bash bench/gpu_issue10.sh [part]   part: all (default), a, b, ops or ttft
+#   GIT_SHA=$(git rev-parse --short HEAD) bash bench/gpu_issue10.sh [part]   part: all (default), a, b, ops, ttft or probe
 set -u
 cd "$(dirname "$0")/.."
 export TRITON_INTERPRET=0 PYTHONUNBUFFERED=1 GIT_SHA=${GIT_SHA:-unknown}
@@ -32,6 +32,13 @@ if [[ $part == ttft ]]; then  # the cached-prompt TTFT grid and the RAG bench, w
         --max-num-batched-tokens 8192
 fi
 RAG="python3 bench/rag.py --device cuda --llama3-8b-shape --samples 64"
+HYBRID="python3 bench/hybrid_checkpoints.py --gpu --num-layers 8 --prefill-len 2048 --decode-tokens 32"
+if [[ $part == probe ]]; then  # issue 11's fla path (tests, side by side with its profile), then issue 10's
+    step gpu_tests 170 python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider
+    step hybrid_gpu 150 $HYBRID --skip-savings --profile
+    step ttft_8x2048 70 python3 bench/ttft_spans.py --device cuda --llama3-8b-shape --doc-tokens 2048 --ks 8 --repeats 3
+    step rag_ceiling 170 $RAG --reuse 0.5 --systems barrier,isps --max-num-seqs 32 --max-num-batched-tokens 8192
+fi
 if [[ $part == all || $part == a ]]; then
     [[ ${SKIP_TESTS:-0} == 1 ]] || step gpu_tests 240 python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider
     step rag 420 $RAG --max-num-seqs 32 --max-num-batched-tokens 8192
