@@ -224,29 +224,34 @@ def side_by_side(args) -> dict:
     out["capture"] = capture_cost(engine, prompts[0])
     if args.profile:  # where each side's prefill time goes, for the gap issue 11 measured
         out["profile"] = {
-            "ours": top_kernels(lambda: engine_prefill(engine, prompts[:1]), args.device),
-            "hf": top_kernels(lambda: hf_prefill(hf, prompts[:1], args.device), args.device),
+            "ours": top_kernels(lambda: engine_prefill(engine, prompts, warm_up=False), args.device),
+            "hf": top_kernels(lambda: hf_prefill(hf, prompts, args.device, warm_up=False), args.device),
         }
     print(json.dumps(out, indent=1))
     return out
 
 
-def top_kernels(run, device: str, num: int = 15) -> list[tuple[str, int, float]]:
-    """(name, calls, self ms) of the ops or kernels that took the most time in `run()` (GPU kernels on CUDA)."""
+def top_kernels(run, device: str, num: int = 15) -> dict:
+    """The wall time of `run()` under the profiler, the busy time of the device (kernels summed; CPU: ops) and
+    the kernels (or ops) that took the most: (name, calls, self ms)."""
     from torch.profiler import ProfilerActivity, profile
 
     cuda = device.startswith("cuda")
     with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+        start = time.perf_counter()
         run()
+        wall_ms = 1e3 * (time.perf_counter() - start)
     key = "self_device_time_total" if cuda else "self_cpu_time_total"
-    events = sorted(prof.key_averages(), key=lambda e: -getattr(e, key))[:num]
-    return [(e.key[:90], e.count, getattr(e, key) / 1e3) for e in events]
+    events = sorted(prof.key_averages(), key=lambda e: -getattr(e, key))
+    return {"wall_ms": wall_ms, "busy_ms": sum(getattr(e, key) for e in events) / 1e3,
+            "num_kernels": sum(e.count for e in events if getattr(e, key) > 0),
+            "top": [(e.key[:90], e.count, getattr(e, key) / 1e3) for e in events[:num]]}  # fmt: skip
 
 
-def engine_prefill(engine, prompts) -> float:
+def engine_prefill(engine, prompts, warm_up: bool = True) -> float:
     params = mp.SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
     engine.pool.reset_prefix_cache()
-    for prompt in prompts[:1]:  # warm-up
+    for prompt in prompts[:1] if warm_up else []:
         engine.add_request(prompt, params)
     while engine.has_unfinished():
         engine.step()
@@ -262,8 +267,9 @@ def engine_prefill(engine, prompts) -> float:
 
 
 @torch.inference_mode()
-def hf_prefill(hf, prompts, device: str) -> float:
-    hf(torch.tensor([prompts[0]], device=device))  # warm-up
+def hf_prefill(hf, prompts, device: str, warm_up: bool = True) -> float:
+    if warm_up:
+        hf(torch.tensor([prompts[0]], device=device))
     sync(device)
     start = time.perf_counter()
     for prompt in prompts:
