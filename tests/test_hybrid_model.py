@@ -168,3 +168,10 @@ def test_bursts_of_decode_steps_carry_the_state(hybrid):
     bursts = _llm(path, num_scheduler_steps=4).generate(prompts, params, use_tqdm=False)
     single = _llm(path, enable_prefix_caching=False).generate(prompts, params, use_tqdm=False)
     assert [o.token_ids for o in bursts] == [o.token_ids for o in single]
+
+
+def test_fla_chunk_indices_name_each_sequences_chunks_in_order():
+    from minipic_lite.models.qwen3_5 import fla_chunk_indices
+
+    assert fla_chunk_indices([3, 64, 65, 1]) == [(0, 0), (1, 0), (2, 0), (2, 1), (3, 0)]
+    assert fla_chunk_indices([130], chunk_size=64) == [(0, 0), (0, 1), (0, 2)]

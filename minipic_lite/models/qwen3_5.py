@@ -17,7 +17,6 @@ the released multimodal layout (`model.language_model.layers...`; the vision tow
 
 from __future__ import annotations
 
-import itertools
 from pathlib import Path
 
 import torch
@@ -25,7 +24,7 @@ from safetensors import safe_open
 from torch import nn
 from torch.nn import functional as F
 
-from minipic_lite.config import ModelConfig
+from minipic_lite.config import ModelConfig, cdiv
 from minipic_lite.models import gated_delta_rule as gdr
 from minipic_lite.models.llama import MLP, CausalLM, Kernels, RMSNorm, paged_attention, write_kv
 from minipic_lite.models.step import RecurrentStep, StepMetadata
@@ -40,6 +39,16 @@ def rms_norm_1p(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tens
 
 def Norm1p(dim: int, eps: float) -> RMSNorm:  # noqa: N802 (a constructor)
     return RMSNorm(dim, eps, rms_norm_1p, init=0.0)
+
+
+FLA_CHUNK_SIZE = 64  # tokens per chunk in fla's chunked delta rule (its default)
+
+
+def fla_chunk_indices(query_lens: list[int], chunk_size: int = FLA_CHUNK_SIZE) -> list[tuple[int, int]]:
+    """(sequence, chunk) of every chunk of a varlen batch, in order: fla's `chunk_indices`. Given to fla once per
+    step, it spares each linear layer a device-to-host round trip (fla derives them from `cu_seqlens` otherwise,
+    and the copy back to the device synchronises the stream: the GPU then idles while the host launches)."""
+    return [(seq, chunk) for seq, n in enumerate(query_lens) for chunk in range(cdiv(n, chunk_size))]
 
 
 def _fla_kernels():
@@ -165,9 +174,11 @@ class GatedDeltaNet(nn.Module):
                       use_qk_l2norm_in_kernel=True, cu_seqlens=rec.cu_seqlens)  # fmt: skip
         if rec.is_decode:
             out, final = fused(q[None], k[None], v[None], g[None], beta[None], **common)
-        else:  # the host copy of cu_seqlens spares fla a device-to-host sync
-            cu_cpu = torch.tensor([0, *itertools.accumulate(rec.query_lens)])
-            out, final = chunk(q[None], k[None], v[None], g[None], beta[None], cu_seqlens_cpu=cu_cpu, **common)
+        else:
+            if rec.fla_chunks is None:  # once per step, for every linear layer
+                chunks = torch.tensor(fla_chunk_indices(rec.query_lens), dtype=torch.long)
+                rec.fla_chunks = chunks.to(q.device, non_blocking=True)
+            out, final = chunk(q[None], k[None], v[None], g[None], beta[None], chunk_indices=rec.fla_chunks, **common)
         ssm_state[rec.slots] = final.float()
         return out[0].float()
 

@@ -59,6 +59,7 @@ class RecurrentStep:
     conv: torch.Tensor  # [linear_layers, num_slots, conv_dim, kernel - 1] the last inputs of each conv
     ssm: torch.Tensor  # [linear_layers, num_slots, v_heads, k_head_dim, v_head_dim] float32
     fla: tuple | None = None  # fla's (chunk, fused_recurrent) kernels on CUDA when installed; set by the model
+    fla_chunks: torch.Tensor | None = None  # [num_chunks, 2] int64 fla's (sequence, chunk) pairs; set by the model
 
     @property
     def is_decode(self) -> bool:
