@@ -77,6 +77,15 @@ class KVCacheManager:
                 computed_here.add(block_hash)  # a later copy in this prompt waits for this one
         return kinds
 
+    def num_blocks_to_admit(self, req: Request) -> int:
+        """Blocks that admitting `req` now would take out of the free queue: all of its prompt's blocks but those
+        other requests hold (hits in use, pending)."""
+        kinds, held = self.match(req), 0
+        for kind, block_hash in zip(kinds, req.block_hashes, strict=False):
+            block_id = self.pool.peek(block_hash) if kind == HIT else None
+            held += kind == PENDING or (block_id is not None and self.pool.blocks[block_id].ref_cnt > 0)
+        return req.num_blocks_for(len(req.token_ids)) - held
+
     def allocate_prompt(self, req: Request) -> bool:
         """Give every block of the prompt (see the module doc). False, with nothing taken, if blocks are short."""
         kinds = self.match(req)
