@@ -96,3 +96,26 @@ def test_a_cache_a_few_blocks_larger_than_one_request_finishes_every_request(tin
     if host_blocks:
         assert llm.stats()["num_host_hit_blocks"] > 0
     llm.close()
+
+
+def test_copy_rerotate_under_a_cache_smaller_than_a_prompt_with_its_copy_sources_finishes(tiny_dir, expected):
+    """Copy-rerotate holds each source block while it copies it, so a prompt of documents cached at other offsets
+    can need more blocks than the cache has: it computes them again instead of waiting forever."""
+    prompts = rag_prompts()
+    num_blocks = max(-(-(len(p) + NEW_TOKENS) // B) for p in prompts) + 3
+    llm = mp.LLM(str(tiny_dir), num_blocks=num_blocks, max_model_len=num_blocks * B, position_free=False,
+                 rerotate_spans=True, **ENGINE_KWARGS)  # fmt: skip
+    engine, step, num_steps = llm.engine, llm.engine.step, []
+
+    def counted_step():
+        num_steps.append(1)
+        assert len(num_steps) <= 40 * len(prompts) * NEW_TOKENS, "no progress"
+        return step()
+
+    engine.step = counted_step
+    outs = llm.generate(prompts, PARAMS, use_tqdm=False)
+    assert [o.token_ids for o in outs] == expected
+    assert llm.stats()["num_rerotated_blocks"] > 0
+    engine.kv.check_integrity()
+    assert engine.pool.num_free_blocks == num_blocks
+    llm.close()
