@@ -42,10 +42,8 @@ fi
 if [[ $part == all || $part == a ]]; then
     [[ ${SKIP_TESTS:-0} == 1 ]] || step gpu_tests 240 python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider
     step rag 420 $RAG --max-num-seqs 32 --max-num-batched-tokens 8192
-    step offload_host 200 $RAG --systems isps --reuse 0.9 --max-num-seqs 4 --max-num-batched-tokens 4096 \
-        --max-model-len 3584 --num-blocks 240 --host-cache-gib 16 --tag=-offload-host
-    step offload_recompute 200 $RAG --systems isps --reuse 0.9 --max-num-seqs 4 --max-num-batched-tokens 4096 \
-        --max-model-len 3584 --num-blocks 240 --tag=-offload-recompute
+    # issue 10's offload comparison: host tier vs recompute vs copy-rerotate on a cache of 1/4 of the working set
+    step offload 300 $RAG --offload --reuse 0.9 --max-num-seqs 4 --max-num-batched-tokens 4096 --tag=-offload
 fi
 if [[ $part == all || $part == b ]]; then
     step ttft_grid 240 python3 bench/ttft_spans.py --device cuda --llama3-8b-shape --doc-tokens 512,1024,2048,4096 \

@@ -18,6 +18,13 @@ Systems (all samples submitted at once, offline throughput as in the MiniPIC pap
     python bench/rag.py                                        # CPU: SmolLM2, a few samples per reuse level
     python bench/rag.py --build-only --samples 256             # write the datasets (for the GPU run)
     python bench/rag.py --device cuda --llama3-8b-shape        # H200: random bf16 weights of Llama-3-8B
+    python bench/rag.py --offload --reuse 0.9                  # issue 10: host tier vs recompute vs copy-rerotate
+
+`--offload` runs three systems on one small device cache (by default a quarter of the workload's distinct
+blocks, and at least one request): ISPS with a host tier for evicted blocks (`--host-cache-gib`, default 16 GiB
+on CUDA, 1 on the CPU), ISPS that recomputes what was evicted, and copy-rerotate (rotated keys, a cached document
+at another offset copied and its keys re-rotated). It reports samples/s, the prompt share served from a cache
+and the blocks loaded from the host.
 
 Results go to bench/results/rag-<sha>-<device>.{json,md}.
 """
@@ -60,6 +67,17 @@ SYSTEMS = {  # name -> (LLM keywords, recipe, span policy)
     "isps": ({}, "block_attention", "isps"),
     "copy_rerotate": ({"position_free": False, "rerotate_spans": True}, "block_attention", "inline"),
 }
+OFFLOAD_HOST_GIB = {"cuda": 16.0, "cpu": 1.0}  # --offload's host tier when --host-cache-gib is not given
+
+
+def offload_systems(host_cache_gib: float) -> dict:
+    """--offload's systems, all on the same device cache: name -> (LLM keywords, recipe, span policy)."""
+    return {
+        "isps_host_tier": ({"host_cache_gib": host_cache_gib}, "block_attention", "isps"),
+        "isps_recompute": ({"host_cache_gib": 0.0}, "block_attention", "isps"),
+        "copy_rerotate": ({"position_free": False, "rerotate_spans": True, "host_cache_gib": 0.0},
+                          "block_attention", "inline"),
+    }  # fmt: skip
 
 
 def git_sha() -> str:
@@ -128,6 +146,30 @@ def compose(composer: mp.PromptComposer, sample: dict, recipe: str) -> mp.Prompt
     return composer.compose([*pieces, Piece(tuple(sample["question"]), marker[1], "question")], recipe)
 
 
+def num_distinct_blocks(samples, block_size: int) -> int:
+    """The workload's working set in KV blocks: distinct token blocks over its block-attention prompts."""
+    composer = mp.PromptComposer(None, CONTROL, block_size, chat=False)
+    blocks = set()
+    for sample in samples:
+        tokens = compose(composer, sample, "block_attention").token_ids
+        blocks.update(tuple(tokens[i : i + block_size]) for i in range(0, len(tokens), block_size))
+    return len(blocks)
+
+
+def size_offload_cache(args, samples, block_size: int = 16) -> None:
+    """--offload's defaults: a context that fits the longest sample, a device cache of a quarter of the working set
+    (at least one such context), a host tier of OFFLOAD_HOST_GIB."""
+    composer = mp.PromptComposer(None, CONTROL, block_size, chat=False)
+    longest = max(len(compose(composer, s, "block_attention")) for s in samples) + NEW_TOKENS
+    args.max_model_len = args.max_model_len or -(-longest // block_size) * block_size
+    working_set = num_distinct_blocks(samples, block_size)
+    args.num_blocks = args.num_blocks or max(working_set // 4, args.max_model_len // block_size)
+    args.host_cache_gib = args.host_cache_gib or OFFLOAD_HOST_GIB["cuda" if args.device.startswith("cuda") else "cpu"]
+    print(f"offload: working set {working_set} blocks, device cache {args.num_blocks} blocks "
+          f"({working_set / args.num_blocks:.1f}x smaller), max_model_len {args.max_model_len}, "
+          f"host tier {args.host_cache_gib} GiB", flush=True)  # fmt: skip
+
+
 # -- one system ---------------------------------------------------------------------------------------------
 
 
@@ -173,6 +215,7 @@ def run_system(llm: mp.LLM, samples, recipe: str, policy: str, new_tokens: int =
         "cached_fraction": 1 - computed / num_prompt_tokens,
         "preemptions": after["num_preemptions"] - before["num_preemptions"],
         "host_hit_blocks": after["num_host_hit_blocks"] - before["num_host_hit_blocks"],
+        "rerotated_blocks": after["num_rerotated_blocks"] - before["num_rerotated_blocks"],
         "engine_steps": llm.engine.stats.num_steps - steps_before,
         "step_ms": 1e3
         * (llm.engine.stats.total_step_time - step_time_before)
@@ -202,7 +245,7 @@ def make_llm(args, model_dir, options: dict) -> mp.LLM:
         model_dir, device=args.device, dtype=args.dtype, control_tokens=CONTROL, load_format=args.load_format,
         max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens, num_blocks=args.num_blocks,
-        host_cache_gib=args.host_cache_gib, **options,
+        **{"host_cache_gib": args.host_cache_gib, **options},
     )  # fmt: skip
 
 
@@ -216,9 +259,11 @@ def main() -> None:
     parser.add_argument("--systems", default=",".join(SYSTEMS))
     parser.add_argument("--max-num-seqs", type=int, default=8)
     parser.add_argument("--max-num-batched-tokens", type=int, default=512)
-    parser.add_argument("--max-model-len", type=int, default=4096)
+    parser.add_argument("--max-model-len", type=int, default=None, help="default 4096 (--offload: the longest sample)")
     parser.add_argument("--num-blocks", type=int, default=None, help="device KV blocks (default: from memory)")
     parser.add_argument("--host-cache-gib", type=float, default=0.0, help="a host tier for evicted blocks")
+    parser.add_argument("--offload", action="store_true", help="host tier vs recompute vs copy-rerotate on one "
+                        "small device cache (see the module doc); --systems is ignored")  # fmt: skip
     parser.add_argument("--tag", default="", help="appended to the result file name")
     parser.add_argument("--build-only", action="store_true")
     args = parser.parse_args()
@@ -233,23 +278,29 @@ def main() -> None:
         model_dir.mkdir()
         (model_dir / "config.json").write_text(json.dumps(LLAMA3_8B))
         model_dir, args.load_format = str(model_dir), "dummy"
-    systems = args.systems.split(",")
+    catalog = SYSTEMS
+    if args.offload:
+        size_offload_cache(args, data[reuses[0]])
+        catalog = offload_systems(args.host_cache_gib)
+    args.max_model_len = args.max_model_len or 4096
+    systems = list(catalog) if args.offload else args.systems.split(",")
     rows, result_agree = {r: {} for r in reuses}, {}
     start = time.perf_counter()
-    modes = {json.dumps(SYSTEMS[n][0], sort_keys=True) for n in systems}
+    modes = {json.dumps(catalog[n][0], sort_keys=True) for n in systems}
     for mode in sorted(modes):  # one engine per cache mode, one at a time (GPU memory)
-        names = [n for n in systems if json.dumps(SYSTEMS[n][0], sort_keys=True) == mode]
+        names = [n for n in systems if json.dumps(catalog[n][0], sort_keys=True) == mode]
         llm = make_llm(args, model_dir, json.loads(mode))
         for name in names:  # warm-up: compile and autotune every shape class the timed runs will meet
             warm = min(8 if args.device.startswith("cuda") else 2, args.samples)
-            run_system(llm, data[reuses[0]].select(range(warm)), *SYSTEMS[name][1:])
+            run_system(llm, data[reuses[0]].select(range(warm)), *catalog[name][1:])
         for reuse in reuses:
             for name in names:
-                _, recipe, policy = SYSTEMS[name]
+                _, recipe, policy = catalog[name]
                 rows[reuse][name] = r = run_system(llm, data[reuse], recipe, policy)
                 print(f"reuse {reuse}: {name:15s} {r['samples_per_s']:7.2f} samples/s  ttft p50 "
                       f"{1e3 * r['ttft_p50_s']:8.1f} ms p99 {1e3 * r['ttft_p99_s']:8.1f} ms  cached "
-                      f"{r['cached_fraction']:.2f}  {r['engine_steps']} steps of {r['step_ms']:.1f} ms, "
+                      f"{r['cached_fraction']:.2f}  host hits {r['host_hit_blocks']}  {r['engine_steps']} steps of "
+                      f"{r['step_ms']:.1f} ms, "
                       f"{r['compiles']} compiles",
                       flush=True)  # fmt: skip
             if "barrier" in names:
@@ -266,10 +317,11 @@ def main() -> None:
             torch.cuda.empty_cache()
     for reuse in reuses:  # the span policies schedule differently; their greedy tokens should agree
         outs = {n: r.pop("outputs") for n, r in rows[reuse].items() if "outputs" in r}
-        spans = [outs[n] for n in ("barrier", "inline", "isps") if n in outs]
+        same = ("isps_host_tier", "isps_recompute") if args.offload else ("barrier", "inline", "isps")
+        spans = [outs[n] for n in same if n in outs]
         if len(spans) > 1:
             agree = sum(len({json.dumps(o) for o in same}) == 1 for same in zip(*spans, strict=True))
-            print(f"reuse {reuse}: span policies give equal greedy tokens for {agree}/{len(spans[0])} samples")
+            print(f"reuse {reuse}: {', '.join(same)} give equal greedy tokens for {agree}/{len(spans[0])} samples")
             result_agree[reuse] = agree / len(spans[0])
     device = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"cpu ({os.cpu_count()} cores)"
     result = {
@@ -279,7 +331,7 @@ def main() -> None:
         "new_tokens": NEW_TOKENS, "passages": NUM_PASSAGES, "passage_tokens": PASSAGE_TOKENS,
         "wall_s": time.perf_counter() - start, "load_average": os.getloadavg(), "rows": rows,
         "span_policies_same_tokens": result_agree, "num_blocks": args.num_blocks,
-        "host_cache_gib": args.host_cache_gib,
+        "host_cache_gib": args.host_cache_gib, "offload": args.offload, "max_model_len": args.max_model_len,
     }  # fmt: skip
     md = table(result)
     print("\n" + md)
@@ -299,12 +351,13 @@ def table(result: dict) -> str:
         "",
         f"Device KV blocks: {result['num_blocks'] or 'from memory'}; host tier: {result['host_cache_gib']} GiB.",
         "",
-        "| reuse | system | samples/s | vs vanilla | vs barrier | TTFT p50 (ms) | TTFT p99 (ms) | prompt cached "
-        "| host hit blocks | engine steps | ms / step | compiles in the run |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| reuse | system | samples/s | vs vanilla (offload: vs recompute) | vs barrier | TTFT p50 (ms) "
+        "| TTFT p99 (ms) | prompt cached "
+        "| host hit blocks | rerotated blocks | engine steps | ms / step | compiles in the run |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for reuse, systems in result["rows"].items():
-        base = systems.get("vanilla_prefix", {}).get("samples_per_s")
+        base = systems.get("vanilla_prefix", systems.get("isps_recompute", {})).get("samples_per_s")
         barrier = systems.get("barrier", {}).get("samples_per_s")
         for name, r in systems.items():
             if not isinstance(r, dict) or name == "ceiling":
@@ -313,7 +366,8 @@ def table(result: dict) -> str:
             lines.append(
                 f"| {reuse} | {name} | {r['samples_per_s']:.2f} | {vs(base)} | {vs(barrier)} "
                 f"| {1e3 * r['ttft_p50_s']:.0f} | {1e3 * r['ttft_p99_s']:.0f} | {r['cached_fraction']:.2f} "
-                f"| {r['host_hit_blocks']} | {r['engine_steps']} | {r['step_ms']:.1f} | {r.get('compiles', '-')} |"
+                f"| {r['host_hit_blocks']} | {r.get('rerotated_blocks', '-')} | {r['engine_steps']} "
+                f"| {r['step_ms']:.1f} | {r.get('compiles', '-')} |"
             )
     for reuse, systems in result["rows"].items():
         if c := systems.get("ceiling"):

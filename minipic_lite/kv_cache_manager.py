@@ -77,6 +77,15 @@ class KVCacheManager:
                 computed_here.add(block_hash)  # a later copy in this prompt waits for this one
         return kinds
 
+    def num_blocks_to_admit(self, req: Request) -> int:
+        """Blocks that admitting `req` now would take out of the free queue: all of its prompt's blocks but those
+        other requests hold (hits in use, pending)."""
+        kinds, held = self.match(req), 0
+        for kind, block_hash in zip(kinds, req.block_hashes, strict=False):
+            block_id = self.pool.peek(block_hash) if kind == HIT else None
+            held += kind == PENDING or (block_id is not None and self.pool.blocks[block_id].ref_cnt > 0)
+        return req.num_blocks_for(len(req.token_ids)) - held
+
     def allocate_prompt(self, req: Request) -> bool:
         """Give every block of the prompt (see the module doc). False, with nothing taken, if blocks are short."""
         kinds = self.match(req)
@@ -87,12 +96,14 @@ class KVCacheManager:
             kinds = kinds[: resume // req.block_size]  # NOTE: past it, every block is computed again
         num_blocks = req.num_blocks_for(len(req.token_ids))
         found = [self.pool.lookup(block_hash) for block_hash in hashes[: len(kinds)]]  # NOTE: counts the lookups
-        hits = {i: block_id for i, block_id in enumerate(found) if kinds[i] == HIT}
-        sources = {i: found[i] for i, kind in enumerate(kinds) if kind == REROTATE}
-        # NOTE: hits and copy sources leave the free queue while this admission allocates its fresh blocks
-        num_taken_free = sum(self.pool.blocks[b].ref_cnt == 0 for b in {*hits.values(), *sources.values()})
-        num_shared = len(hits) + kinds.count(PENDING)
-        if not self.pool.can_allocate(num_blocks - num_shared + num_taken_free):
+        hits, sources, num_to_take = self._plan_admission(kinds, found, num_blocks)
+        if num_to_take > self.pool.num_blocks:
+            # NOTE: a copy holds its source until the forward, so a prompt of documents cached at other offsets
+            # can need more blocks than the whole cache: it would wait forever. Computing them again fits any
+            # cache that holds the request.
+            kinds = [MISS if kind == REROTATE else kind for kind in kinds]
+            hits, sources, num_to_take = self._plan_admission(kinds, found, num_blocks)
+        if not self.pool.can_allocate(num_to_take):
             return False
         req.block_table, req.cached_block_ids, req.waiting_blocks = [], set(), set()
         if self.host is not None:  # NOTE: evictions by this admission must not take the slots it loads from
@@ -133,6 +144,16 @@ class KVCacheManager:
         if self.states is not None:
             self.states.attach(req, resume)
         return True
+
+    def _plan_admission(self, kinds: list[str], found: list[int | None], num_blocks: int):
+        """Hits and copy sources (logical block -> block id), and how many blocks the admission takes out of the
+        free queue: fresh ones, and hits and sources that sit there."""
+        hits = {i: block_id for i, block_id in enumerate(found) if kinds[i] == HIT}
+        sources = {i: found[i] for i, kind in enumerate(kinds) if kind == REROTATE}
+        # NOTE: hits and copy sources leave the free queue while this admission allocates its fresh blocks
+        num_taken_free = sum(self.pool.blocks[b].ref_cnt == 0 for b in {*hits.values(), *sources.values()})
+        num_shared = len(hits) + kinds.count(PENDING)
+        return hits, sources, num_blocks - num_shared + num_taken_free
 
     # -- growth, publishing, freeing -----------------------------------------------------------------------
 

@@ -173,7 +173,7 @@ class Scheduler:
         cache holds at once, would be evicted before their final uses them, and be computed again."""
         room, chosen = self.kv.num_free_blocks, []
         for req in islice(self.waiting, self.config.max_num_seqs):
-            room -= req.num_blocks_for(len(req.token_ids))
+            room -= self.kv.num_blocks_to_admit(req)
             if room < 0:
                 break
             chosen.append(req)

@@ -292,14 +292,29 @@ def test_a_span_hit_at_another_offset_is_a_rotated_private_copy_and_at_the_same_
 
 
 def test_rerotate_admission_counts_the_copy_sources_it_takes_out_of_the_free_queue():
-    kv = KVCacheManager(6, rerotate=True)
+    kv = KVCacheManager(7, rerotate=True)
     a = request("a", [20, 21, 22, PAD] + DOC + [P, 60, 61])  # 4 blocks: the document's 2 end up free, cached
     assert kv.allocate_prompt(a)
     kv.publish(a, 15)
     kv.free(a)
+    held = request("held", [50, 51])
+    assert kv.allocate_prompt(held)  # one block in use: 6 free
     b = request("b", [25, 26, 27, 28, 29, 30, 31, PAD] + DOC + [P, 60, 62])  # 5 blocks, 2 of them copies
-    # 6 free blocks, but the 2 copy sources must stay intact while b takes its 5 fresh blocks: not enough
+    # 6 free blocks, but the 2 copy sources must stay intact while b takes its 5 fresh blocks: not enough yet
     assert not kv.allocate_prompt(b) and kv.num_free_blocks == 6 and kv.take_copies() == []
+    kv.check_integrity()
+
+
+def test_rerotate_computes_the_blocks_again_when_copies_and_sources_never_fit_in_the_cache():
+    kv = KVCacheManager(6, rerotate=True)
+    a = request("a", [20, 21, 22, PAD] + DOC + [P, 60, 61])
+    assert kv.allocate_prompt(a)
+    kv.publish(a, 15)
+    kv.free(a)
+    b = request("b", [25, 26, 27, 28, 29, 30, 31, PAD] + DOC + [P, 60, 62])
+    # 5 fresh blocks + 2 sources > 6 blocks in all: waiting could never end, so the document is computed again
+    assert kv.allocate_prompt(b) and b.cached_block_ids == set() and kv.take_copies() == []
+    assert kv.num_free_blocks == 1
     kv.check_integrity()
 
 
