@@ -60,11 +60,14 @@ Example (block_size 4, S = SSEP, P = PDEP, _ = pad)::
 from __future__ import annotations
 
 import enum
+import hashlib
+import threading
+from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-from minipic_lite.config import ControlTokens
-from minipic_lite.hashing import TOKEN_BYTES, BlockHash, hash_block_bytes, token_bytes
+from minipic_lite.config import SPAN_HASH_MEMO_BLOCKS, ControlTokens
+from minipic_lite.hashing import TOKEN_BYTES, BlockHash, chain_hashes_bytes, hash_block_bytes, token_bytes
 
 
 class SegmentKind(str, enum.Enum):
@@ -191,21 +194,94 @@ def block_hashes(
     markers: Mapping[int, SegmentKind] | None = None,
     state: HashState | None = None,
     first_block: int = 0,
+    memo: SpanHashMemo | None = None,
 ) -> tuple[list[BlockHash], HashState]:
     """Hashes of the full blocks of `token_ids` (a partial tail gets none), and the state after the last one.
 
     `token_ids` start at logical block `first_block`, continuing from `state` (None: the root), so a growing
     sequence hashes its new blocks incrementally. `markers` maps a logical block index to its marker kind
-    (`marker_blocks`); blocks not in it continue their segment's chain (generated tokens always do).
+    (`marker_blocks`); blocks not in it continue their segment's chain (generated tokens always do). `memo`
+    remembers the chains of SSEP spans seen before (the hashes are the same with or without it).
+
+    Exactly `next_block_hash` block after block, computed chain by chain: the digest chain d over every block,
+    then each run of blocks from one marker to the next takes its h from what `next_block_hash` would:
+
+        run opened by      h of its blocks
+        SSEP               chain_hashes(root, run)         (the same in every prompt: what `memo` remembers)
+        PDEP               d of its blocks                 (h_b = d_b, and h stays equal to d)
+        nothing (first)    d, if h == d at its start; else chain_hashes(h, run)   (a continued SSEP span)
     """
     state = state or HashState(root, root)
-    markers = markers or {}
-    data, width = token_bytes(token_ids), block_size * TOKEN_BYTES  # NOTE: one conversion for all blocks
-    hashes = []
-    for b, start in enumerate(range(0, len(data) - width + 1, width), start=first_block):
-        block_hash, state = next_block_hash(state, root, data[start : start + width], markers.get(b))
-        hashes.append(block_hash)
-    return hashes, state
+    width, num_blocks = block_size * TOKEN_BYTES, len(token_ids) // block_size
+    if num_blocks == 0:
+        return [], state
+    data = token_bytes(token_ids[: num_blocks * block_size])  # NOTE: one conversion for all blocks
+    digests = chain_hashes_bytes(state.digest, data, width)  # d_b for every block
+    hashes: list[BlockHash] = []
+    for start, end, kind in marker_runs(markers or {}, first_block, num_blocks):
+        run = data[start * width : end * width]
+        parent, digest = (hashes[-1], digests[start - 1]) if start else (state.parent, state.digest)
+        if kind is SegmentKind.SSEP:
+            hashes += memo.chain(root, run, width) if memo is not None else chain_hashes_bytes(root, run, width)
+        elif kind is SegmentKind.PDEP or parent == digest:
+            hashes += digests[start:end]  # NOTE: h == d after a PDEP block, and only a marker parts them again
+        else:
+            hashes += chain_hashes_bytes(parent, run, width)
+    return hashes, HashState(hashes[-1], digests[-1])
+
+
+def marker_runs(
+    markers: Mapping[int, SegmentKind], first_block: int, num_blocks: int
+) -> list[tuple[int, int, SegmentKind | None]]:
+    """The blocks [first_block, first_block + num_blocks) cut at marker blocks: (start, end, marker of the first
+    block or None), as indices relative to `first_block`, in order."""
+    starts = sorted(b - first_block for b in markers if first_block <= b < first_block + num_blocks)
+    if not starts or starts[0] > 0:
+        starts.insert(0, 0)
+    ends = [*starts[1:], num_blocks]
+    return [(start, end, markers.get(start + first_block)) for start, end in zip(starts, ends, strict=True)]
+
+
+class SpanHashMemo:
+    """The chained hashes of SSEP spans by content: `chain(root, run, width)` is `hashing.chain_hashes_bytes`.
+
+    An SSEP span restarts the chain at the root, so its hashes depend on its tokens alone, and a cached span is
+    hashed again in every prompt that uses it: ~1 us per block, most of a cached prompt's host time. The memo
+    keys a run of blocks by one sha256 of its bytes (one call for the run) and keeps the most recently used
+    runs, at most `max_blocks` hashes in all. Safe from any thread (requests are built in callers' threads).
+    """
+
+    def __init__(self, max_blocks: int = SPAN_HASH_MEMO_BLOCKS):
+        self.max_blocks = max_blocks
+        self._chains: OrderedDict[bytes, list[BlockHash]] = OrderedDict()  # LRU order: oldest first
+        self._num_blocks = 0
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._chains)
+
+    @property
+    def num_blocks(self) -> int:
+        return self._num_blocks
+
+    def chain(self, root: BlockHash, data: bytes, width: int) -> list[BlockHash]:
+        if len(data) < 2 * width:  # NOTE: one block: its key would cost what its hash does
+            return chain_hashes_bytes(root, data, width)
+        key = hashlib.sha256(root + width.to_bytes(4, "little") + data).digest()
+        with self._lock:
+            hashes = self._chains.get(key)
+            if hashes is not None:
+                self._chains.move_to_end(key)
+                return hashes
+        hashes = chain_hashes_bytes(root, data, width)
+        if len(hashes) <= self.max_blocks:
+            with self._lock:
+                if key not in self._chains:
+                    self._chains[key] = hashes
+                    self._num_blocks += len(hashes)
+                while self._num_blocks > self.max_blocks:
+                    self._num_blocks -= len(self._chains.popitem(last=False)[1])
+        return hashes
 
 
 @dataclass(frozen=True, slots=True)
