@@ -167,7 +167,7 @@ def main() -> None:
         print(f"  {name:<9} {1e3 * statistics.median(values):8.3f}   (min {1e3 * min(values):.3f})")
     if profiler:
         s = io.StringIO()
-        pstats.Stats(profiler, stream=s).sort_stats("tottime").print_stats(25)
+        pstats.Stats(profiler, stream=s).sort_stats("tottime").print_stats(40)
         print(s.getvalue())
 
 
