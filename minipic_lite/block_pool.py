@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from itertools import compress
+from operator import ne
 
 from minipic_lite.hashing import BlockHash
 
@@ -92,9 +94,8 @@ class BlockPool:
             block.ref_cnt += 1
 
     def num_free_among(self, block_ids: Iterable[int]) -> int:
-        """How many of these (distinct) blocks sit in the free queue."""
-        blocks = self.blocks
-        return sum(blocks[block_id].ref_cnt == 0 for block_id in block_ids)
+        """How many of these blocks sit in the free queue (those of ref 0)."""
+        return len(self.free_queue.keys() & set(block_ids))
 
     def allocate(self) -> int:
         """A fresh block (ref 1, no hash): the least recently freed one, whose old hash is forgotten."""
@@ -137,7 +138,10 @@ class BlockPool:
     def cache_many(self, block_ids: Iterable[int], block_hashes: Iterable[BlockHash]) -> None:
         """`cache` each block under its hash, in order."""
         blocks, hash_to_block = self.blocks, self.hash_to_block
-        for block_id, block_hash in zip(block_ids, block_hashes, strict=True):
+        block_ids, block_hashes = list(block_ids), list(block_hashes)
+        # NOTE: a block already published under its hash (a hit) is left alone, as cache() would; found in C
+        published = map(ne, map(hash_to_block.get, block_hashes), block_ids)
+        for block_id, block_hash in compress(zip(block_ids, block_hashes, strict=True), published):
             block = blocks[block_id]
             if block.block_hash is None and block_hash not in hash_to_block:
                 block.block_hash = block_hash

@@ -31,9 +31,9 @@ from minipic_lite.state_cache import StateCache, StateOps
 HIT, PENDING, HOST, MISS, REROTATE = "hit", "pending", "host", "miss", "rerotate"
 
 
-def where(kinds: list[str], kind: str) -> list[int]:
-    """The indices of `kind` in `kinds`, in order."""
-    return list(compress(range(len(kinds)), map(kind.__eq__, kinds)))
+def blocks_of_kind(kinds: list[str], kind: str, found: list[int | None]) -> dict[int, int]:
+    """{i: found[i]} for every block i of `kind`, in order (in one C-level pass: a prompt has a thousand)."""
+    return dict(compress(enumerate(found), map(kind.__eq__, kinds)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,8 +96,7 @@ class KVCacheManager:
             kinds = kinds[: resume // req.block_size]  # NOTE: past it, every block is computed again
         num_blocks = req.num_blocks_for(len(req.token_ids))
         found = self.pool.lookup_many(hashes[: len(kinds)])  # NOTE: counts the lookups
-        hits = {i: found[i] for i in where(kinds, HIT)}
-        sources = {i: found[i] for i in where(kinds, REROTATE)}
+        hits, sources = blocks_of_kind(kinds, HIT, found), blocks_of_kind(kinds, REROTATE, found)
         # NOTE: hits and copy sources leave the free queue while this admission allocates its fresh blocks
         num_taken_free = self.pool.num_free_among({*hits.values(), *sources.values()})
         num_shared = len(hits) + kinds.count(PENDING)
@@ -166,9 +165,10 @@ class KVCacheManager:
             for i in range(first, num_full) if self.rerotate else ():
                 if self.pool.peek(req.block_hashes[i]) == req.block_table[i]:
                     self.block_start[req.block_table[i]] = i * req.block_size
-            for i in range(first, num_full) if self.pending else ():  # NOTE: only blocks it computes are pending
+            computed = sorted(set(range(first, num_full)) - req.cached_block_ids) if self.pending else ()
+            for i in computed:  # NOTE: only blocks it computes can be pending on it (a cached prompt has few)
                 block_hash = req.block_hashes[i]
-                if self.pending.get(block_hash, (None, None))[1] is req and i not in req.cached_block_ids:
+                if self.pending.get(block_hash, (None, None))[1] is req:
                     del self.pending[block_hash]
                     for waiter, block in self.waiters.pop(block_hash, []):
                         waiter.waiting_blocks.discard(block)
