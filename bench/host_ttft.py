@@ -4,6 +4,7 @@ A tiny random Llama on the CPU (its forward is cheap, so what is left is host wo
 heaviest cached row: a block_attention prompt of `--docs` documents of `--doc-tokens` tokens, each cached
 before as an SSEP span on its own, then [PDEP question] with a new question every run (so, as on the GPU, the
 question's block is computed and everything else hits: 8 x 2048 gives 16,561 tokens, 17 computed).
+`--shuffle` puts the documents in another order every run (the same spans after other prefixes).
 
 The engine is driven directly (no loop thread), one request at a time, and its methods are timed where they
 are called, so the sections are the engine's own code:
@@ -20,6 +21,7 @@ are called, so the sections are the engine's own code:
 Each figure is the median over `--runs` runs.
 
     PYTHONPATH=. python bench/host_ttft.py                   # 8 x 2048, 30 runs
+    PYTHONPATH=. python bench/host_ttft.py --shuffle         # the documents in another order every run
     PYTHONPATH=. python bench/host_ttft.py --profile         # and a cProfile of the runs (top functions)
 """
 
@@ -31,6 +33,7 @@ import functools
 import io
 import json
 import pstats
+import random
 import statistics
 import tempfile
 import time
@@ -112,8 +115,8 @@ def req_time(req, start: float, t: dict) -> float:
     return made - req.arrival_time
 
 
-def prompts(composer: PromptComposer, num_docs: int, doc_tokens: int, num_runs: int):
-    g = torch.Generator().manual_seed(0)
+def prompts(composer: PromptComposer, num_docs: int, doc_tokens: int, num_runs: int, shuffle: bool = False):
+    g, rng = torch.Generator().manual_seed(0), random.Random(0)
     docs = [tuple(torch.randint(100, 40000, (doc_tokens,), generator=g).tolist()) for _ in range(num_docs)]
     system = Piece(tuple(range(100, 132)), label="system")
     spans = [composer.compose([Piece(d, SegmentKind.SSEP)], "block_attention", pad_end=True) for d in docs]
@@ -121,7 +124,8 @@ def prompts(composer: PromptComposer, num_docs: int, doc_tokens: int, num_runs: 
     finals = []
     for run in range(num_runs):
         question = Piece(tuple(range(1000 + 16 * run, 1016 + 16 * run)), SegmentKind.PDEP, "question")
-        pieces = [system, *(Piece(d, SegmentKind.SSEP) for d in docs), question]
+        order = rng.sample(docs, len(docs)) if shuffle else docs
+        pieces = [system, *(Piece(d, SegmentKind.SSEP) for d in order), question]
         finals.append(composer.compose(pieces, "block_attention"))
     return spans, finals
 
@@ -131,13 +135,14 @@ def main() -> None:
     parser.add_argument("--docs", type=int, default=8)
     parser.add_argument("--doc-tokens", type=int, default=2048)
     parser.add_argument("--runs", type=int, default=30)
+    parser.add_argument("--shuffle", action="store_true", help="the documents in another order every run")
     parser.add_argument("--profile", action="store_true", help="print a cProfile of the measured runs")
     args = parser.parse_args()
     torch.set_num_threads(1)
 
     engine = build_engine(args.docs * (args.doc_tokens + 32) + 256)
     composer = PromptComposer(None, CONTROL, engine.config.cache.block_size, chat=False)
-    spans, finals = prompts(composer, args.docs, args.doc_tokens, args.runs + 3)
+    spans, finals = prompts(composer, args.docs, args.doc_tokens, args.runs + 3, args.shuffle)
     for prompt in spans:  # the documents cached as spans, and the system turn
         engine.add(engine.make_request(list(prompt.token_ids), ONE_TOKEN, require_spans=True))
     while engine.has_unfinished():

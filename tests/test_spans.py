@@ -254,17 +254,21 @@ def test_block_hashes_of_a_known_prompt():
     assert d1 != h1
 
 
-def test_span_hash_memo_keeps_the_most_recent_spans_up_to_its_block_budget():
+def test_span_hash_memo_keeps_the_most_recent_chains_up_to_its_block_budget():
     memo, width = SpanHashMemo(max_blocks=5), B * 8
     a, b, c = (token_bytes(list(range(start, start + 2 * B))) for start in (0, 100, 200))  # 2 blocks each
+
+    def chain(parent, run):
+        return memo.chain(parent, run, width, memo.run_key(run, width))
+
     for data in (a, b, a, c):  # a is used again before c comes: b is the oldest when c needs room
-        assert memo.chain(ROOT, data, width) == chain_hashes_bytes(ROOT, data, width)
+        assert chain(ROOT, data) == chain_hashes_bytes(ROOT, data, width)
     assert len(memo) == 2 and memo.num_blocks == 4
-    keys = list(memo._chains)
-    assert memo.chain(ROOT, a, width) is memo._chains[keys[0]]  # a is kept, and served from the memo
-    one_block = token_bytes(list(range(B)))
-    assert memo.chain(ROOT, one_block, width) == [hash_block_bytes(ROOT, one_block)] and len(memo) == 2
-    assert memo.chain(root_hash("other"), a, width) == chain_hashes_bytes(root_hash("other"), a, width)
+    kept = list(memo._chains.values())
+    assert chain(ROOT, a) is kept[0] and list(memo._chains.values()) == kept[::-1]  # served, now the newest
+    other = root_hash("other")  # the same run after another parent: another chain
+    assert chain(other, a) == chain_hashes_bytes(other, a, width) != chain(ROOT, a)
+    assert memo.run_key(token_bytes(list(range(B))), width) is None  # one block: hashed, never remembered
 
 
 # -- per-block reuse of spans in the scheduler ---------------------------------------------------------------
