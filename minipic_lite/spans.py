@@ -227,9 +227,7 @@ def block_hashes(
     for start, end, kind in marker_runs(markers or {}, first_block, num_blocks):
         run = data[start * width : end * width]
         key = memo.run_key(run, width) if memo is not None else None
-        chain = functools.partial(memo.chain, run=run, width=width, key=key) if key else functools.partial(
-            chain_hashes_bytes, data=run, width=width
-        )
+        chain = functools.partial(run_chain, memo, run=run, width=width, key=key)
         parent, digest = (hashes[-1], digests[-1]) if start else (state.parent, state.digest)
         digests += chain(digest)  # d_b = H(d_{b-1}, x_b)
         if kind is SegmentKind.SSEP:
@@ -239,6 +237,11 @@ def block_hashes(
         else:
             hashes += chain(parent)
     return hashes, HashState(hashes[-1], digests[-1])
+
+
+def run_chain(memo: SpanHashMemo | None, parent: BlockHash, run: bytes, width: int, key: bytes | None):
+    """The chain of `run` after `parent`: from `memo` where the run has a key there, else hashed."""
+    return memo.chain(parent, run, width, key) if key else chain_hashes_bytes(parent, run, width)
 
 
 def marker_runs(
