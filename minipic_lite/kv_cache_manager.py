@@ -96,7 +96,8 @@ class KVCacheManager:
             kinds = kinds[: resume // req.block_size]  # NOTE: past it, every block is computed again
         num_blocks = req.num_blocks_for(len(req.token_ids))
         found = self.pool.lookup_many(hashes[: len(kinds)])  # NOTE: counts the lookups
-        hits, sources = blocks_of_kind(kinds, HIT, found), blocks_of_kind(kinds, REROTATE, found)
+        hits = blocks_of_kind(kinds, HIT, found)
+        sources = blocks_of_kind(kinds, REROTATE, found) if self.rerotate else {}
         # NOTE: hits and copy sources leave the free queue while this admission allocates its fresh blocks
         num_taken_free = self.pool.num_free_among({*hits.values(), *sources.values()})
         num_shared = len(hits) + kinds.count(PENDING)
