@@ -18,7 +18,8 @@ are called, so the sections are the engine's own code:
     post           postprocess, stop checks, the output (the rest of LLMEngine.step)
     host           ttft - forward: everything the TTFT holds besides the forward
 
-Each figure is the median over `--runs` runs.
+Each figure is the median over `--runs` runs (and the minimum: the machine may be shared). Results go to
+bench/results/host_ttft-<sha>-cpu[-shuffle].json.
 
     PYTHONPATH=. python bench/host_ttft.py                   # 8 x 2048, 30 runs
     PYTHONPATH=. python bench/host_ttft.py --shuffle         # the documents in another order every run
@@ -32,6 +33,7 @@ import cProfile
 import functools
 import io
 import json
+import os
 import pstats
 import random
 import statistics
@@ -130,6 +132,31 @@ def prompts(composer: PromptComposer, num_docs: int, doc_tokens: int, num_runs: 
     return spans, finals
 
 
+def save(args, medians: dict, minima: dict, num_tokens: int, num_computed: float) -> None:
+    from ttft_spans import RESULTS, git_is_dirty, git_sha  # bench/ttft_spans.py, beside this file
+
+    sha = os.environ.get("GIT_SHA") or git_sha()
+    result = {
+        "bench": "host_ttft",
+        "git_sha": sha,
+        "git_dirty": git_is_dirty(),
+        "device": f"cpu ({os.cpu_count()} cores)",
+        "docs": args.docs,
+        "doc_tokens": args.doc_tokens,
+        "shuffle": args.shuffle,
+        "runs": args.runs,
+        "num_tokens": num_tokens,
+        "num_computed_tokens": num_computed,
+        "load_average": os.getloadavg(),
+        "median_s": medians,
+        "min_s": minima,
+    }
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"host_ttft-{sha}-cpu{'-shuffle' if args.shuffle else ''}.json"
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"saved {path}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--docs", type=int, default=8)
@@ -167,9 +194,10 @@ def main() -> None:
     n, computed = len(finals[-1]), engine.stats.num_computed_tokens - num_computed_before
     print(f"{args.docs} x {args.doc_tokens} cached: prompts of {n} tokens, {computed / len(rows):.0f} computed each;")
     print(f"median of {len(rows)} runs (ms):")
+    medians = {name: statistics.median(r[name] for r in rows) for name in SECTIONS}
     for name in SECTIONS:
-        values = [r[name] for r in rows]
-        print(f"  {name:<9} {1e3 * statistics.median(values):8.3f}   (min {1e3 * min(values):.3f})")
+        print(f"  {name:<9} {1e3 * medians[name]:8.3f}   (min {1e3 * min(r[name] for r in rows):.3f})")
+    save(args, medians, {name: min(r[name] for r in rows) for name in SECTIONS}, n, computed / len(rows))
     if profiler:
         s = io.StringIO()
         pstats.Stats(profiler, stream=s).sort_stats("tottime").print_stats(40)
