@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from itertools import compress
+from operator import ne
 
 from minipic_lite.hashing import BlockHash
 
@@ -64,12 +66,36 @@ class BlockPool:
         """`lookup` without counting it (planning, not admission)."""
         return self.hash_to_block.get(block_hash)
 
+    def lookup_many(self, block_hashes: Iterable[BlockHash]) -> list[int | None]:
+        """`lookup` of each hash, counted as one lookup each (a prompt's thousand blocks in one call)."""
+        found = list(map(self.hash_to_block.get, block_hashes))
+        self.num_lookups += len(found)
+        self.num_hits += len(found) - found.count(None)
+        return found
+
+    def peek_many(self, block_hashes: Iterable[BlockHash]) -> list[int | None]:
+        """`peek` of each hash."""
+        return list(map(self.hash_to_block.get, block_hashes))
+
     def touch(self, block_id: int) -> None:
         """Take one more reference to a (cached) block, pulling it out of the free queue."""
         block = self.blocks[block_id]
         if block.ref_cnt == 0:
             del self.free_queue[block_id]
         block.ref_cnt += 1
+
+    def touch_many(self, block_ids: Iterable[int]) -> None:
+        """`touch` each block, in order."""
+        blocks, free_queue = self.blocks, self.free_queue
+        for block_id in block_ids:
+            block = blocks[block_id]
+            if block.ref_cnt == 0:
+                del free_queue[block_id]
+            block.ref_cnt += 1
+
+    def num_free_among(self, block_ids: Iterable[int]) -> int:
+        """How many of these blocks sit in the free queue (those of ref 0)."""
+        return len(self.free_queue.keys() & set(block_ids))
 
     def allocate(self) -> int:
         """A fresh block (ref 1, no hash): the least recently freed one, whose old hash is forgotten."""
@@ -92,13 +118,14 @@ class BlockPool:
 
     def free(self, block_ids: Iterable[int]) -> None:
         """Drop one reference each; blocks that reach 0 join the free queue's tail in the given order."""
+        blocks, free_queue = self.blocks, self.free_queue
         for block_id in block_ids:
-            block = self.blocks[block_id]
+            block = blocks[block_id]
             if block.ref_cnt <= 0:
                 raise RuntimeError(f"double free of block {block_id}")
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
-                self.free_queue[block_id] = None
+                free_queue[block_id] = None
 
     def cache(self, block_id: int, block_hash: BlockHash) -> None:
         """Publish a full, computed block under its hash. A hash already published keeps its block."""
@@ -107,6 +134,18 @@ class BlockPool:
             return
         block.block_hash = block_hash
         self.hash_to_block[block_hash] = block_id
+
+    def cache_many(self, block_ids: Iterable[int], block_hashes: Iterable[BlockHash]) -> None:
+        """`cache` each block under its hash, in order."""
+        blocks, hash_to_block = self.blocks, self.hash_to_block
+        block_ids, block_hashes = list(block_ids), list(block_hashes)
+        # NOTE: a block already published under its hash (a hit) is left alone, as cache() would; found in C
+        published = map(ne, map(hash_to_block.get, block_hashes), block_ids)
+        for block_id, block_hash in compress(zip(block_ids, block_hashes, strict=True), published):
+            block = blocks[block_id]
+            if block.block_hash is None and block_hash not in hash_to_block:
+                block.block_hash = block_hash
+                hash_to_block[block_hash] = block_id
 
     def reset_prefix_cache(self) -> None:
         """Forget every hash (blocks in use keep their contents and refs)."""

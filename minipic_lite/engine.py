@@ -24,7 +24,7 @@ from minipic_lite.outputs import RequestMetrics, RequestOutput
 from minipic_lite.request import Request
 from minipic_lite.sampling_params import SamplingParams
 from minipic_lite.scheduler import Scheduler, SchedulerOutput
-from minipic_lite.spans import SpanLayout, span_layout
+from minipic_lite.spans import SpanHashMemo, SpanLayout, span_layout
 from minipic_lite.state_cache import StateCache
 from minipic_lite.step_log import StepLog
 
@@ -57,6 +57,7 @@ class LLMEngine:
         )
         self.scheduler = Scheduler(config.scheduler, self.kv)
         self.root = root_hash(config.hash_namespace)
+        self.hash_memo = SpanHashMemo()  # span hashes by content: a cached span is not hashed again per prompt
         self.stats = EngineStats()
         self.step_log = StepLog()  # tokens of each kind per recent step (the web app's scheduler timeline)
         self.requests: dict[str, Request] = {}  # unfinished requests by id
@@ -131,7 +132,10 @@ class LLMEngine:
         layout = self.validate(token_ids, params, require_spans)
         request_id = str(next(self._ids)) if request_id is None else request_id
         block_size = self.config.cache.block_size
-        return Request(request_id, token_ids, params, block_size, self.root, layout, prompt, span_labels, stream)
+        return Request(
+            request_id, token_ids, params, block_size, self.root, layout, prompt, span_labels, stream,
+            hash_memo=self.hash_memo,
+        )  # fmt: skip
 
     def add(self, req: Request) -> None:
         if req.request_id in self.requests:

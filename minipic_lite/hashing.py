@@ -9,9 +9,8 @@ applied in `spans.py` on top of the same `hash_block`.
 from __future__ import annotations
 
 import hashlib
+import struct
 from collections.abc import Sequence
-
-import numpy as np
 
 BlockHash = bytes
 TOKEN_BYTES = 8  # a token id in the hashed bytes: little-endian int64
@@ -23,7 +22,8 @@ def root_hash(namespace: str) -> BlockHash:
 
 def token_bytes(token_ids: Sequence[int]) -> bytes:
     """The tokens as little-endian int64, what a block hash covers (TOKEN_BYTES per token)."""
-    return np.asarray(token_ids, dtype="<i8").tobytes()
+    # NOTE: struct packs a list of Python ints about 3x faster than numpy converts it (16k tokens: 0.16 ms)
+    return struct.pack(f"<{len(token_ids)}q", *token_ids)
 
 
 def hash_block(parent: BlockHash, token_ids: Sequence[int]) -> BlockHash:
@@ -38,8 +38,17 @@ def hash_block_bytes(parent: BlockHash, block_bytes: bytes) -> BlockHash:
 
 def chain_hashes(parent: BlockHash, token_ids: Sequence[int], block_size: int) -> list[BlockHash]:
     """Chained hashes of the full blocks of `token_ids` (a partial tail block gets none)."""
-    hashes = []
-    for start in range(0, len(token_ids) - block_size + 1, block_size):
-        parent = hash_block(parent, token_ids[start : start + block_size])
-        hashes.append(parent)
+    num_full = len(token_ids) // block_size * block_size
+    return chain_hashes_bytes(parent, token_bytes(token_ids[:num_full]), block_size * TOKEN_BYTES)
+
+
+def chain_hashes_bytes(parent: BlockHash, data: bytes, width: int) -> list[BlockHash]:
+    """`chain_hashes` of tokens in `token_bytes` form, `width` bytes per block (a partial tail gets none)."""
+    # NOTE: the loop of a 16k-token prompt's chain: one sha256 call per block is most of its time (~0.6 us
+    # each, of which ~0.1 us is the compression itself), so nothing else is done per block.
+    sha256, hashes = hashlib.sha256, []
+    append = hashes.append
+    for start in range(0, len(data) - width + 1, width):
+        parent = sha256(parent + data[start : start + width]).digest()
+        append(parent)
     return hashes

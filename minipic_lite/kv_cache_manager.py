@@ -19,14 +19,21 @@ A hybrid model's recurrent-state slots and checkpoints (state_cache.py) plug in 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import compress
 
 from minipic_lite.block_pool import BlockPool
 from minipic_lite.hashing import BlockHash
 from minipic_lite.host_tier import BlockCopy, HostTier
 from minipic_lite.request import Request
+from minipic_lite.spans import indices_of
 from minipic_lite.state_cache import StateCache, StateOps
 
 HIT, PENDING, HOST, MISS, REROTATE = "hit", "pending", "host", "miss", "rerotate"
+
+
+def blocks_of_kind(kinds: list[str], kind: str, found: list[int | None]) -> dict[int, int]:
+    """{i: found[i]} for every block i of `kind`, in order (in one C-level pass: a prompt has a thousand)."""
+    return dict(compress(enumerate(found), map(kind.__eq__, kinds)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,26 +72,27 @@ class KVCacheManager:
         num_hittable = len(req.block_hashes) if req.is_span_prefill else (len(req.token_ids) - 1) // req.block_size
         if not self.enable_prefix_caching:
             return [MISS] * num_hittable
-        kinds, computed_here, B = [], set(), req.block_size
-        for i, block_hash in enumerate(req.block_hashes[:num_hittable]):
-            block_id = self.pool.peek(block_hash)
-            if block_id is not None:
-                kinds.append(REROTATE if self.rerotate and self.block_start.get(block_id) != i * B else HIT)
-            elif (block_hash in self.pending or block_hash in computed_here) and not self.rerotate:
-                kinds.append(PENDING)
+        hashes, B = req.block_hashes[:num_hittable], req.block_size
+        found = self.pool.peek_many(hashes)
+        kinds = [HIT] * len(found)  # NOTE: a cached prompt is a thousand hits: only the others are visited
+        if self.rerotate:
+            kinds = [HIT if self.block_start.get(b) == i * B else REROTATE for i, b in enumerate(found)]
+        computed_here: set[BlockHash] = set()
+        for i in list(indices_of(found, None)):
+            if (hashes[i] in self.pending or hashes[i] in computed_here) and not self.rerotate:
+                kinds[i] = PENDING
             else:
-                kinds.append(HOST if self.host is not None and block_hash in self.host else MISS)
-                computed_here.add(block_hash)  # a later copy in this prompt waits for this one
+                kinds[i] = HOST if self.host is not None and hashes[i] in self.host else MISS
+                computed_here.add(hashes[i])  # a later copy in this prompt waits for this one
         return kinds
 
     def num_blocks_to_admit(self, req: Request) -> int:
         """Blocks that admitting `req` now would take out of the free queue: all of its prompt's blocks but those
         other requests hold (hits in use, pending)."""
-        kinds, held = self.match(req), 0
-        for kind, block_hash in zip(kinds, req.block_hashes, strict=False):
-            block_id = self.pool.peek(block_hash) if kind == HIT else None
-            held += kind == PENDING or (block_id is not None and self.pool.blocks[block_id].ref_cnt > 0)
-        return req.num_blocks_for(len(req.token_ids)) - held
+        kinds = self.match(req)
+        hits = blocks_of_kind(kinds, HIT, self.pool.peek_many(req.block_hashes[: len(kinds)]))
+        num_held = kinds.count(PENDING) + sum(self.pool.blocks[b].ref_cnt > 0 for b in hits.values())
+        return req.num_blocks_for(len(req.token_ids)) - num_held
 
     def allocate_prompt(self, req: Request) -> bool:
         """Give every block of the prompt (see the module doc). False, with nothing taken, if blocks are short."""
@@ -95,7 +103,7 @@ class KVCacheManager:
             resume = self.states.resume_point(req, num_usable)
             kinds = kinds[: resume // req.block_size]  # NOTE: past it, every block is computed again
         num_blocks = req.num_blocks_for(len(req.token_ids))
-        found = [self.pool.lookup(block_hash) for block_hash in hashes[: len(kinds)]]  # NOTE: counts the lookups
+        found = self.pool.lookup_many(hashes[: len(kinds)])  # NOTE: counts the lookups
         hits, sources, num_to_take = self._plan_admission(kinds, found, num_blocks)
         if num_to_take > self.pool.num_blocks:
             # NOTE: a copy holds its source until the forward, so a prompt of documents cached at other offsets
@@ -105,18 +113,16 @@ class KVCacheManager:
             hits, sources, num_to_take = self._plan_admission(kinds, found, num_blocks)
         if not self.pool.can_allocate(num_to_take):
             return False
-        req.block_table, req.cached_block_ids, req.waiting_blocks = [], set(), set()
+        req.waiting_blocks = set()
         if self.host is not None:  # NOTE: evictions by this admission must not take the slots it loads from
             self.host.pinned = {hashes[i] for i, kind in enumerate(kinds) if kind == HOST}
-        for block_id in [*hits.values(), *sources.values()]:  # NOTE: first: a fresh block never evicts them
-            self.pool.touch(block_id)
-        for i in range(num_blocks):
+        self.pool.touch_many([*hits.values(), *sources.values()])  # NOTE: first: a fresh block never evicts them
+        table, cached = list(map(hits.get, range(num_blocks))), set(hits)  # the hits in place, None elsewhere
+        for i in list(indices_of(table, None)):  # in order: fresh blocks are taken in the order of the prompt
             kind = kinds[i] if i < len(kinds) else MISS
             if kind == PENDING and hashes[i] not in self.pending:  # a copy of a block loaded from the host above
-                kind, hits[i] = HIT, self.pool.peek(hashes[i])
-                self.pool.touch(hits[i])
-            if kind == HIT:
-                block_id = hits[i]
+                kind, block_id = HIT, self.pool.peek(hashes[i])
+                self.pool.touch(block_id)
             elif kind == PENDING:
                 block_id = self.pending[hashes[i]][0]
                 self.pool.touch(block_id)
@@ -135,9 +141,10 @@ class KVCacheManager:
             elif kind == MISS and i < len(hashes) and self.enable_prefix_caching:
                 self.pending.setdefault(hashes[i], (block_id, req))
             if kind != MISS:
-                req.cached_block_ids.add(i)
-            req.block_table.append(block_id)
-        req.num_cached_tokens = len(req.cached_block_ids) * req.block_size
+                cached.add(i)
+            table[i] = block_id
+        req.block_table, req.cached_block_ids = table, cached
+        req.num_cached_tokens = len(cached) * req.block_size
         self.pool.free(sources.values())  # NOTE: read by their copies before any forward overwrites them
         if self.host is not None:
             self.host.pinned = set()
@@ -148,10 +155,10 @@ class KVCacheManager:
     def _plan_admission(self, kinds: list[str], found: list[int | None], num_blocks: int):
         """Hits and copy sources (logical block -> block id), and how many blocks the admission takes out of the
         free queue: fresh ones, and hits and sources that sit there."""
-        hits = {i: block_id for i, block_id in enumerate(found) if kinds[i] == HIT}
-        sources = {i: found[i] for i, kind in enumerate(kinds) if kind == REROTATE}
+        hits = blocks_of_kind(kinds, HIT, found)
+        sources = blocks_of_kind(kinds, REROTATE, found) if self.rerotate else {}
         # NOTE: hits and copy sources leave the free queue while this admission allocates its fresh blocks
-        num_taken_free = sum(self.pool.blocks[b].ref_cnt == 0 for b in {*hits.values(), *sources.values()})
+        num_taken_free = self.pool.num_free_among({*hits.values(), *sources.values()})
         num_shared = len(hits) + kinds.count(PENDING)
         return hits, sources, num_blocks - num_shared + num_taken_free
 
@@ -173,14 +180,16 @@ class KVCacheManager:
         for one of them may read it from this step on."""
         # NOTE: called when the step that completes a block is scheduled. Anyone who hits it later in the same
         # step reads it after this step's forward wrote it (K/V are written before attention reads them).
-        num_full = num_tokens // req.block_size
-        if self.enable_prefix_caching:
-            for i in range(req.num_published_blocks, num_full):
-                block_hash = req.block_hashes[i]
-                self.pool.cache(req.block_table[i], block_hash)
-                if self.rerotate and self.pool.peek(block_hash) == req.block_table[i]:
+        first, num_full = req.num_published_blocks, num_tokens // req.block_size
+        if self.enable_prefix_caching and first < num_full:
+            self.pool.cache_many(req.block_table[first:num_full], req.block_hashes[first:num_full])
+            for i in range(first, num_full) if self.rerotate else ():
+                if self.pool.peek(req.block_hashes[i]) == req.block_table[i]:
                     self.block_start[req.block_table[i]] = i * req.block_size
-                if self.pending.get(block_hash, (None, None))[1] is req and i not in req.cached_block_ids:
+            computed = sorted(set(range(first, num_full)) - req.cached_block_ids) if self.pending else ()
+            for i in computed:  # NOTE: only blocks it computes can be pending on it (a cached prompt has few)
+                block_hash = req.block_hashes[i]
+                if self.pending.get(block_hash, (None, None))[1] is req:
                     del self.pending[block_hash]
                     for waiter, block in self.waiters.pop(block_hash, []):
                         waiter.waiting_blocks.discard(block)
@@ -192,9 +201,11 @@ class KVCacheManager:
         """Drop the request's references, tail first; its blocks stay cached until reused.
 
         A block it was computing for others passes to the first request waiting for it, which computes it."""
-        for i, block_hash in enumerate(req.block_hashes[: len(req.block_table)]):
-            if self.pending.get(block_hash, (None, None))[1] is req and i not in req.cached_block_ids:
-                self._hand_over(block_hash, req.block_table[i], req)
+        num_hashed = min(len(req.block_hashes), len(req.block_table))
+        computed = sorted(set(range(num_hashed)) - req.cached_block_ids) if self.pending else ()
+        for i in computed:  # NOTE: only blocks it computes can be pending on it (a cached prompt has few)
+            if self.pending.get(req.block_hashes[i], (None, None))[1] is req:
+                self._hand_over(req.block_hashes[i], req.block_table[i], req)
         for block_hash in {req.block_hashes[block] for block in req.waiting_blocks}:
             waiters = [(w, b) for w, b in self.waiters.pop(block_hash, []) if w is not req]
             if waiters:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from minipic_lite.config import cdiv
 from minipic_lite.hashing import BlockHash
 from minipic_lite.sampling_params import SamplingParams
-from minipic_lite.spans import HashState, Segment, SegmentKind, SpanLayout, block_hashes
+from minipic_lite.spans import HashState, Segment, SegmentKind, SpanHashMemo, SpanLayout, block_hashes
 
 
 class RequestStatus(enum.Enum):
@@ -42,6 +42,7 @@ class Request:
     stream: bool = False  # True: an output after every step, with the text so far
     is_span_prefill: bool = False  # an SSEP span of another request's prompt, computed ahead (ISPS); no output
     started_spans: set[int] = field(default_factory=set)  # segments whose span prefill was started (scheduler.py)
+    hash_memo: SpanHashMemo | None = field(default=None, repr=False)  # the engine's memo of span hashes
     # -- progress (Scheduler) --
     status: RequestStatus = RequestStatus.WAITING
     num_computed_tokens: int = 0
@@ -111,7 +112,8 @@ class Request:
             return
         markers = self.layout.marker_blocks if self.layout is not None else {}
         tokens = self.token_ids[first * self.block_size :]
-        hashes, self._hash_state = block_hashes(tokens, self.block_size, self.root, markers, self._hash_state, first)
+        B, state, memo = self.block_size, self._hash_state, self.hash_memo
+        hashes, self._hash_state = block_hashes(tokens, B, self.root, markers, state, first, memo)
         self.block_hashes += hashes
 
     def reset_for_recompute(self) -> None:
@@ -138,4 +140,7 @@ class Request:
         layout = SpanLayout((Segment(SegmentKind.SSEP, 0, n, 0),), (0,) * n, {0: SegmentKind.SSEP})
         request_id = f"{self.request_id}/span{segment.index}"
         params = SamplingParams(max_tokens=1)
-        return Request(request_id, tokens, params, self.block_size, self.root, layout, is_span_prefill=True)
+        return Request(
+            request_id, tokens, params, self.block_size, self.root, layout, is_span_prefill=True,
+            hash_memo=self.hash_memo,
+        )  # fmt: skip

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from itertools import islice
 
 from minipic_lite.checkpoints.store import chunk_end
-from minipic_lite.config import SchedulerConfig
+from minipic_lite.config import SchedulerConfig, cdiv
 from minipic_lite.host_tier import BlockCopy
 from minipic_lite.kv_cache_manager import MISS, KVCacheManager
 from minipic_lite.request import Request, RequestStatus
@@ -68,24 +68,36 @@ class SchedulerOutput:
 def plan_chunk(seq: Request, budget: int) -> tuple[list[tuple[int, int]], int]:
     """The query ranges and the end of the next chunk of `seq`, computing at most `budget` tokens."""
     # NOTE: a chunk ends at the next planned checkpoint (hybrids), so that step's state is the one to save.
-    block_size, total = seq.block_size, chunk_end(seq.num_computed_tokens, seq.checkpoint_positions, len(seq))
+    B, total = seq.block_size, chunk_end(seq.num_computed_tokens, seq.checkpoint_positions, len(seq))
     ranges: list[tuple[int, int]] = []
     pos, num_tokens = seq.num_computed_tokens, 0
-    while pos < total and num_tokens < budget:
-        block = pos // block_size
-        if block in seq.cached_block_ids:
-            if block in seq.waiting_blocks:
-                break  # another request computes this block: wait for it (dedup)
-            pos = (block + 1) * block_size
-            continue
-        end = min(total, (block + 1) * block_size, pos + budget - num_tokens)
+    cached = seq.cached_block_ids
+    for block in stop_blocks(seq, pos // B, cdiv(total, B)):
+        if pos >= total or num_tokens >= budget:
+            break
+        pos = max(pos, block * B)  # the cached blocks before it are skipped
+        if block in cached:
+            break  # another request computes this block: wait for it (dedup)
+        end = min(total, (block + 1) * B, pos + budget - num_tokens)
         if ranges and ranges[-1][1] == pos:
             ranges[-1] = (ranges[-1][0], end)
         else:
             ranges.append((pos, end))
         num_tokens += end - pos
         pos = end
+    else:
+        if pos < total and num_tokens < budget:
+            pos = max(pos, cdiv(total, B) * B)  # the cached blocks after the last one computed are skipped
     return ranges, pos
+
+
+def stop_blocks(seq: Request, first: int, end: int) -> list[int] | range:
+    """The blocks in [first, end) where a chunk stops skipping: those it computes and those it waits for, in
+    order. A cached prompt of a thousand blocks has few, so its chunk is planned without visiting the rest."""
+    if not seq.cached_block_ids:
+        return range(first, end)
+    blocks = set(range(first, end))
+    return sorted(blocks.difference(seq.cached_block_ids).union(blocks.intersection(seq.waiting_blocks)))
 
 
 class Scheduler:

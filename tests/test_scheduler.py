@@ -1,7 +1,10 @@
 """Scheduler + block pool on the CPU with exact block ids (no model)."""
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from minipic_lite.checkpoints.store import chunk_end
 from minipic_lite.config import SchedulerConfig
 from minipic_lite.hashing import root_hash
 from minipic_lite.kv_cache_manager import KVCacheManager
@@ -36,6 +39,46 @@ def test_plan_chunk_skips_cached_blocks_and_respects_the_budget():
     assert plan_chunk(seq, 3) == ([(4, 7)], 7)
     seq.num_computed_tokens = 7
     assert plan_chunk(seq, 2) == ([(7, 8), (12, 13)], 13)
+
+
+def plain_plan_chunk(seq, budget):
+    """`plan_chunk` as first written: one block at a time (the scheduler's version jumps over cached blocks)."""
+    block_size, total = seq.block_size, chunk_end(seq.num_computed_tokens, seq.checkpoint_positions, len(seq))
+    ranges, pos, num_tokens = [], seq.num_computed_tokens, 0
+    while pos < total and num_tokens < budget:
+        block = pos // block_size
+        if block in seq.cached_block_ids:
+            if block in seq.waiting_blocks:
+                break
+            pos = (block + 1) * block_size
+            continue
+        end = min(total, (block + 1) * block_size, pos + budget - num_tokens)
+        if ranges and ranges[-1][1] == pos:
+            ranges[-1] = (ranges[-1][0], end)
+        else:
+            ranges.append((pos, end))
+        num_tokens += end - pos
+        pos = end
+    return ranges, pos
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    st.integers(1, 40),
+    st.sets(st.integers(0, 10)),
+    st.sets(st.integers(0, 10)),
+    st.integers(0, 40),
+    st.integers(1, 50),
+    st.one_of(st.none(), st.lists(st.integers(1, 40), max_size=3).map(sorted)),
+)
+def test_plan_chunk_equals_the_plain_block_by_block_plan(n, cached, waiting, computed, budget, checkpoints):
+    seq = make_seq(0, range(n))
+    full = n // B  # the partial last block is never cached; waiting blocks are cached ones (KVCacheManager)
+    seq.cached_block_ids = {b for b in cached if b < full}
+    seq.waiting_blocks = {b for b in waiting if b in seq.cached_block_ids}
+    seq.num_computed_tokens = min(computed, n - 1)
+    seq.checkpoint_positions = checkpoints
+    assert plan_chunk(seq, budget) == plain_plan_chunk(seq, budget)
 
 
 def test_prefill_is_chunked_under_the_token_budget():

@@ -6,17 +6,21 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minipic_lite.config import ControlTokens, SchedulerConfig
-from minipic_lite.hashing import chain_hashes, root_hash
+from minipic_lite.hashing import chain_hashes, chain_hashes_bytes, hash_block_bytes, root_hash, token_bytes
 from minipic_lite.kv_cache_manager import KVCacheManager
 from minipic_lite.request import Request
 from minipic_lite.sampling_params import SamplingParams
 from minipic_lite.scheduler import Scheduler
 from minipic_lite.spans import (
+    HashState,
     SegmentKind,
+    SpanHashMemo,
     block_hashes,
     check_markers,
     find_markers,
     indices_of,
+    marker_runs,
+    next_block_hash,
     prompt_block_hashes,
     span_layout,
 )
@@ -203,6 +207,68 @@ def test_sequence_hashes_incrementally_and_generated_tokens_continue_the_last_se
     for t in generated:
         plain.append_token(t)
     assert plain.block_hashes == chain_hashes(ROOT, [10] * split + generated, B)
+
+
+def plain_block_hashes(token_ids, root, markers, state=None, first_block=0):
+    """The plain statement: `next_block_hash` once per full block (what `block_hashes` computes chain by chain)."""
+    state, hashes = state or HashState(root, root), []
+    for i in range(len(token_ids) // B):
+        block_bytes = token_bytes(token_ids[i * B : (i + 1) * B])
+        block_hash, state = next_block_hash(state, root, block_bytes, markers.get(first_block + i))
+        hashes.append(block_hash)
+    return hashes, state
+
+
+@given(span_prompts(max_blocks=10), st.lists(st.integers(0, 12), max_size=3), st.booleans())
+def test_block_hashes_chain_by_chain_equal_the_plain_block_by_block_statement(prompt, cuts, with_memo):
+    """Hashed whole or in pieces (a growing sequence), with or without the memo: exactly `next_block_hash`."""
+    markers = span_layout(prompt, CONTROL, B).marker_blocks
+    expected, expected_state = plain_block_hashes(prompt, ROOT, markers)
+    memo = SpanHashMemo() if with_memo else None
+    for _ in range(2):  # the second time, the memo has every span
+        assert block_hashes(prompt, B, ROOT, markers, memo=memo) == (expected, expected_state)
+    hashes, state, first = [], None, 0
+    for cut in [*sorted(cuts), len(prompt) // B]:
+        cut = max(first, min(cut, len(prompt) // B))
+        new, state = block_hashes(prompt[first * B : cut * B], B, ROOT, markers, state, first, memo)
+        hashes, first = hashes + new, cut
+    assert hashes == expected and (not hashes or state == expected_state)
+
+
+def test_block_hashes_of_a_known_prompt():
+    """Spelled out for one prompt (B = 4): S at block 1 resets h, P at block 3 takes d."""
+    prompt = [10, 11, 12, 13, *span(S, 5, 6, 7, 8, 9, 10), *span(P, 4)]
+    x = [token_bytes(prompt[i : i + B]) for i in range(0, len(prompt), B)]
+    H = hash_block_bytes
+    d0 = H(ROOT, x[0])
+    d1, d2 = H(d0, x[1]), H(H(d0, x[1]), x[2])
+    h1 = H(ROOT, x[1])
+    expected = [d0, h1, H(h1, x[2]), H(d2, x[3])]
+    assert block_hashes(prompt, B, ROOT, span_layout(prompt, CONTROL, B).marker_blocks)[0] == expected
+    assert marker_runs({1: SegmentKind.SSEP, 3: SegmentKind.PDEP}, 0, 4) == [
+        (0, 1, None),
+        (1, 3, SegmentKind.SSEP),
+        (3, 4, SegmentKind.PDEP),
+    ]
+    assert marker_runs({1: SegmentKind.SSEP, 3: SegmentKind.PDEP}, 2, 3) == [(0, 1, None), (1, 3, SegmentKind.PDEP)]
+    assert d1 != h1
+
+
+def test_span_hash_memo_keeps_the_most_recent_chains_up_to_its_block_budget():
+    memo, width = SpanHashMemo(max_blocks=5), B * 8
+    a, b, c = (token_bytes(list(range(start, start + 2 * B))) for start in (0, 100, 200))  # 2 blocks each
+
+    def chain(parent, run):
+        return memo.chain(parent, run, width, memo.run_key(run, width))
+
+    for data in (a, b, a, c):  # a is used again before c comes: b is the oldest when c needs room
+        assert chain(ROOT, data) == chain_hashes_bytes(ROOT, data, width)
+    assert len(memo) == 2 and memo.num_blocks == 4
+    kept = list(memo._chains.values())
+    assert chain(ROOT, a) is kept[0] and list(memo._chains.values()) == kept[::-1]  # served, now the newest
+    other = root_hash("other")  # the same run after another parent: another chain
+    assert chain(other, a) == chain_hashes_bytes(other, a, width) != chain(ROOT, a)
+    assert memo.run_key(token_bytes(list(range(B))), width) is None  # one block: hashed, never remembered
 
 
 # -- per-block reuse of spans in the scheduler ---------------------------------------------------------------

@@ -1,0 +1,208 @@
+"""Host time in the TTFT of a cached span prompt (issue 10): what the engine does outside the model's forward.
+
+A tiny random Llama on the CPU (its forward is cheap, so what is left is host work) serves the H200 grid's
+heaviest cached row: a block_attention prompt of `--docs` documents of `--doc-tokens` tokens, each cached
+before as an SSEP span on its own, then [PDEP question] with a new question every run (so, as on the GPU, the
+question's block is computed and everything else hits: 8 x 2048 gives 16,561 tokens, 17 computed).
+`--shuffle` puts the documents in another order every run (the same spans after other prefixes).
+
+The engine is driven directly (no loop thread), one request at a time, and its methods are timed where they
+are called, so the sections are the engine's own code:
+
+    validate       make_request's checks and span layout (before arrival_time: not in the TTFT)
+    request        the Request record: block hashes (arrival_time is set as it starts)
+    schedule       lookup and admission, the chunk plan, publishing (Scheduler.schedule)
+    report         the cache report's admission snapshot (LLMEngine._report_admissions)
+    prepare        the step's host metadata and its tensors (ModelRunner.prepare)
+    forward        the model and the sampler (ModelRunner.execute less prepare)
+    post           postprocess, stop checks, the output (the rest of LLMEngine.step)
+    host           ttft - forward: everything the TTFT holds besides the forward
+
+Each figure is the median over `--runs` runs (and the minimum: the machine may be shared). Results go to
+bench/results/host_ttft-<sha>-cpu[-shuffle].json.
+
+    PYTHONPATH=. python bench/host_ttft.py                   # 8 x 2048, 30 runs
+    PYTHONPATH=. python bench/host_ttft.py --shuffle         # the documents in another order every run
+    PYTHONPATH=. python bench/host_ttft.py --profile         # and a cProfile of the runs (top functions)
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import functools
+import io
+import json
+import os
+import pstats
+import random
+import statistics
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+import minipic_lite as mp
+from minipic_lite.config import EngineConfig, ModelConfig
+from minipic_lite.engine import LLMEngine
+from minipic_lite.prompts import Piece, PromptComposer
+from minipic_lite.spans import SegmentKind
+
+CONTROL = mp.ControlTokens(ssep_id=3, pdep_id=4, pad_id=5)
+TINY_LLAMA = {"model_type": "llama", "vocab_size": 50000, "hidden_size": 64, "intermediate_size": 128,
+              "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32,
+              "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "max_position_embeddings": 65536,
+              "tie_word_embeddings": True}  # fmt: skip
+ONE_TOKEN = mp.SamplingParams(max_tokens=1, temperature=0.0)
+SECTIONS = ("validate", "request", "schedule", "report", "prepare", "forward", "post", "host", "ttft")
+
+
+def build_engine(max_model_len: int) -> LLMEngine:
+    model_dir = Path(tempfile.mkdtemp()) / "tiny-llama"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text(json.dumps(TINY_LLAMA))
+    options = {"load_format": "dummy", "max_model_len": max_model_len, "max_num_batched_tokens": max_model_len}
+    config = EngineConfig.from_options(model_dir, ModelConfig.from_dir(model_dir), "cpu", CONTROL, "float32", **options)
+    return LLMEngine(config, None)
+
+
+class Timer:
+    """Wraps engine methods in place; `times[name]` collects seconds per call of the current run."""
+
+    def __init__(self):
+        self.times: dict[str, float] = defaultdict(float)
+
+    def wrap(self, obj, name: str, section: str) -> None:
+        fn = getattr(obj, name)
+
+        @functools.wraps(fn)
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.times[section] += time.perf_counter() - start
+
+        setattr(obj, name, timed)
+
+
+def run_once(engine: LLMEngine, timer: Timer, token_ids: list[int]) -> dict[str, float]:
+    timer.times.clear()
+    start = time.perf_counter()
+    engine.validate(token_ids, ONE_TOKEN, True)
+    timer.times["validate"] = time.perf_counter() - start
+    req = engine.make_request(token_ids, ONE_TOKEN, require_spans=True)
+    timer.times["make_request"] = time.perf_counter() - start - timer.times["validate"]
+    engine.add(req)
+    step_times = []
+    while req.first_token_time is None:
+        step_start = time.perf_counter()
+        engine.step()
+        step_times.append(time.perf_counter() - step_start)
+    t = dict(timer.times)
+    # NOTE: make_request validates again (its own call, before arrival_time); the Request record is the rest
+    t["request"] = req_time(req, start, t)
+    t["ttft"] = req.first_token_time - req.arrival_time
+    t["forward"] = t.pop("execute") - t["prepare"]
+    t["post"] = sum(step_times) - t["schedule"] - t["report"] - t["prepare"] - t["forward"]
+    t["host"] = t["ttft"] - t["forward"]
+    return t
+
+
+def req_time(req, start: float, t: dict) -> float:
+    """Seconds from arrival_time to the end of make_request (the Request record and its hashes)."""
+    made = start + t["validate"] + t["make_request"]
+    return made - req.arrival_time
+
+
+def prompts(composer: PromptComposer, num_docs: int, doc_tokens: int, num_runs: int, shuffle: bool = False):
+    g, rng = torch.Generator().manual_seed(0), random.Random(0)
+    docs = [tuple(torch.randint(100, 40000, (doc_tokens,), generator=g).tolist()) for _ in range(num_docs)]
+    system = Piece(tuple(range(100, 132)), label="system")
+    spans = [composer.compose([Piece(d, SegmentKind.SSEP)], "block_attention", pad_end=True) for d in docs]
+    spans.append(composer.compose([system, Piece(tuple(range(200, 216)), SegmentKind.PDEP)], "block_attention"))
+    finals = []
+    for run in range(num_runs):
+        question = Piece(tuple(range(1000 + 16 * run, 1016 + 16 * run)), SegmentKind.PDEP, "question")
+        order = rng.sample(docs, len(docs)) if shuffle else docs
+        pieces = [system, *(Piece(d, SegmentKind.SSEP) for d in order), question]
+        finals.append(composer.compose(pieces, "block_attention"))
+    return spans, finals
+
+
+def save(args, medians: dict, minima: dict, num_tokens: int, num_computed: float) -> None:
+    from ttft_spans import RESULTS, git_is_dirty, git_sha  # bench/ttft_spans.py, beside this file
+
+    sha = os.environ.get("GIT_SHA") or git_sha()
+    result = {
+        "bench": "host_ttft",
+        "git_sha": sha,
+        "git_dirty": git_is_dirty(),
+        "device": f"cpu ({os.cpu_count()} cores)",
+        "docs": args.docs,
+        "doc_tokens": args.doc_tokens,
+        "shuffle": args.shuffle,
+        "runs": args.runs,
+        "num_tokens": num_tokens,
+        "num_computed_tokens": num_computed,
+        "load_average": os.getloadavg(),
+        "median_s": medians,
+        "min_s": minima,
+    }
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"host_ttft-{sha}-cpu{'-shuffle' if args.shuffle else ''}.json"
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"saved {path}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--docs", type=int, default=8)
+    parser.add_argument("--doc-tokens", type=int, default=2048)
+    parser.add_argument("--runs", type=int, default=30)
+    parser.add_argument("--shuffle", action="store_true", help="the documents in another order every run")
+    parser.add_argument("--profile", action="store_true", help="print a cProfile of the measured runs")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+
+    engine = build_engine(args.docs * (args.doc_tokens + 32) + 256)
+    composer = PromptComposer(None, CONTROL, engine.config.cache.block_size, chat=False)
+    spans, finals = prompts(composer, args.docs, args.doc_tokens, args.runs + 3, args.shuffle)
+    for prompt in spans:  # the documents cached as spans, and the system turn
+        engine.add(engine.make_request(list(prompt.token_ids), ONE_TOKEN, require_spans=True))
+    while engine.has_unfinished():
+        engine.step()
+    timer = Timer()
+    timer.wrap(engine.scheduler, "schedule", "schedule")
+    timer.wrap(engine, "_report_admissions", "report")
+    timer.wrap(engine.runner, "prepare", "prepare")
+    timer.wrap(engine.runner, "execute", "execute")
+    for prompt in finals[:3]:  # warm-up
+        run_once(engine, timer, list(prompt.token_ids))
+    profiler = cProfile.Profile() if args.profile else None
+    num_computed_before = engine.stats.num_computed_tokens
+    rows = []
+    for prompt in finals[3:]:
+        token_ids = list(prompt.token_ids)
+        if profiler:
+            profiler.enable()
+        rows.append(run_once(engine, timer, token_ids))
+        if profiler:
+            profiler.disable()
+    n, computed = len(finals[-1]), engine.stats.num_computed_tokens - num_computed_before
+    print(f"{args.docs} x {args.doc_tokens} cached: prompts of {n} tokens, {computed / len(rows):.0f} computed each;")
+    print(f"median of {len(rows)} runs (ms):")
+    medians = {name: statistics.median(r[name] for r in rows) for name in SECTIONS}
+    for name in SECTIONS:
+        print(f"  {name:<9} {1e3 * medians[name]:8.3f}   (min {1e3 * min(r[name] for r in rows):.3f})")
+    save(args, medians, {name: min(r[name] for r in rows) for name in SECTIONS}, n, computed / len(rows))
+    if profiler:
+        s = io.StringIO()
+        pstats.Stats(profiler, stream=s).sort_stats("tottime").print_stats(40)
+        print(s.getvalue())
+
+
+if __name__ == "__main__":
+    main()
