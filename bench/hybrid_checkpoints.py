@@ -237,15 +237,17 @@ def top_kernels(run, device: str, num: int = 15) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
     cuda = device.startswith("cuda")
-    with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+    with profile(activities=[ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]) as prof:
         start = time.perf_counter()
         run()
         wall_ms = 1e3 * (time.perf_counter() - start)
     key = "self_device_time_total" if cuda else "self_cpu_time_total"
     events = sorted(prof.key_averages(), key=lambda e: -getattr(e, key))
+    host = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)  # where the host's time goes (syncs)
     return {"wall_ms": wall_ms, "busy_ms": sum(getattr(e, key) for e in events) / 1e3,
             "num_kernels": sum(e.count for e in events if getattr(e, key) > 0),
-            "top": [(e.key[:90], e.count, getattr(e, key) / 1e3) for e in events[:num]]}  # fmt: skip
+            "top": [(e.key[:90], e.count, getattr(e, key) / 1e3) for e in events[:num]],
+            "host_top": [(e.key[:90], e.count, e.self_cpu_time_total / 1e3) for e in host[:num]]}  # fmt: skip
 
 
 def engine_prefill(engine, prompts, warm_up: bool = True) -> float:

@@ -94,10 +94,15 @@ class PlainKVCacheManager(KVCacheManager):
         kinds, hashes = self.match(req), req.block_hashes
         num_blocks = req.num_blocks_for(len(req.token_ids))
         found = [self.pool.lookup(block_hash) for block_hash in hashes[: len(kinds)]]
-        hits = {i: block_id for i, block_id in enumerate(found) if kinds[i] == HIT}
-        sources = {i: found[i] for i, kind in enumerate(kinds) if kind == REROTATE}
-        num_taken_free = sum(self.pool.blocks[b].ref_cnt == 0 for b in {*hits.values(), *sources.values()})
-        num_shared = len(hits) + kinds.count(PENDING)
+        for attempt in ("copies", "no copies"):  # copies and their sources never fit: compute them again
+            if attempt == "no copies":
+                kinds = [MISS if kind == REROTATE else kind for kind in kinds]
+            hits = {i: block_id for i, block_id in enumerate(found) if kinds[i] == HIT}
+            sources = {i: found[i] for i, kind in enumerate(kinds) if kind == REROTATE}
+            num_taken_free = sum(self.pool.blocks[b].ref_cnt == 0 for b in {*hits.values(), *sources.values()})
+            num_shared = len(hits) + kinds.count(PENDING)
+            if num_blocks - num_shared + num_taken_free <= self.pool.num_blocks:
+                break
         if not self.pool.can_allocate(num_blocks - num_shared + num_taken_free):
             return False
         req.block_table, req.cached_block_ids, req.waiting_blocks = [], set(), set()
@@ -215,9 +220,18 @@ HOST_HITS = (  # two prompts of two full blocks evict each other into the host t
 )
 
 
+REROTATE_FALLBACK = (  # two spans cached at 0 and 4, asked at 4 and 0 on 3 blocks: copies + sources never fit
+    [[1, 10, 10, 10, 1, 11, 11, 11, 20], [1, 11, 11, 11, 1, 10, 10, 10, 20]],
+    [("admit", 0), ("publish", 0), ("free", 0), ("admit", 1), ("publish", 1), ("free", 1), ("admit", 0)],
+    3,
+    "rerotate",
+)
+
+
 @settings(max_examples=400, deadline=None)
 @given(cache_scripts())
 @example(HOST_HITS)
+@example(REROTATE_FALLBACK)
 def test_fast_admission_publish_and_free_equal_the_plain_per_block_versions(script):
     prompts, ops, num_blocks, mode = script
     options = {"num_host_blocks": 6 if mode == "host" else 0, "rerotate": mode == "rerotate"}
