@@ -1,0 +1,171 @@
+"""Scheduler host time per step on the RAG workload, without a model: `Scheduler.schedule()` and the postprocess.
+
+On a GPU the scheduler runs on the host between two steps, not overlapped with them, so its time is added to
+every step. This replays bench/rag.py's workload (64 samples: a system prompt, 10 SSEP passages of 100-300
+tokens with reuse 0.5, a question, 32 new tokens) through the scheduler as the engine drives it: schedule,
+advance each scheduled request (token 7 sampled wherever a chunk ends a sequence, once per burst step), finish
+a request at 32 new tokens. Nothing is computed, so only the host's bookkeeping is timed.
+
+The samples are bench/rag.py's dataset (bench/data/rag-64-reuse0.5, written by `rag.py --build-only`; `--data`
+names another copy). Without one, token ids are synthesized in the same shape (`--synthetic`): a pool of
+passages of 100-300 random ids, each sample 10 of them (half seen in earlier samples when it can), 4 system
+prompts of 96 ids, a question of 20 ids.
+
+    python bench/sched_replay.py                               # roomy (8,000 blocks) and tight caches, 3 policies
+    python bench/sched_replay.py --num-blocks 8000 --policies isps --repeats 5
+
+Prints a table; `--json PATH` also writes the figures. `decisions` is a digest of every step's decisions
+(scheduled requests, query ranges, kv_len, sampling, preemptions, block tables): equal digests, equal schedules.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import random
+import statistics
+import time
+from pathlib import Path
+
+from rag import CONTROL, DATA, NEW_TOKENS, NUM_PASSAGES, PASSAGE_TOKENS, SYSTEM_TOKENS, compose  # beside this file
+
+import minipic_lite as mp
+from minipic_lite.config import SchedulerConfig
+from minipic_lite.hashing import root_hash
+from minipic_lite.kv_cache_manager import KVCacheManager
+from minipic_lite.request import Request
+from minipic_lite.scheduler import Scheduler, SchedulerOutput
+from minipic_lite.spans import SpanHashMemo
+
+BLOCK_SIZE, MAX_NUM_SEQS, TOKEN_BUDGET, BURST = 16, 32, 8192, 8  # bench/rag.py's H200 run; CUDA's default burst
+ROOT = root_hash("bench.sched_replay")
+
+
+def synthesize(num_samples: int, reuse: float, seed: int = 0) -> list[dict]:
+    """bench/rag.py's build_dataset with random token ids in place of the essays and system prompts."""
+    rng = random.Random(seed)
+    pool = [
+        [rng.randrange(6, 49000) for _ in range(rng.randint(*PASSAGE_TOKENS))]
+        for _ in range(NUM_PASSAGES * num_samples)
+    ]
+    systems = [[rng.randrange(6, 49000) for _ in range(SYSTEM_TOKENS)] for _ in range(4)]
+    fresh, seen, rows = iter(range(len(pool))), [], []
+    for i in range(num_samples):
+        num_seen = min(round(reuse * NUM_PASSAGES), len(seen)) if seen else 0
+        chosen = rng.sample(seen, num_seen) + [next(fresh) for _ in range(NUM_PASSAGES - num_seen)]
+        seen += [p for p in chosen if p not in seen]
+        rng.shuffle(chosen)
+        question = [rng.randrange(6, 49000) for _ in range(20)]
+        rows.append({"system": systems[i % 4], "passages": [pool[p] for p in chosen], "question": question})
+    return rows
+
+
+def load_samples(args) -> tuple[list[dict], str]:
+    path = Path(args.data) if args.data else DATA / f"rag-{args.samples}-reuse{args.reuse}"
+    if args.synthetic or not path.exists():
+        return synthesize(args.samples, args.reuse), "synthetic"
+    import datasets
+
+    return list(datasets.load_from_disk(str(path))), str(path)
+
+
+def make_requests(samples: list[dict]) -> list[Request]:
+    composer = mp.PromptComposer(None, CONTROL, BLOCK_SIZE, chat=False)
+    params = mp.SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
+    prompts, memo = [compose(composer, s, "block_attention") for s in samples], SpanHashMemo()  # as the engine
+    return [Request(str(i), list(p.token_ids), params, BLOCK_SIZE, ROOT, p.layout, hash_memo=memo)
+            for i, p in enumerate(prompts)]  # fmt: skip
+
+
+def digest_step(h, out: SchedulerOutput) -> None:
+    for s in out.scheduled:
+        h.update(repr((s.seq.request_id, s.seq.is_span_prefill, s.query_ranges, s.kv_len, s.do_sample,
+                       s.seq.block_table)).encode())  # fmt: skip
+    h.update(repr(([r.request_id for r in out.preempted], out.num_steps)).encode())
+
+
+def replay(samples: list[dict], policy: str, num_blocks: int, max_steps: int = 100_000) -> dict:
+    """Every sample through the scheduler; host seconds of each step's schedule() and postprocess()."""
+    config = SchedulerConfig(MAX_NUM_SEQS, TOKEN_BUDGET, 65536, num_scheduler_steps=BURST, span_policy=policy)
+    sched = Scheduler(config, KVCacheManager(num_blocks))
+    for req in make_requests(samples):
+        sched.add(req)
+
+    def stops(req: Request) -> bool:
+        if req.num_output_tokens >= NEW_TOKENS:
+            sched.finish(req, "length")
+        return req.is_finished
+
+    schedule_s, post_s, h, num_preempted = [], [], hashlib.sha256(), 0
+    for _ in range(max_steps):
+        if not sched.has_unfinished:
+            break
+        t0 = time.perf_counter()
+        out = sched.schedule()
+        t1 = time.perf_counter()
+        digest_step(h, out)
+        sampled = [[7] * out.num_steps if s.do_sample else [] for s in out.scheduled]
+        t2 = time.perf_counter()
+        sched.postprocess(out, sampled, stops)
+        t3 = time.perf_counter()
+        schedule_s.append(t1 - t0)
+        post_s.append(t3 - t2)
+        num_preempted += len(out.preempted)
+    else:
+        raise RuntimeError(f"{policy}: not finished after {max_steps} steps")
+    sched.kv.check_integrity()
+    return {"schedule_s": schedule_s, "post_s": post_s, "preemptions": num_preempted, "decisions": h.hexdigest()[:16]}
+
+
+def summarize(runs: list[dict]) -> dict:
+    """Figures of the fastest repeat (by total), in ms."""
+    best = min(runs, key=lambda r: sum(r["schedule_s"]) + sum(r["post_s"]))
+    per_step = sorted(a + b for a, b in zip(best["schedule_s"], best["post_s"], strict=True))
+    sched_sorted = sorted(best["schedule_s"])
+    assert len({r["decisions"] for r in runs}) == 1, "repeats scheduled differently"
+    return {
+        "steps": len(per_step),
+        "preemptions": best["preemptions"],
+        "schedule_median_ms": 1e3 * statistics.median(sched_sorted),
+        "schedule_p90_ms": 1e3 * sched_sorted[int(0.9 * (len(sched_sorted) - 1))],
+        "schedule_total_ms": 1e3 * sum(sched_sorted),
+        "step_median_ms": 1e3 * statistics.median(per_step),
+        "step_p90_ms": 1e3 * per_step[int(0.9 * (len(per_step) - 1))],
+        "step_total_ms": 1e3 * sum(per_step),
+        "decisions": best["decisions"],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--samples", type=int, default=64)
+    parser.add_argument("--reuse", type=float, default=0.5)
+    parser.add_argument("--data", default=None, help="a dataset written by bench/rag.py (default: bench/data/...)")
+    parser.add_argument("--synthetic", action="store_true", help="random token ids of the same shape")
+    parser.add_argument(
+        "--num-blocks", default="8000,1100,200", help="device caches: roomy, a quarter of the working set, one request"
+    )
+    parser.add_argument("--policies", default="inline,isps,barrier")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    samples, source = load_samples(args)
+    print(f"{len(samples)} samples from {source}; block size {BLOCK_SIZE}, max_num_seqs {MAX_NUM_SEQS}, "
+          f"budget {TOKEN_BUDGET}, burst {BURST}", flush=True)  # fmt: skip
+    results = []
+    print("| blocks | policy | steps | preempt | schedule() median / p90 / total ms | + postprocess median / p90 / "
+          "total ms | decisions |\n|---|---|---|---|---|---|---|")  # fmt: skip
+    for num_blocks in map(int, args.num_blocks.split(",")):
+        for policy in args.policies.split(","):
+            r = summarize([replay(samples, policy, num_blocks) for _ in range(args.repeats)])
+            results.append({"num_blocks": num_blocks, "policy": policy, **r})
+            print(f"| {num_blocks} | {policy} | {r['steps']} | {r['preemptions']} | {r['schedule_median_ms']:.3f} / "
+                  f"{r['schedule_p90_ms']:.3f} / {r['schedule_total_ms']:.0f} | {r['step_median_ms']:.3f} / "
+                  f"{r['step_p90_ms']:.3f} / {r['step_total_ms']:.0f} | {r['decisions']} |", flush=True)  # fmt: skip
+    if args.json:
+        Path(args.json).write_text(json.dumps({"source": source, "results": results}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
