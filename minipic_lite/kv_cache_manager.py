@@ -29,6 +29,7 @@ from minipic_lite.spans import indices_of
 from minipic_lite.state_cache import StateCache, StateOps
 
 HIT, PENDING, HOST, MISS, REROTATE = "hit", "pending", "host", "miss", "rerotate"
+MAX_CHANGED_LOG = 1 << 16  # hashes logged for match()'s memo before it starts over
 
 
 def blocks_of_kind(kinds: list[str], kind: str, found: list[int | None]) -> dict[int, int]:
@@ -58,6 +59,11 @@ class KVCacheManager:
         self.states = states  # hybrid models: state slots and checkpoints (state_cache.py)
         # the copy-rerotate baseline: where each published block's first token sat when it was computed
         self.rerotate, self.block_start, self.num_rerotated = rerotate, {}, 0
+        # match() of waiting prompts, kept across steps: req -> (len(changed) then, num_hittable, hashes, kinds,
+        # found). An entry holds while none of its hashes was cached, evicted or made (not) pending since: `changed`
+        # logs every hash whose entry in the pool's map or in `pending` changed.
+        self.match_memo: dict[Request, tuple] = {}
+        self.changed: list[BlockHash] = []
 
     @property
     def num_free_blocks(self) -> int:
@@ -67,13 +73,32 @@ class KVCacheManager:
 
     def match(self, req: Request) -> list[str]:
         """Where each full prompt block but the last token's would come from (HIT, PENDING, HOST or MISS)."""
+        return self._match(req)[0]
+
+    def _match(self, req: Request) -> tuple[list[str], list[int | None]]:
+        """match() and the blocks found for those kinds, from the memo where it still holds."""
         # NOTE: the last token is always computed (its logits are needed), so its block is never a hit; a
         # span prefill samples nothing, so all its blocks may hit.
         num_hittable = len(req.block_hashes) if req.is_span_prefill else (len(req.token_ids) - 1) // req.block_size
         if not self.enable_prefix_caching:
-            return [MISS] * num_hittable
-        hashes, B = req.block_hashes[:num_hittable], req.block_size
+            return [MISS] * num_hittable, [None] * num_hittable
+        hashes = req.block_hashes[:num_hittable]
+        # NOTE: a host tier's LRU and the rerotate offsets change without a log entry: no memo there
+        use_memo = self.host is None and not self.rerotate and not req.is_span_prefill
+        memo = self.match_memo.get(req) if use_memo else None
+        if memo is not None and memo[1] == num_hittable and memo[2].isdisjoint(self.changed[memo[0] :]):
+            self.match_memo[req] = (len(self.changed), *memo[1:])  # NOTE: checked up to here: not again
+            return memo[3][:], memo[4][:]
         found = self.pool.peek_many(hashes)
+        kinds = self._kinds(hashes, found, req.block_size)
+        if use_memo:
+            if len(self.changed) > MAX_CHANGED_LOG:  # NOTE: older than every entry: all of them start over
+                self.changed.clear()
+                self.match_memo.clear()
+            self.match_memo[req] = (len(self.changed), num_hittable, frozenset(hashes), kinds[:], found[:])
+        return kinds, found
+
+    def _kinds(self, hashes: list[BlockHash], found: list[int | None], B: int) -> list[str]:
         kinds = [HIT] * len(found)  # NOTE: a cached prompt is a thousand hits: only the others are visited
         if self.rerotate:
             kinds = [HIT if self.block_start.get(b) == i * B else REROTATE for i, b in enumerate(found)]
@@ -89,9 +114,9 @@ class KVCacheManager:
     def num_blocks_to_admit(self, req: Request) -> int:
         """Blocks that admitting `req` now would take out of the free queue: all of its prompt's blocks but those
         other requests hold (hits in use, pending)."""
-        kinds = self.match(req)
-        hits = blocks_of_kind(kinds, HIT, self.pool.peek_many(req.block_hashes[: len(kinds)]))
-        num_held = kinds.count(PENDING) + sum(self.pool.blocks[b].ref_cnt > 0 for b in hits.values())
+        kinds, found = self._match(req)
+        hits = blocks_of_kind(kinds, HIT, found)
+        num_held = kinds.count(PENDING) + self.pool.num_in_use_among(hits.values())
         return req.num_blocks_for(len(req.token_ids)) - num_held
 
     def allocate_prompt(self, req: Request) -> bool:
@@ -137,13 +162,16 @@ class KVCacheManager:
             elif kind == HOST:
                 self.copies.append(BlockCopy(False, block_id, self.host.load(hashes[i])))
                 self.pool.cache(block_id, hashes[i])  # NOTE: filled before the forward that reads it
+                self.changed.append(hashes[i])
                 self.num_host_hits += 1
             elif kind == MISS and i < len(hashes) and self.enable_prefix_caching:
                 self.pending.setdefault(hashes[i], (block_id, req))
+                self.changed.append(hashes[i])
             if kind != MISS:
                 cached.add(i)
             table[i] = block_id
         req.block_table, req.cached_block_ids = table, cached
+        self.match_memo.pop(req, None)
         req.num_cached_tokens = len(cached) * req.block_size
         self.pool.free(sources.values())  # NOTE: read by their copies before any forward overwrites them
         if self.host is not None:
@@ -183,6 +211,7 @@ class KVCacheManager:
         first, num_full = req.num_published_blocks, num_tokens // req.block_size
         if self.enable_prefix_caching and first < num_full:
             self.pool.cache_many(req.block_table[first:num_full], req.block_hashes[first:num_full])
+            self.changed += req.block_hashes[first:num_full]
             for i in range(first, num_full) if self.rerotate else ():
                 if self.pool.peek(req.block_hashes[i]) == req.block_table[i]:
                     self.block_start[req.block_table[i]] = i * req.block_size
@@ -190,7 +219,7 @@ class KVCacheManager:
             for i in computed:  # NOTE: only blocks it computes can be pending on it (a cached prompt has few)
                 block_hash = req.block_hashes[i]
                 if self.pending.get(block_hash, (None, None))[1] is req:
-                    del self.pending[block_hash]
+                    del self.pending[block_hash]  # NOTE: logged above, with the blocks cached
                     for waiter, block in self.waiters.pop(block_hash, []):
                         waiter.waiting_blocks.discard(block)
         req.num_published_blocks = max(req.num_published_blocks, num_full)
@@ -211,6 +240,7 @@ class KVCacheManager:
             if waiters:
                 self.waiters[block_hash] = waiters
         req.waiting_blocks = set()
+        self.match_memo.pop(req, None)
         self.pool.free(reversed(req.block_table))
         req.block_table = []
         if self.states is not None:
@@ -221,6 +251,7 @@ class KVCacheManager:
         return self.states.take_ops() if self.states is not None else None
 
     def _hand_over(self, block_hash: BlockHash, block_id: int, owner: Request) -> None:
+        self.changed.append(block_hash)
         waiters = [(w, b) for w, b in self.waiters.pop(block_hash, []) if w is not owner]
         if not waiters:
             del self.pending[block_hash]
@@ -236,6 +267,7 @@ class KVCacheManager:
     # -- the host tier -------------------------------------------------------------------------------------
 
     def _evicted(self, block_id: int, block_hash: BlockHash) -> None:
+        self.changed.append(block_hash)
         if self.host is not None:
             slot = self.host.store(block_hash)
             if slot is not None:
@@ -248,6 +280,7 @@ class KVCacheManager:
     def reset_prefix_cache(self) -> None:
         """Forget every hash on the device and in the host tier (after a failed step: contents unknown)."""
         self.pool.reset_prefix_cache()
+        self.match_memo.clear()
         if self.host is not None:
             self.host.reset()
         self.copies.clear()

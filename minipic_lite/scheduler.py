@@ -155,10 +155,11 @@ class Scheduler:
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
         policy = self.config.span_policy
-        lookahead = self._lookahead() if policy != "inline" else []
+        lookahead = self._lookahead() if policy == "barrier" else None
         missing = functools.cache(self._missing_spans)  # per request: what it misses when first asked this step
         # NOTE: a list, not a generator: all of the lookahead is asked before any admission changes the cache
         barrier = policy == "barrier" and (any([missing(req) for req in lookahead]) or bool(self.span_running))
+        num_running = len(self.running)
         for req in list(self.waiting):
             if budget <= 0 or len(self.running) >= self.config.max_num_seqs:
                 break
@@ -173,7 +174,9 @@ class Scheduler:
             budget -= self._commit_chunk(req, ranges, end, out)
         # NOTE: barrier (SPNL) starts the spans of the next batch only once the finals of the last one are done
         ahead = policy == "isps" or (policy == "barrier" and not self.running)
-        for req in self._lookahead() if ahead else ():
+        if ahead and (lookahead is None or len(self.running) > num_running):
+            lookahead = self._lookahead()  # NOTE: only an admission changes what it depends on since the first
+        for req in lookahead if ahead else ():
             for segment in missing(req):
                 budget = self._start_span_prefill(req, segment, out, budget)
                 if budget <= 0:
