@@ -210,8 +210,9 @@ def side_by_side(args) -> dict:
         hf = Qwen3_5ForCausalLM(config).to(dtype).eval()
     tmp = Path(tempfile.mkdtemp(prefix="hybrid_bench_"))
     hf.save_pretrained(tmp)
+    # NOTE: a budget that holds the 4 prompts: one step, as transformers runs them in one batched forward
     llm = mp.LLM(str(tmp), device=args.device, dtype=str(dtype).removeprefix("torch."), max_model_len=args.max_len,
-                 checkpoint_policy="none")  # fmt: skip
+                 checkpoint_policy="none", max_num_batched_tokens=max(4 * args.prefill_len, 2048))  # fmt: skip
     engine, out = llm.engine, {}
     prompt_len = args.prefill_len
     g = torch.Generator().manual_seed(1)
@@ -253,7 +254,7 @@ def top_kernels(run, device: str, num: int = 15) -> dict:
 def engine_prefill(engine, prompts, warm_up: bool = True) -> float:
     params = mp.SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
     engine.pool.reset_prefix_cache()
-    for prompt in prompts[:1] if warm_up else []:
+    for prompt in prompts if warm_up else []:  # the timed step's shape, first
         engine.add_request(prompt, params)
     while engine.has_unfinished():
         engine.step()
@@ -270,14 +271,15 @@ def engine_prefill(engine, prompts, warm_up: bool = True) -> float:
 
 @torch.inference_mode()
 def hf_prefill(hf, prompts, device: str, warm_up: bool = True) -> float:
+    """The prompts (of one length) as one batch in one forward, as the engine runs them in one step."""
+    batch = torch.tensor(prompts, device=device)
     if warm_up:
-        hf(torch.tensor([prompts[0]], device=device))
+        hf(batch, logits_to_keep=1)
     sync(device)
     start = time.perf_counter()
-    for prompt in prompts:
-        hf(torch.tensor([prompt], device=device), logits_to_keep=1)
+    hf(batch, logits_to_keep=1)
     sync(device)
-    return sum(map(len, prompts)) / (time.perf_counter() - start)
+    return batch.numel() / (time.perf_counter() - start)
 
 
 def engine_decode(llm, prompts, num_tokens: int) -> float:
