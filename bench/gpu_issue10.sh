@@ -9,6 +9,11 @@ cd "$(dirname "$0")/.."
 export TRITON_INTERPRET=0 PYTHONUNBUFFERED=1 GIT_SHA=${GIT_SHA:-unknown}
 [[ -d .whl ]] && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl >/dev/null 2>&1
 export PYTHONPATH=/tmp/site:$PWD
+# NOTE: compiled kernels and autotune results (Triton's cache; fla autotunes 35-55 s per dtype on a fresh machine)
+# and torch.compile's cache, kept in a carried folder: a machine given back after 30 s idle starts warm next call.
+# Back here: tar xzf <files_at>/gpu_cache.tgz in the repo root, then carry .gpu_cache with .whl and bench/data.
+export TRITON_CACHE_DIR=$PWD/.gpu_cache/triton TORCHINDUCTOR_CACHE_DIR=$PWD/.gpu_cache/inductor
+mkdir -p "$TRITON_CACHE_DIR" "$TORCHINDUCTOR_CACHE_DIR"
 step() {  # step NAME LIMIT_S command...: run it with a limit, keep its log, show its end
     local name=$1 limit=$2
     shift 2
@@ -61,4 +66,6 @@ if [[ $part == all || $part == b ]]; then
     step hybrid_gpu 200 python3 bench/hybrid_checkpoints.py --gpu --skip-savings --profile
 fi
 cp bench/results/*"$GIT_SHA"* "$OUT"/ 2>/dev/null
-ls "$OUT"
+tar czf "$OUT/gpu_cache.tgz" .gpu_cache  # NOTE: up to 16 MiB comes back; without Inductor's if it is larger
+(($(stat -c %s "$OUT/gpu_cache.tgz") < 16000000)) || tar czf "$OUT/gpu_cache.tgz" .gpu_cache/triton
+ls -l "$OUT"
