@@ -175,3 +175,66 @@ def test_fla_chunk_indices_name_each_sequences_chunks_in_order():
 
     assert fla_chunk_indices([3, 64, 65, 1]) == [(0, 0), (1, 0), (2, 0), (2, 1), (3, 0)]
     assert fla_chunk_indices([130], chunk_size=64) == [(0, 0), (0, 1), (0, 2)]
+
+
+# -- the fla call, checked on the CPU against a stand-in with fla's contract --------------------------------------
+
+
+def _fla_contract(q, k, v, g, beta, scale, initial_state, cu_seqlens, use_qk_l2norm_in_kernel, output_final_state):
+    """fla's gated delta rule contract (0.6.0), stated with our own torch code: q, k [1, T, H, K]; v [1, T, HV, V]
+    with HV a multiple of H (GVA: value head h reads q/k head h // (HV / H)); g (log decay), beta [1, T, HV];
+    initial_state [N, HV, K, V] for the N sequences of cu_seqlens. Returns o [1, T, HV, V] in v's dtype and the
+    final states [N, HV, K, V] in float32."""
+    assert q.shape == k.shape and q.dim() == v.dim() == 4 and q.shape[0] == 1 and v.shape[2] % q.shape[2] == 0
+    assert g.shape == beta.shape == v.shape[:3] and g.dtype == torch.float32 and use_qk_l2norm_in_kernel
+    assert q.dtype == k.dtype == v.dtype == beta.dtype  # fla's tensor-core path: one dtype for q, k, v
+    cu = cu_seqlens.tolist()
+    assert initial_state.shape == (len(cu) - 1, v.shape[2], q.shape[3], v.shape[3]) and output_final_state
+    rep = v.shape[2] // q.shape[2]
+    q = (gdr.l2norm(q[0].float()) * scale).repeat_interleave(rep, dim=1)
+    k = gdr.l2norm(k[0].float()).repeat_interleave(rep, dim=1)
+    outs, finals = [], []
+    for n, (start, end) in enumerate(zip(cu, cu[1:], strict=False)):
+        part = slice(start, end)
+        out, final = gdr.recurrent_gated_delta_rule_ref(q[part], k[part], v[0, part], g[0, part], beta[0, part],
+                                                        initial_state[n])  # fmt: skip
+        outs.append(out)
+        finals.append(final)
+    return torch.cat(outs)[None].to(v.dtype), torch.stack(finals)
+
+
+def fake_chunk(q, k, v, g, beta, *, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, cu_seqlens,
+               chunk_indices):  # fmt: skip
+    from minipic_lite.models.qwen3_5 import fla_chunk_indices
+
+    lens = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
+    assert chunk_indices.tolist() == [list(c) for c in fla_chunk_indices(lens)]
+    return _fla_contract(q, k, v, g, beta, scale, initial_state, cu_seqlens, use_qk_l2norm_in_kernel,
+                         output_final_state)  # fmt: skip
+
+
+def fake_fused(q, k, v, g, beta, *, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, cu_seqlens):
+    assert (cu_seqlens[1:] - cu_seqlens[:-1]).eq(1).all()  # decode: one token per sequence
+    return _fla_contract(q, k, v, g, beta, scale, initial_state, cu_seqlens, use_qk_l2norm_in_kernel,
+                         output_final_state)  # fmt: skip
+
+
+def test_the_fla_call_computes_what_the_torch_path_does(hybrid, monkeypatch):
+    """What the model hands fla on CUDA (dtypes, scale, GVA heads, states, cu_seqlens, chunk indices), given to a
+    stand-in that states fla's contract with our torch code: prefill logits and greedy tokens (chunked prefill,
+    batched decode, resumes) equal the torch path's."""
+    from minipic_lite.models import qwen3_5
+
+    path, _ = hybrid
+    prompts = _prompts(1, [70], seed=2)[0]
+    prompts = [prompts + tail for tail in _prompts(3, [30, 3, 50], seed=3)] + _prompts(2, [1, 130], seed=4)
+    params = mp.SamplingParams(max_tokens=8, **GREEDY)
+    torch_path = _llm(path)
+    expected = [o.token_ids for o in torch_path.generate(prompts, params, use_tqdm=False)]
+    one_step = dict(max_num_batched_tokens=512, enable_prefix_caching=False)
+    logits = _prefill_logits(_llm(path, **one_step), prompts[4])
+    monkeypatch.setattr(qwen3_5, "_fla_kernels", lambda device: (fake_chunk, fake_fused))
+    fla_path = _llm(path)
+    for _ in range(2):  # the second time from checkpoints
+        assert [o.token_ids for o in fla_path.generate(prompts, params, use_tqdm=False)] == expected
+    assert max_abs_err(_prefill_logits(_llm(path, **one_step), prompts[4]), logits) <= 1e-4

@@ -51,8 +51,10 @@ def fla_chunk_indices(query_lens: list[int], chunk_size: int = FLA_CHUNK_SIZE) -
     return [(seq, chunk) for seq, n in enumerate(query_lens) for chunk in range(cdiv(n, chunk_size))]
 
 
-def _fla_kernels():
-    """fla's chunked and fused-recurrent kernels, or None (not installed). Only ever called on CUDA."""
+def _fla_kernels(device: torch.device):
+    """fla's chunked and fused-recurrent kernels on CUDA, or None (another device, or fla not installed)."""
+    if device.type != "cuda":
+        return None
     try:
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
     except ImportError:
@@ -234,8 +236,8 @@ class Qwen3_5ForCausalLM(CausalLM):
         self._follow_step(meta)
         if meta.recurrent is None:  # a forward with no slots (the warm-up that sizes the cache): zero states
             meta.recurrent = RecurrentStep.scratch(self.state_shapes(), meta, self.embed_tokens.weight.dtype)
-        if meta.recurrent.fla is None and meta.positions.is_cuda:
-            meta.recurrent.fla = _fla_kernels()
+        if meta.recurrent.fla is None:
+            meta.recurrent.fla = _fla_kernels(meta.positions.device)
         x = self.embed_tokens(input_ids)  # (T, hidden)
         for layer in self.layers:
             x = layer(x, meta, kv_cache, self.cos_sin)
