@@ -106,16 +106,19 @@ def device_time(llm: mp.LLM, setup, prompt) -> dict:
     llm.engine.kv.reset_prefix_cache()
     setup()
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         seconds, _ = ttft(llm, prompt)
         torch.cuda.synchronize()
-    events = [e for e in prof.key_averages() if e.self_device_time_total > 0]
+    averages = prof.key_averages()
+    events = [e for e in averages if e.self_device_time_total > 0]
     busy_us = sum(e.self_device_time_total for e in events)
     top = sorted(events, key=lambda e: -e.self_device_time_total)[:8]
+    host = sorted(averages, key=lambda e: -e.self_cpu_time_total)[:12]  # where the rest goes (syncs, copies)
     return {
         "device_s": busy_us / 1e6,
         "ttft_profiled_s": seconds,
         "top_kernels": [(e.key[:80], e.count, e.self_device_time_total / 1e3) for e in top],  # name, calls, ms
+        "top_host_ops": [(e.key[:80], e.count, e.self_cpu_time_total / 1e3) for e in host],  # name, calls, ms
     }
 
 
