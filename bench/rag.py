@@ -228,13 +228,14 @@ def run_system(llm: mp.LLM, samples, recipe: str, policy: str, new_tokens: int =
 def schedule_ceiling(llm: mp.LLM, samples, barrier: dict) -> dict:
     """The most any span schedule (ISPS included) could gain over `barrier` on these samples.
 
-    Every schedule computes the same tokens: the prompt tokens that miss the cache and one token per new token
-    but the first. The engine's best rate of computing tokens is its prefill rate (full steps, no decode: the
-    same prompts with one new token each). So no schedule takes less than tokens / that rate, and barrier's wall
-    time over that floor bounds what overlapping spans with decodes can win."""
+    Every schedule computes at least the prompt tokens that miss the cache (counted here in a run of the same
+    prompts with one new token each, where nothing is preempted and computed again) and one token per new token
+    but the first. The engine's best rate of computing tokens is its prefill rate (that run's: full steps, no
+    decode). So no schedule takes less than tokens / that rate, and barrier's wall time over that floor bounds
+    what overlapping spans with decodes can win."""
     prefill = run_system(llm, samples, "block_attention", "inline", new_tokens=1)
     rate = prefill["computed_prompt_tokens"] / prefill["wall_s"]
-    tokens = barrier["computed_prompt_tokens"] + len(samples) * (NEW_TOKENS - 1)
+    tokens = prefill["computed_prompt_tokens"] + len(samples) * (NEW_TOKENS - 1)
     floor_s = tokens / rate
     return {"prefill_tok_s": rate, "tokens": tokens, "floor_s": floor_s, "barrier_s": barrier["wall_s"],
             "max_gain_over_barrier": barrier["wall_s"] / floor_s}  # fmt: skip
