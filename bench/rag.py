@@ -109,20 +109,24 @@ def build_dataset(num_samples: int, reuse: float, seed: int = 0):
     rng.shuffle(pool)
     systems = [tokenizer.encode(t, add_special_tokens=False)[:SYSTEM_TOKENS] for t in load_system_prompts(200).values()]
     systems = systems[:4]
+    rows = sample_rows(pool, systems, num_samples, reuse, rng, lambda i: tokenizer.encode(
+        f"Question {i}: which two passages above agree most, and on what? Answer in one sentence.",
+        add_special_tokens=False))  # fmt: skip
+    return datasets.Dataset.from_list(rows, info=datasets.DatasetInfo(description=f"rag reuse={reuse} seed={seed}"))
+
+
+def sample_rows(pool, systems, num_samples: int, reuse: float, rng: random.Random, question) -> list[dict]:
+    """Each sample: NUM_PASSAGES passages of `pool`, a `reuse` share of them seen in earlier samples (when there
+    are enough), the rest fresh, shuffled; its system prompt in turn; `question(i)` its question's tokens."""
     fresh, seen, rows = iter(range(len(pool))), [], []
     for i in range(num_samples):
         num_seen = min(round(reuse * NUM_PASSAGES), len(seen)) if seen else 0
         chosen = rng.sample(seen, num_seen) + [next(fresh) for _ in range(NUM_PASSAGES - num_seen)]
         seen += [p for p in chosen if p not in seen]
         rng.shuffle(chosen)
-        question = f"Question {i}: which two passages above agree most, and on what? Answer in one sentence."
-        rows.append({
-            "system": systems[i % len(systems)],
-            "passage_ids": chosen,
-            "passages": [pool[p] for p in chosen],
-            "question": tokenizer.encode(question, add_special_tokens=False),
-        })  # fmt: skip
-    return datasets.Dataset.from_list(rows, info=datasets.DatasetInfo(description=f"rag reuse={reuse} seed={seed}"))
+        rows.append({"system": systems[i % len(systems)], "passage_ids": chosen,
+                     "passages": [pool[p] for p in chosen], "question": question(i)})  # fmt: skip
+    return rows
 
 
 def dataset_path(num_samples: int, reuse: float) -> Path:

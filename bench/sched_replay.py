@@ -28,7 +28,16 @@ import statistics
 import time
 from pathlib import Path
 
-from rag import CONTROL, DATA, NEW_TOKENS, NUM_PASSAGES, PASSAGE_TOKENS, SYSTEM_TOKENS, compose  # beside this file
+from rag import (  # beside this file
+    CONTROL,
+    DATA,
+    NEW_TOKENS,
+    NUM_PASSAGES,
+    PASSAGE_TOKENS,
+    SYSTEM_TOKENS,
+    compose,
+    sample_rows,
+)
 
 import minipic_lite as mp
 from minipic_lite.config import SchedulerConfig
@@ -50,15 +59,7 @@ def synthesize(num_samples: int, reuse: float, seed: int = 0) -> list[dict]:
         for _ in range(NUM_PASSAGES * num_samples)
     ]
     systems = [[rng.randrange(6, 49000) for _ in range(SYSTEM_TOKENS)] for _ in range(4)]
-    fresh, seen, rows = iter(range(len(pool))), [], []
-    for i in range(num_samples):
-        num_seen = min(round(reuse * NUM_PASSAGES), len(seen)) if seen else 0
-        chosen = rng.sample(seen, num_seen) + [next(fresh) for _ in range(NUM_PASSAGES - num_seen)]
-        seen += [p for p in chosen if p not in seen]
-        rng.shuffle(chosen)
-        question = [rng.randrange(6, 49000) for _ in range(20)]
-        rows.append({"system": systems[i % 4], "passages": [pool[p] for p in chosen], "question": question})
-    return rows
+    return sample_rows(pool, systems, num_samples, reuse, rng, lambda i: [rng.randrange(6, 49000) for _ in range(20)])
 
 
 def load_samples(args) -> tuple[list[dict], str]:
