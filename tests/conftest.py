@@ -71,6 +71,23 @@ def write_gguf(path, architecture: str):
     return path
 
 
+TINY_LLAMA = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, eos_token_id=2, tie_word_embeddings=False)  # fmt: skip
+
+
+def save_tiny_llama(path, **overrides):
+    """A tiny random Llama (TINY_LLAMA with `overrides`) saved to `path`, its lm_head drawn wide so that logits lie
+    far apart and rounding between batch shapes never flips a greedy choice; returns `path`."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(**{**TINY_LLAMA, **overrides}))
+    with torch.no_grad():
+        model.lm_head.weight.normal_(0.0, 4.0)
+    model.save_pretrained(path)
+    return path
+
+
 def max_abs_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
     """Max absolute error, printed with the relative error so a failure says how far off it is."""
     diff = (actual.double() - expected.double()).abs().max().item()

@@ -6,6 +6,7 @@ import torch
 
 import minipic_lite as mp
 from minipic_lite.cuda_graphs import StepGraphs, graph_shapes, padding_lens, pick_shape
+from tests.conftest import save_tiny_llama
 
 SHAPES = graph_shapes((1, 2, 4, 8, 16), max_num_seqs=8, token_sizes=(16, 32, 64, 128), max_tokens_per_seq=8)
 
@@ -69,17 +70,7 @@ def test_padding_lens(num_seqs, num_tokens, shape, expected):
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, vocab_size=64, max_position_embeddings=256, eos_token_id=2)  # fmt: skip
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(config)
-    with torch.no_grad():  # logits far apart: batch shapes never flip a greedy choice
-        model.lm_head.weight.normal_(0.0, 4.0)
-    path = tmp_path_factory.mktemp("tiny_graphs")
-    model.save_pretrained(path)
-    return path
+    return save_tiny_llama(tmp_path_factory.mktemp("tiny_graphs"), vocab_size=64, max_position_embeddings=256)
 
 
 class EagerReplay:

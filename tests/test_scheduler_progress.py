@@ -8,9 +8,9 @@ policy, with and without a host tier, must finish every request with the greedy 
 import random
 
 import pytest
-import torch
 
 import minipic_lite as mp
+from tests.conftest import save_tiny_llama
 
 S, P, PAD = 3, 4, 5  # control tokens of the tiny vocabulary
 CONTROL = mp.ControlTokens(ssep_id=S, pdep_id=P, pad_id=PAD)
@@ -22,18 +22,7 @@ ENGINE_KWARGS = dict(
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, vocab_size=48, max_position_embeddings=128, eos_token_id=2,
-                         tie_word_embeddings=False)  # fmt: skip
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(config)
-    with torch.no_grad():  # logits far apart, so rounding between batch shapes never flips a greedy choice
-        model.lm_head.weight.normal_(0.0, 4.0)
-    path = tmp_path_factory.mktemp("tiny_llama_progress")
-    model.save_pretrained(path)
-    return path
+    return save_tiny_llama(tmp_path_factory.mktemp("tiny_llama_progress"), vocab_size=48, max_position_embeddings=128)
 
 
 def rag_prompts(num_prompts: int = 12, num_docs: int = 4, seed: int = 0) -> list[list[int]]:

@@ -8,9 +8,9 @@ every greedy output equal to its solo run on a roomy engine.
 import random
 
 import pytest
-import torch
 
 import minipic_lite as mp
+from tests.conftest import save_tiny_llama
 
 NUM_STEPS = 10_000
 S, P, PAD = 3, 4, 5  # control tokens of the tiny vocabulary
@@ -20,18 +20,7 @@ B = 4
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, vocab_size=48, max_position_embeddings=96, eos_token_id=2,
-                         tie_word_embeddings=False)  # fmt: skip
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(config)
-    with torch.no_grad():  # logits far apart, so rounding between batch shapes never flips a greedy choice
-        model.lm_head.weight.normal_(0.0, 4.0)
-    path = tmp_path_factory.mktemp("tiny_llama")
-    model.save_pretrained(path)
-    return path
+    return save_tiny_llama(tmp_path_factory.mktemp("tiny_llama"), vocab_size=48, max_position_embeddings=96)
 
 
 def random_prompt(rng: random.Random, docs: list[list[int]]) -> list[int]:
