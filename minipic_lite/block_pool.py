@@ -94,13 +94,8 @@ class BlockPool:
             block.ref_cnt += 1
 
     def num_free_among(self, block_ids: Iterable[int]) -> int:
-        """How many of these blocks sit in the free queue (those of ref 0)."""
-        return len(self.free_queue.keys() & set(block_ids))
-
-    def num_in_use_among(self, block_ids: Iterable[int]) -> int:
-        """How many of these blocks (each as often as listed) are held: ref > 0, i.e. not in the free queue."""
-        block_ids = list(block_ids)
-        return len(block_ids) - sum(map(self.free_queue.__contains__, block_ids))
+        """How many of these blocks (each as often as listed) sit in the free queue: those of ref 0."""
+        return sum(map(self.free_queue.__contains__, block_ids))
 
     def allocate(self) -> int:
         """A fresh block (ref 1, no hash): the least recently freed one, whose old hash is forgotten."""

@@ -37,6 +37,24 @@ def blocks_of_kind(kinds: list[str], kind: str, found: list[int | None]) -> dict
     return dict(compress(enumerate(found), map(kind.__eq__, kinds)))
 
 
+@dataclass(slots=True)
+class MatchEntry:
+    """A remembered match() of a waiting prompt (KVCacheManager.match_memo)."""
+
+    checked: int  # len(KVCacheManager.changed) when last found to hold
+    num_hittable: int
+    hashes: frozenset[BlockHash]
+    kinds: list[str]
+    found: list[int | None]
+
+    def holds(self, changed: list[BlockHash]) -> bool:
+        """None of its hashes changed since it was last checked (and from now on, only later changes count)."""
+        if not self.hashes.isdisjoint(changed[self.checked :]):
+            return False
+        self.checked = len(changed)
+        return True
+
+
 @dataclass(frozen=True, slots=True)
 class Rerotate:
     """The copy-rerotate baseline: copy block `src` to `dst`, its (rotated) keys turned by `delta` positions."""
@@ -59,10 +77,10 @@ class KVCacheManager:
         self.states = states  # hybrid models: state slots and checkpoints (state_cache.py)
         # the copy-rerotate baseline: where each published block's first token sat when it was computed
         self.rerotate, self.block_start, self.num_rerotated = rerotate, {}, 0
-        # match() of waiting prompts, kept across steps: req -> (len(changed) then, num_hittable, hashes, kinds,
-        # found). An entry holds while none of its hashes was cached, evicted or made (not) pending since: `changed`
-        # logs every hash whose entry in the pool's map or in `pending` changed.
-        self.match_memo: dict[Request, tuple] = {}
+        # match() of waiting prompts, kept across steps. An entry holds while none of its hashes was cached,
+        # evicted or made (not) pending since: `changed` logs every hash whose entry in the pool's map or in
+        # `pending` changed.
+        self.match_memo: dict[Request, MatchEntry] = {}
         self.changed: list[BlockHash] = []
 
     @property
@@ -85,17 +103,16 @@ class KVCacheManager:
         hashes = req.block_hashes[:num_hittable]
         # NOTE: a host tier's LRU and the rerotate offsets change without a log entry: no memo there
         use_memo = self.host is None and not self.rerotate and not req.is_span_prefill
-        memo = self.match_memo.get(req) if use_memo else None
-        if memo is not None and memo[1] == num_hittable and memo[2].isdisjoint(self.changed[memo[0] :]):
-            self.match_memo[req] = (len(self.changed), *memo[1:])  # NOTE: checked up to here: not again
-            return memo[3][:], memo[4][:]
+        entry = self.match_memo.get(req) if use_memo else None
+        if entry is not None and entry.num_hittable == num_hittable and entry.holds(self.changed):
+            return entry.kinds[:], entry.found[:]
         found = self.pool.peek_many(hashes)
         kinds = self._kinds(hashes, found, req.block_size)
         if use_memo:
             if len(self.changed) > MAX_CHANGED_LOG:  # NOTE: older than every entry: all of them start over
                 self.changed.clear()
                 self.match_memo.clear()
-            self.match_memo[req] = (len(self.changed), num_hittable, frozenset(hashes), kinds[:], found[:])
+            self.match_memo[req] = MatchEntry(len(self.changed), num_hittable, frozenset(hashes), kinds[:], found[:])
         return kinds, found
 
     def _kinds(self, hashes: list[BlockHash], found: list[int | None], B: int) -> list[str]:
@@ -116,7 +133,7 @@ class KVCacheManager:
         other requests hold (hits in use, pending)."""
         kinds, found = self._match(req)
         hits = blocks_of_kind(kinds, HIT, found)
-        num_held = kinds.count(PENDING) + self.pool.num_in_use_among(hits.values())
+        num_held = kinds.count(PENDING) + len(hits) - self.pool.num_free_among(hits.values())
         return req.num_blocks_for(len(req.token_ids)) - num_held
 
     def allocate_prompt(self, req: Request) -> bool:

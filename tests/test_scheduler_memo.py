@@ -137,7 +137,7 @@ def test_the_memo_holds_across_steps_and_drops_an_entry_once_a_hash_of_it_change
     other = Request("o", [40, 41, 42, 43, 44], SamplingParams(), B, ROOT)
     assert kv.allocate_prompt(other)
     kv.publish(other, 4)  # an unrelated hash: the entry holds
-    assert kv.match(a) == first and kv.match_memo[a][0] == len(kv.changed)
+    assert kv.match(a) == first and kv.match_memo[a].checked == len(kv.changed)
     b = span_request("b", [25, 26, 27, PAD, *doc, P, 60, 62])
     assert kv.allocate_prompt(b)  # b computes the document: pending for a
     assert kv.match(a) == ["miss", "pending", "pending"]

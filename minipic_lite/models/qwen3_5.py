@@ -46,8 +46,8 @@ FLA_CHUNK_SIZE = 64  # tokens per chunk in fla's chunked delta rule (its default
 
 def fla_chunk_indices(query_lens: list[int], chunk_size: int = FLA_CHUNK_SIZE) -> list[tuple[int, int]]:
     """(sequence, chunk) of every chunk of a varlen batch, in order: fla's `chunk_indices`. Given to fla once per
-    step, it spares each linear layer a device-to-host round trip (fla derives them from `cu_seqlens` otherwise,
-    and the copy back to the device synchronises the stream: the GPU then idles while the host launches)."""
+    step, from the host's query lengths; otherwise each linear layer's call derives them from the device's
+    `cu_seqlens` (fla 0.6.0 reads their sum back to the host to size them)."""
     return [(seq, chunk) for seq, n in enumerate(query_lens) for chunk in range(cdiv(n, chunk_size))]
 
 
@@ -169,8 +169,8 @@ class GatedDeltaNet(nn.Module):
 
     def _fla(self, q, k, v, g, beta, ssm_state, rec: RecurrentStep) -> torch.Tensor:
         """CUDA with fla installed: one varlen launch for all sequences, as transformers calls it: q, k, v in
-        the model's dtype (fla's tensor-core path; a float32 input runs several times slower), q and k
-        L2-normalised in the kernel, value heads sharing q/k heads (GVA) in the kernel; the state stays float32."""
+        the model's dtype, q and k L2-normalised in the kernel, value heads sharing q/k heads (GVA) in the
+        kernel; the state stays float32."""
         chunk, fused = rec.fla
         common = dict(scale=self.k_dim**-0.5, initial_state=ssm_state[rec.slots], output_final_state=True,
                       use_qk_l2norm_in_kernel=True, cu_seqlens=rec.cu_seqlens)  # fmt: skip
