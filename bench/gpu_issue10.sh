@@ -3,7 +3,7 @@
 # benches (Llama-3-8B shape, random bf16), each log under $OUT. Needs .whl (datasets, dill, multiprocess) and
 # bench/data (the RAG datasets, built here with `python bench/rag.py --build-only --samples 64`) carried.
 #
-#   GIT_SHA=$(git rev-parse --short HEAD) bash bench/gpu_issue10.sh [part]   part: all (default), a, b, ops, ttft, probe or hybrid
+#   GIT_SHA=$(git rev-parse --short HEAD) bash bench/gpu_issue10.sh [part]   part: all (default), a, b, ops, ttft, host, probe or hybrid
 set -u
 cd "$(dirname "$0")/.."
 export TRITON_INTERPRET=0 PYTHONUNBUFFERED=1 GIT_SHA=${GIT_SHA:-unknown}
@@ -40,9 +40,15 @@ RAG="python3 bench/rag.py --device cuda --llama3-8b-shape --samples 64"
 HYBRID="python3 bench/hybrid_checkpoints.py --gpu --num-layers 8 --prefill-len 2048 --decode-tokens 32"
 if [[ $part == hybrid ]]; then  # issue 11: the fla path's GPU test (fla autotunes ~35 s per dtype on a fresh machine),
     # then the side by side with its device and host profiles (where the prefill's host time goes)
-    step hybrid_tests 240 python3 -m pytest -x -q -m gpu tests/test_gpu.py -k hybrid -p no:cacheprovider -p no:logging \
+    step hybrid_tests 210 python3 -m pytest -x -q -m gpu tests/test_gpu.py -k hybrid -p no:cacheprovider -p no:logging \
         --tb=short
     step hybrid_gpu 200 $HYBRID --skip-savings --profile
+fi
+if [[ $part == host ]]; then  # issue 10: where a cached prompt's TTFT goes on the H200 (sections, cProfile), then
+    # the 8 x 2048 row under the profiler, then the offload comparison
+    step host_ttft 120 python3 bench/host_ttft.py --device cuda --llama3-8b-shape --runs 20 --profile
+    step ttft_8x2048 90 python3 bench/ttft_spans.py --device cuda --llama3-8b-shape --doc-tokens 2048 --ks 8 --repeats 3
+    step offload 280 $RAG --offload --reuse 0.9 --max-num-seqs 4 --max-num-batched-tokens 4096 --tag=-offload
 fi
 if [[ $part == probe ]]; then  # issue 11's fla path (tests, side by side with its profile), then issue 10's
     step gpu_tests 170 python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider
