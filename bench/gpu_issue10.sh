@@ -3,7 +3,8 @@
 # benches (Llama-3-8B shape, random bf16), each log under $OUT. Needs .whl (datasets, dill, multiprocess) and
 # bench/data (the RAG datasets, built here with `python bench/rag.py --build-only --samples 64`) carried.
 #
-#   GIT_SHA=$(git rev-parse --short HEAD) bash bench/gpu_issue10.sh [part]   part: all (default), a, b, ops, ttft, host, probe or hybrid
+#   GIT_SHA=$(git rev-parse --short HEAD) bash bench/gpu_issue10.sh [part]   part: all (default), a, b, ops, ttft, host, offload,
+#   probe or hybrid, or several joined by commas
 set -u
 cd "$(dirname "$0")/.."
 export TRITON_INTERPRET=0 PYTHONUNBUFFERED=1 GIT_SHA=${GIT_SHA:-unknown}
@@ -11,8 +12,11 @@ export TRITON_INTERPRET=0 PYTHONUNBUFFERED=1 GIT_SHA=${GIT_SHA:-unknown}
 export PYTHONPATH=/tmp/site:$PWD
 # NOTE: compiled kernels and autotune results (Triton's cache; fla autotunes 35-55 s per dtype on a fresh machine)
 # and torch.compile's cache, kept in a carried folder: a machine given back after 30 s idle starts warm next call.
-# Back here: tar xzf <files_at>/gpu_cache.tgz in the repo root, then carry .gpu_cache with .whl and bench/data.
+# Back here: copy <files_at>/gpu_cache.tgz.* into .gpu_cache_tgz/ and carry it with .whl and bench/data (compressed,
+# it fits the 64 MiB a call carries); the logs and results come back as one results.tgz (8 files at most come back).
+[[ -d .gpu_cache_tgz ]] && cat .gpu_cache_tgz/gpu_cache.tgz.* | tar xz
 export TRITON_CACHE_DIR=$PWD/.gpu_cache/triton TORCHINDUCTOR_CACHE_DIR=$PWD/.gpu_cache/inductor
+export TRITON_CACHE_AUTOTUNING=1  # autotune results kept on disk with the kernels
 mkdir -p "$TRITON_CACHE_DIR" "$TORCHINDUCTOR_CACHE_DIR"
 step() {  # step NAME LIMIT_S command...: run it with a limit, keep its log, show its end
     local name=$1 limit=$2
@@ -22,13 +26,14 @@ step() {  # step NAME LIMIT_S command...: run it with a limit, keep its log, sho
     echo "rc=$? ($(date +%T))"
     tail -n 30 "$OUT/$name.log"
 }
-part=${1:-all}
-if [[ $part == ops ]]; then  # after a kernel change: the GPU tests, the op's validation, the short-prefill op bench
+part=${1:-all}  # one part, or several: hybrid,host
+want() { [[ ",$part," == *",$1,"* ]]; }
+if want ops; then  # after a kernel change: the GPU tests, the op's validation, the short-prefill op bench
     step gpu_tests 200 python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider
     step op_validation 120 python3 bench/gpu_ops.py --only __none__ --out "$OUT"
     step short_prefill 240 python3 bench/gpu_short_prefill.py
 fi
-if [[ $part == ttft ]]; then  # the cached-prompt TTFT grid and the RAG bench, with the tests first (one call)
+if want ttft; then  # the cached-prompt TTFT grid and the RAG bench, with the tests first (one call)
     step gpu_tests 110 python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider
     step op_validation 90 python3 bench/gpu_ops.py --only __none__ --out /tmp/gpu_ops  # its log says enough
     step ttft_grid 160 python3 bench/ttft_spans.py --device cuda --llama3-8b-shape --doc-tokens 512,1024,2048,4096 \
@@ -38,31 +43,33 @@ if [[ $part == ttft ]]; then  # the cached-prompt TTFT grid and the RAG bench, w
 fi
 RAG="python3 bench/rag.py --device cuda --llama3-8b-shape --samples 64"
 HYBRID="python3 bench/hybrid_checkpoints.py --gpu --num-layers 8 --prefill-len 2048 --decode-tokens 32"
-if [[ $part == hybrid ]]; then  # issue 11: the fla path's GPU test (fla autotunes ~35 s per dtype on a fresh machine),
+if want hybrid; then  # issue 11: the fla path's GPU test (fla autotunes ~35 s per dtype on a fresh machine),
     # then the side by side with its device and host profiles (where the prefill's host time goes)
     step hybrid_tests 210 python3 -m pytest -x -q -m gpu tests/test_gpu.py -k hybrid -p no:cacheprovider -p no:logging \
         --tb=short
-    step hybrid_gpu 200 $HYBRID --skip-savings --profile
+    step hybrid_gpu 180 $HYBRID --skip-savings --profile
 fi
-if [[ $part == host ]]; then  # issue 10: where a cached prompt's TTFT goes on the H200 (sections, cProfile), then
-    # the 8 x 2048 row under the profiler, then the offload comparison
-    step host_ttft 120 python3 bench/host_ttft.py --device cuda --llama3-8b-shape --runs 20 --profile
+if want host; then  # issue 10: where a cached prompt's TTFT goes on the H200 (sections, cProfile), then
+    # the 8 x 2048 row under the profiler
+    step host_ttft 100 python3 bench/host_ttft.py --device cuda --llama3-8b-shape --runs 20 --profile
     step ttft_8x2048 90 python3 bench/ttft_spans.py --device cuda --llama3-8b-shape --doc-tokens 2048 --ks 8 --repeats 3
+fi
+if want offload; then  # issue 10: host tier vs recompute vs copy-rerotate on a cache of 1/4 of the working set
     step offload 280 $RAG --offload --reuse 0.9 --max-num-seqs 4 --max-num-batched-tokens 4096 --tag=-offload
 fi
-if [[ $part == probe ]]; then  # issue 11's fla path (tests, side by side with its profile), then issue 10's
+if want probe; then  # issue 11's fla path (tests, side by side with its profile), then issue 10's
     step gpu_tests 170 python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider
     step hybrid_gpu 150 $HYBRID --skip-savings --profile
     step ttft_8x2048 70 python3 bench/ttft_spans.py --device cuda --llama3-8b-shape --doc-tokens 2048 --ks 8 --repeats 3
     step rag_ceiling 170 $RAG --reuse 0.5 --systems barrier,isps --max-num-seqs 32 --max-num-batched-tokens 8192
 fi
-if [[ $part == all || $part == a ]]; then
+if want all || want a; then
     [[ ${SKIP_TESTS:-0} == 1 ]] || step gpu_tests 240 python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider
     step rag 420 $RAG --max-num-seqs 32 --max-num-batched-tokens 8192
     # issue 10's offload comparison: host tier vs recompute vs copy-rerotate on a cache of 1/4 of the working set
     step offload 300 $RAG --offload --reuse 0.9 --max-num-seqs 4 --max-num-batched-tokens 4096 --tag=-offload
 fi
-if [[ $part == all || $part == b ]]; then
+if want all || want b; then
     step ttft_grid 240 python3 bench/ttft_spans.py --device cuda --llama3-8b-shape --doc-tokens 512,1024,2048,4096 \
         --ks 1,2,4,8 --repeats 2
     step span_scaling 120 python3 bench/span_scaling.py --device cuda --llama3-8b-shape --span-tokens 2048 \
@@ -72,6 +79,6 @@ if [[ $part == all || $part == b ]]; then
     step hybrid_gpu 200 python3 bench/hybrid_checkpoints.py --gpu --skip-savings --profile
 fi
 cp bench/results/*"$GIT_SHA"* "$OUT"/ 2>/dev/null
-tar czf "$OUT/gpu_cache.tgz" .gpu_cache  # NOTE: up to 16 MiB comes back; without Inductor's if it is larger
-(($(stat -c %s "$OUT/gpu_cache.tgz") < 16000000)) || tar czf "$OUT/gpu_cache.tgz" .gpu_cache/triton
+(cd "$OUT" && tar czf results.tgz --remove-files ./*.*)
+tar czf - .gpu_cache | split -b 15000000 - "$OUT/gpu_cache.tgz."  # NOTE: 16 MiB at most per file back
 ls -l "$OUT"

@@ -203,8 +203,10 @@ def _fla_contract(q, k, v, g, beta, scale, initial_state, cu_seqlens, use_qk_l2n
     return torch.cat(outs)[None].to(v.dtype), torch.stack(finals)
 
 
-def fake_chunk(q, k, v, g, beta, *, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, cu_seqlens,
-               chunk_indices):  # fmt: skip
+def fake_chunk(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
+               use_qk_l2norm_in_kernel=False, *, cu_seqlens, cu_seqlens_cpu, chunk_indices):  # fmt: skip
+    """fla 0.6.0's chunk_gated_delta_rule, with its positional order (q, k, v, g, beta, scale, ...)."""
+    assert cu_seqlens_cpu.device.type == "cpu" and cu_seqlens_cpu.tolist() == cu_seqlens.tolist()
     from minipic_lite.models.qwen3_5 import fla_chunk_indices
 
     lens = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
@@ -213,7 +215,11 @@ def fake_chunk(q, k, v, g, beta, *, scale, initial_state, output_final_state, us
                          output_final_state)  # fmt: skip
 
 
-def fake_fused(q, k, v, g, beta, *, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, cu_seqlens):
+def fake_fused(q, k, v, g=None, gk=None, gv=None, beta=None, scale=None, initial_state=None,
+               output_final_state=False, use_qk_l2norm_in_kernel=False, *, cu_seqlens):  # fmt: skip
+    """fla 0.6.0's fused_recurrent_gated_delta_rule takes per-key and per-value decays (gk, gv) between g and
+    beta: the positions are its own, so a call that passes beta fourth or fifth hands it over as a decay."""
+    assert gk is None and gv is None and beta is not None
     assert (cu_seqlens[1:] - cu_seqlens[:-1]).eq(1).all()  # decode: one token per sequence
     return _fla_contract(q, k, v, g, beta, scale, initial_state, cu_seqlens, use_qk_l2norm_in_kernel,
                          output_final_state)  # fmt: skip

@@ -172,15 +172,19 @@ class GatedDeltaNet(nn.Module):
         the model's dtype, q and k L2-normalised in the kernel, value heads sharing q/k heads (GVA) in the
         kernel; the state stays float32."""
         chunk, fused = rec.fla
-        common = dict(scale=self.k_dim**-0.5, initial_state=ssm_state[rec.slots], output_final_state=True,
-                      use_qk_l2norm_in_kernel=True, cu_seqlens=rec.cu_seqlens)  # fmt: skip
+        # NOTE: by keyword: fla's fused-recurrent kernel takes per-key and per-value decays between g and beta
+        common = dict(g=g[None], beta=beta[None], scale=self.k_dim**-0.5, initial_state=ssm_state[rec.slots],
+                      output_final_state=True, use_qk_l2norm_in_kernel=True, cu_seqlens=rec.cu_seqlens)  # fmt: skip
         if rec.is_decode:
-            out, final = fused(q[None], k[None], v[None], g[None], beta[None], **common)
+            out, final = fused(q[None], k[None], v[None], **common)
         else:
             if rec.fla_chunks is None:  # once per step, for every linear layer
                 chunks = torch.tensor(fla_chunk_indices(rec.query_lens), dtype=torch.long)
                 rec.fla_chunks = chunks.to(q.device, non_blocking=True)
-            out, final = chunk(q[None], k[None], v[None], g[None], beta[None], chunk_indices=rec.fla_chunks, **common)
+            # NOTE: under inference mode fla splits long sequences across the SMs ("intra-card context parallel")
+            # and reads the sequence bounds on the host: given here, else each layer copies them back (a sync)
+            out, final = chunk(q[None], k[None], v[None], chunk_indices=rec.fla_chunks,
+                               cu_seqlens_cpu=rec.cu_seqlens_cpu, **common)  # fmt: skip
         ssm_state[rec.slots] = final.float()
         return out[0].float()
 

@@ -56,6 +56,7 @@ class RecurrentStep:
     slot_ids: list[int]  # [num_seqs] the same on the host (per-sequence loops without a sync)
     query_lens: list[int]  # [num_seqs] query tokens of each sequence (contiguous: hybrids never skip holes)
     cu_seqlens: torch.Tensor  # [num_seqs + 1] int64 (fla's varlen kernels)
+    cu_seqlens_cpu: torch.Tensor  # the same on the host: fla reads it there (else it copies it back, a sync)
     conv: torch.Tensor  # [linear_layers, num_slots, conv_dim, kernel - 1] the last inputs of each conv
     ssm: torch.Tensor  # [linear_layers, num_slots, v_heads, k_head_dim, v_head_dim] float32
     fla: tuple | None = None  # fla's (chunk, fused_recurrent) kernels on CUDA when installed; set by the model
@@ -69,8 +70,8 @@ class RecurrentStep:
     def build(cls, slot_ids: list[int], cu_seqlens_q: list[int], conv, ssm) -> RecurrentStep:
         query_lens = [end - start for start, end in zip(cu_seqlens_q, cu_seqlens_q[1:], strict=False)]
         slots = torch.tensor(slot_ids, dtype=torch.long).to(ssm.device, non_blocking=True)
-        cu = torch.tensor(cu_seqlens_q, dtype=torch.long).to(ssm.device, non_blocking=True)
-        return cls(slots, list(slot_ids), query_lens, cu, conv, ssm)
+        cu_cpu = torch.tensor(cu_seqlens_q, dtype=torch.long)
+        return cls(slots, list(slot_ids), query_lens, cu_cpu.to(ssm.device, non_blocking=True), cu_cpu, conv, ssm)
 
     @classmethod
     def scratch(cls, shapes, meta: StepMetadata, dtype) -> RecurrentStep:
