@@ -224,6 +224,7 @@ def side_by_side(args) -> dict:
                                    "hf_tok_s": hf_decode(hf, short, args.decode_tokens, args.device)}  # fmt: skip
     out["capture"] = capture_cost(engine, prompts[0])
     if args.profile:  # where each side's prefill time goes, for the gap issue 11 measured
+        mark_phases(engine)
         out["profile"] = {
             "ours": top_kernels(lambda: engine_prefill(engine, prompts, warm_up=False), args.device),
             "hf": top_kernels(lambda: hf_prefill(hf, prompts, args.device, warm_up=False), args.device),
@@ -248,7 +249,54 @@ def top_kernels(run, device: str, num: int = 15) -> dict:
     return {"wall_ms": wall_ms, "busy_ms": sum(getattr(e, key) for e in events) / 1e3,
             "num_kernels": sum(e.count for e in events if getattr(e, key) > 0),
             "top": [(e.key[:90], e.count, getattr(e, key) / 1e3) for e in events[:num]],
-            "host_top": [(e.key[:90], e.count, e.self_cpu_time_total / 1e3) for e in host[:num]]}  # fmt: skip
+            "host_top": [(e.key[:90], e.count, e.self_cpu_time_total / 1e3) for e in host[:num]],
+            **(timeline(prof.events()) if cuda else {})}  # fmt: skip
+
+
+def timeline(events, num_gaps: int = 8) -> dict:
+    """Where the device sat idle: its kernels' busy time (union of their intervals) beside their span, the
+    longest gaps between kernels (start ms from the first host event, length, kernels either side), and the
+    host phases marked with `record_function("phase:...")`, so a gap can be read against what the host did."""
+    from torch.autograd import DeviceType
+
+    origin = min(e.time_range.start for e in events)
+    kernels = sorted((e for e in events if e.device_type == DeviceType.CUDA), key=lambda e: e.time_range.start)
+    busy, gaps, end, last = 0.0, [], None, None
+    for k in kernels:
+        start, stop = k.time_range.start, k.time_range.end
+        if end is not None and start > end:
+            gaps.append(((start - end) / 1e3, (end - origin) / 1e3, last.name[:40], k.name[:40]))
+        busy += max(0.0, stop - max(start, end or start))
+        if end is None or stop > end:
+            end, last = stop, k
+    phases = [(e.name, (e.time_range.start - origin) / 1e3, (e.time_range.end - e.time_range.start) / 1e3)
+              for e in events if e.name.startswith("phase:")]  # fmt: skip
+    return {"kernel_busy_ms": busy / 1e3,
+            "kernel_span_ms": (end - kernels[0].time_range.start) / 1e3 if kernels else 0.0,
+            "first_kernel_ms": (kernels[0].time_range.start - origin) / 1e3 if kernels else 0.0,
+            "idle_gaps": [dict(zip(("ms", "at_ms", "after", "before"), g, strict=True))
+                          for g in sorted(gaps, reverse=True)[:num_gaps]],
+            "phases": sorted(phases, key=lambda p: p[1])[:40]}  # fmt: skip
+
+
+def mark_phases(engine) -> None:
+    """Wrap the engine's host phases in profiler ranges (phase:add, phase:schedule, ...), for `timeline`."""
+
+    def wrap(obj, name: str, label: str) -> None:
+        fn = getattr(obj, name)
+
+        def marked(*args, **kwargs):
+            with torch.profiler.record_function(f"phase:{label}"):
+                return fn(*args, **kwargs)
+
+        setattr(obj, name, marked)
+
+    wrap(engine, "add_request", "add")
+    wrap(engine.scheduler, "schedule", "schedule")
+    wrap(engine.runner, "prepare", "prepare")
+    wrap(engine.runner.model, "forward", "forward")
+    wrap(engine.runner, "execute", "execute")
+    wrap(engine.scheduler, "postprocess", "postprocess")
 
 
 def engine_prefill(engine, prompts, warm_up: bool = True) -> float:

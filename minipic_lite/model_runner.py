@@ -27,7 +27,7 @@ from minipic_lite.kv_cache_manager import Rerotate
 from minipic_lite.models.llama import rope_table
 from minipic_lite.models.packed_linear import can_pack, drop_packed_weights, pack_linears, packed_min_rows
 from minipic_lite.models.registry import model_class
-from minipic_lite.models.step import HostStep, RecurrentStep, StepMetadata
+from minipic_lite.models.step import HostStep, RecurrentStep, StepMetadata, host_tensor
 from minipic_lite.sampler import Sampler
 from minipic_lite.scheduler import SchedulerOutput
 from minipic_lite.state_cache import StateTensors
@@ -242,7 +242,7 @@ class ModelRunner:
             meta.recurrent = RecurrentStep.build(slots, host.cu_seqlens_q, st.conv, st.ssm)
         if self.decode_mirror is not None and out.is_decode_only:
             meta.decode_mirror = self.decode_mirror.prepare(out, self.kv_cache, self.model.cos_sin, meta.visible_start)
-        put = lambda values: torch.tensor(values, dtype=torch.long).to(self.device, non_blocking=True)  # noqa: E731
+        put = lambda values: host_tensor(values, torch.long).to(self.device, non_blocking=True)  # noqa: E731
         return StepInputs(put(host.input_ids), meta, put(host.logits_indices))
 
     @torch.inference_mode()

@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import minipic_lite as mp
 from minipic_lite.models import gated_delta_rule as gdr
@@ -244,3 +245,36 @@ def test_the_fla_call_computes_what_the_torch_path_does(hybrid, monkeypatch):
     for _ in range(2):  # the second time from checkpoints
         assert [o.token_ids for o in fla_path.generate(prompts, params, use_tqdm=False)] == expected
     assert max_abs_err(_prefill_logits(_llm(path, **one_step), prompts[4]), logits) <= 1e-4
+
+
+# -- the varlen causal conv: one buffer for the step, held to a per-sequence F.conv1d ------------------------------
+
+
+def test_conv_rows_put_each_window_before_its_tokens():
+    from minipic_lite.models.qwen3_5 import conv_rows
+
+    assert conv_rows([3, 1], 2) == ([2, 3, 4, 7], [0, 1, 5, 6], [3, 4, 6, 7])
+    assert conv_rows([1], 3) == ([3], [0, 1, 2], [1, 2, 3])
+    assert conv_rows([5, 2, 1], 1) == ([1, 2, 3, 4, 5, 7, 8, 10], [0, 6, 9], [5, 8, 10])
+
+
+def test_the_one_buffer_conv_equals_a_conv1d_per_sequence():
+    from minipic_lite.models.qwen3_5 import ConvRows, causal_conv_taps
+
+    gen = torch.Generator().manual_seed(0)
+    channels, width, lens = 6, 3, [5, 1, 2, 9]
+    mixed = torch.randn(sum(lens), channels, generator=gen, dtype=torch.float64)
+    windows = torch.randn(len(lens), channels, width, generator=gen, dtype=torch.float64)
+    weight = torch.randn(channels, 1, width + 1, generator=gen, dtype=torch.float64)
+    expected, expected_windows, start = [], [], 0
+    for s, n in enumerate(lens):  # the reference: each sequence on its own
+        seq = torch.cat([windows[s], mixed[start : start + n].T], dim=-1)  # (C, width + n)
+        expected.append(F.silu(F.conv1d(seq[None], weight, groups=channels)[0].T))
+        expected_windows.append(seq[:, -width:])
+        start += n
+    rows = ConvRows.build(lens, width, torch.device("cpu"))
+    buf = mixed.new_empty(sum(lens) + len(lens) * width, channels)
+    buf[rows.windows] = windows.transpose(1, 2).reshape(-1, channels)
+    buf[rows.tokens] = mixed
+    assert max_abs_err(causal_conv_taps(buf, rows.first, weight[:, 0]), torch.cat(expected)) <= 1e-12
+    assert torch.equal(buf[rows.last].view(len(lens), width, channels).transpose(1, 2), torch.stack(expected_windows))

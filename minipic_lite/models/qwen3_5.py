@@ -17,6 +17,7 @@ the released multimodal layout (`model.language_model.layers...`; the vision tow
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -27,7 +28,7 @@ from torch.nn import functional as F
 from minipic_lite.config import ModelConfig, cdiv
 from minipic_lite.models import gated_delta_rule as gdr
 from minipic_lite.models.llama import MLP, CausalLM, Kernels, RMSNorm, paged_attention, write_kv
-from minipic_lite.models.step import RecurrentStep, StepMetadata
+from minipic_lite.models.step import RecurrentStep, StepMetadata, host_tensor
 
 
 def rms_norm_1p(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -49,6 +50,50 @@ def fla_chunk_indices(query_lens: list[int], chunk_size: int = FLA_CHUNK_SIZE) -
     step, from the host's query lengths; otherwise each linear layer's call derives them from the device's
     `cu_seqlens` (fla 0.6.0 reads their sum back to the host to size them)."""
     return [(seq, chunk) for seq, n in enumerate(query_lens) for chunk in range(cdiv(n, chunk_size))]
+
+
+def conv_rows(query_lens: list[int], width: int) -> tuple[list[int], list[int], list[int]]:
+    """A varlen step's rows in the conv buffer, where each sequence's window (its last `width` inputs) sits just
+    before its tokens: (token rows [T], window rows [S·width], last rows [S·width]: the rows that are each
+    sequence's window after the step).
+
+        query_lens [3, 1], width 2:  rows 0 1 | 2 3 4 | 5 6 | 7      tokens [2, 3, 4, 7]
+                                          w0    seq 0   w1   seq 1   windows [0, 1, 5, 6]   last [3, 4, 6, 7]
+    """
+    tokens, windows, last, start = [], [], [], 0
+    for n in query_lens:
+        windows += range(start, start + width)
+        tokens += range(start + width, start + width + n)
+        last += range(start + n, start + n + width)
+        start += width + n
+    return tokens, windows, last
+
+
+def causal_conv_taps(buf: torch.Tensor, first_rows: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """silu of the depthwise causal conv, one output per row of `first_rows`: out[i] = silu(Σ_j buf[first_rows[i]
+    + j] · weight[:, j]) over the K taps, in float32 at least, rounded once to buf's dtype. buf [rows, C], weight
+    [C, K]. One fused kernel when compiled (torch.compile): each input row is read K times from cache, written once."""
+    dtype = torch.promote_types(buf.dtype, torch.float32)
+    acc = buf[first_rows].to(dtype) * weight[:, 0].to(dtype)
+    for j in range(1, weight.shape[1]):
+        acc = acc + buf[first_rows + j].to(dtype) * weight[:, j].to(dtype)
+    return F.silu(acc).to(buf.dtype)
+
+
+@dataclass(slots=True)
+class ConvRows:
+    """conv_rows on the device, plus each token's first tap row (token row − width): built once per step."""
+
+    tokens: torch.Tensor
+    windows: torch.Tensor
+    last: torch.Tensor
+    first: torch.Tensor
+
+    @classmethod
+    def build(cls, query_lens: list[int], width: int, device: torch.device) -> ConvRows:
+        tokens, windows, last = conv_rows(query_lens, width)
+        first = [t - width for t in tokens]
+        return cls(*(host_tensor(r, torch.long).to(device, non_blocking=True) for r in (tokens, windows, last, first)))
 
 
 def _fla_kernels(device: torch.device):
@@ -95,9 +140,10 @@ class GatedAttention(nn.Module):
 class GatedDeltaNet(nn.Module):
     """Causal depthwise conv (kernel K) → gated delta rule → RMSNorm gated by silu(z) → out_proj."""
 
-    def __init__(self, cfg: ModelConfig, linear_idx: int):
+    def __init__(self, cfg: ModelConfig, linear_idx: int, conv_taps=causal_conv_taps):
         super().__init__()
         lin = cfg.linear
+        self.conv_taps = conv_taps  # causal_conv_taps, compiled or not
         self.linear_idx = linear_idx  # index among the linear layers: the state's first dim
         self.num_k_heads, self.num_v_heads = lin.num_k_heads, lin.num_v_heads
         self.k_dim, self.v_dim = lin.k_head_dim, lin.v_head_dim
@@ -134,19 +180,23 @@ class GatedDeltaNet(nn.Module):
         return self.out_proj(h.to(x.dtype).reshape(num_tokens, self.value_size))
 
     def _conv(self, mixed: torch.Tensor, conv_state: torch.Tensor, rec: RecurrentStep) -> torch.Tensor:
-        """Per sequence: its window of the last K−1 inputs, then this chunk's inputs; the window moves on."""
+        """Each sequence's window of its last K−1 inputs, then this chunk's inputs; the window moves on."""
         weight = self.conv_weight  # (C, 1, K)
         if rec.is_decode:
             window = torch.cat([conv_state[rec.slots], mixed[:, :, None]], dim=-1)  # (S, C, K)
             conv_state[rec.slots] = window[:, :, 1:]
             return F.silu((window * weight[:, 0]).sum(-1))  # (S, C)
-        outs, start = [], 0
-        for slot, n in zip(rec.slot_ids, rec.query_lens, strict=True):
-            seq = torch.cat([conv_state[slot], mixed[start : start + n].T], dim=-1)  # (C, K−1+n)
-            conv_state[slot] = seq[:, -conv_state.shape[-1] :]
-            outs.append(F.conv1d(seq[None], weight, groups=self.conv_dim)[0].T)  # (n, C)
-            start += n
-        return F.silu(torch.cat(outs))
+        # NOTE: one buffer for the whole step, each sequence's window before its tokens (conv_rows), so one kernel
+        # computes every output: no per-sequence launches, no (C, T) transposes
+        width, num_seqs = conv_state.shape[-1], len(rec.query_lens)
+        if rec.conv_rows is None:  # once per step, for every linear layer
+            rec.conv_rows = ConvRows.build(rec.query_lens, width, mixed.device)
+        rows = rec.conv_rows
+        buf = mixed.new_empty(mixed.shape[0] + num_seqs * width, self.conv_dim)
+        buf.index_copy_(0, rows.windows, conv_state[rec.slots].transpose(1, 2).reshape(-1, self.conv_dim))
+        buf.index_copy_(0, rows.tokens, mixed)
+        conv_state[rec.slots] = buf[rows.last].view(num_seqs, width, self.conv_dim).transpose(1, 2)
+        return self.conv_taps(buf, rows.first, weight[:, 0])
 
     def _delta_rule(self, q, k, v, g, beta, ssm_state: torch.Tensor, rec: RecurrentStep) -> torch.Tensor:
         if rec.fla is not None:
@@ -190,13 +240,14 @@ class GatedDeltaNet(nn.Module):
 
 
 class HybridLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_type: str, index: int, position_free: bool, kernels: Kernels):
+    def __init__(self, cfg: ModelConfig, layer_type: str, index: int, position_free: bool, kernels: Kernels,
+                 conv_taps=causal_conv_taps):  # fmt: skip
         super().__init__()
         self.layer_type = layer_type
         self.index = index  # among the layers of its type
         self.input_layernorm = Norm1p(cfg.hidden_size, cfg.rms_norm_eps)
         if layer_type == "linear_attention":
-            self.linear_attn = GatedDeltaNet(cfg, index)
+            self.linear_attn = GatedDeltaNet(cfg, index, conv_taps)
         else:
             self.self_attn = GatedAttention(cfg, position_free, kernels)
         self.post_attention_layernorm = Norm1p(cfg.hidden_size, cfg.rms_norm_eps)
@@ -220,9 +271,10 @@ class Qwen3_5ForCausalLM(CausalLM):
     def __init__(self, cfg: ModelConfig, position_free: bool = True, compile: bool = False):  # noqa: A002
         super().__init__(cfg, compile)
         counts = {"linear_attention": 0, "full_attention": 0}
+        conv_taps = torch.compile(causal_conv_taps, dynamic=True, fullgraph=True) if compile else causal_conv_taps
         layers = []
         for layer_type in cfg.layer_types:
-            layers.append(HybridLayer(cfg, layer_type, counts[layer_type], position_free, self.kernels))
+            layers.append(HybridLayer(cfg, layer_type, counts[layer_type], position_free, self.kernels, conv_taps))
             counts[layer_type] += 1
         self.layers = nn.ModuleList(layers)
         self.num_linear_layers = counts["linear_attention"]

@@ -10,6 +10,7 @@ read these fields and never see the scheduler, requests or queues.
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -19,6 +20,16 @@ from minipic_lite.config import cdiv
 
 if TYPE_CHECKING:
     from minipic_lite.decode_mirror import MirrorStep
+
+
+_ARRAY_CODES = {torch.long: "q", torch.int32: "i"}
+
+
+def host_tensor(values: list[int], dtype: torch.dtype) -> torch.Tensor:
+    """A CPU tensor of ints through an `array` (C) buffer: 3-4x faster than torch.tensor(list) for long lists."""
+    if not values:
+        return torch.empty(0, dtype=dtype)
+    return torch.frombuffer(array(_ARRAY_CODES[dtype], values), dtype=dtype)
 
 
 @dataclass(slots=True)
@@ -39,7 +50,9 @@ class HostStep:
         for start, end in ranges:
             self.input_ids += token_ids[start:end]
             self.positions += range(start, end)
-            self.slot_mapping += (block_table[p // B] * B + p % B for p in range(start, end))
+            for b in range(start // B, cdiv(end, B)):  # slot of position p: block_table[p // B] * B + p % B
+                offset = block_table[b] * B - b * B
+                self.slot_mapping += range(offset + max(start, b * B), offset + min(end, b * B + B))
             self.visible_start += visible_start[start:end] if visible_start else [0] * (end - start)
         self.cu_seqlens_q.append(len(self.positions))
         self.kv_lens.append(kv_len)
@@ -61,6 +74,7 @@ class RecurrentStep:
     ssm: torch.Tensor  # [linear_layers, num_slots, v_heads, k_head_dim, v_head_dim] float32
     fla: tuple | None = None  # fla's (chunk, fused_recurrent) kernels on CUDA when installed; set by the model
     fla_chunks: torch.Tensor | None = None  # [num_chunks, 2] int64 fla's (sequence, chunk) pairs; set by the model
+    conv_rows: object | None = None  # the conv buffer's rows (qwen3_5.ConvRows); set by the model
 
     @property
     def is_decode(self) -> bool:
@@ -104,14 +118,14 @@ class StepMetadata:
     @classmethod
     def build(cls, host: HostStep, device: torch.device) -> StepMetadata:
         width = max(len(t) for t in host.block_tables)
-        tables = [t + [0] * (width - len(t)) for t in host.block_tables]
+        tables = host_tensor([b for t in host.block_tables for b in (*t, *[0] * (width - len(t)))], torch.int32)
 
         def put(values, dtype):
-            return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
+            return host_tensor(values, dtype).to(device, non_blocking=True)
 
         return cls(
             slot_mapping=put(host.slot_mapping, torch.long),
-            block_tables=put(tables, torch.int32),
+            block_tables=tables.view(len(host.block_tables), width).to(device, non_blocking=True),
             cu_seqlens_q=put(host.cu_seqlens_q, torch.int32),
             positions=put(host.positions, torch.long),
             kv_lens=put(host.kv_lens, torch.int32),
