@@ -11,7 +11,8 @@ from minipic_lite.models.step import HostStep, StepMetadata, host_tensor
 
 def slots_by_token(block_table: list[int], ranges, block_size: int) -> list[int]:
     """The reference: each position's slot, one at a time."""
-    return [block_table[p // block_size] * block_size + p % block_size for start, end in ranges for p in range(start, end)]
+    positions = [p for start, end in ranges for p in range(start, end)]
+    return [block_table[p // block_size] * block_size + p % block_size for p in positions]
 
 
 def test_the_slot_mapping_by_block_runs_equals_the_slot_of_every_position():

@@ -63,8 +63,18 @@ class Kernels:
 
     @classmethod
     def compiled(cls) -> Kernels:
-        compile = lambda fn: torch.compile(fn, dynamic=True, fullgraph=True)  # noqa: A001
-        return cls(*(compile(fn) for fn in (rms_norm, add_rms_norm, silu_and_mul, apply_rope)))
+        return cls(*(compile_kernel(fn) for fn in (rms_norm, add_rms_norm, silu_and_mul, apply_rope)))
+
+
+RECOMPILE_LIMIT = 64  # compiled entries per function, across every engine of the process
+
+
+def compile_kernel(fn):
+    """`fn` compiled by torch.compile with dynamic shapes, as one graph. Dynamo keeps its compiled entries per
+    function, for every engine of the process: engines of other dtypes, head sizes or rotary dims in one process (a
+    notebook, the test suite) each add entries, and past the default limit of 8 a fullgraph function fails hard."""
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+    return torch.compile(fn, dynamic=True, fullgraph=True)
 
 
 class RMSNorm(nn.Module):

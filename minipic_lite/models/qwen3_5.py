@@ -27,7 +27,7 @@ from torch.nn import functional as F
 
 from minipic_lite.config import ModelConfig, cdiv
 from minipic_lite.models import gated_delta_rule as gdr
-from minipic_lite.models.llama import MLP, CausalLM, Kernels, RMSNorm, paged_attention, write_kv
+from minipic_lite.models.llama import MLP, CausalLM, Kernels, RMSNorm, compile_kernel, paged_attention, write_kv
 from minipic_lite.models.step import RecurrentStep, StepMetadata, host_tensor
 
 
@@ -38,8 +38,16 @@ def rms_norm_1p(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tens
     return (h * (1.0 + weight.float())).to(x.dtype)
 
 
-def Norm1p(dim: int, eps: float) -> RMSNorm:  # noqa: N802 (a constructor)
-    return RMSNorm(dim, eps, rms_norm_1p, init=0.0)
+def Norm1p(dim: int, eps: float, fn=rms_norm_1p) -> RMSNorm:  # noqa: N802 (a constructor)
+    return RMSNorm(dim, eps, fn, init=0.0)
+
+
+def gated_rms_norm(out: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """The linear layers' output norm: RMSNorm of the delta rule's output (float32 statistics, rounded to z's dtype,
+    scaled by weight), gated by silu(z), rounded once more to z's dtype. out [..., Dv] (any float dtype), z alike."""
+    h = out.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return ((weight * h.to(z.dtype)).float() * F.silu(z.float())).to(z.dtype)
 
 
 FLA_CHUNK_SIZE = 64  # tokens per chunk in fla's chunked delta rule (its default)
@@ -80,6 +88,21 @@ def causal_conv_taps(buf: torch.Tensor, first_rows: torch.Tensor, weight: torch.
     return F.silu(acc).to(buf.dtype)
 
 
+@dataclass(frozen=True)
+class HybridKernels:
+    """The hybrid's own elementwise functions: eager, or each compiled by torch.compile (dynamic shapes) into one
+    fused kernel, as llama.Kernels does for the shared ones. Unfused, the (1 + w) norms alone made ~6 passes over
+    every hidden state."""
+
+    rms_norm_1p: object = rms_norm_1p
+    gated_rms_norm: object = gated_rms_norm
+    causal_conv_taps: object = causal_conv_taps
+
+    @classmethod
+    def compiled(cls) -> HybridKernels:
+        return cls(*(compile_kernel(fn) for fn in (rms_norm_1p, gated_rms_norm, causal_conv_taps)))
+
+
 @dataclass(slots=True)
 class ConvRows:
     """conv_rows on the device, plus each token's first tap row (token row − width): built once per step."""
@@ -110,7 +133,7 @@ def _fla_kernels(device: torch.device):
 class GatedAttention(nn.Module):
     """Full attention with q/k RMSNorm, partial rotary and a sigmoid output gate (per head and dim)."""
 
-    def __init__(self, cfg: ModelConfig, position_free: bool, kernels: Kernels):
+    def __init__(self, cfg: ModelConfig, position_free: bool, kernels: Kernels, hybrid: HybridKernels):
         super().__init__()
         self.kernels = kernels
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -118,8 +141,8 @@ class GatedAttention(nn.Module):
         # NOTE: q_proj's rows are [q | gate] per head: (heads, 2·head_dim)
         self.qkv_proj = nn.Linear(cfg.hidden_size, 2 * self.q_size + 2 * self.kv_size, bias=cfg.attention_bias)
         self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=cfg.attention_bias)
-        self.q_norm = Norm1p(self.head_dim, cfg.rms_norm_eps)
-        self.k_norm = Norm1p(self.head_dim, cfg.rms_norm_eps)
+        self.q_norm = Norm1p(self.head_dim, cfg.rms_norm_eps, hybrid.rms_norm_1p)
+        self.k_norm = Norm1p(self.head_dim, cfg.rms_norm_eps, hybrid.rms_norm_1p)
         self.position_free = position_free
         self.scale = self.head_dim**-0.5
 
@@ -140,10 +163,10 @@ class GatedAttention(nn.Module):
 class GatedDeltaNet(nn.Module):
     """Causal depthwise conv (kernel K) → gated delta rule → RMSNorm gated by silu(z) → out_proj."""
 
-    def __init__(self, cfg: ModelConfig, linear_idx: int, conv_taps=causal_conv_taps):
+    def __init__(self, cfg: ModelConfig, linear_idx: int, hybrid: HybridKernels):
         super().__init__()
         lin = cfg.linear
-        self.conv_taps = conv_taps  # causal_conv_taps, compiled or not
+        self.hybrid = hybrid
         self.linear_idx = linear_idx  # index among the linear layers: the state's first dim
         self.num_k_heads, self.num_v_heads = lin.num_k_heads, lin.num_v_heads
         self.k_dim, self.v_dim = lin.k_head_dim, lin.v_head_dim
@@ -173,11 +196,10 @@ class GatedDeltaNet(nn.Module):
         v = v.reshape(num_tokens, self.num_v_heads, self.v_dim)
         beta = b.sigmoid()  # (T, Hv)
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)  # (T, Hv), log decay <= 0
-        out = self._delta_rule(q, k, v, g, beta, ssm_state, rec)  # (T, Hv, Dv) float32
+        out = self._delta_rule(q, k, v, g, beta, ssm_state, rec)  # (T, Hv, Dv) float32, or the model dtype (fla)
         z = z.reshape(num_tokens, self.num_v_heads, self.v_dim)
-        h = out * torch.rsqrt(out.pow(2).mean(-1, keepdim=True) + self.eps)
-        h = (self.norm_weight * h.to(x.dtype)).float() * F.silu(z.float())
-        return self.out_proj(h.to(x.dtype).reshape(num_tokens, self.value_size))
+        h = self.hybrid.gated_rms_norm(out, z, self.norm_weight, self.eps)
+        return self.out_proj(h.reshape(num_tokens, self.value_size))
 
     def _conv(self, mixed: torch.Tensor, conv_state: torch.Tensor, rec: RecurrentStep) -> torch.Tensor:
         """Each sequence's window of its last K−1 inputs, then this chunk's inputs; the window moves on."""
@@ -196,7 +218,7 @@ class GatedDeltaNet(nn.Module):
         buf.index_copy_(0, rows.windows, conv_state[rec.slots].transpose(1, 2).reshape(-1, self.conv_dim))
         buf.index_copy_(0, rows.tokens, mixed)
         conv_state[rec.slots] = buf[rows.last].view(num_seqs, width, self.conv_dim).transpose(1, 2)
-        return self.conv_taps(buf, rows.first, weight[:, 0])
+        return self.hybrid.causal_conv_taps(buf, rows.first, weight[:, 0])
 
     def _delta_rule(self, q, k, v, g, beta, ssm_state: torch.Tensor, rec: RecurrentStep) -> torch.Tensor:
         if rec.fla is not None:
@@ -236,21 +258,21 @@ class GatedDeltaNet(nn.Module):
             out, final = chunk(q[None], k[None], v[None], chunk_indices=rec.fla_chunks,
                                cu_seqlens_cpu=rec.cu_seqlens_cpu, **common)  # fmt: skip
         ssm_state[rec.slots] = final.float()
-        return out[0].float()
+        return out[0]  # NOTE: the norm after it reads it in float32
 
 
 class HybridLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_type: str, index: int, position_free: bool, kernels: Kernels,
-                 conv_taps=causal_conv_taps):  # fmt: skip
+                 hybrid: HybridKernels):  # fmt: skip
         super().__init__()
         self.layer_type = layer_type
         self.index = index  # among the layers of its type
-        self.input_layernorm = Norm1p(cfg.hidden_size, cfg.rms_norm_eps)
+        self.input_layernorm = Norm1p(cfg.hidden_size, cfg.rms_norm_eps, hybrid.rms_norm_1p)
         if layer_type == "linear_attention":
-            self.linear_attn = GatedDeltaNet(cfg, index, conv_taps)
+            self.linear_attn = GatedDeltaNet(cfg, index, hybrid)
         else:
-            self.self_attn = GatedAttention(cfg, position_free, kernels)
-        self.post_attention_layernorm = Norm1p(cfg.hidden_size, cfg.rms_norm_eps)
+            self.self_attn = GatedAttention(cfg, position_free, kernels, hybrid)
+        self.post_attention_layernorm = Norm1p(cfg.hidden_size, cfg.rms_norm_eps, hybrid.rms_norm_1p)
         self.mlp = MLP(cfg, kernels)
 
     def forward(self, x, meta: StepMetadata, kv_cache: torch.Tensor, cos_sin) -> torch.Tensor:
@@ -271,14 +293,14 @@ class Qwen3_5ForCausalLM(CausalLM):
     def __init__(self, cfg: ModelConfig, position_free: bool = True, compile: bool = False):  # noqa: A002
         super().__init__(cfg, compile)
         counts = {"linear_attention": 0, "full_attention": 0}
-        conv_taps = torch.compile(causal_conv_taps, dynamic=True, fullgraph=True) if compile else causal_conv_taps
+        hybrid = HybridKernels.compiled() if compile else HybridKernels()
         layers = []
         for layer_type in cfg.layer_types:
-            layers.append(HybridLayer(cfg, layer_type, counts[layer_type], position_free, self.kernels, conv_taps))
+            layers.append(HybridLayer(cfg, layer_type, counts[layer_type], position_free, self.kernels, hybrid))
             counts[layer_type] += 1
         self.layers = nn.ModuleList(layers)
         self.num_linear_layers = counts["linear_attention"]
-        self.norm = Norm1p(cfg.hidden_size, cfg.rms_norm_eps)
+        self.norm = Norm1p(cfg.hidden_size, cfg.rms_norm_eps, hybrid.rms_norm_1p)
         self._add_head()
 
     def state_shapes(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
