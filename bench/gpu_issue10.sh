@@ -45,16 +45,16 @@ RAG="python3 bench/rag.py --device cuda --llama3-8b-shape --samples 64"
 HYBRID="python3 bench/hybrid_checkpoints.py --gpu --num-layers 8 --prefill-len 2048 --decode-tokens 32"
 if want hybrid; then  # issue 11: the fla path's GPU test (fla autotunes ~35 s per dtype on a fresh machine),
     # then the side by side with its device and host profiles (where the prefill's host time goes)
-    step gpu_tests 240 python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider -p no:logging --tb=short
-    step hybrid_gpu 180 $HYBRID --skip-savings --profile
+    step gpu_tests 170 python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider -p no:logging --tb=short
+    step hybrid_gpu 130 $HYBRID --skip-savings --profile
 fi
 if want host; then  # issue 10: where a cached prompt's TTFT goes on the H200 (sections, cProfile), then
     # the 8 x 2048 row under the profiler
-    step host_ttft 100 python3 bench/host_ttft.py --device cuda --llama3-8b-shape --runs 20 --profile
-    step ttft_8x2048 90 python3 bench/ttft_spans.py --device cuda --llama3-8b-shape --doc-tokens 2048 --ks 8 --repeats 3
+    step host_ttft 60 python3 bench/host_ttft.py --device cuda --llama3-8b-shape --runs 20 --profile
+    step ttft_8x2048 70 python3 bench/ttft_spans.py --device cuda --llama3-8b-shape --doc-tokens 2048 --ks 8 --repeats 3
 fi
 if want offload; then  # issue 10: host tier vs recompute vs copy-rerotate on a cache of 1/4 of the working set
-    step offload 280 $RAG --offload --reuse 0.9 --max-num-seqs 4 --max-num-batched-tokens 4096 --tag=-offload
+    step offload 200 $RAG --offload --reuse 0.9 --max-num-seqs 4 --max-num-batched-tokens 4096 --tag=-offload
 fi
 if want probe; then  # issue 11's fla path (tests, side by side with its profile), then issue 10's
     step gpu_tests 170 python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider
