@@ -260,7 +260,9 @@ def timeline(events, num_gaps: int = 8) -> dict:
     from torch.autograd import DeviceType
 
     origin = min(e.time_range.start for e in events)
-    kernels = sorted((e for e in events if e.device_type == DeviceType.CUDA), key=lambda e: e.time_range.start)
+    # NOTE: the profiler copies each record_function range onto the device's timeline too: not a kernel
+    kernels = sorted((e for e in events if e.device_type == DeviceType.CUDA and not e.name.startswith("phase:")),
+                     key=lambda e: e.time_range.start)  # fmt: skip
     busy, gaps, end, last = 0.0, [], None, None
     for k in kernels:
         start, stop = k.time_range.start, k.time_range.end
