@@ -7,6 +7,7 @@ it never touches queues or block ref counts.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import os
 from dataclasses import dataclass
@@ -158,7 +159,8 @@ class ModelRunner:
         return 2 * cfg.num_attention_layers * self.block_size * cfg.num_kv_heads * cfg.head_dim * self.dtype.itemsize
 
     def _allocate_host_tier(self, gib: float) -> torch.Tensor | None:
-        """[2, layers, host blocks, block_size, kv_heads, head_dim] in host memory (pinned on CUDA), or None."""
+        """[host blocks, 2, layers, block_size, kv_heads, head_dim] in host memory (pinned on CUDA), or None: a
+        block's keys and values of every layer lie together, so moving a block is one contiguous copy."""
         num_host_blocks = int(gib * GIB) // self.block_bytes
         if gib == 0:
             return None
@@ -168,24 +170,36 @@ class ModelRunner:
                 f"host_cache_gib={gib} does not fit: it must hold at least one block ({self.block_bytes} bytes) "
                 f"and at most 90% of the host's available memory ({available / GIB:.1f} GiB)"
             )
-        shape = (*self.kv_cache.shape[:2], num_host_blocks, *self.kv_cache.shape[3:])
+        shape = (num_host_blocks, *self.kv_cache.shape[:2], *self.kv_cache.shape[3:])
         return torch.zeros(shape, dtype=self.dtype, pin_memory=self.device.type == "cuda")
 
     @property
     def num_host_blocks(self) -> int:
-        return 0 if self.host_cache is None else self.host_cache.shape[2]
+        return 0 if self.host_cache is None else self.host_cache.shape[0]
 
     def copy_blocks(self, copies) -> None:
         """Run the step's block copies in order (an eviction before a load that may reuse its block): the host
-        tier's, and the copy-rerotate baseline's (kv_cache_manager.Rerotate)."""
-        for copy in copies:
-            if isinstance(copy, Rerotate):
-                self.kv_cache[1, :, copy.dst].copy_(self.kv_cache[1, :, copy.src])
-                self.kv_cache[0, :, copy.dst] = rerotate(self.kv_cache[0, :, copy.src], copy.delta, self.model.cos_sin)
-            elif copy.to_host:
-                self.host_cache[:, :, copy.slot].copy_(self.kv_cache[:, :, copy.block_id], non_blocking=True)
-            else:
-                self.kv_cache[:, :, copy.block_id].copy_(self.host_cache[:, :, copy.slot], non_blocking=True)
+        tier's, and the copy-rerotate baseline's (kv_cache_manager.Rerotate). Each run of host copies in one
+        direction moves together: one gather or scatter on the device, one contiguous copy per block (on CUDA an
+        asynchronous DMA from or to pinned memory, ordered on the stream before the forward)."""
+        for kind, run in itertools.groupby(copies, key=lambda c: "rerotate" if isinstance(c, Rerotate) else c.to_host):
+            run = list(run)
+            if kind == "rerotate":
+                for copy in run:
+                    self.kv_cache[1, :, copy.dst].copy_(self.kv_cache[1, :, copy.src])
+                    self.kv_cache[0, :, copy.dst] = rerotate(self.kv_cache[0, :, copy.src], copy.delta,
+                                                             self.model.cos_sin)  # fmt: skip
+                continue
+            block_ids = torch.tensor([copy.block_id for copy in run], device=self.device)
+            if kind:  # to the host: evictions
+                staged = self.kv_cache[:, :, block_ids].movedim(2, 0).contiguous()  # [N, 2, layers, B, H, D]
+                for copy, block in zip(run, staged, strict=True):
+                    self.host_cache[copy.slot].copy_(block, non_blocking=True)
+            else:  # from the host: hits
+                staged = torch.empty((len(run), *self.host_cache.shape[1:]), dtype=self.dtype, device=self.device)
+                for copy, block in zip(run, staged, strict=True):
+                    block.copy_(self.host_cache[copy.slot], non_blocking=True)
+                self.kv_cache[:, :, block_ids] = staged.movedim(0, 2)
 
     def _num_blocks_from_memory(self) -> int:
         cache = self.config.cache

