@@ -3,7 +3,7 @@
 # benches (Llama-3-8B shape, random bf16), each log under $OUT. Needs .whl (datasets, dill, multiprocess) and
 # bench/data (the RAG datasets, built here with `python bench/rag.py --build-only --samples 64`) carried.
 #
-#   GIT_SHA=$(git rev-parse --short HEAD) bash bench/gpu_issue10.sh [part]   part: all (default), a, b, ops, ttft, host, offload, tests,
+#   GIT_SHA=$(git rev-parse --short HEAD) bash bench/gpu_issue10.sh [part]   part: all (default), a, b, ops, ttft, host, offload, tests, splits,
 #   probe or hybrid, or several joined by commas
 set -u
 cd "$(dirname "$0")/.."
@@ -43,6 +43,9 @@ if want ttft; then  # the cached-prompt TTFT grid and the RAG bench, with the te
 fi
 RAG="python3 bench/rag.py --device cuda --llama3-8b-shape --samples 64"
 HYBRID="python3 bench/hybrid_checkpoints.py --gpu --num-layers 8 --prefill-len 2048 --decode-tokens 32"
+if want splits; then  # the short-prefill read's split count past 32 (issue 10's cached TTFT: attention ~2.4 of 7.4 ms)
+    step short_prefill_splits 200 python3 bench/gpu_short_prefill.py --splits
+fi
 if want tests; then  # every GPU test, alone
     step gpu_tests 120 python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider -p no:logging --tb=short
 fi

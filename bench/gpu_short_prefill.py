@@ -7,6 +7,7 @@ and a sweep of short-prefill configs (at 8k and 32k); each checked against the t
 (bench/gpu_ops.py's Clock). The floor: K and V read once at the copy bandwidth measured in the same run.
 
     python bench/gpu_short_prefill.py [--smoke]      # results: bench/results/gpu_short_prefill_<sha>_<gpu>.json
+    python bench/gpu_short_prefill.py --splits       # only the split-count sweep, 16k and 32k (..._splits.json)
 """
 
 from __future__ import annotations
@@ -37,6 +38,10 @@ SWEEP = [
     dict(BLOCK_M=m, TILE_N=n, num_warps=w, num_stages=st)
     for m, n, w, st in itertools.product((64, 128), (32, 64, 128), (4, 8), (2, 3))
 ]
+# split-KV programs per query tile, past pick_config's 32 (the cached 8 x 2048 TTFT's read: 17 tokens over 16.5k keys)
+SPLIT_CASES, SPLIT_CONTEXTS = [(1, 17), (2, 32)], (16384, 32768)
+SPLIT_SWEEP = [dict(NUM_SPLITS=sp, TILE_N=n, num_warps=w)
+               for sp, n, w in itertools.product((16, 32, 64, 128), (32, 64), (4, 8))]  # fmt: skip
 
 
 def problem(num_seqs: int, new_tokens: int, context: int, device):
@@ -94,16 +99,18 @@ def measure_case(num_seqs: int, new_tokens: int, context: int, clock, bandwidth:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--smoke", action="store_true", help="one small case, wall-clock timing")
+    parser.add_argument("--splits", action="store_true", help="only the split-count sweep (SPLIT_SWEEP)")
     args_ = parser.parse_args()
     device = torch.device("cuda")
     clock = Clock(args_.smoke)
     bandwidth = copy_bandwidth(clock, device)
     print(f"copy bandwidth {bandwidth / 1e12:.2f} TB/s", flush=True)
     rows = []
-    cases = [(1, 17)] if args_.smoke else CASES
-    contexts = [2048] if args_.smoke else CONTEXTS
+    cases = [(1, 17)] if args_.smoke else SPLIT_CASES if args_.splits else CASES
+    contexts = [2048] if args_.smoke else SPLIT_CONTEXTS if args_.splits else CONTEXTS
     for (num_seqs, new_tokens), context in itertools.product(cases, contexts):
         sweep = SWEEP if context in SWEEP_CONTEXTS and not args_.smoke else []
+        sweep = SPLIT_SWEEP if args_.splits else sweep
         row = measure_case(num_seqs, new_tokens, context, clock, bandwidth, sweep, device)
         rows.append(row)
         best = row["best"] or {"ms": float("nan"), "config": ""}
@@ -115,7 +122,7 @@ def main() -> None:
         )
     sha = os.environ.get("GIT_SHA", "unknown")
     gpu = torch.cuda.get_device_name().split()[-1].lower()
-    out = Path(__file__).parent / "results" / f"gpu_short_prefill_{sha}_{gpu}.json"
+    out = Path(__file__).parent / "results" / f"gpu_short_prefill_{sha}_{gpu}{'_splits' if args_.splits else ''}.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(dict(git_sha=sha, device=torch.cuda.get_device_name(), copy_bandwidth=bandwidth,
                                    heads=HEADS, rows=rows), indent=2) + "\n")  # fmt: skip

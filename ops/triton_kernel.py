@@ -39,7 +39,8 @@ import triton.language as tl
 
 LOG2E = 1.4426950408889634
 MIN_KEYS_PER_SPLIT = 512
-MAX_SPLITS = 32  # split-KV programs per query tile at most (the reduce kernel's width)
+MAX_SPLITS = 32  # split-KV programs per query tile that pick_config chooses at most
+MAX_CONFIG_SPLITS = 128  # ... and that a given config may ask for (sweeps); the reduce kernel widens to fit
 # NOTE: under CUDA graphs the engine's block tables are max_model_len wide, so max_context is that, not the context
 # in use: an engine built with max_model_len >= 8192 takes 128-key tiles also for short contexts (64 x 576: 0.071 ms
 # against 0.056 ms with 32-key tiles, bench/results/gpu_ops_ecd1644_h200* and gpu_ops_cd5f0ee_h200_run1*).
@@ -735,8 +736,8 @@ def rope_paged_attention_triton(
     )
     cfg.update(config or {})
     block_m, num_splits = cfg["BLOCK_M"], cfg["NUM_SPLITS"]
-    if not 1 <= num_splits <= MAX_SPLITS:
-        raise ValueError(f"config: NUM_SPLITS must lie in [1, {MAX_SPLITS}], got {num_splits}")
+    if not 1 <= num_splits <= MAX_CONFIG_SPLITS:
+        raise ValueError(f"config: NUM_SPLITS must lie in [1, {MAX_CONFIG_SPLITS}], got {num_splits}")
     block_q = max(block_m // group, 1)
     if block_q * group > block_m:
         block_m = _next_pow2(group)
@@ -777,6 +778,6 @@ def rope_paged_attention_triton(
     if num_splits > 1:
         _reduce_splits_kernel[(num_tokens, num_heads)](
             out, partial_out, partial_m, partial_l, num_heads, num_splits, out.stride(0), out.stride(1),
-            HEAD_DIM=head_dim, MAX_SPLITS=MAX_SPLITS,
+            HEAD_DIM=head_dim, MAX_SPLITS=max(MAX_SPLITS, _next_pow2(num_splits)),
         )  # fmt: skip
     return out

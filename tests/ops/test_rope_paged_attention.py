@@ -33,6 +33,7 @@ SCENARIOS = {
         SeqSpec.decode(1),
     ],
     "chunk_after_cache": [SeqSpec(77, ((45, 77),)), SeqSpec(33, ((32, 33),))],
+    "short_over_long": [SeqSpec(1100, ((1090, 1100),))],  # 69 key tiles of 16: with 48 splits, 35 hold keys
 }
 LARGE_SCENARIOS = {
     "many_blocks_prefill": [SeqSpec(1000, ((0, 200), (600, 1000)), ((200, 600),))],
@@ -89,6 +90,8 @@ TRITON_CASES = [
     # kernel, split-KV (ssep: a split can hold no key a row may see)
     ("chunk_after_cache", "gqa4", 64, None, 16, torch.bfloat16, True, {}, {**SHORT, "NUM_SPLITS": 4}),
     ("ssep_segments", "mha4", 64, 32, 16, torch.float32, True, {}, {**SHORT, "NUM_SPLITS": 8, "TILE_N": 16}),
+    # more splits than pick_config takes (a sweep's): the reduce kernel widens past 32 to merge them all
+    ("short_over_long", "gqa4", 64, None, 16, torch.float32, True, {}, {**SHORT, "NUM_SPLITS": 48, "TILE_N": 16}),
     # the dense kernel (gathered K and V, tensor-descriptor loads; the default for 16-bit prefill on Hopper)
     ("mixed", "gqa4", 128, None, 16, torch.bfloat16, True, {"repeat_block": True}, {"DENSE": True}),
     ("mixed", "gqa3", 64, 32, 32, torch.float16, True, {"share_span": True}, {"DENSE": True, "TILE_N": 32}),
