@@ -118,7 +118,11 @@ class StepMetadata:
     @classmethod
     def build(cls, host: HostStep, device: torch.device) -> StepMetadata:
         width = max(len(t) for t in host.block_tables)
-        tables = host_tensor([b for t in host.block_tables for b in (*t, *[0] * (width - len(t)))], torch.int32)
+        flat = []  # NOTE: extended row by row (in C), each padded to the widest: no loop per block id
+        for table in host.block_tables:
+            flat += table
+            flat += [0] * (width - len(table))
+        tables = host_tensor(flat, torch.int32)
 
         def put(values, dtype):
             return host_tensor(values, dtype).to(device, non_blocking=True)
