@@ -3,7 +3,7 @@
 # benches (Llama-3-8B shape, random bf16), each log under $OUT. Needs .whl (datasets, dill, multiprocess) and
 # bench/data (the RAG datasets, built here with `python bench/rag.py --build-only --samples 64`) carried.
 #
-#   GIT_SHA=$(git rev-parse --short HEAD) bash bench/gpu_issue10.sh [part]   part: all (default), a, b, ops, ttft, host, offload, tests, splits,
+#   GIT_SHA=$(git rev-parse --short HEAD) bash bench/gpu_issue10.sh [part]   part: all (default), a, b, ops, ttft, host, hostdiag, offload, tests, splits,
 #   probe or hybrid, or several joined by commas
 set -u
 cd "$(dirname "$0")/.."
@@ -58,6 +58,12 @@ if want host; then  # issue 10: where a cached prompt's TTFT goes on the H200 (s
     # the 8 x 2048 row under the profiler
     step host_ttft 60 python3 bench/host_ttft.py --device cuda --llama3-8b-shape --runs 20 --profile
     step ttft_8x2048 70 python3 bench/ttft_spans.py --device cuda --llama3-8b-shape --doc-tokens 2048 --ks 8 --repeats 3
+fi
+if want hostdiag; then  # issue 10: what ttft_spans adds over host_ttft (~1.2 ms at 4a3495f): torch's intra-op threads
+    # (host_ttft sets 1, ttft_spans keeps torch's 16) and a first prompt on fresh blocks (ttft_spans resets first)
+    for opts in "" "--threads 16" "--fresh" "--threads 16 --fresh"; do
+        step "host_ttft${opts// /}" 60 python3 bench/host_ttft.py --device cuda --llama3-8b-shape --runs 10 $opts
+    done
 fi
 if want offload; then  # issue 10: host tier vs recompute vs copy-rerotate on a cache of 1/4 of the working set
     step offload 200 $RAG --offload --reuse 0.9 --max-num-seqs 4 --max-num-batched-tokens 4096 --tag=-offload

@@ -136,6 +136,13 @@ def prompts(composer: PromptComposer, num_docs: int, doc_tokens: int, num_runs: 
     return spans, finals
 
 
+def prefill(engine: LLMEngine, prompts) -> None:
+    for prompt in prompts:
+        engine.add(engine.make_request(list(prompt.token_ids), ONE_TOKEN, require_spans=True))
+    while engine.has_unfinished():
+        engine.step()
+
+
 def save(args, medians: dict, minima: dict, num_tokens: int, num_computed: float) -> None:
     from ttft_spans import RESULTS, git_is_dirty, git_sha  # bench/ttft_spans.py, beside this file
 
@@ -149,6 +156,8 @@ def save(args, medians: dict, minima: dict, num_tokens: int, num_computed: float
         "docs": args.docs,
         "doc_tokens": args.doc_tokens,
         "shuffle": args.shuffle,
+        "threads": args.threads,
+        "fresh": args.fresh,
         "runs": args.runs,
         "num_tokens": num_tokens,
         "num_computed_tokens": num_computed,
@@ -157,7 +166,9 @@ def save(args, medians: dict, minima: dict, num_tokens: int, num_computed: float
         "min_s": minima,
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"host_ttft-{sha}-{args.device}{'-shuffle' if args.shuffle else ''}.json"
+    flags = (("shuffle", args.shuffle), ("fresh", args.fresh), (f"t{args.threads}", args.threads != 1))
+    tags = "".join(f"-{tag}" for tag, on in flags if on)
+    path = RESULTS / f"host_ttft-{sha}-{args.device}{tags}.json"
     path.write_text(json.dumps(result, indent=2) + "\n")
     print(f"saved {path}")
 
@@ -171,8 +182,11 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="print a cProfile of the measured runs")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument("--llama3-8b-shape", action="store_true", help="random bf16 weights of bench/rag.py's shape")
+    parser.add_argument("--threads", type=int, default=1, help="torch's intra-op threads (ttft_spans keeps torch's)")
+    parser.add_argument("--fresh", action="store_true", help="before each run, reset the cache and prefill the "
+                        "documents again (as ttft_spans does): a first prompt on fresh blocks")  # fmt: skip
     args = parser.parse_args()
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
 
     from rag import LLAMA3_8B  # bench/rag.py, beside this file
 
@@ -181,10 +195,7 @@ def main() -> None:
     composer = PromptComposer(None, CONTROL, engine.config.cache.block_size, chat=False)
     num_profiled = 10 if args.profile else 0
     spans, finals = prompts(composer, args.docs, args.doc_tokens, 3 + args.runs + num_profiled, args.shuffle)
-    for prompt in spans:  # the documents cached as spans, and the system turn
-        engine.add(engine.make_request(list(prompt.token_ids), ONE_TOKEN, require_spans=True))
-    while engine.has_unfinished():
-        engine.step()
+    prefill(engine, spans)  # the documents cached as spans, and the system turn
     timer = Timer()
     timer.wrap(engine.scheduler, "schedule", "schedule")
     timer.wrap(engine, "_report_admissions", "report")
@@ -192,9 +203,15 @@ def main() -> None:
     timer.wrap(engine.runner, "execute", "execute")
     for prompt in finals[:3]:  # warm-up
         run_once(engine, timer, list(prompt.token_ids))
-    num_computed_before = engine.stats.num_computed_tokens
-    rows = [run_once(engine, timer, list(prompt.token_ids)) for prompt in finals[3 : 3 + args.runs]]
-    n, computed = len(finals[-1]), engine.stats.num_computed_tokens - num_computed_before
+    rows, computed = [], 0
+    for prompt in finals[3 : 3 + args.runs]:
+        if args.fresh:
+            engine.kv.reset_prefix_cache()
+            prefill(engine, spans)
+        num_computed_before = engine.stats.num_computed_tokens
+        rows.append(run_once(engine, timer, list(prompt.token_ids)))
+        computed += engine.stats.num_computed_tokens - num_computed_before
+    n = len(finals[-1])
     print(f"{args.docs} x {args.doc_tokens} cached: prompts of {n} tokens, {computed / len(rows):.0f} computed each;")
     print(f"median of {len(rows)} runs (ms):")
     medians = {name: statistics.median(r[name] for r in rows) for name in SECTIONS}
