@@ -243,11 +243,16 @@ def top_kernels(run, device: str, num: int = 15) -> dict:
         start = time.perf_counter()
         run()
         wall_ms = 1e3 * (time.perf_counter() - start)
+    from torch.autograd import DeviceType
+
     key = "self_device_time_total" if cuda else "self_cpu_time_total"
     events = sorted(prof.key_averages(), key=lambda e: -getattr(e, key))
     host = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)  # where the host's time goes (syncs)
-    return {"wall_ms": wall_ms, "busy_ms": sum(getattr(e, key) for e in events) / 1e3,
-            "num_kernels": sum(e.count for e in events if getattr(e, key) > 0),
+    # NOTE: on CUDA an op's entry holds its kernels' time again: busy and the count sum the kernels' entries only
+    # (before e89bef9's successor, busy_ms summed both: about twice the kernels' time)
+    own = [e for e in events if not cuda or (e.device_type == DeviceType.CUDA and not e.key.startswith("phase:"))]
+    return {"wall_ms": wall_ms, "busy_ms": sum(getattr(e, key) for e in own) / 1e3,
+            "num_kernels": sum(e.count for e in own if getattr(e, key) > 0),
             "top": [(e.key[:90], e.count, getattr(e, key) / 1e3) for e in events[:num]],
             "host_top": [(e.key[:90], e.count, e.self_cpu_time_total / 1e3) for e in host[:num]],
             **(timeline(prof.events()) if cuda else {})}  # fmt: skip
@@ -427,7 +432,8 @@ def main() -> None:
     parser.add_argument("--budgets", type=int, nargs="+", default=list(BUDGETS))
     parser.add_argument("--eviction", default="lru", choices=("lru", "flops"), help="the store's eviction")
     parser.add_argument("--num-layers", type=int, default=0, help="GPU: fewer layers of the 9B shape (0: all)")
-    parser.add_argument("--prefill-len", type=int, default=4096)
+    parser.add_argument("--prefill-len", type=int, default=None, help="tokens per prompt of the side by side "
+                        "(default: 4096 on the GPU, 256 on the CPU, whose context is 4,096)")  # fmt: skip
     parser.add_argument("--decode-tokens", type=int, default=64)
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     parser.add_argument("--side-by-side", action="store_true", help="CPU: smoke-test the GPU part on the small shape")
@@ -458,6 +464,7 @@ def main() -> None:
     args.max_len = 32_768 if args.gpu else 4_096
     args.num_blocks = 8_192 if args.gpu else 1_024
     args.max_num_batched_tokens = 8_192 if args.gpu else 2_048
+    args.prefill_len = args.prefill_len or (4_096 if args.gpu else 256)
     if args.gpu:
         args.max_prefix_chars = 0
     args.num_requests = args.num_requests or (100 if args.gpu else 24)
