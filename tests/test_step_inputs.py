@@ -1,4 +1,5 @@
-"""The step's host inputs (models/step.py): the slot mapping built by block runs, and the tensors built from it."""
+"""The step's host inputs (models/step.py): the slot mapping built by block runs, the tensors built from it; and the
+host tier's copies of a step, batched by runs (ModelRunner.copy_blocks)."""
 
 from __future__ import annotations
 
@@ -40,3 +41,33 @@ def test_step_tensors_hold_the_host_lists():
     assert meta.visible_start.tolist() == [0, 0, 1, 3, 0] and meta.kv_lens.tolist() == [5, 1]
     assert host_tensor([], torch.long).shape == (0,)
     assert host_tensor([2**40, -3], torch.long).tolist() == [2**40, -3]
+
+
+# -- the host tier's copies, batched by runs (ModelRunner.copy_blocks) --------------------------------------------
+
+
+def test_batched_host_copies_keep_the_order_of_a_step():
+    """Runs of copies in one direction move together, yet a load reads what an earlier eviction of the same step
+    wrote to its slot, and an eviction after a load does not change what the load read: each copy's own effect."""
+    from types import SimpleNamespace
+
+    from minipic_lite.host_tier import BlockCopy
+    from minipic_lite.model_runner import ModelRunner
+
+    gen = torch.Generator().manual_seed(0)
+    kv = torch.randn(2, 3, 6, 4, 2, 8, generator=gen)  # [K/V, layers, blocks, B, H, D]
+    host = torch.randn(5, 2, 3, 4, 2, 8, generator=gen)  # [slots, K/V, layers, B, H, D]
+    runner = SimpleNamespace(kv_cache=kv.clone(), host_cache=host.clone(), device=torch.device("cpu"), dtype=kv.dtype)
+    copies = [BlockCopy(True, 1, 0), BlockCopy(True, 2, 3), BlockCopy(False, 4, 0), BlockCopy(False, 5, 2),
+              BlockCopy(True, 4, 2), BlockCopy(False, 0, 2)]  # fmt: skip
+    ModelRunner.copy_blocks(runner, copies)
+    expected_kv, expected_host = kv.clone(), host.clone()
+    for c in copies:  # the reference: one copy at a time, in order
+        if c.to_host:
+            expected_host[c.slot] = expected_kv[:, :, c.block_id]
+        else:
+            expected_kv[:, :, c.block_id] = expected_host[c.slot]
+    assert torch.equal(runner.kv_cache, expected_kv) and torch.equal(runner.host_cache, expected_host)
+    assert torch.equal(runner.kv_cache[:, :, 4], kv[:, :, 1])  # loaded what the first eviction wrote to slot 0
+    assert torch.equal(runner.kv_cache[:, :, 5], host[2])  # read slot 2 before block 4's eviction overwrote it
+    assert torch.equal(runner.kv_cache[:, :, 0], kv[:, :, 1])  # slot 2 after it: block 4's, which held block 1's
