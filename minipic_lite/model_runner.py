@@ -190,7 +190,7 @@ class ModelRunner:
                     self.kv_cache[0, :, copy.dst] = rerotate(self.kv_cache[0, :, copy.src], copy.delta,
                                                              self.model.cos_sin)  # fmt: skip
                 continue
-            block_ids = torch.tensor([copy.block_id for copy in run], device=self.device)
+            block_ids = host_tensor([copy.block_id for copy in run], torch.long).to(self.device, non_blocking=True)
             if kind:  # to the host: evictions
                 staged = self.kv_cache[:, :, block_ids].movedim(2, 0).contiguous()  # [N, 2, layers, B, H, D]
                 for copy, block in zip(run, staged, strict=True):
