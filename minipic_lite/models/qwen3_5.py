@@ -80,7 +80,7 @@ def conv_rows(query_lens: list[int], width: int) -> tuple[list[int], list[int], 
 def causal_conv_taps(buf: torch.Tensor, first_rows: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """silu of the depthwise causal conv, one output per row of `first_rows`: out[i] = silu(Σ_j buf[first_rows[i]
     + j] · weight[:, j]) over the K taps, in float32 at least, rounded once to buf's dtype. buf [rows, C], weight
-    [C, K]. One fused kernel when compiled (torch.compile): each input row is read K times from cache, written once."""
+    [C, K]. Compiled (torch.compile), the taps, the sum and the silu fuse into one kernel."""
     dtype = torch.promote_types(buf.dtype, torch.float32)
     acc = buf[first_rows].to(dtype) * weight[:, 0].to(dtype)
     for j in range(1, weight.shape[1]):
@@ -91,8 +91,8 @@ def causal_conv_taps(buf: torch.Tensor, first_rows: torch.Tensor, weight: torch.
 @dataclass(frozen=True)
 class HybridKernels:
     """The hybrid's own elementwise functions: eager, or each compiled by torch.compile (dynamic shapes) into one
-    fused kernel, as llama.Kernels does for the shared ones. Unfused, the (1 + w) norms alone made ~6 passes over
-    every hidden state."""
+    fused kernel, as llama.Kernels does for the shared ones (unfused, each norm is a handful of elementwise kernels
+    over the hidden states)."""
 
     rms_norm_1p: object = rms_norm_1p
     gated_rms_norm: object = gated_rms_norm
