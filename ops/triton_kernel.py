@@ -630,6 +630,8 @@ def pick_config(
     long_decode = rows_per_seq <= 16 and is_rotary and head_dim == 128 and elem_size == 2
     if long_decode and table_elem_size <= 2 and max_context >= LONG_DECODE_CONTEXT:
         tile_n = 128  # H200, 64 x 8k, bf16 table: 0.60 ms against 0.70 ms with 32-key tiles
+    if short and head_dim == 128:  # H200, 17 new tokens over 16k / 32k: 0.057 / 0.095 ms against 0.064 / 0.108 ms
+        tile_n, num_warps = 32, 4  # with 64-key tiles, 8 warps (bench/results/gpu_short_prefill_997b663_h200_splits*)
     if dense and head_dim == 128:  # measured on the H200: bench/results/gpu_ops_cd5f0ee_h200*
         block_m, tile_n, num_warps, num_stages = (
             (128, 128, 8, 3) if rows_per_seq >= LONG_PREFILL_ROWS else (64, 64, 4, 3)

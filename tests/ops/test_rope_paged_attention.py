@@ -378,7 +378,8 @@ def test_valid_args_pass(valid_args):
 
 def test_pick_config_reads_a_short_prefill_over_a_long_context_like_a_decode(monkeypatch):
     """19 new tokens over 16k cached keys on an H200 (132 SMs, 8 kv heads, group 4): one 128-row query tile per
-    sequence, keys rotated in the kernel, 32 splits. A 2,048-token chunk keeps the dense (gathered, TMA) path."""
+    sequence, keys rotated in the kernel, 32 splits of 32-key tiles. A 2,048-token chunk keeps the dense (gathered,
+    TMA) path."""
     from ops import triton_kernel as tk
 
     monkeypatch.setattr(tk, "_num_sms", lambda index: 132)
@@ -386,6 +387,7 @@ def test_pick_config_reads_a_short_prefill_over_a_long_context_like_a_decode(mon
     cuda = torch.device("cuda", 0)
     short = tk.pick_config(19, 1, 8, 4, 128, 16384, True, cuda, table_elem_size=2)
     assert (short["BLOCK_M"], short["NUM_SPLITS"], short["PRE_ROTATE"], short["DENSE"]) == (128, 32, False, False)
+    assert (short["TILE_N"], short["num_warps"]) == (32, 4)  # measured: 32-key tiles, 4 warps (head_dim 128)
     two = tk.pick_config(40, 2, 8, 4, 128, 16384, True, cuda, table_elem_size=2)  # 80 rows per sequence
     assert (two["BLOCK_M"], two["NUM_SPLITS"], two["DENSE"]) == (128, 32, False)
     graphed = tk.pick_config(32, 2, 8, 4, 128, 16384, True, cuda, table_elem_size=2)  # the (2, 32) graph bucket
