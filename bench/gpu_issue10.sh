@@ -3,7 +3,7 @@
 # span-scaling benches (Llama-3-8B shape, random bf16), the hybrid side by side, each log under $OUT. Needs .whl (datasets, dill, multiprocess) and
 # bench/data (the RAG datasets, built here with `python bench/rag.py --build-only --samples 64`) carried.
 #
-#   GIT_SHA=$(git rev-parse --short HEAD) bash bench/gpu_issue10.sh [part]   part: all (default), a, b, ops, ttft, host, hostdiag, offload, tests, splits, pipeline,
+#   GIT_SHA=$(git rev-parse --short HEAD) bash bench/gpu_issue10.sh [part]   part: all (default), a, b, ops, ttft, host, hostdiag, offload, tests, splits, pipeline, grid, rag,
 #   probe or hybrid, or several joined by commas
 set -u
 cd "$(dirname "$0")/.."
@@ -42,6 +42,13 @@ if want ttft; then  # the cached-prompt TTFT grid and the RAG bench, with the te
         --max-num-batched-tokens 8192
 fi
 RAG="python3 bench/rag.py --device cuda --llama3-8b-shape --samples 64"
+if want grid; then  # the TTFT grid alone (tests and op validation run in an earlier call of the same tree)
+    step ttft_grid 170 python3 bench/ttft_spans.py --device cuda --llama3-8b-shape --doc-tokens 512,1024,2048,4096 \
+        --ks 1,2,4,8 --repeats 2
+fi
+if want rag; then  # the RAG table alone: 6 systems x reuse 0 / 0.5 / 0.9, and the ceiling
+    step rag 330 $RAG --max-num-seqs 32 --max-num-batched-tokens 8192
+fi
 HYBRID="python3 bench/hybrid_checkpoints.py --gpu --num-layers 8 --prefill-len 2048 --decode-tokens 32"
 if want pipeline; then  # issue 13: the dense kernel's software-pipelined body (PIPELINE_QK) beside the default, prefill
     step op_pipelined 260 python3 bench/gpu_ops.py --skip-validation --only "llama prefill" --sweep --sweep-set pipelined \

@@ -107,8 +107,9 @@ class Scheduler:
       inline   inside the request's own prefill, once it is admitted (spans shared by requests in flight
                are still computed once: a later request waits for the blocks another one is computing);
       isps     ahead, as span prefills of their own (`Request.span_prefill`), in the budget the running
-               requests leave; a final part is admitted once none of its spans is missing (cached, or being
-               computed: it then waits for those blocks);
+               requests leave; a final part is admitted once none of its spans is missing (cached, being
+               computed: it then waits for those blocks, or started in the same step); spans of the next
+               waiting requests, beyond the free seats, fill the budget left after the admissions;
       barrier  (SPNL) in batches: every missing span of the next waiting requests (up to max_num_seqs) first,
                then their finals, and the next batch's spans only once those finals are done.
     """
@@ -164,7 +165,14 @@ class Scheduler:
             if budget <= 0 or len(self.running) >= self.config.max_num_seqs:
                 break
             if policy != "inline" and (barrier or missing(req)) and not self._must_go_inline(req, missing(req)):
-                continue  # its spans are computed ahead first
+                if policy == "barrier":
+                    continue  # its spans are computed ahead first
+                # NOTE: isps: its spans start here, and its final joins them in this step if they all fit: a
+                # span's blocks are published when its chunk is scheduled, and a step writes every K/V of a
+                # layer before any query of it reads (the final's queries see the span's keys, isolated).
+                budget = self._start_span_prefills(req, missing(req), out, budget)
+                if budget <= 0 or self._missing_spans(req):
+                    continue
             if not self.kv.allocate_prompt(req):
                 break
             self.waiting.remove(req)
@@ -177,10 +185,9 @@ class Scheduler:
         if ahead and (lookahead is None or len(self.running) > num_running):
             lookahead = self._lookahead()  # NOTE: only an admission changes what it depends on since the first
         for req in lookahead if ahead else ():
-            for segment in missing(req):
-                budget = self._start_span_prefill(req, segment, out, budget)
-                if budget <= 0:
-                    return
+            budget = self._start_span_prefills(req, missing(req), out, budget)
+            if budget <= 0:
+                return
 
     def _lookahead(self) -> list[Request]:
         """The waiting requests whose spans are computed ahead: the next ones (at most max_num_seqs) whose whole
@@ -205,6 +212,14 @@ class Scheduler:
         """Spans of `req` with a block that is neither cached (device or host) nor being computed."""
         kinds, B = self.kv.match(req), req.block_size
         return [s for s in req.span_segments() if MISS in kinds[s.start // B : s.end // B]]
+
+    def _start_span_prefills(self, req: Request, segments: list[Segment], out: SchedulerOutput, budget: int) -> int:
+        """Start a span prefill for each segment, in order, while budget is left; returns the budget left."""
+        for segment in segments:
+            if budget <= 0:
+                break  # NOTE: a span prefill started with no budget would only hold blocks
+            budget = self._start_span_prefill(req, segment, out, budget)
+        return budget
 
     def _start_span_prefill(self, req: Request, segment: Segment, out: SchedulerOutput, budget: int) -> int:
         unit = req.span_prefill(segment)

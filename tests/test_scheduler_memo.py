@@ -34,7 +34,8 @@ class PlainKVCacheManager(KVCacheManager):
 
 
 class PlainScheduler(Scheduler):
-    """_schedule_waiting as it was: the lookahead computed before admissions (every policy) and again after."""
+    """_schedule_waiting as it was: the lookahead computed before admissions (every policy) and again after (isps
+    admitting a final in the step of its own span prefills, as the scheduler does)."""
 
     def _schedule_waiting(self, out, budget):
         policy = self.config.span_policy
@@ -45,7 +46,13 @@ class PlainScheduler(Scheduler):
             if budget <= 0 or len(self.running) >= self.config.max_num_seqs:
                 break
             if policy != "inline" and (barrier or missing(req)) and not self._must_go_inline(req, missing(req)):
-                continue
+                if policy == "barrier":
+                    continue
+                for segment in missing(req):  # isps: its spans, then its final in the same step if they fit
+                    if budget > 0:
+                        budget = self._start_span_prefill(req, segment, out, budget)
+                if budget <= 0 or self._missing_spans(req):
+                    continue
             if not self.kv.allocate_prompt(req):
                 break
             self.waiting.remove(req)
@@ -56,9 +63,9 @@ class PlainScheduler(Scheduler):
         ahead = policy == "isps" or (policy == "barrier" and not self.running)
         for req in self._lookahead() if ahead else ():
             for segment in missing(req):
-                budget = self._start_span_prefill(req, segment, out, budget)
                 if budget <= 0:
                     return
+                budget = self._start_span_prefill(req, segment, out, budget)
 
 
 def rag_prompts(rng: random.Random, num_prompts: int, num_docs: int) -> list[list[int]]:

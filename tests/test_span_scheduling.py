@@ -112,19 +112,21 @@ def test_when_the_computing_request_goes_the_waiting_one_computes_the_rest_itsel
 # -- the policies -------------------------------------------------------------------------------------------
 
 
-def test_isps_computes_a_waiting_prompts_spans_beside_the_running_decodes():
+def test_isps_admits_a_final_in_the_step_of_its_own_span_prefills_and_computes_the_next_spans_beside_it():
     sched = scheduler(max_num_seqs=1, policy="isps")
     a = request("a", [20, 21, 22, PAD] + DOC + [P, 60, 61], max_tokens=4)
     b = request("b", [25, 26, 27, PAD] + DOC2 + [P, 60, 62])
     sched.add(a)
     sched.add(b)
     first, second = step(sched), step(sched)
-    # one seat: spans are computed ahead for one waiting request at a time, beside the running one
-    assert [(s.seq.request_id, s.query_ranges, s.do_sample) for s in first.scheduled] == [("a/span1", [(0, 8)], False)]
-    assert [(s.seq.request_id, s.query_ranges) for s in second.scheduled] == [
-        ("a", [(0, 4), (12, 15)]),  # the document's blocks are hits
-        ("b/span1", [(0, 8)]),
+    # a's span prefill, then a's final in the same step (the document's blocks are hits: written in this step
+    # before any query reads), then b's span in the budget left (b waits for the only seat)
+    assert [(s.seq.request_id, s.query_ranges, s.do_sample) for s in first.scheduled] == [
+        ("a/span1", [(0, 8)], False),
+        ("a", [(0, 4), (12, 15)], True),
+        ("b/span1", [(0, 8)], False),
     ]
+    assert [(s.seq.request_id, s.query_ranges) for s in second.scheduled] == [("a", [(15, 16)])]  # a decodes
     run(sched)
     assert a.num_output_tokens == 4 and b.num_output_tokens == 2 and not sched.span_running
 
