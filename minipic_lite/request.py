@@ -134,13 +134,15 @@ class Request:
 
     def span_prefill(self, segment: Segment) -> Request:
         """One SSEP span of this prompt as a request of its own, whose blocks hash as they do inside this prompt
-        (an SSEP block restarts the chain: spans.py); it samples nothing and ends when its blocks are cached."""
+        (an SSEP block restarts the chain: spans.py), so it takes this prompt's hashes of them instead of hashing
+        again; it samples nothing and ends when its blocks are cached."""
         tokens = self.token_ids[segment.start : segment.end]
-        n = len(tokens)
+        n, B = len(tokens), self.block_size
         layout = SpanLayout((Segment(SegmentKind.SSEP, 0, n, 0),), (0,) * n, {0: SegmentKind.SSEP})
         request_id = f"{self.request_id}/span{segment.index}"
         params = SamplingParams(max_tokens=1)
+        hashes = self.block_hashes[segment.start // B : segment.end // B]  # NOTE: whole blocks (span_segments)
         return Request(
-            request_id, tokens, params, self.block_size, self.root, layout, is_span_prefill=True,
-            hash_memo=self.hash_memo,
+            request_id, tokens, params, B, self.root, layout, is_span_prefill=True, hash_memo=self.hash_memo,
+            block_hashes=hashes,
         )  # fmt: skip

@@ -181,7 +181,8 @@ class Scheduler:
             ranges, end = plan_chunk(req, budget)
             budget -= self._commit_chunk(req, ranges, end, out)
         # NOTE: barrier (SPNL) starts the spans of the next batch only once the finals of the last one are done
-        ahead = policy == "isps" or (policy == "barrier" and not self.running)
+        # NOTE: with no budget left no span prefill starts: the lookahead (a match per request) is not asked
+        ahead = budget > 0 and (policy == "isps" or (policy == "barrier" and not self.running))
         if ahead and (lookahead is None or len(self.running) > num_running):
             lookahead = self._lookahead()  # NOTE: only an admission changes what it depends on since the first
         for req in lookahead if ahead else ():

@@ -51,3 +51,18 @@ def test_sampler_greedy_rows_and_per_request_seeds():
     assert again[0] == first[0] and again[1] == first[1]
     draws = [sampler(logits, sampler.prepare(["g", "s1", "s2"], params))[2].item() for _ in range(20)]
     assert len(set(draws)) > 1  # s2 keeps sampling from its own generator
+
+
+def test_a_span_prefill_takes_its_prompts_hashes_of_the_span_which_equal_the_span_hashed_alone():
+    from minipic_lite.config import ControlTokens
+    from minipic_lite.spans import span_layout
+
+    control = ControlTokens(ssep_id=1, pdep_id=2, pad_id=3)
+    doc = [1, 30, 31, 32, 33, 34, 35, 36]  # an SSEP span of two blocks of 4
+    prompt = [20, 21, 22, 3] + doc + [2, 60, 61]
+    req = Request("r", prompt, SamplingParams(), 4, ROOT, span_layout(prompt, control, 4))
+    (segment,) = req.span_segments()
+    unit = req.span_prefill(segment)
+    alone = Request("d", doc, SamplingParams(), 4, ROOT, unit.layout, is_span_prefill=True)
+    assert unit.block_hashes == req.block_hashes[1:3] == alone.block_hashes and unit.is_span_prefill
+    assert unit.block_hashes is not req.block_hashes and unit.token_ids == doc
