@@ -302,6 +302,7 @@ class LLMEngine:
             "num_checkpoints_saved": states.stats.num_saved,
             "num_checkpoints_evicted": states.stats.num_evicted,
             "num_checkpoints_declined": states.stats.num_declined_saves,  # worth less than what they'd evict
+            "num_checkpoints_moved": states.stats.num_moved,  # saves that took a stale one's place (store.is_stale)
             "num_resumed": states.stats.num_resumed,
             "num_resumed_tokens": s.num_resumed_tokens,
             "num_recomputed_prompt_tokens": s.num_prompt_tokens - s.num_resumed_tokens,

@@ -89,7 +89,9 @@ class StateCache(CheckpointStore):
             or num_tokens % req.block_size
         ):
             return
-        ckpt_id = self.reserve(num_tokens, req.prompt_token_ids, req.block_hashes, req.block_size)
+        ckpt_id = self.reserve(
+            num_tokens, req.prompt_token_ids, req.block_hashes, req.block_size, req.checkpoint_positions
+        )
         if ckpt_id is not None:
             self.ops.save.append((req.state_slot, ckpt_id))
             req.saved_checkpoints.append(num_tokens)

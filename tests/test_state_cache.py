@@ -10,6 +10,7 @@ from minipic_lite.checkpoints.store import (
     admits,
     choose_victim,
     chunk_end,
+    is_stale,
     marginal_saving,
     recent_depths,
     resume_blocks,
@@ -97,6 +98,15 @@ def test_admission_saves_only_what_is_worth_more_than_its_victim():
     assert admits(3.0, 2.0) and not admits(2.0, 2.0) and not admits(1.0, 2.0)
 
 
+def test_a_checkpoint_is_stale_once_a_save_leaves_it_worth_nothing_and_its_plan_dropped_it():
+    w = np.zeros(33)
+    w[[20, 31]] = 1.0  # recent prompts leave this prompt at 20 and 31
+    assert is_stale(8, 16, [8], planned=[16], depth_weights=w)  # beside 16, nobody resumes from 8
+    assert not is_stale(8, 16, [8], planned=[8, 16], depth_weights=w)  # a plan's hedge stays
+    assert not is_stale(16, 12, [16], planned=[12], depth_weights=w)  # 20 and 31 still resume from 16, not 12
+    assert not is_stale(8, 4, [8, 24], planned=[4], depth_weights=w)  # 20 resumes from 8 (24 is past it)
+
+
 def _serve(sched, req):
     sched.add(req)
     while req.num_output_tokens == 0:
@@ -122,6 +132,48 @@ def test_a_full_store_declines_a_tail_checkpoint_worth_less_than_its_victim():
     # = 43.4 (f, e, d) > a's 16·(γ³ + γ⁴ + γ⁵) = 31.6: a's is evicted
     assert states.stats.num_declined_saves == 2 and states.stats.num_evicted == 1
     assert next(iter(states.by_hash.values())) is not kept
+
+
+def test_a_save_moves_a_stale_checkpoint_of_its_prefix_even_while_rows_are_free():
+    # balanced, M = 1: a (32 tokens) saves at 16; b shares 28 tokens and plans 24, where a and b now leave
+    states = StateCache(4, 2, 100, CheckpointPlanner("balanced", 1, B, "balanced"))
+    sched = Scheduler(SchedulerConfig(4, 256, 1024), KVCacheManager(64, states=states))
+    a, b = (
+        make_request("a", range(32), B, max_tokens=1),
+        make_request("b", list(range(28)) + [99] * 20, B, max_tokens=1),
+    )
+    _serve(sched, a)
+    (old,) = states.by_hash.values()
+    _serve(sched, b)
+    assert b.num_resumed_tokens == 16 and b.saved_checkpoints == [24]
+    # nobody resumes from 16 beside 24, and b's plan dropped it: 24 takes its row, the free row stays free
+    (new,) = states.by_hash.values()
+    assert (new.position, new.ckpt_id) == (24, old.ckpt_id) and list(states.free_ckpt_ids) == [1]
+    assert states.stats.num_moved == 1 and states.stats.num_evicted == 0
+    c = make_request("c", list(range(28)) + [98] * 20, B, max_tokens=1)
+    _serve(sched, c)
+    assert c.num_resumed_tokens == 24  # the moved checkpoint serves the next request of the prefix
+
+
+def test_a_save_moves_the_stale_checkpoint_its_own_request_loads_in_the_same_step():
+    # one checkpoint: b loads a's 16 and saves 24 in one step; the load runs before the save, so 24 takes 16's row
+    states = StateCache(4, 1, 100, CheckpointPlanner("balanced", 1, B, "balanced"))
+    sched = Scheduler(SchedulerConfig(4, 256, 1024), KVCacheManager(64, states=states))
+    _serve(sched, make_request("a", range(32), B, max_tokens=1))
+    (old,) = states.by_hash.values()
+    b = make_request("b", list(range(28)) + [99] * 20, B, max_tokens=1)
+    sched.add(b)
+    out = _step(sched)
+    assert out.state_ops.load == [(old.ckpt_id, b.state_slot)] and out.state_ops.save == [(b.state_slot, old.ckpt_id)]
+    assert [c.position for c in states.by_hash.values()] == [24] and states.stats.num_skipped_saves == 0
+
+
+def test_a_plan_keeps_its_own_hedges_in_a_full_store():
+    states = StateCache(4, 3, 100, CheckpointPlanner("balanced", 3, B, "balanced"))
+    sched = Scheduler(SchedulerConfig(4, 256, 1024), KVCacheManager(64, states=states))
+    _serve(sched, make_request("a", range(32), B, max_tokens=1))
+    # nobody but a itself reaches 8..24 yet, but all three are a's plan: none moves the one before it
+    assert sorted(c.position for c in states.by_hash.values()) == [8, 16, 24] and states.stats.num_moved == 0
 
 
 def test_dp_plans_with_its_prior_until_traffic_says_something_about_the_prompt():

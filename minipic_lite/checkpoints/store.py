@@ -3,7 +3,10 @@
     checkpoints:  saved states keyed by the block hash of the prefix they follow (position p = k·B: the
                   hash of block k−1 names tokens [0, p)), within a memory budget, evicted LRU or by a
                   FLOP-aware score, never while a request is about to load one; a save that must evict is
-                  admitted only if it is worth more than its victim (`marginal_saving` over recent prompts)
+                  admitted only if it is worth more than its victim (`marginal_saving` over recent prompts);
+                  a save first takes the place of a stale checkpoint on its own prefix (`is_stale`), even
+                  one this step loads (a step's loads run before its saves): the prefix's checkpoint moves
+                  to where its requests now leave it
 
 The tensors live in the runner (`state_cache.StateTensors`); `state_cache.StateCache` adds the live slots of
 running requests and turns admissions and scheduled chunks into `pin` / `reserve` calls here.
@@ -72,6 +75,14 @@ def admits(new_value: float, victim_value: float | None) -> bool:
     return victim_value is None or new_value > victim_value
 
 
+def is_stale(position: int, new_position: int, others, planned, depth_weights) -> bool:
+    """A checkpoint at `position` on a prompt's prefix is stale once a save at `new_position` leaves it worth
+    nothing (no recent prompt would resume from it: `marginal_saving` 0 beside the new one and the prefix's
+    `others`) and the prompt's plan no longer has it (a plan's own hedges stay)."""
+    rest = [c for c in others if c != position] + [new_position]
+    return position not in planned and marginal_saving(position, rest, depth_weights) == 0
+
+
 @dataclass(slots=True, eq=False)
 class Checkpoint:
     ckpt_id: int  # row of the runner's checkpoint tensors
@@ -115,6 +126,7 @@ class StateStats:
     num_resumed: int = 0  # admissions that loaded a checkpoint
     num_skipped_saves: int = 0  # planned saves with no free checkpoint (every one pinned or unwritten)
     num_declined_saves: int = 0  # planned saves worth less than the checkpoint they would evict
+    num_moved: int = 0  # saves that took the place of a stale checkpoint on their own prefix (is_stale)
 
 
 class CheckpointStore:
@@ -159,16 +171,19 @@ class CheckpointStore:
         self.stats.num_resumed += 1
         return ckpt.ckpt_id
 
-    def reserve(self, position: int, token_ids, block_hashes, block_size: int) -> int | None:
+    def reserve(self, position: int, token_ids, block_hashes, block_size: int, planned=()) -> int | None:
         """A checkpoint id for this step to save the state after `position` tokens of a prompt into; None when
-        it is saved already (then it is just used again) or no checkpoint is free or worth evicting."""
+        it is saved already (then it is just used again) or no checkpoint is free or worth evicting.
+        `planned`: the prompt's planned positions (its checkpoints elsewhere on its prefix may be stale)."""
         block_hash = block_hashes[position // block_size - 1]
         if block_hash in self.by_hash:  # NOTE: saved before (maybe by another request): just used again
             self.by_hash[block_hash].last_used = self._tick()
             return None
         tokens = np.asarray(token_ids, dtype=np.int64)
         self.block_size = block_size
-        ckpt_id = self._free_ckpt_id(lambda: self._value(position, tokens, block_hashes, None))
+        ckpt_id = self._moved_ckpt_id(position, tokens, block_hashes, planned)
+        if ckpt_id is None:
+            ckpt_id = self._free_ckpt_id(lambda: self._value(position, tokens, block_hashes, None))
         if ckpt_id is None:
             return None
         now = self._tick()
@@ -177,12 +192,27 @@ class CheckpointStore:
         self.stats.num_saved += 1
         return ckpt_id
 
+    def _on_prefix(self, tokens: np.ndarray, block_hashes) -> dict[int, Checkpoint]:
+        """The checkpoints on this prompt's prefix, by position."""
+        n = min(len(block_hashes), len(tokens) // self.block_size)
+        return {(k + 1) * self.block_size: c for k in range(n) if (c := self.by_hash.get(block_hashes[k])) is not None}
+
     def _value(self, position: int, tokens: np.ndarray, block_hashes, itself: Checkpoint | None) -> float:
         """marginal_saving of a checkpoint at `position` of this prompt over the planner's recent prompts."""
-        n = min(len(block_hashes), len(tokens) // self.block_size)
-        others = [(k + 1) * self.block_size for k in range(n)
-                  if (c := self.by_hash.get(block_hashes[k])) is not None and c is not itself]  # fmt: skip
+        others = [p for p, c in self._on_prefix(tokens, block_hashes).items() if c is not itself]
         return marginal_saving(position, others, recent_depths(tokens, self.planner.recent))
+
+    def _moved_ckpt_id(self, position: int, tokens: np.ndarray, block_hashes, planned) -> int | None:
+        """The id of a stale written checkpoint on this prompt's prefix, dropped for the save at `position`; None."""
+        on_prefix = self._on_prefix(tokens, block_hashes)
+        weights = recent_depths(tokens, self.planner.recent)
+        for other, ckpt in on_prefix.items():
+            # NOTE: a pinned one may move: pins are this step's loads, and a step's loads run before its saves
+            if ckpt.reserved_at < self.num_steps and is_stale(other, position, on_prefix, planned, weights):
+                del self.by_hash[ckpt.block_hash]
+                self.stats.num_moved += 1
+                return ckpt.ckpt_id
+        return None
 
     def _free_ckpt_id(self, new_value) -> int | None:
         """A free checkpoint id, or a victim's if the new save (`new_value()`) is worth more than it; None."""
