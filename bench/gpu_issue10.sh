@@ -3,7 +3,7 @@
 # span-scaling benches (Llama-3-8B shape, random bf16), the hybrid side by side, each log under $OUT. Needs .whl (datasets, dill, multiprocess) and
 # bench/data (the RAG datasets, built here with `python bench/rag.py --build-only --samples 64`) carried.
 #
-#   GIT_SHA=$(git rev-parse --short HEAD) bash bench/gpu_issue10.sh [part]   part: all (default), a, b, ops, ttft, host, hostdiag, offload, tests, splits, pipeline, grid, rag,
+#   GIT_SHA=$(git rev-parse --short HEAD) bash bench/gpu_issue10.sh [part]   part: all (default), a, b, ops, ttft, host, hostdiag, offload, tests, splits, pipeline, grid, rag, ragphase,
 #   probe or hybrid, or several joined by commas
 set -u
 cd "$(dirname "$0")/.."
@@ -45,6 +45,10 @@ RAG="python3 bench/rag.py --device cuda --llama3-8b-shape --samples 64"
 if want grid; then  # the TTFT grid alone (tests and op validation run in an earlier call of the same tree)
     step ttft_grid 170 python3 bench/ttft_spans.py --device cuda --llama3-8b-shape --doc-tokens 512,1024,2048,4096 \
         --ks 1,2,4,8 --repeats 2
+fi
+if want ragphase; then  # where a step's time goes per span policy (reuse 0.5): schedule, prepare, execute, postprocess
+    step rag_phases 200 $RAG --reuse 0.5 --systems inline,isps,barrier --max-num-seqs 32 --max-num-batched-tokens 8192 \
+        --tag=-phases
 fi
 if want rag; then  # the RAG table alone: 6 systems x reuse 0 / 0.5 / 0.9, and the ceiling
     step rag 330 $RAG --max-num-seqs 32 --max-num-batched-tokens 8192

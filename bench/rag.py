@@ -192,6 +192,34 @@ def num_compiles() -> int:
     return count
 
 
+@contextlib.contextmanager
+def phase_times(engine):
+    """Seconds spent in each phase of the engine's steps while inside: the scheduler's schedule and postprocess,
+    the cache reports, the runner's prepare and execute (execute calls prepare, counted in both, and waits for the
+    device's sampled tokens)."""
+    owners = {"schedule": engine.scheduler, "_report_admissions": engine, "prepare": engine.runner,
+              "execute": engine.runner, "postprocess": engine.scheduler}  # fmt: skip
+    totals = dict.fromkeys(owners, 0.0)
+
+    def timed(name, fn):
+        def wrapper(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                totals[name] += time.perf_counter() - start
+
+        return wrapper
+
+    for name, owner in owners.items():
+        setattr(owner, name, timed(name, getattr(owner, name)))
+    try:
+        yield totals
+    finally:
+        for name, owner in owners.items():
+            delattr(owner, name)  # NOTE: back to the class's method
+
+
 def run_system(llm: mp.LLM, samples, recipe: str, policy: str, new_tokens: int = NEW_TOKENS) -> dict:
     scheduler = llm.engine.scheduler
     scheduler.config = dataclasses.replace(scheduler.config, span_policy=policy)
@@ -203,9 +231,11 @@ def run_system(llm: mp.LLM, samples, recipe: str, policy: str, new_tokens: int =
     steps_before, step_time_before = llm.engine.stats.num_steps, llm.engine.stats.total_step_time
     compiles_before = num_compiles()
     start = time.perf_counter()
-    outputs = llm.generate(prompts, params, use_tqdm=False)
+    with phase_times(llm.engine) as phases:
+        outputs = llm.generate(prompts, params, use_tqdm=False)
     elapsed = time.perf_counter() - start
     after = llm.stats()
+    num_steps = max(1, llm.engine.stats.num_steps - steps_before)
     ttfts = sorted(o.metrics.ttft for o in outputs)
     num_prompt_tokens = sum(len(p) for p in prompts)
     computed = after["num_computed_tokens"] - before["num_computed_tokens"] - len(prompts) * (new_tokens - 1)
@@ -225,6 +255,7 @@ def run_system(llm: mp.LLM, samples, recipe: str, policy: str, new_tokens: int =
         * (llm.engine.stats.total_step_time - step_time_before)
         / max(1, llm.engine.stats.num_steps - steps_before),
         "compiles": num_compiles() - compiles_before,
+        "phase_ms_per_step": {name: 1e3 * t / num_steps for name, t in phases.items()},
         "outputs": [o.token_ids for o in outputs],
     }
 
@@ -306,7 +337,8 @@ def main() -> None:
                       f"{1e3 * r['ttft_p50_s']:8.1f} ms p99 {1e3 * r['ttft_p99_s']:8.1f} ms  cached "
                       f"{r['cached_fraction']:.2f}  host hits {r['host_hit_blocks']}  {r['engine_steps']} steps of "
                       f"{r['step_ms']:.1f} ms, "
-                      f"{r['compiles']} compiles",
+                      f"{r['compiles']} compiles; ms a step: "
+                      + ", ".join(f"{k.strip('_')} {v:.2f}" for k, v in r["phase_ms_per_step"].items()),
                       flush=True)  # fmt: skip
             if "barrier" in names:
                 rows[reuse]["ceiling"] = c = schedule_ceiling(llm, data[reuse], rows[reuse]["barrier"])
