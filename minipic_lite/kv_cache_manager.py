@@ -82,6 +82,9 @@ class KVCacheManager:
         # `pending` changed.
         self.match_memo: dict[Request, MatchEntry] = {}
         self.changed: list[BlockHash] = []
+        # blocks a prompt could lose since start-up (evicted, a pending one dropped, a reset): only these turn a
+        # block a waiting prompt had (cached or being computed) back into a miss
+        self.num_losses = 0
 
     @property
     def num_free_blocks(self) -> int:
@@ -272,6 +275,7 @@ class KVCacheManager:
         waiters = [(w, b) for w, b in self.waiters.pop(block_hash, []) if w is not owner]
         if not waiters:
             del self.pending[block_hash]
+            self.num_losses += 1
             return
         (heir, block), rest = waiters[0], waiters[1:]
         heir.waiting_blocks.discard(block)
@@ -285,6 +289,7 @@ class KVCacheManager:
 
     def _evicted(self, block_id: int, block_hash: BlockHash) -> None:
         self.changed.append(block_hash)
+        self.num_losses += 1
         if self.host is not None:
             slot = self.host.store(block_hash)
             if slot is not None:
@@ -298,6 +303,7 @@ class KVCacheManager:
         """Forget every hash on the device and in the host tier (after a failed step: contents unknown)."""
         self.pool.reset_prefix_cache()
         self.match_memo.clear()
+        self.num_losses += 1
         if self.host is not None:
             self.host.reset()
         self.copies.clear()

@@ -120,6 +120,8 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.span_running: list[Request] = []  # span prefills computing ahead of their finals
+        # waiting requests seen with no missing span, and kv.num_losses then (only a loss makes one go missing)
+        self.complete_ahead: dict[Request, int] = {}
 
     def add(self, req: Request) -> None:
         self.waiting.append(req)
@@ -158,6 +160,7 @@ class Scheduler:
         policy = self.config.span_policy
         lookahead = self._lookahead() if policy == "barrier" else None
         missing = functools.cache(self._missing_spans)  # per request: what it misses when first asked this step
+        num_losses = self.kv.num_losses  # NOTE: while unchanged, what `missing` said is still true
         # NOTE: a list, not a generator: all of the lookahead is asked before any admission changes the cache
         barrier = policy == "barrier" and (any([missing(req) for req in lookahead]) or bool(self.span_running))
         num_running = len(self.running)
@@ -176,19 +179,30 @@ class Scheduler:
             if not self.kv.allocate_prompt(req):
                 break
             self.waiting.remove(req)
+            self.complete_ahead.pop(req, None)
             req.status = RequestStatus.RUNNING
             self.running.append(req)
             ranges, end = plan_chunk(req, budget)
             budget -= self._commit_chunk(req, ranges, end, out)
         # NOTE: barrier (SPNL) starts the spans of the next batch only once the finals of the last one are done
-        # NOTE: with no budget left no span prefill starts: the lookahead (a match per request) is not asked
+        # NOTE: with no budget left, or nothing missing ahead, no span prefill starts: the lookahead (a match per
+        # request) is not asked
         ahead = budget > 0 and (policy == "isps" or (policy == "barrier" and not self.running))
+        ahead = ahead and not self._nothing_ahead()
         if ahead and (lookahead is None or len(self.running) > num_running):
             lookahead = self._lookahead()  # NOTE: only an admission changes what it depends on since the first
         for req in lookahead if ahead else ():
+            if not missing(req) and self.kv.num_losses == num_losses:
+                self.complete_ahead[req] = num_losses
             budget = self._start_span_prefills(req, missing(req), out, budget)
             if budget <= 0:
                 return
+
+    def _nothing_ahead(self) -> bool:
+        """Every request the lookahead could take was seen with no missing span, and no block was lost since: the
+        lookahead would start nothing."""
+        num_losses, seen = self.kv.num_losses, self.complete_ahead
+        return all(seen.get(req) == num_losses for req in islice(self.waiting, self.config.max_num_seqs))
 
     def _lookahead(self) -> list[Request]:
         """The waiting requests whose spans are computed ahead: the next ones (at most max_num_seqs) whose whole
@@ -285,6 +299,7 @@ class Scheduler:
         self.waiting.appendleft(req)  # NOTE: at the head: it keeps its turn
 
     def finish(self, req: Request, reason: str) -> None:
+        self.complete_ahead.pop(req, None)
         for queue in (self.running, self.waiting, self.span_running):
             if req in queue:
                 queue.remove(req)

@@ -334,3 +334,42 @@ def test_spans_computed_ahead_that_do_not_fit_together_never_stall_the_queue(pol
     assert all(r.num_output_tokens == 2 for r in requests) and sched.kv.pool.num_free_blocks == 10
     # spans are computed ahead only for prompts that fit in the free blocks together: nothing computed twice
     assert len(computed) == 3 * 30 + 3  # 3 prompts of 30 tokens, one decode step each
+
+
+def test_isps_asks_no_lookahead_while_every_waiting_prompts_spans_are_had_and_nothing_was_lost():
+    """Host time: with the seats full and every span of the waiting prompts cached or being computed, the lookahead
+    (a match per waiting prompt) would start nothing: it is not asked again until a block is lost (evicted)."""
+    sched = scheduler(max_num_seqs=1, policy="isps")
+    a = request("a", [20, 21, 22, PAD, P, 60, 61], max_tokens=8)  # no spans: it takes the only seat
+    b = request("b", [25, 26, 27, PAD] + DOC2 + [P, 60, 62])
+    sched.add(a)
+    sched.add(b)
+    asked = []
+    lookahead = sched._lookahead
+    sched._lookahead = lambda: asked.append(len(asked)) or lookahead()
+    step(sched)  # a's prefill, b's span beside it
+    step(sched)  # a decodes; b's span is cached: seen complete
+    num_asked = len(asked)
+    step(sched)
+    step(sched)
+    assert len(asked) == num_asked  # nothing missing ahead, nothing lost: not asked
+    sched.kv.num_losses += 1  # as an eviction would
+    step(sched)
+    assert len(asked) == num_asked + 1
+    run(sched)
+    assert b.cached_block_ids == {1, 2} and b.num_output_tokens == 2
+
+
+def test_a_block_lost_by_eviction_or_a_dropped_pending_one_counts():
+    kv = KVCacheManager(3)
+    r = request("r", [S, 30, 31, 32, 33, 34, 35, 36, 37])  # two full blocks, then the last token's
+    assert kv.allocate_prompt(r) and kv.num_losses == 0
+    kv.free(r)  # r computed nothing: its pending blocks are dropped
+    assert kv.num_losses == 2
+    r2 = request("r2", [S, 30, 31, 32, 33, 34, 35, 36, 37])
+    assert kv.allocate_prompt(r2)
+    kv.publish(r2, 8)
+    kv.free(r2)
+    assert kv.num_losses == 2 and kv.allocate_prompt(request("x", [S, 40, 41, 42, 43, 44, 45, 46, 47]))
+    assert kv.num_losses == 4  # x's blocks evicted r2's two cached ones
+    kv.check_integrity()
