@@ -93,6 +93,13 @@ class BlockPool:
                 del free_queue[block_id]
             block.ref_cnt += 1
 
+    def refresh(self, block_ids: Iterable[int]) -> None:
+        """Move those of these blocks that are free to the young end of the free queue (handed out last)."""
+        free_queue = self.free_queue
+        for block_id in block_ids:
+            if block_id in free_queue:
+                free_queue.move_to_end(block_id)
+
     def num_free_among(self, block_ids: Iterable[int]) -> int:
         """How many of these blocks (each as often as listed) sit in the free queue: those of ref 0."""
         return sum(map(self.free_queue.__contains__, block_ids))

@@ -131,6 +131,11 @@ class KVCacheManager:
                 computed_here.add(hashes[i])  # a later copy in this prompt waits for this one
         return kinds
 
+    def keep_for(self, req: Request) -> None:
+        """The cached blocks a waiting prompt would hit move to the young end of the LRU queue: fresh blocks taken
+        before its admission evict older ones first."""
+        self.pool.refresh(block_id for block_id in self._match(req)[1] if block_id is not None)
+
     def num_blocks_to_admit(self, req: Request) -> int:
         """Blocks that admitting `req` now would take out of the free queue: all of its prompt's blocks but those
         other requests hold (hits in use, pending)."""

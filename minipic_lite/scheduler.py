@@ -135,6 +135,7 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self.config.max_num_batched_tokens
+        self._keep_spans_computed_ahead()
         budget = self._schedule_running(out, budget)
         if not out.preempted:
             self._schedule_waiting(out, budget)
@@ -142,6 +143,17 @@ class Scheduler:
         out.copies = self.kv.take_copies() if out.scheduled else []
         out.state_ops = self.kv.take_state_ops()
         return out
+
+    def _keep_spans_computed_ahead(self) -> None:
+        """Before a step that may admit finals takes fresh blocks, the spans computed ahead for the next waiting
+        prompts become the youngest in the LRU queue. They were computed steps ago, and blocks of requests that
+        finished since would otherwise outlive them: on a tight cache isps computed them again (38% more tokens
+        than inline in the scheduler replay at reuse 0 on 8,000 blocks)."""
+        if self.config.span_policy == "inline" or len(self.running) >= self.config.max_num_seqs:
+            return  # NOTE: no seat for a final: nothing to keep them for yet (and no host time spent)
+        for req in islice(self.waiting, self.config.max_num_seqs):
+            if req.started_spans:
+                self.kv.keep_for(req)
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
         for queue in (self.running, self.span_running):
