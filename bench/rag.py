@@ -67,6 +67,7 @@ SYSTEMS = {  # name -> (LLM keywords, recipe, span policy)
     "isps": ({}, "block_attention", "isps"),
     "copy_rerotate": ({"position_free": False, "rerotate_spans": True}, "block_attention", "inline"),
 }
+PHASES = ("schedule", "_report_admissions", "prepare", "execute", "postprocess")  # rag.phase_times
 OFFLOAD_HOST_GIB = {"cuda": 16.0, "cpu": 1.0}  # --offload's host tier when --host-cache-gib is not given
 
 
@@ -197,24 +198,15 @@ def phase_times(engine):
     """Seconds spent in each phase of the engine's steps while inside: the scheduler's schedule and postprocess,
     the cache reports, the runner's prepare and execute (execute calls prepare, counted in both, and waits for the
     device's sampled tokens)."""
-    owners = {"schedule": engine.scheduler, "_report_admissions": engine, "prepare": engine.runner,
-              "execute": engine.runner, "postprocess": engine.scheduler}  # fmt: skip
-    totals = dict.fromkeys(owners, 0.0)
+    from host_ttft import Timer  # beside this file
 
-    def timed(name, fn):
-        def wrapper(*args, **kwargs):
-            start = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                totals[name] += time.perf_counter() - start
-
-        return wrapper
-
+    scheduler, runner = engine.scheduler, engine.runner
+    owners = dict(zip(PHASES, (scheduler, engine, runner, runner, scheduler), strict=True))
+    timer = Timer()
     for name, owner in owners.items():
-        setattr(owner, name, timed(name, getattr(owner, name)))
+        timer.wrap(owner, name, name)
     try:
-        yield totals
+        yield timer.times
     finally:
         for name, owner in owners.items():
             delattr(owner, name)  # NOTE: back to the class's method
@@ -255,7 +247,7 @@ def run_system(llm: mp.LLM, samples, recipe: str, policy: str, new_tokens: int =
         * (llm.engine.stats.total_step_time - step_time_before)
         / max(1, llm.engine.stats.num_steps - steps_before),
         "compiles": num_compiles() - compiles_before,
-        "phase_ms_per_step": {name: 1e3 * t / num_steps for name, t in phases.items()},
+        "phase_ms_per_step": {name: 1e3 * phases[name] / num_steps for name in PHASES},
         "outputs": [o.token_ids for o in outputs],
     }
 
