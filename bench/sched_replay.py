@@ -40,11 +40,12 @@ from rag import (  # beside this file
 )
 
 import minipic_lite as mp
+from minipic_lite.chunks import SchedulerOutput
 from minipic_lite.config import SchedulerConfig
 from minipic_lite.hashing import root_hash
 from minipic_lite.kv_cache_manager import KVCacheManager
 from minipic_lite.request import Request
-from minipic_lite.scheduler import Scheduler, SchedulerOutput
+from minipic_lite.scheduler import Scheduler
 from minipic_lite.spans import SpanHashMemo
 
 BLOCK_SIZE, MAX_NUM_SEQS, TOKEN_BUDGET, BURST = 16, 32, 8192, 8  # bench/rag.py's H200 run; CUDA's default burst

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import torch
 
+from minipic_lite.chunks import SchedulerOutput
 from minipic_lite.config import cdiv
 from minipic_lite.models.step import StepMetadata
-from minipic_lite.scheduler import SchedulerOutput
 
 
 def graph_shapes(

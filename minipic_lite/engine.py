@@ -16,6 +16,7 @@ from itertools import count
 
 from minipic_lite.cache_report import StateReport, build_cache_report
 from minipic_lite.checkpoints.planner import CheckpointPlanner
+from minipic_lite.chunks import SchedulerOutput
 from minipic_lite.config import EngineConfig, cdiv
 from minipic_lite.hashing import root_hash
 from minipic_lite.kv_cache_manager import KVCacheManager
@@ -23,7 +24,7 @@ from minipic_lite.model_runner import ModelRunner
 from minipic_lite.outputs import RequestMetrics, RequestOutput
 from minipic_lite.request import Request
 from minipic_lite.sampling_params import SamplingParams
-from minipic_lite.scheduler import Scheduler, SchedulerOutput
+from minipic_lite.scheduler import Scheduler
 from minipic_lite.spans import SpanHashMemo, SpanLayout, span_layout
 from minipic_lite.state_cache import StateCache
 from minipic_lite.step_log import StepLog

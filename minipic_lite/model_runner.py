@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from minipic_lite.chunks import SchedulerOutput
 from minipic_lite.config import (
     CUDA_GRAPH_BATCH_SIZES,
     CUDA_GRAPH_MAX_TOKENS_PER_SEQ,
@@ -30,7 +31,6 @@ from minipic_lite.models.packed_linear import can_pack, drop_packed_weights, pac
 from minipic_lite.models.registry import model_class
 from minipic_lite.models.step import HostStep, RecurrentStep, StepMetadata, host_tensor
 from minipic_lite.sampler import Sampler
-from minipic_lite.scheduler import SchedulerOutput
 from minipic_lite.state_cache import StateTensors
 
 logger = logging.getLogger(__name__)

@@ -6,12 +6,13 @@ out = run_step(sched)             # schedule, sample token 7 for every request t
 """
 
 from minipic_lite.block_pool import BlockPool
+from minipic_lite.chunks import SchedulerOutput
 from minipic_lite.config import SchedulerConfig
 from minipic_lite.hashing import root_hash
 from minipic_lite.kv_cache_manager import KVCacheManager
 from minipic_lite.request import Request
 from minipic_lite.sampling_params import SamplingParams
-from minipic_lite.scheduler import Scheduler, SchedulerOutput
+from minipic_lite.scheduler import Scheduler
 
 ROOT = root_hash("tests.sched_factory")
 

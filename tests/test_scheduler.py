@@ -5,12 +5,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minipic_lite.checkpoints.store import chunk_end
+from minipic_lite.chunks import plan_chunk
 from minipic_lite.config import SchedulerConfig
 from minipic_lite.hashing import root_hash
 from minipic_lite.kv_cache_manager import KVCacheManager
 from minipic_lite.request import Request
 from minipic_lite.sampling_params import SamplingParams
-from minipic_lite.scheduler import Scheduler, plan_chunk
+from minipic_lite.scheduler import Scheduler
 
 B = 4
 ROOT = root_hash("test")

@@ -6,13 +6,14 @@ import dataclasses
 import pytest
 import torch
 
+from minipic_lite.chunks import plan_chunk
 from minipic_lite.config import ControlTokens, SchedulerConfig
 from minipic_lite.hashing import root_hash
 from minipic_lite.host_tier import BlockCopy, HostTier
 from minipic_lite.kv_cache_manager import KVCacheManager, Rerotate
 from minipic_lite.request import Request
 from minipic_lite.sampling_params import SamplingParams
-from minipic_lite.scheduler import Scheduler, plan_chunk
+from minipic_lite.scheduler import Scheduler
 from minipic_lite.spans import span_layout
 
 B = 4

@@ -1,9 +1,9 @@
 """The step log's counts: prompt tokens inside SSEP spans, the rest of the prompt, and decode tokens (x the burst)."""
 
+from minipic_lite.chunks import ScheduledSeq, SchedulerOutput
 from minipic_lite.config import ControlTokens
 from minipic_lite.request import Request
 from minipic_lite.sampling_params import SamplingParams
-from minipic_lite.scheduler import ScheduledSeq, SchedulerOutput
 from minipic_lite.spans import span_layout
 from minipic_lite.step_log import StepLog, count_tokens
 from tests.sched_factory import ROOT
