@@ -33,6 +33,7 @@ import torch
 
 import minipic_lite as mp
 from minipic_lite.checkpoints import streams
+from minipic_lite.config import DEFAULT_CHECKPOINT_PRIOR
 
 POLICIES = ("none", "last", "block", "balanced", "logarithmic", "sqrt", "dp")
 BUDGETS = (1, 2, 4, 8)
@@ -138,7 +139,7 @@ def run_policy(model_dir, requests, policy, budget, args) -> tuple[list[int], li
         str(model_dir), device=args.device, load_format="dummy", num_blocks=args.num_blocks,
         max_model_len=args.max_len, max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=4,
         checkpoint_policy=policy, checkpoints_per_entry=budget, state_cache_gib=state_cache_gib,
-        state_eviction=args.eviction,
+        state_eviction=args.eviction, checkpoint_prior=args.prior,
     )  # fmt: skip
     engine = llm.engine
     assert engine.kv.states.num_checkpoints == args.num_entries * budget
@@ -448,6 +449,7 @@ def main() -> None:
     )
     parser.add_argument("--stream-names", nargs="+", help="only these streams (default: all)")
     parser.add_argument("--policies", nargs="+", default=list(POLICIES), choices=POLICIES)
+    parser.add_argument("--prior", default=DEFAULT_CHECKPOINT_PRIOR, help="what dp plans with before any traffic")
     parser.add_argument("--build-streams-only", action="store_true", help="write --streams and stop")
     args = parser.parse_args()
     if args.rerender:

@@ -58,6 +58,15 @@ def sqrt_spacing(weights: np.ndarray, budget: int) -> list[int]:
     return grid[max(len(grid) - budget, 0) :]
 
 
+def balanced_tail(weights: np.ndarray, budget: int) -> list[int]:
+    """`balanced` for one checkpoint; from two on, `balanced` with M − 1 positions plus `sqrt`'s deepest (at most
+    ⌈√N⌉ before the end), where requests that share the whole prefix but for a short tail resume. A prior (no
+    traffic): the others cover partial overlaps evenly, one waits near the end."""
+    if budget < 2:
+        return balanced(weights, budget)
+    return sorted(set(balanced(weights, budget - 1)) | set(sqrt_spacing(weights, 1)))
+
+
 def optimal(weights: np.ndarray, budget: int, *, method: str = "fast") -> list[int]:
     """`dp`: the exact minimum of E[r(T;C)] over |C| ≤ M (see dp.py); `method` picks fast, hull or reference."""
     solvers = {"fast": dp_fast, "hull": dp_hull, "reference": dp_reference}
@@ -72,6 +81,7 @@ POLICIES: dict[str, Callable[..., list[int]]] = {
     "block": block,
     "last": last,
     "balanced": balanced,
+    "balanced_tail": balanced_tail,
     "logarithmic": logarithmic,
     "sqrt": sqrt_spacing,
     "dp": optimal,

@@ -20,6 +20,9 @@ def test_baseline_positions_by_hand():
     assert plan("sqrt", np.ones(11), 5) == [4, 8]  # N = 10: every ⌈√10⌉ = 4
     assert plan("block", weights, 3, block_size=16) == [16, 32, 48]
     assert plan("block", weights, 30, block_size=16) == [16, 32, 48, 64, 80, 96]
+    assert plan("balanced_tail", weights, 1) == [50]  # balanced alone
+    assert plan("balanced_tail", weights, 4) == [25, 50, 75, 100]  # balanced's 3, then sqrt's deepest
+    assert plan("balanced_tail", np.ones(1208), 2) == [604, 1190]  # N = 1207: every ⌈√1207⌉ = 35, the deepest
 
 
 def test_budgets_beyond_n_are_capped_at_n():
