@@ -60,8 +60,6 @@ class Row:
     ttft_median_ms: float
     checkpoints_saved: int
     state_memory_mib: float
-    # the same mean without the stream's first request, the only one every policy places with no traffic at all
-    recomputed_after_first: float = float("nan")
 
 
 def git_sha() -> str:
@@ -183,10 +181,8 @@ def savings_rows(model_dir, stream_requests, args) -> list[Row]:
                     sum(lengths) / max(sum(recomputed), 1), resumed_share(recomputed, lengths),
                     1e3 * statistics.mean(ttfts), 1e3 * statistics.median(ttfts),
                     stats.get("num_checkpoints_saved", 0), stats.get("state_memory_bytes", 0) / 2**20,
-                    statistics.mean(recomputed[1:]) if len(recomputed) > 1 else float("nan"),
                 )  # fmt: skip
-                print(f"{stream:16} {policy:12} M={budget}: recomputed/request {row.recomputed_per_request:8.1f} "
-                      f"({row.recomputed_after_first:.1f} after the first)  "
+                print(f"{stream:16} {policy:12} M={budget}: recomputed/request {row.recomputed_per_request:8.1f}  "
                       f"factor {row.savings_factor:5.2f}  resumed {row.resumed_fraction:4.0%}  "
                       f"TTFT {row.ttft_mean_ms:7.1f} ms", flush=True)  # fmt: skip
                 rows.append(row)
