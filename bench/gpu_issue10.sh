@@ -3,7 +3,7 @@
 # span-scaling benches (Llama-3-8B shape, random bf16), the hybrid side by side, each log under $OUT. Needs .whl (datasets, dill, multiprocess) and
 # bench/data (the RAG datasets, built here with `python bench/rag.py --build-only --samples 64`) carried.
 #
-#   GIT_SHA=$(git rev-parse --short HEAD) bash bench/gpu_issue10.sh [part]   part: all (default), a, b, ops, ttft, host, hostdiag, offload, tests, splits, pipeline, grid, rag, ragphase,
+#   GIT_SHA=$(git rev-parse --short HEAD) bash bench/gpu_issue10.sh [part]   part: all (default), a, b, ops, ttft, host, hostdiag, offload, tests, splits, grid, rag, ragphase,
 #   probe or hybrid, or several joined by commas
 set -u
 cd "$(dirname "$0")/.."
@@ -54,10 +54,6 @@ if want rag; then  # the RAG table alone: 6 systems x reuse 0 / 0.5 / 0.9, and t
     step rag 330 $RAG --max-num-seqs 32 --max-num-batched-tokens 8192
 fi
 HYBRID="python3 bench/hybrid_checkpoints.py --gpu --num-layers 8 --prefill-len 2048 --decode-tokens 32"
-if want pipeline; then  # issue 13: the dense kernel's software-pipelined body (PIPELINE_QK) beside the default, prefill
-    step op_pipelined 260 python3 bench/gpu_ops.py --skip-validation --only "llama prefill" --sweep --sweep-set pipelined \
-        --budget-s 200 --out "$OUT"
-fi
 if want splits; then  # the short-prefill read's split count past 32 (issue 10's cached TTFT: attention ~2.4 of 7.4 ms)
     step short_prefill_splits 200 python3 bench/gpu_short_prefill.py --splits
 fi

@@ -51,12 +51,6 @@ PREFILL_SWEEP = [
         (64, 128, 4, 3, False), (128, 64, 8, 3, False),
     ]
 ]  # fmt: skip
-# the dense kernel with its unmasked body software-pipelined (PIPELINE_QK: the next tile's QK^T issued before this
-# tile's softmax, FA3's intra-warpgroup overlap): `--sweep-set pipelined` times these beside the default
-PIPELINED_SWEEP = [
-    dict(DENSE=True, PIPELINE_QK=True, BLOCK_M=m, TILE_N=n, num_warps=w, num_stages=s, WARP_SPECIALIZE=False)
-    for m, n, w, s in [(128, 128, 8, 2), (128, 128, 8, 3), (128, 64, 8, 3), (64, 64, 4, 3), (64, 128, 4, 2)]
-]
 # decode with the bf16 table: (TILE_N, num_warps, num_stages) x splits
 DECODE_SWEEP = [
     dict(TILE_N=n, num_warps=w, num_stages=st, NUM_SPLITS=sp)
@@ -403,9 +397,9 @@ def op_callable(problem: Problem, position_free: bool, config: dict | None, tabl
     return lambda: rope_paged_attention_triton(*args, config=config)
 
 
-def sweep_configs(kind: str, batch: int, length: int, sweep_set: str = "all") -> list[dict]:
+def sweep_configs(kind: str, batch: int, length: int) -> list[dict]:
     if kind == "prefill":
-        return PIPELINED_SWEEP if sweep_set == "pipelined" else PREFILL_SWEEP + PIPELINED_SWEEP
+        return PREFILL_SWEEP
     if length <= 1024:
         return SHORT_DECODE_SWEEP
     return B1_DECODE_SWEEP if batch == 1 else DECODE_SWEEP
@@ -437,7 +431,7 @@ def run_benchmark(name, kind, batch, length, heads, clock, device) -> dict:
     return row
 
 
-def run_sweep(row: dict, clock, device, deadline: float, sweep_set: str = "all") -> None:
+def run_sweep(row: dict, clock, device, deadline: float) -> None:
     """Time the op under each candidate config (until the deadline); fills ``row["sweep"]``.
 
     Prefill: position-free with the float32 table (``pf``); decode: with the bf16 table, as the engine runs it
@@ -446,7 +440,7 @@ def run_sweep(row: dict, clock, device, deadline: float, sweep_set: str = "all")
     row["sweep"] = []
     mode, table_dtype = ("pf", None) if row["kind"] == "prefill" else ("pf16", torch.bfloat16)
     expected = op_callable(problem, True, None, table_dtype)()
-    for config in sweep_configs(row["kind"], row["batch"], row["length"], sweep_set):
+    for config in sweep_configs(row["kind"], row["batch"], row["length"]):
         if time.time() > deadline:
             break
         entry = dict(config=config)
@@ -553,7 +547,6 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sweep", action="store_true", help="also sweep the kernel's tile configs")
     parser.add_argument("--sweep-rows", default=",".join(SWEPT), help="comma-separated benchmark names to sweep")
-    parser.add_argument("--sweep-set", choices=("all", "pipelined"), default="all", help="prefill configs to sweep")
     parser.add_argument("--smoke", action="store_true", help="CPU dry run (TRITON_INTERPRET=1), tiny shapes")
     parser.add_argument("--only", default="", help="run only benchmarks whose name contains this")
     parser.add_argument("--skip-validation", action="store_true")
@@ -617,7 +610,7 @@ def main() -> None:
     if args.sweep:
         for row in rows:
             if time.time() < deadline and (row["name"] in args.sweep_rows.split(",") or args.smoke):
-                run_sweep(row, clock, device, deadline, args.sweep_set)
+                run_sweep(row, clock, device, deadline)
                 summarize(row, report["ceilings"])
                 print("sweep best", row["name"], row["best"], flush=True)
                 save()

@@ -403,38 +403,6 @@ def _attend_dense_tiles(
     return acc, m_i, l_i
 
 
-@triton.jit
-def _softmax_pv_unmasked(acc, m_i, l_i, qk, v, qk_scale):
-    """One key tile every row sees: the online-softmax update with ``qk`` (unscaled) and the tile's values."""
-    m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)  # finite: every key is visible
-    p = tl.math.exp2(qk * qk_scale - m_new[:, None])  # [BLOCK_M, TILE_N]
-    alpha = tl.math.exp2(m_i - m_new)  # [BLOCK_M]
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None]
-    acc = tl.dot(p.to(v.dtype), v, acc)  # [BLOCK_M, HEAD_DIM]
-    return acc, m_new, l_i
-
-
-@triton.jit
-def _attend_dense_body_pipelined(
-    acc, m_i, l_i, q, tile_begin, tile_end, k_desc, v_desc, kv_row0, kv_col, qk_scale,
-    TILE_N: tl.constexpr, NUM_STAGES: tl.constexpr,
-):  # fmt: skip
-    """The unmasked body with the next tile's QK^T issued before this tile's softmax (FA3's intra-warpgroup
-    overlap): the tensor cores compute S_{j+1} while the softmax of S_j runs (wgmma is asynchronous on Hopper)."""
-    if tile_begin < tile_end:
-        qk = tl.dot(q, k_desc.load([kv_row0 + tile_begin * TILE_N, kv_col]).T)  # [BLOCK_M, TILE_N]
-        for tile in tl.range(tile_begin + 1, tile_end, num_stages=NUM_STAGES):
-            row = kv_row0 + tile * TILE_N
-            qk_next = tl.dot(q, k_desc.load([row, kv_col]).T)  # S_{j+1}, in flight during the softmax of S_j
-            v = v_desc.load([row - TILE_N, kv_col])  # [TILE_N, HEAD_DIM] values of tile j
-            acc, m_i, l_i = _softmax_pv_unmasked(acc, m_i, l_i, qk, v, qk_scale)
-            qk = qk_next
-        v = v_desc.load([kv_row0 + (tile_end - 1) * TILE_N, kv_col])
-        acc, m_i, l_i = _softmax_pv_unmasked(acc, m_i, l_i, qk, v, qk_scale)
-    return acc, m_i, l_i
-
-
 @triton.jit(do_not_specialize=["num_seqs", "max_context"])
 def _dense_attention_kernel(
     out_ptr,  # [num_tokens, num_heads, HEAD_DIM]
@@ -458,7 +426,6 @@ def _dense_attention_kernel(
     TILE_N: tl.constexpr,
     NUM_STAGES: tl.constexpr,
     WARP_SPECIALIZE: tl.constexpr,
-    PIPELINE_QK: tl.constexpr,  # the unmasked body issues the next tile's QK^T before this tile's softmax
 ):
     """The same tiles as ``_rope_paged_attention_kernel``, over keys and values gathered into a contiguous
     per-sequence scratch (``gather_to_scratch``), so each key tile is one tensor-descriptor load (TMA)."""
@@ -501,15 +468,10 @@ def _dense_attention_kernel(
         acc, m_i, l_i, q, row_pos, row_vis, tile_begin, body_begin, key_end, k_desc, v_desc, kv_row0, kv_col,
         qk_scale, TILE_N, True, NUM_STAGES, WARP_SPECIALIZE,
     )  # fmt: skip
-    if PIPELINE_QK:
-        acc, m_i, l_i = _attend_dense_body_pipelined(
-            acc, m_i, l_i, q, body_begin, body_end, k_desc, v_desc, kv_row0, kv_col, qk_scale, TILE_N, NUM_STAGES,
-        )  # fmt: skip
-    else:
-        acc, m_i, l_i = _attend_dense_tiles(
-            acc, m_i, l_i, q, row_pos, row_vis, body_begin, body_end, key_end, k_desc, v_desc, kv_row0, kv_col,
-            qk_scale, TILE_N, False, NUM_STAGES, WARP_SPECIALIZE,
-        )  # fmt: skip
+    acc, m_i, l_i = _attend_dense_tiles(
+        acc, m_i, l_i, q, row_pos, row_vis, body_begin, body_end, key_end, k_desc, v_desc, kv_row0, kv_col,
+        qk_scale, TILE_N, False, NUM_STAGES, WARP_SPECIALIZE,
+    )  # fmt: skip
     acc, m_i, l_i = _attend_dense_tiles(
         acc, m_i, l_i, q, row_pos, row_vis, body_end, tile_end, key_end, k_desc, v_desc, kv_row0, kv_col,
         qk_scale, TILE_N, True, NUM_STAGES, WARP_SPECIALIZE,
@@ -734,7 +696,7 @@ def _launch_dense(q, k_cache, v_cache, block_tables, cu_seqlens_q, q_positions, 
         max_blocks * block_size, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         GROUP=group, HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_Q=block_q, TILE_N=tile_n,
         NUM_STAGES=cfg["num_stages"], WARP_SPECIALIZE=cfg.get("WARP_SPECIALIZE", False),
-        PIPELINE_QK=cfg.get("PIPELINE_QK", False), num_warps=cfg["num_warps"],
+        num_warps=cfg["num_warps"],
     )  # fmt: skip
 
 

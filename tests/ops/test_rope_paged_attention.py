@@ -67,7 +67,6 @@ def check_against_ref(problem: Problem, impl: str, what: str, **kwargs) -> None:
 # ------------------------------------------------------------------------------------------------------
 
 SHORT = {"PRE_ROTATE": False, "BLOCK_M": 128}  # pick_config's short prefill on CUDA
-PIPELINED = {"DENSE": True, "PIPELINE_QK": True}  # the dense kernel, its unmasked body software-pipelined
 TRITON_CASES = [
     # scenario, heads, head_dim, rotary_dim, block_size, dtype, position_free, extra, config
     ("prefill_T63", "gqa4", 64, None, 16, torch.float32, True, {}, None),
@@ -100,10 +99,6 @@ TRITON_CASES = [
     ("ssep_segments", "mha4", 256, 64, 16, torch.float16, True, {}, {"DENSE": True, "BLOCK_M": 64, "TILE_N": 32}),
     ("prefill_T63", "gqa3", 64, None, 16, torch.bfloat16, True, {}, {"DENSE": True, "WARP_SPECIALIZE": True}),
     ("mixed", "gqa4", 64, None, 16, torch.float32, True, {}, {"DENSE": True}),  # float32: the paged kernel
-    # the dense body with the next tile's QK^T issued before this tile's softmax (bodies of 0, 1 and many tiles)
-    ("prefill_T63", "gqa4", 64, None, 16, torch.bfloat16, True, {}, {**PIPELINED, "BLOCK_M": 16, "TILE_N": 16}),
-    ("mixed", "gqa3", 64, 32, 16, torch.float16, True, {"repeat_block": True}, {**PIPELINED, "TILE_N": 16}),
-    ("ssep_segments", "mha4", 128, None, 16, torch.bfloat16, True, {}, {**PIPELINED, "BLOCK_M": 32, "TILE_N": 16}),
 ]
 
 
