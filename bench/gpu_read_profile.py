@@ -1,0 +1,143 @@
+"""Where the op's split-KV read loses time on the GPU: a few query rows over many cached keys.
+
+The cases (Llama-3-8B heads: 32 query, 8 kv, d128; bf16; bf16 cos/sin table as the engine passes it; shuffled
+paged blocks): the short read of a cached RAG prompt (17 new tokens over 16k keys: the TTFT of 8 cached
+2048-token documents), decode at batch 1 and 64 over 8k keys, and torch SDPA's default backend on the unpaged
+decode for comparison.
+
+    python bench/gpu_read_profile.py --out DIR            # per-kernel device time (torch profiler) and a
+                                                          # config sweep, timed as CUDA-graph replays
+    python bench/gpu_read_profile.py --case short16k      # a few calls of one case, for ncu to read
+
+Each variant's output is checked against the torch path. Results: DIR/read_profile_<sha>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_ops import Clock, paged_problem, sdpa_baselines  # noqa: E402
+from gpu_short_prefill import HEADS, config_for, copy_bandwidth, problem  # noqa: E402
+
+from ops import triton_kernel  # noqa: E402
+from ops.torch_impl import rope_paged_attention_torch  # noqa: E402
+
+
+def case_args(name: str, device) -> list:
+    """The op's positional arguments for a named case."""
+    if name == "short16k":
+        return problem(1, 17, 16384, device)
+    batch = {"b1x8k": 1, "b64x8k": 64}[name]
+    args = list(paged_problem("decode", batch, 8192, HEADS, device).args())
+    args[8] = args[8].to(torch.bfloat16)
+    return args
+
+
+def sweep_for(name: str) -> list[dict]:
+    if name == "short16k":
+        return [dict(num_stages=s, BLOCK_M=m) for s in (2, 3, 4) for m in (64, 128)] + [
+            dict(num_stages=3, NUM_SPLITS=sp, TILE_N=32, num_warps=4) for sp in (24, 40, 48)
+        ]
+    if name == "b1x8k":
+        return [
+            dict(TILE_N=n, num_stages=s, NUM_SPLITS=sp, num_warps=w)
+            for n in (32, 64, 128) for s in (2, 3, 4) for sp in (16, 32, 64) for w in (2, 4)
+        ]  # fmt: skip
+    return [dict(TILE_N=n, num_stages=s, num_warps=w) for n in (64, 128) for s in (2, 3, 4) for w in (4, 8)]
+
+
+def kernel_times(fn, calls: int = 20) -> dict:
+    """Mean device time per call of each kernel (torch profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    return {
+        e.key[:80]: e.device_time_total / calls / 1e3  # ms per call
+        for e in prof.key_averages()
+        if e.device_type.name == "CUDA" and e.device_time_total > 0
+    }
+
+
+def measure(name: str, clock: Clock, device) -> dict:
+    args = case_args(name, device)
+    expected = rope_paged_attention_torch(*args).float()
+    default = config_for(args, triton_kernel.SHORT_PREFILL_ROWS)
+
+    def run(config):
+        return triton_kernel.rope_paged_attention_triton(*args, config=config)
+
+    def timed(config) -> dict:
+        try:
+            err = (run(config).float() - expected).abs().max().item()
+            return dict(config=config, ms=clock(lambda: run(config)), max_err=err)
+        except Exception as exc:  # noqa: BLE001 -- a config may not fit (shared memory, registers)
+            return dict(config=config, error=f"{type(exc).__name__}: {str(exc)[:160]}")
+
+    stored = list(args)
+    stored[8] = None
+    row = dict(case=name, default=timed(default), kernels=kernel_times(lambda: run(default)))
+    row["keys_as_stored_ms"] = clock(lambda: triton_kernel.rope_paged_attention_triton(*stored, config=default))
+    row["sweep"] = [timed({**default, **extra}) for extra in sweep_for(name)]
+    row["best"] = min((e for e in row["sweep"] if "ms" in e), key=lambda e: e["ms"], default=None)
+    if name != "short16k":
+        batch = 1 if name == "b1x8k" else 64
+        fn, note = sdpa_baselines("decode", batch, 8192, HEADS, device)["default"]
+        row["sdpa_default"] = dict(note=note, ms=clock(fn), kernels=kernel_times(fn))
+    return row
+
+
+def run_case(name: str, calls: int, device) -> None:
+    """A few calls of one case (ncu picks the kernels it is told to)."""
+    if name.startswith("sdpa_"):
+        fn, _ = sdpa_baselines("decode", 1 if "b1" in name else 64, 8192, HEADS, device)["default"]
+    else:
+        args = case_args(name, device)
+        fn = lambda: triton_kernel.rope_paged_attention_triton(*args)  # noqa: E731
+    fn()  # NOTE: compiles and setup kernels run before ncu starts reading (--profile-from-start off)
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStart()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--case", help="only run this case a few times (for ncu)")
+    parser.add_argument("--calls", type=int, default=6)
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    args = parser.parse_args()
+    device = torch.device("cuda")
+    if args.case:
+        return run_case(args.case, args.calls, device)
+    clock = Clock(smoke=False)
+    result = dict(git_sha=os.environ.get("GIT_SHA", "unknown"), device=torch.cuda.get_device_name())
+    result["copy_bandwidth"] = copy_bandwidth(clock, device)
+    result["rows"] = []
+    for name in ("short16k", "b1x8k", "b64x8k"):
+        row = measure(name, clock, device)
+        result["rows"].append(row)
+        best = row["best"] or {}
+        print(name, "default", row["default"].get("ms"), "stored", row["keys_as_stored_ms"], "best", best.get("ms"),
+              best.get("config"), "sdpa", row.get("sdpa_default", {}).get("ms"), flush=True)  # fmt: skip
+        print("   kernels", row["kernels"], flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"read_profile_{result['git_sha']}.json").write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
