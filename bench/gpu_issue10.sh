@@ -4,7 +4,7 @@
 # bench/data (the RAG datasets, built here with `python bench/rag.py --build-only --samples 64`) carried.
 #
 #   GIT_SHA=$(git rev-parse --short HEAD) bash bench/gpu_issue10.sh [part]   part: all (default), a, b, ops, ttft, host, hostdiag, offload, tests, splits, grid, rag, ragphase,
-#   readprof, probe or hybrid, or several joined by commas
+#   read, readprof (with ncu), probe or hybrid, or several joined by commas
 set -u
 cd "$(dirname "$0")/.."
 export TRITON_INTERPRET=0 PYTHONUNBUFFERED=1 GIT_SHA=${GIT_SHA:-unknown}
@@ -79,8 +79,10 @@ fi
 if want offload; then  # issue 10: host tier vs recompute vs copy-rerotate on a cache of 1/4 of the working set
     step offload 200 $RAG --offload --reuse 0.9 --max-num-seqs 4 --max-num-batched-tokens 4096 --tag=-offload
 fi
-if want readprof; then  # issues 10/13: where the split-KV read (short prefill, decode) loses time: profiler + ncu
+if want readprof || want read; then  # issues 10/13: where the split-KV read (short prefill, decode) loses time
     step read_profile 200 python3 bench/gpu_read_profile.py --out "$OUT"
+fi
+if want readprof; then  # ... and the same kernels under ncu
     NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
     for c in short16k b1x8k b64x8k sdpa_b1x8k; do
         step "ncu_$c" 90 "$NCU" --clock-control none --set detailed --profile-from-start off --launch-count 4 \

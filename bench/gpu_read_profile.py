@@ -43,13 +43,14 @@ def case_args(name: str, device) -> list:
 
 def sweep_for(name: str) -> list[dict]:
     if name == "short16k":
-        return [dict(num_stages=s, BLOCK_M=m) for s in (2, 3, 4) for m in (64, 128)] + [
-            dict(num_stages=3, NUM_SPLITS=sp, TILE_N=32, num_warps=4) for sp in (24, 40, 48)
-        ]
+        return [
+            dict(TILE_N=n, num_warps=w, num_stages=st, NUM_SPLITS=sp)
+            for n in (32, 64) for w in (4, 8) for st in (2, 3) for sp in (16, 32)
+        ]  # fmt: skip
     if name == "b1x8k":
         return [
-            dict(TILE_N=n, num_stages=s, NUM_SPLITS=sp, num_warps=w)
-            for n in (32, 64, 128) for s in (2, 3, 4) for sp in (16, 32, 64) for w in (2, 4)
+            dict(TILE_N=n, num_stages=s, NUM_SPLITS=sp, num_warps=4)
+            for n in (64, 128) for s in (3, 4) for sp in (16, 32, 64)
         ]  # fmt: skip
     return [dict(TILE_N=n, num_stages=s, num_warps=w) for n in (64, 128) for s in (2, 3, 4) for w in (4, 8)]
 

@@ -155,11 +155,12 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor, atol: float, rtol
 
 
 def patch_interpreter_bf16_dot() -> None:
-    """Work around the Triton interpreter's ``tl.dot`` on bfloat16.
+    """Work around the Triton interpreter's bfloat16 math: ``tl.dot`` and elementwise float arithmetic.
 
-    The interpreter stores bfloat16 as raw uint16 and ``create_dot`` multiplies those integers (seen with
-    triton 3.9). Widening bf16 operands to float32 first (exact: bf16 is the top half of fp32) restores
-    the math that the GPU does; nothing else in the kernel changes.
+    The interpreter stores bfloat16 as raw uint16, so ``create_dot`` and the float ops multiply and add those
+    integers (seen with triton 3.9). Widening bf16 operands to float32 first (exact: bf16 is the top half of
+    fp32) restores the math that the GPU does; elementwise results are rounded back to bf16, as the GPU's
+    bf16 instructions round them. Nothing else in the kernel changes.
     """
     try:
         import numpy as np
@@ -183,3 +184,16 @@ def patch_interpreter_bf16_dot() -> None:
 
     create_dot._bf16_patched = True
     builder_cls.create_dot = create_dot
+    for name in ("create_fadd", "create_fmul", "create_fsub", "create_fneg", "create_fma"):
+        setattr(builder_cls, name, _in_float32(getattr(builder_cls, name), widen, tl.bfloat16))
+
+
+def _in_float32(op, widen, bf16):
+    """``op`` computed on float32 copies of bf16 operands, its result rounded back to bf16."""
+
+    def wrapped(self, *handles):
+        if all(h.dtype.scalar != bf16 for h in handles):
+            return op(self, *handles)
+        return self.cast_impl(op(self, *map(widen, handles)), bf16)
+
+    return wrapped

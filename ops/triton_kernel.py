@@ -103,6 +103,10 @@ def _attend_key_tiles(
     APPLY_MASK: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
+    # NOTE: keys are rotated in the cache's dtype: tl.dot reads them rounded to it anyway, and 16-bit math keeps
+    # the [HALF_PAD, TILE_N] halves, cos and sin of a 128-key decode tile in registers (fp32: 255 registers and
+    # spills on the H200, bench/results/read_profile_*).
+    ROPE_DTYPE: tl.constexpr = k_cache_ptr.dtype.element_ty
     HALF: tl.constexpr = ROTARY_DIM // 2
     offs_n = tl.arange(0, TILE_N)
     offs_d = tl.arange(0, HEAD_DIM)
@@ -120,11 +124,11 @@ def _attend_key_tiles(
         if ROTARY_DIM > 0:
             half_ok = key_ok[None, :] & (offs_h[:, None] < HALF)  # [HALF_PAD, TILE_N]
             k_ptrs = k_cache_ptr + k_base[None, :] + offs_h[:, None]  # K^T, first rotary half
-            k1 = tl.load(k_ptrs, mask=half_ok, other=0.0).to(tl.float32)  # [HALF_PAD, TILE_N]
-            k2 = tl.load(k_ptrs + HALF, mask=half_ok, other=0.0).to(tl.float32)  # [HALF_PAD, TILE_N]
+            k1 = tl.load(k_ptrs, mask=half_ok, other=0.0).to(ROPE_DTYPE)  # [HALF_PAD, TILE_N]
+            k2 = tl.load(k_ptrs + HALF, mask=half_ok, other=0.0).to(ROPE_DTYPE)  # [HALF_PAD, TILE_N]
             cs_ptrs = cos_sin_ptr + key_pos[None, :].to(tl.int64) * stride_cs_pos + offs_h[:, None]
-            cos = tl.load(cs_ptrs, mask=half_ok, other=0.0).to(tl.float32)  # [HALF_PAD, TILE_N]
-            sin = tl.load(cs_ptrs + HALF, mask=half_ok, other=0.0).to(tl.float32)  # [HALF_PAD, TILE_N]
+            cos = tl.load(cs_ptrs, mask=half_ok, other=0.0).to(ROPE_DTYPE)  # [HALF_PAD, TILE_N]
+            sin = tl.load(cs_ptrs + HALF, mask=half_ok, other=0.0).to(ROPE_DTYPE)  # [HALF_PAD, TILE_N]
             k1_rot = (k1 * cos - k2 * sin).to(q_lo.dtype)
             k2_rot = (k2 * cos + k1 * sin).to(q_lo.dtype)
             qk = tl.dot(q_lo, k1_rot, input_precision=DOT_PRECISION)
