@@ -38,7 +38,9 @@ import triton
 import triton.language as tl
 
 LOG2E = 1.4426950408889634
-MIN_KEYS_PER_SPLIT = 512
+# NOTE: 256, not 512: decode 1 x 8k on the H200 took 18.2 us with 32 splits against 20.1 us with 16
+# (bench/results/read_profile_efa35f5_h200.json)
+MIN_KEYS_PER_SPLIT = 256
 MAX_SPLITS = 32  # split-KV programs per query tile that pick_config chooses at most
 MAX_CONFIG_SPLITS = 128  # ... and that a given config may ask for (sweeps); the reduce kernel widens to fit
 # NOTE: under CUDA graphs the engine's block tables are max_model_len wide, so max_context is that, not the context

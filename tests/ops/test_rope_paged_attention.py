@@ -393,3 +393,5 @@ def test_pick_config_reads_a_short_prefill_over_a_long_context_like_a_decode(mon
     assert long["DENSE"] and long["NUM_SPLITS"] == 1
     decode = tk.pick_config(1, 1, 8, 4, 128, 16384, True, cuda, table_elem_size=2)
     assert (decode["BLOCK_M"], decode["NUM_SPLITS"], decode["DENSE"]) == (16, 32, False)
+    decode_8k = tk.pick_config(1, 1, 8, 4, 128, 8192, True, cuda, table_elem_size=2)
+    assert decode_8k["NUM_SPLITS"] == 32  # measured: 32 splits of 256 keys beat 16 of 512 at 1 x 8k
