@@ -80,7 +80,7 @@ if want offload; then  # issue 10: host tier vs recompute vs copy-rerotate on a 
     step offload 200 $RAG --offload --reuse 0.9 --max-num-seqs 4 --max-num-batched-tokens 4096 --tag=-offload
 fi
 if want readprof || want read; then  # issues 10/13: where the split-KV read (short prefill, decode) loses time
-    step read_profile 200 python3 bench/gpu_read_profile.py --out "$OUT"
+    step read_profile 200 python3 bench/gpu_read_profile.py --out "$OUT" --cases "${READ_CASES:-short16k,b1x8k,b64x8k,b1x576w8k,b64x576w8k}"
 fi
 if want readprof; then  # ... and the same kernels under ncu
     NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)

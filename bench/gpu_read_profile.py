@@ -24,7 +24,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_ops import Clock, paged_problem, sdpa_baselines  # noqa: E402
+from gpu_ops import Clock, paged_problem, rope_cos_sin, sdpa_baselines  # noqa: E402
 from gpu_short_prefill import HEADS, config_for, copy_bandwidth, problem  # noqa: E402
 
 from ops import triton_kernel  # noqa: E402
@@ -32,12 +32,19 @@ from ops.torch_impl import rope_paged_attention_torch  # noqa: E402
 
 
 def case_args(name: str, device) -> list:
-    """The op's positional arguments for a named case."""
+    """The op's positional arguments for a named case; `w8k`: block tables 8,192 keys wide (the engine's CUDA
+    graphs size them to max_model_len, and pick_config reads the width, not the context)."""
     if name == "short16k":
         return problem(1, 17, 16384, device)
-    batch = {"b1x8k": 1, "b64x8k": 64}[name]
-    args = list(paged_problem("decode", batch, 8192, HEADS, device).args())
+    batch, length = {"b1x8k": (1, 8192), "b64x8k": (64, 8192), "b1x576w8k": (1, 576), "b64x576w8k": (64, 576)}[name]
+    args = list(paged_problem("decode", batch, length, HEADS, device).args())
     args[8] = args[8].to(torch.bfloat16)
+    if name.endswith("w8k"):
+        tables = args[3]
+        wide = torch.zeros(tables.shape[0], 8192 // 16, dtype=tables.dtype, device=device)
+        wide[:, : tables.shape[1]] = tables
+        args[3] = wide
+        args[8] = rope_cos_sin(8192, HEADS["head_dim"], device=device).to(torch.bfloat16)
     return args
 
 
@@ -51,6 +58,16 @@ def sweep_for(name: str) -> list[dict]:
         return [
             dict(TILE_N=n, num_stages=s, NUM_SPLITS=sp, num_warps=4)
             for n in (64, 128) for s in (3, 4) for sp in (16, 32, 64)
+        ]  # fmt: skip
+    if name == "b1x576w8k":
+        return [
+            dict(TILE_N=n, num_stages=s, NUM_SPLITS=sp, num_warps=4)
+            for n in (32, 64, 128) for s in (2, 3) for sp in (1, 4, 8, 16, 32)
+        ]  # fmt: skip
+    if name == "b64x576w8k":
+        return [
+            dict(TILE_N=n, num_stages=s, num_warps=w, NUM_SPLITS=sp)
+            for n in (32, 64, 128) for s in (2, 3, 4) for w in (4, 8) for sp in (1, 2)
         ]  # fmt: skip
     return [dict(TILE_N=n, num_stages=s, num_warps=w) for n in (64, 128) for s in (2, 3, 4) for w in (4, 8)]
 
@@ -94,8 +111,8 @@ def measure(name: str, clock: Clock, device) -> dict:
     row["sweep"] = [timed({**default, **extra}) for extra in sweep_for(name)]
     row["best"] = min((e for e in row["sweep"] if "ms" in e), key=lambda e: e["ms"], default=None)
     if name != "short16k":
-        batch = 1 if name == "b1x8k" else 64
-        fn, note = sdpa_baselines("decode", batch, 8192, HEADS, device)["default"]
+        batch, length = (1 if name.startswith("b1x") else 64), (576 if "x576" in name else 8192)
+        fn, note = sdpa_baselines("decode", batch, length, HEADS, device)["default"]
         row["sdpa_default"] = dict(note=note, ms=clock(fn), kernels=kernel_times(fn))
     return row
 
@@ -120,6 +137,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--case", help="only run this case a few times (for ncu)")
     parser.add_argument("--calls", type=int, default=6)
+    parser.add_argument("--cases", default="short16k,b1x8k,b64x8k,b1x576w8k,b64x576w8k", help="comma-separated")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = parser.parse_args()
     device = torch.device("cuda")
@@ -129,7 +147,7 @@ def main() -> None:
     result = dict(git_sha=os.environ.get("GIT_SHA", "unknown"), device=torch.cuda.get_device_name())
     result["copy_bandwidth"] = copy_bandwidth(clock, device)
     result["rows"] = []
-    for name in ("short16k", "b1x8k", "b64x8k"):
+    for name in args.cases.split(","):
         row = measure(name, clock, device)
         result["rows"].append(row)
         best = row["best"] or {}
