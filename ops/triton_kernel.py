@@ -10,7 +10,7 @@ Design (after vLLM's unified attention and Triton tutorial 06):
 * It walks key tiles of ``TILE_N`` logical positions; key j is read from physical block
   ``block_tables[s, j // BLOCK_SIZE]`` (int64 address math) and, in position-free mode, rotated in
   registers at position j: the two rotary halves are loaded through offset pointers and combined with the
-  cos/sin rows of the key positions in fp32, then rounded to the cache dtype for ``tl.dot``.
+  cos/sin rows of the key positions in the cache dtype, which ``tl.dot`` reads.
   Online softmax in fp32 (base 2).
 * Only key tiles inside ``[min visible_start, max position]`` of the query tile are visited; tiles inside
   ``[max visible_start, min position]`` are visible to every row and skip the mask.
