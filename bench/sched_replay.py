@@ -13,9 +13,14 @@ prompts of 96 ids, a question of 20 ids.
 
     python bench/sched_replay.py                               # roomy (8,000 blocks) and tight caches, 3 policies
     python bench/sched_replay.py --num-blocks 8000 --policies isps --repeats 5
+    python bench/sched_replay.py --data bench/data/rag-64-reuse0.9 --num-blocks 267 --max-num-seqs 4 \
+        --budget 4096 --repeats 1                             # the offload bench's device cache (rag.py --offload)
 
 Prints a table; `--json PATH` also writes the figures. `decisions` is a digest of every step's decisions
 (scheduled requests, query ranges, kv_len, sampling, preemptions, block tables): equal digests, equal schedules.
+`computed` counts the tokens every scheduled chunk computes (prompt tokens of finals and span prefills, a decode
+token per scheduled decode, once per burst), `prompt computed` those at prompt positions: on a cache too small
+to hold what the prompts share, a policy that evicts what it will hit again computes more of them.
 """
 
 from __future__ import annotations
@@ -87,9 +92,18 @@ def digest_step(h, out: SchedulerOutput) -> None:
     h.update(repr(([r.request_id for r in out.preempted], out.num_steps)).encode())
 
 
-def replay(samples: list[dict], policy: str, num_blocks: int, max_steps: int = 100_000) -> dict:
+def count_computed(counts: dict, out: SchedulerOutput) -> None:
+    """Add the step's computed tokens, and those of them at prompt positions, to `counts`."""
+    for s in out.scheduled:
+        counts["computed"] += s.num_query_tokens
+        num_prompt_tokens = s.seq.num_prompt_tokens
+        counts["prompt_computed"] += sum(max(0, min(end, num_prompt_tokens) - start) for start, end in s.query_ranges)
+
+
+def replay(samples: list[dict], policy: str, num_blocks: int, max_num_seqs: int = MAX_NUM_SEQS,
+           budget: int = TOKEN_BUDGET, max_steps: int = 100_000) -> dict:  # fmt: skip
     """Every sample through the scheduler; host seconds of each step's schedule() and postprocess()."""
-    config = SchedulerConfig(MAX_NUM_SEQS, TOKEN_BUDGET, 65536, num_scheduler_steps=BURST, span_policy=policy)
+    config = SchedulerConfig(max_num_seqs, budget, 65536, num_scheduler_steps=BURST, span_policy=policy)
     sched = Scheduler(config, KVCacheManager(num_blocks))
     for req in make_requests(samples):
         sched.add(req)
@@ -100,6 +114,7 @@ def replay(samples: list[dict], policy: str, num_blocks: int, max_steps: int = 1
         return req.is_finished
 
     schedule_s, post_s, h, num_preempted = [], [], hashlib.sha256(), 0
+    counts = {"computed": 0, "prompt_computed": 0}
     for _ in range(max_steps):
         if not sched.has_unfinished:
             break
@@ -107,6 +122,7 @@ def replay(samples: list[dict], policy: str, num_blocks: int, max_steps: int = 1
         out = sched.schedule()
         t1 = time.perf_counter()
         digest_step(h, out)
+        count_computed(counts, out)
         sampled = [[7] * out.num_steps if s.do_sample else [] for s in out.scheduled]
         t2 = time.perf_counter()
         sched.postprocess(out, sampled, stops)
@@ -117,7 +133,8 @@ def replay(samples: list[dict], policy: str, num_blocks: int, max_steps: int = 1
     else:
         raise RuntimeError(f"{policy}: not finished after {max_steps} steps")
     sched.kv.check_integrity()
-    return {"schedule_s": schedule_s, "post_s": post_s, "preemptions": num_preempted, "decisions": h.hexdigest()[:16]}
+    return {"schedule_s": schedule_s, "post_s": post_s, "preemptions": num_preempted, "decisions": h.hexdigest()[:16],
+            **counts}  # fmt: skip
 
 
 def summarize(runs: list[dict]) -> dict:
@@ -136,6 +153,8 @@ def summarize(runs: list[dict]) -> dict:
         "step_p90_ms": 1e3 * per_step[int(0.9 * (len(per_step) - 1))],
         "step_total_ms": 1e3 * sum(per_step),
         "decisions": best["decisions"],
+        "computed": best["computed"],
+        "prompt_computed": best["prompt_computed"],
     }
 
 
@@ -148,21 +167,26 @@ def main() -> None:
     parser.add_argument(
         "--num-blocks", default="8000,1100,200", help="device caches: roomy, a quarter of the working set, one request"
     )
+    parser.add_argument("--max-num-seqs", type=int, default=MAX_NUM_SEQS)
+    parser.add_argument("--budget", type=int, default=TOKEN_BUDGET, help="max_num_batched_tokens")
     parser.add_argument("--policies", default="inline,isps,barrier")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     samples, source = load_samples(args)
-    print(f"{len(samples)} samples from {source}; block size {BLOCK_SIZE}, max_num_seqs {MAX_NUM_SEQS}, "
-          f"budget {TOKEN_BUDGET}, burst {BURST}", flush=True)  # fmt: skip
+    print(f"{len(samples)} samples from {source}; block size {BLOCK_SIZE}, max_num_seqs {args.max_num_seqs}, "
+          f"budget {args.budget}, burst {BURST}", flush=True)  # fmt: skip
     results = []
-    print("| blocks | policy | steps | preempt | schedule() median / p90 / total ms | + postprocess median / p90 / "
-          "total ms | decisions |\n|---|---|---|---|---|---|---|")  # fmt: skip
+    print("| blocks | policy | steps | preempt | computed | prompt computed | schedule() median / p90 / total ms | "
+          "+ postprocess median / p90 / total ms | decisions |\n|---|---|---|---|---|---|---|---|---|")  # fmt: skip
     for num_blocks in map(int, args.num_blocks.split(",")):
         for policy in args.policies.split(","):
-            r = summarize([replay(samples, policy, num_blocks) for _ in range(args.repeats)])
-            results.append({"num_blocks": num_blocks, "policy": policy, **r})
-            print(f"| {num_blocks} | {policy} | {r['steps']} | {r['preemptions']} | {r['schedule_median_ms']:.3f} / "
+            runs = [replay(samples, policy, num_blocks, args.max_num_seqs, args.budget) for _ in range(args.repeats)]
+            r = summarize(runs)
+            results.append({"num_blocks": num_blocks, "max_num_seqs": args.max_num_seqs, "budget": args.budget,
+                            "policy": policy, **r})  # fmt: skip
+            print(f"| {num_blocks} | {policy} | {r['steps']} | {r['preemptions']} | {r['computed']:,} | "
+                  f"{r['prompt_computed']:,} | {r['schedule_median_ms']:.3f} / "
                   f"{r['schedule_p90_ms']:.3f} / {r['schedule_total_ms']:.0f} | {r['step_median_ms']:.3f} / "
                   f"{r['step_p90_ms']:.3f} / {r['step_total_ms']:.0f} | {r['decisions']} |", flush=True)  # fmt: skip
     if args.json:

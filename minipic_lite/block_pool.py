@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from itertools import compress
+from itertools import compress, islice
 from operator import ne
 
 from minipic_lite.hashing import BlockHash
@@ -99,6 +99,11 @@ class BlockPool:
         for block_id in block_ids:
             if block_id in free_queue:
                 free_queue.move_to_end(block_id)
+
+    def evicted_by_next(self, num_blocks: int) -> list[int]:
+        """The cached blocks among those the next `num_blocks` allocate() calls would hand out (the queue's head)."""
+        blocks = self.blocks
+        return [block_id for block_id in islice(self.free_queue, num_blocks) if blocks[block_id].block_hash is not None]
 
     def num_free_among(self, block_ids: Iterable[int]) -> int:
         """How many of these blocks (each as often as listed) sit in the free queue: those of ref 0."""

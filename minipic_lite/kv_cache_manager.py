@@ -131,10 +131,14 @@ class KVCacheManager:
                 computed_here.add(hashes[i])  # a later copy in this prompt waits for this one
         return kinds
 
+    def hit_block_ids(self, req: Request) -> list[int]:
+        """The cached blocks a waiting prompt would hit (in use or free), in the prompt's order."""
+        return [block_id for block_id in self._match(req)[1] if block_id is not None]
+
     def keep_for(self, req: Request) -> None:
         """The cached blocks a waiting prompt would hit move to the young end of the LRU queue: fresh blocks taken
         before its admission evict older ones first."""
-        self.pool.refresh(block_id for block_id in self._match(req)[1] if block_id is not None)
+        self.pool.refresh(self.hit_block_ids(req))
 
     def num_blocks_to_admit(self, req: Request) -> int:
         """Blocks that admitting `req` now would take out of the free queue: all of its prompt's blocks but those
@@ -143,6 +147,11 @@ class KVCacheManager:
         hits = blocks_of_kind(kinds, HIT, found)
         num_held = kinds.count(PENDING) + len(hits) - self.pool.num_free_among(hits.values())
         return req.num_blocks_for(len(req.token_ids)) - num_held
+
+    def num_fresh_blocks(self, req: Request) -> int:
+        """Blocks that admitting `req` now would allocate: all of its prompt's blocks but hits and pending ones."""
+        kinds = self.match(req)
+        return req.num_blocks_for(len(req.token_ids)) - kinds.count(HIT) - kinds.count(PENDING)
 
     def allocate_prompt(self, req: Request) -> bool:
         """Give every block of the prompt (see the module doc). False, with nothing taken, if blocks are short."""

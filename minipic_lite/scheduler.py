@@ -23,6 +23,7 @@ from itertools import islice
 
 from minipic_lite.chunks import ScheduledSeq, SchedulerOutput, plan_chunk
 from minipic_lite.config import SchedulerConfig
+from minipic_lite.hit_guard import HitGuard
 from minipic_lite.kv_cache_manager import MISS, KVCacheManager
 from minipic_lite.request import Request, RequestStatus
 from minipic_lite.spans import Segment
@@ -37,7 +38,8 @@ class Scheduler:
       isps     ahead, as span prefills of their own (`Request.span_prefill`), in the budget the running
                requests leave; a final part is admitted once none of its spans is missing (cached, being
                computed: it then waits for those blocks, or started in the same step); spans of the next
-               waiting requests, beyond the free seats, fill the budget left after the admissions;
+               waiting requests, beyond the free seats, fill the budget left after the admissions; a span
+               prefill never evicts a block its prompt or one ahead of it would hit (hit_guard.py): it waits;
       barrier  (SPNL) in batches: every missing span of the next waiting requests (up to max_num_seqs) first,
                then their finals, and the next batch's spans only once those finals are done.
     """
@@ -103,7 +105,7 @@ class Scheduler:
         num_losses = self.kv.num_losses  # NOTE: while unchanged, what `missing` said is still true
         # NOTE: a list, not a generator: all of the lookahead is asked before any admission changes the cache
         barrier = policy == "barrier" and (any([missing(req) for req in lookahead]) or bool(self.span_running))
-        num_running = len(self.running)
+        num_running, guard = len(self.running), HitGuard(self.kv, self.waiting)
         for req in list(self.waiting):
             if budget <= 0 or len(self.running) >= self.config.max_num_seqs:
                 break
@@ -113,7 +115,9 @@ class Scheduler:
                 # NOTE: isps: its spans start here, and its final joins them in this step if they all fit: a
                 # span's blocks are published when its chunk is scheduled, and a step writes every K/V of a
                 # layer before any query of it reads (the final's queries see the span's keys, isolated).
-                budget = self._start_span_prefills(req, missing(req), out, budget)
+                budget = self._start_span_prefills(req, missing(req), out, budget, guard)
+                if guard.has_refused:
+                    break  # its spans wait for room, and the prompts behind it with them (as after an admission)
                 if budget <= 0 or self._missing_spans(req):
                     continue
             if not self.kv.allocate_prompt(req):
@@ -134,7 +138,7 @@ class Scheduler:
         for req in lookahead if ahead else ():
             if not missing(req) and self.kv.num_losses == num_losses:
                 self.complete_ahead[req] = num_losses
-            budget = self._start_span_prefills(req, missing(req), out, budget)
+            budget = self._start_span_prefills(req, missing(req), out, budget, guard)
             if budget <= 0:
                 return
 
@@ -168,19 +172,23 @@ class Scheduler:
         kinds, B = self.kv.match(req), req.block_size
         return [s for s in req.span_segments() if MISS in kinds[s.start // B : s.end // B]]
 
-    def _start_span_prefills(self, req: Request, segments: list[Segment], out: SchedulerOutput, budget: int) -> int:
-        """Start a span prefill for each segment, in order, while budget is left; returns the budget left."""
+    def _start_span_prefills(
+        self, req: Request, segments: list[Segment], out: SchedulerOutput, budget: int, guard: HitGuard
+    ) -> int:
+        """Start a span prefill for each segment, in order, while budget is left and `guard` lets it take its
+        blocks; returns the budget left."""
         for segment in segments:
-            if budget <= 0:
-                break  # NOTE: a span prefill started with no budget would only hold blocks
-            budget = self._start_span_prefill(req, segment, out, budget)
+            if budget <= 0 or guard.has_refused:
+                break  # NOTE: with no budget it would only hold blocks; after a refusal, spans wait in queue order
+            unit = req.span_prefill(segment)
+            is_missing = MISS in self.kv.match(unit)  # NOTE: if not, an earlier span prefill of this step computes it
+            if is_missing and not guard.lets(req, unit):
+                break  # it would evict a hit of req or of a prompt ahead of it: it waits for room
+            req.started_spans.add(segment.index)
+            budget = self._start_span_prefill(unit, out, budget) if is_missing else budget
         return budget
 
-    def _start_span_prefill(self, req: Request, segment: Segment, out: SchedulerOutput, budget: int) -> int:
-        unit = req.span_prefill(segment)
-        req.started_spans.add(segment.index)
-        if MISS not in self.kv.match(unit):
-            return budget  # an earlier span prefill of this step computes it (the same document twice)
+    def _start_span_prefill(self, unit: Request, out: SchedulerOutput, budget: int) -> int:
         if not self.kv.allocate_prompt(unit):
             return 0
         unit.status = RequestStatus.RUNNING

@@ -31,6 +31,18 @@ def test_free_block_keeps_its_hash_until_reused():
     pool.check_integrity()
 
 
+def test_evicted_by_next_names_the_cached_blocks_at_the_head_of_the_free_queue():
+    pool = BlockPool(4)
+    a, b, c = pool.allocate(), pool.allocate(), pool.allocate()
+    pool.cache(a, b"h-a")
+    pool.cache(c, b"h-c")
+    pool.free([c, b, a])  # free queue: 3 (never used), c, b (no hash), a
+    assert pool.evicted_by_next(1) == [] and pool.evicted_by_next(3) == [c] and pool.evicted_by_next(9) == [c, a]
+    pool.refresh([c])  # to the young end: handed out last
+    assert list(pool.free_queue) == [3, b, a, c] and pool.evicted_by_next(3) == [a]
+    pool.check_integrity()
+
+
 def test_touch_pulls_a_cached_free_block_back_into_use():
     pool = BlockPool(2)
     a = pool.allocate()

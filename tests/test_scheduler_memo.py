@@ -10,6 +10,7 @@ import pytest
 from minipic_lite.chunks import plan_chunk
 from minipic_lite.config import ControlTokens, SchedulerConfig
 from minipic_lite.hashing import root_hash
+from minipic_lite.hit_guard import HitGuard
 from minipic_lite.kv_cache_manager import KVCacheManager
 from minipic_lite.request import Request, RequestStatus
 from minipic_lite.sampling_params import SamplingParams
@@ -43,15 +44,17 @@ class PlainScheduler(Scheduler):
         lookahead = self._lookahead() if policy != "inline" else []
         missing = functools.cache(self._missing_spans)
         barrier = policy == "barrier" and (any([missing(req) for req in lookahead]) or bool(self.span_running))
+        guard = HitGuard(self.kv, self.waiting)  # span prefills never evict hits of the prompts ahead (hit_guard.py)
         for req in list(self.waiting):
             if budget <= 0 or len(self.running) >= self.config.max_num_seqs:
                 break
             if policy != "inline" and (barrier or missing(req)) and not self._must_go_inline(req, missing(req)):
                 if policy == "barrier":
                     continue
-                for segment in missing(req):  # isps: its spans, then its final in the same step if they fit
-                    if budget > 0:
-                        budget = self._start_span_prefill(req, segment, out, budget)
+                # isps: its spans, then its final in the same step if they fit
+                budget = self._start_span_prefills(req, missing(req), out, budget, guard)
+                if guard.has_refused:
+                    break  # its spans wait for room, and the prompts behind it
                 if budget <= 0 or self._missing_spans(req):
                     continue
             if not self.kv.allocate_prompt(req):
@@ -63,10 +66,9 @@ class PlainScheduler(Scheduler):
             budget -= self._commit_chunk(req, ranges, end, out)
         ahead = policy == "isps" or (policy == "barrier" and not self.running)
         for req in self._lookahead() if ahead else ():
-            for segment in missing(req):
-                if budget <= 0:
-                    return
-                budget = self._start_span_prefill(req, segment, out, budget)
+            budget = self._start_span_prefills(req, missing(req), out, budget, guard)
+            if budget <= 0:
+                return
 
 
 def rag_prompts(rng: random.Random, num_prompts: int, num_docs: int) -> list[list[int]]:

@@ -402,3 +402,34 @@ def test_spans_computed_ahead_outlive_blocks_of_requests_that_finished_since_on_
         return len(computed)  # every computed position: prefills, span prefills, decodes
 
     assert computed_tokens(policy) == computed_tokens("inline") == 95
+
+
+@pytest.mark.parametrize("policy", ["isps", "barrier"])
+def test_a_span_prefill_never_evicts_a_block_its_own_prompt_would_hit(policy):
+    """One seat, 6 blocks, none left unused: a leaves its lead and DOC cached at the old end of the LRU queue behind
+    its final block (a request's blocks are freed tail first), c's blocks younger. b hits a's lead and DOC and
+    misses DOC2. An inline admission takes its hits out of the free queue before its fresh blocks; b's span prefill
+    of DOC2 took the two oldest free blocks, a's final one and one of DOC's, which b then computed again (40 tokens
+    computed in all against 36)."""
+    prompts = {
+        "a": [20, 21, 22, PAD] + DOC + [P, 60, 61],  # blocks 0 (lead), 1-2 (DOC), 3 (final)
+        "c": [50, 51, 52, 53, 54, 55, 56],  # blocks 4-5
+        "b": [20, 21, 22, PAD] + DOC2 + DOC + [P, 60, 62],
+    }
+
+    def computed_by(span_policy):
+        sched = scheduler(num_blocks=6, budget=64, max_num_seqs=1, policy=span_policy)
+        requests = [request(name, tokens) for name, tokens in prompts.items()]
+        for r in requests:
+            sched.add(r)
+        computed = []
+        run(sched, computed)
+        assert all(r.num_output_tokens == 2 for r in requests)
+        return computed
+
+    computed, inline = computed_by(policy), computed_by("inline")
+    # b computes its final block and decodes (20-23), DOC2 (4-11 in b) once, in its span prefill, and DOC never again
+    of_b = [(r, p) for r, p in computed if r.split("/")[0] == "b"]
+    assert of_b == [("b/span1", p) for p in range(8)] + [("b", p) for p in range(20, 24)]
+    assert [(r, p) for r, p in inline if r == "b"] == [("b", p) for p in [*range(4, 12), *range(20, 24)]]
+    assert len(computed) == len(inline) == 36
