@@ -39,6 +39,7 @@ POLICIES = ("none", "last", "block", "balanced", "logarithmic", "sqrt", "dp")
 BUDGETS = (1, 2, 4, 8)
 RESULTS_DIR = Path(__file__).parent / "results"
 SMOLLM2_VOCAB = 49_152  # the streams are tokenized with SmolLM2's tokenizer
+SMOLLM2_TURN_START_ID = 1  # its `<|im_start|>` (the model directory here has no tokenizer to read it from)
 # CPU: a small hybrid (3 linear : 1 full attention) that keeps the 2-core run in minutes
 CPU_SHAPE = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
                  num_key_value_heads=2, head_dim=64, linear_key_head_dim=32, linear_value_head_dim=32,
@@ -140,6 +141,7 @@ def run_policy(model_dir, requests, policy, budget, args) -> tuple[list[int], li
         max_model_len=args.max_len, max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=4,
         checkpoint_policy=policy, checkpoints_per_entry=budget, state_cache_gib=state_cache_gib,
         state_eviction=args.eviction, checkpoint_prior=args.prior,
+        checkpoint_turn_start_id=None if args.no_turns else SMOLLM2_TURN_START_ID,
     )  # fmt: skip
     engine = llm.engine
     assert engine.kv.states.num_checkpoints == args.num_entries * budget
@@ -450,6 +452,7 @@ def main() -> None:
     parser.add_argument("--stream-names", nargs="+", help="only these streams (default: all)")
     parser.add_argument("--policies", nargs="+", default=list(POLICIES), choices=POLICIES)
     parser.add_argument("--prior", default=DEFAULT_CHECKPOINT_PRIOR, help="what dp plans with before any traffic")
+    parser.add_argument("--no-turns", action="store_true", help="dp's prior ignores the streams' chat turns")
     parser.add_argument("--build-streams-only", action="store_true", help="write --streams and stop")
     args = parser.parse_args()
     if args.rerender:
