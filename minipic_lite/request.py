@@ -57,7 +57,6 @@ class Request:
     # -- recurrent state (hybrid models; state_cache.py) --
     state_slot: int | None = None  # live slot of the conv window and recurrent state while running
     checkpoint_positions: list[int] | None = None  # planned for the prompt at its first admission
-    spare_checkpoints: list[int] = field(default_factory=list)  # planned too, saved only into a free row
     saved_checkpoints: list[int] = field(default_factory=list)  # positions whose state this request saved
     num_resumed_tokens: int = 0  # prompt tokens skipped by loading a checkpoint (last admission)
     # -- outcome (engine) --

@@ -59,9 +59,7 @@ class StateCache(CheckpointStore):
     def attach(self, req: Request, resume: int) -> None:
         """Give an admitted request a live slot, loaded from the checkpoint at `resume` (or zeroed)."""
         if req.checkpoint_positions is None:  # NOTE: planned once; a re-admission keeps its plan
-            planned = self.planner.plan(req.prompt_token_ids)
-            req.spare_checkpoints = sorted(set(self.planner.spare_positions(req.prompt_token_ids)) - set(planned))
-            req.checkpoint_positions = sorted(set(planned) | set(req.spare_checkpoints))
+            req.checkpoint_positions = self.planner.plan(req.prompt_token_ids)
             self.planner.observe(req.prompt_token_ids)
         req.state_slot = self.free_slots.popleft()
         req.num_resumed_tokens = resume
@@ -92,9 +90,8 @@ class StateCache(CheckpointStore):
         ):
             return
         ckpt_id = self.reserve(
-            num_tokens, req.prompt_token_ids, req.block_hashes, req.block_size, req.checkpoint_positions,
-            is_spare=num_tokens in req.spare_checkpoints,
-        )  # fmt: skip
+            num_tokens, req.prompt_token_ids, req.block_hashes, req.block_size, req.checkpoint_positions
+        )
         if ckpt_id is not None:
             self.ops.save.append((req.state_slot, ckpt_id))
             req.saved_checkpoints.append(num_tokens)

@@ -186,7 +186,7 @@ def test_dp_plans_with_its_prior_until_traffic_says_something_about_the_prompt()
     assert 40 in planner.plan(first[:40] + list(range(500, 524)))  # dp puts a checkpoint where requests leave
 
 
-def test_dp_moves_its_prior_plan_up_to_the_prompts_branch_points_and_spares_its_end():
+def test_dp_moves_its_prior_plan_up_to_the_prompts_branch_points():
     start = 1  # the turn-start token
     prompt = [start] + list(range(100, 137)) + [start] + list(range(200, 220)) + [start] + [300, 301, 302, 303]
     assert len(prompt) == 64 and [i for i, t in enumerate(prompt) if t == start] == [0, 38, 59]
@@ -194,10 +194,6 @@ def test_dp_moves_its_prior_plan_up_to_the_prompts_branch_points_and_spares_its_
     plain = CheckpointPlanner("dp", budget=2, bin_size=B, prior="balanced")
     assert plain.plan(prompt) == [20, 40]  # balanced
     assert turns.plan(prompt) == [36, 40]  # the user turn starts at 38: 20 moves up to 36 on the grid of 4
-    assert turns.spare_positions(prompt) == [60]  # the grid position before the last token
-    turns.observe(prompt)
-    turns.observe(prompt[:40] + [5] * 8)  # traffic about the prompt: dp's own plan, no spare
-    assert turns.spare_positions(prompt[:40] + [6] * 8) == []
 
 
 # -- the books through the scheduler and the KV-cache manager ----------------------------------------------
@@ -280,19 +276,6 @@ def test_the_store_never_exceeds_its_budget_and_pinned_states_survive():
     out = _step(sched2)
     assert out.state_ops.load == [(kept.ckpt_id, 1)] and out.state_ops.save == []
     assert states2.stats.num_skipped_saves == 1 and list(states2.by_hash.values()) == [kept]
-
-
-@pytest.mark.parametrize(("num_checkpoints", "resumed"), [(3, 28), (1, 16)], ids=["free-row", "full-store"])
-def test_a_prior_plans_spare_end_is_saved_only_into_a_free_row(num_checkpoints, resumed):
-    states = StateCache(4, num_checkpoints, 100, CheckpointPlanner("dp", 1, B, "balanced"))
-    sched = Scheduler(SchedulerConfig(4, 256, 1024), KVCacheManager(64, states=states))
-    first = make_request("a", range(32), B, max_tokens=1)
-    _serve(sched, first)
-    assert first.checkpoint_positions == [16, 28] and first.spare_checkpoints == [28]  # balanced 16, end 28
-    repeat = make_request("b", list(range(31)) + [99], B, max_tokens=1)  # shares 31 tokens: leaves at its end
-    _serve(sched, repeat)
-    assert repeat.num_resumed_tokens == resumed and states.stats.num_evicted == 0
-    states.check_integrity()
 
 
 def test_slots_are_freed_on_finish_and_preemption():

@@ -104,15 +104,6 @@ class CheckpointPlanner:
             return self.prior_plan(ids)
         return self.planner.plan(ids)
 
-    def spare_positions(self, token_ids) -> list[int]:
-        """Where a prompt dp plans with its prior also saves its state if a checkpoint row is free: its end (the
-        deepest grid position before its last token), where a repeat of it or its conversation leaves it."""
-        ids = np.asarray(token_ids, dtype=np.int64)
-        if self.prior is None or self.has_evidence(ids):
-            return []
-        end = self.prior.bin_size * ((ids.size - 1) // self.prior.bin_size)
-        return [end] if end > 0 else []
-
     def prior_plan(self, token_ids: np.ndarray) -> list[int]:
         """The prior's plan, moved up to the prompt's branch points when the chat turns are known."""
         positions = self.prior.plan(token_ids)

@@ -171,34 +171,21 @@ class CheckpointStore:
         self.stats.num_resumed += 1
         return ckpt.ckpt_id
 
-    def reserve(
-        self, position: int, token_ids, block_hashes, block_size: int, planned=(), is_spare=False
-    ) -> int | None:
+    def reserve(self, position: int, token_ids, block_hashes, block_size: int, planned=()) -> int | None:
         """A checkpoint id for this step to save the state after `position` tokens of a prompt into; None when
         it is saved already (then it is just used again) or no checkpoint is free or worth evicting.
-        `planned`: the prompt's planned positions (its checkpoints elsewhere on its prefix may be stale).
-        `is_spare`: a save made only into a free checkpoint (it moves and evicts nothing)."""
+        `planned`: the prompt's planned positions (its checkpoints elsewhere on its prefix may be stale)."""
         block_hash = block_hashes[position // block_size - 1]
         if block_hash in self.by_hash:  # NOTE: saved before (maybe by another request): just used again
             self.by_hash[block_hash].last_used = self._tick()
             return None
         tokens = np.asarray(token_ids, dtype=np.int64)
         self.block_size = block_size
-        if is_spare:
-            return self._spare_ckpt_id(block_hash, position, tokens, block_hashes)
         ckpt_id = self._moved_ckpt_id(position, tokens, block_hashes, planned)
         if ckpt_id is None:
             ckpt_id = self._free_ckpt_id(lambda: self._value(position, tokens, block_hashes, None))
         if ckpt_id is None:
             return None
-        return self._save(ckpt_id, block_hash, position, tokens, block_hashes)
-
-    def _spare_ckpt_id(self, block_hash: BlockHash, position: int, tokens: np.ndarray, block_hashes) -> int | None:
-        if not self.free_ckpt_ids:
-            return None
-        return self._save(self.free_ckpt_ids.popleft(), block_hash, position, tokens, block_hashes)
-
-    def _save(self, ckpt_id: int, block_hash: BlockHash, position: int, tokens: np.ndarray, block_hashes) -> int:
         now = self._tick()
         self.by_hash[block_hash] = Checkpoint(ckpt_id, block_hash, position, self.num_steps, now,
                                               token_ids=tokens, block_hashes=block_hashes)  # fmt: skip
