@@ -432,6 +432,8 @@ def main() -> None:
     parser.add_argument("--num-prefixes", type=int, default=4)
     parser.add_argument("--num-entries", type=int, default=4, help="state memory = num_entries x M checkpoints")
     parser.add_argument("--max-prefix-chars", type=int, default=2_000, help="cut shared prefixes (0: keep whole)")
+    parser.add_argument("--max-len", type=int, default=None, help="context; longer prompts keep their first "
+                        "max_len - 1 tokens (default: 4,096 on the CPU, 32,768 on the GPU)")  # fmt: skip
     parser.add_argument("--budgets", type=int, nargs="+", default=list(BUDGETS))
     parser.add_argument("--eviction", default="lru", choices=("lru", "flops"), help="the store's eviction")
     parser.add_argument("--num-layers", type=int, default=0, help="GPU: fewer layers of the 9B shape (0: all)")
@@ -466,8 +468,8 @@ def main() -> None:
         return
     args.device = "cuda" if args.gpu else "cpu"
     args.vocab_size = SMOLLM2_VOCAB
-    args.max_len = 32_768 if args.gpu else 4_096
-    args.num_blocks = 8_192 if args.gpu else 1_024
+    args.max_len = args.max_len or (32_768 if args.gpu else 4_096)
+    args.num_blocks = args.max_len // 4  # NOTE: KV blocks of 16 tokens for 4 prompts of max_len (1,024 / 8,192)
     args.max_num_batched_tokens = 8_192 if args.gpu else 2_048
     args.prefill_len = args.prefill_len or (4_096 if args.gpu else 256)
     if args.gpu:
