@@ -39,6 +39,7 @@ POLICIES = ("none", "last", "block", "balanced", "logarithmic", "sqrt", "dp")
 BUDGETS = (1, 2, 4, 8)
 RESULTS_DIR = Path(__file__).parent / "results"
 SMOLLM2_VOCAB = 49_152  # the streams are tokenized with SmolLM2's tokenizer
+SMOLLM2_TURN_START_ID = 1  # its `<|im_start|>` (the model directory here has no tokenizer to read it from)
 # CPU: a small hybrid (3 linear : 1 full attention) that keeps the 2-core run in minutes
 CPU_SHAPE = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
                  num_key_value_heads=2, head_dim=64, linear_key_head_dim=32, linear_value_head_dim=32,
@@ -140,6 +141,7 @@ def run_policy(model_dir, requests, policy, budget, args) -> tuple[list[int], li
         max_model_len=args.max_len, max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=4,
         checkpoint_policy=policy, checkpoints_per_entry=budget, state_cache_gib=state_cache_gib,
         state_eviction=args.eviction, checkpoint_prior=args.prior,
+        checkpoint_turn_start_id=None if args.no_turns else SMOLLM2_TURN_START_ID,
     )  # fmt: skip
     engine = llm.engine
     assert engine.kv.states.num_checkpoints == args.num_entries * budget
@@ -430,6 +432,8 @@ def main() -> None:
     parser.add_argument("--num-prefixes", type=int, default=4)
     parser.add_argument("--num-entries", type=int, default=4, help="state memory = num_entries x M checkpoints")
     parser.add_argument("--max-prefix-chars", type=int, default=2_000, help="cut shared prefixes (0: keep whole)")
+    parser.add_argument("--max-len", type=int, default=None, help="context; longer prompts keep their first "
+                        "max_len - 1 tokens (default: 4,096 on the CPU, 32,768 on the GPU)")  # fmt: skip
     parser.add_argument("--budgets", type=int, nargs="+", default=list(BUDGETS))
     parser.add_argument("--eviction", default="lru", choices=("lru", "flops"), help="the store's eviction")
     parser.add_argument("--num-layers", type=int, default=0, help="GPU: fewer layers of the 9B shape (0: all)")
@@ -450,6 +454,7 @@ def main() -> None:
     parser.add_argument("--stream-names", nargs="+", help="only these streams (default: all)")
     parser.add_argument("--policies", nargs="+", default=list(POLICIES), choices=POLICIES)
     parser.add_argument("--prior", default=DEFAULT_CHECKPOINT_PRIOR, help="what dp plans with before any traffic")
+    parser.add_argument("--no-turns", action="store_true", help="dp's prior ignores the streams' chat turns")
     parser.add_argument("--build-streams-only", action="store_true", help="write --streams and stop")
     args = parser.parse_args()
     if args.rerender:
@@ -463,8 +468,8 @@ def main() -> None:
         return
     args.device = "cuda" if args.gpu else "cpu"
     args.vocab_size = SMOLLM2_VOCAB
-    args.max_len = 32_768 if args.gpu else 4_096
-    args.num_blocks = 8_192 if args.gpu else 1_024
+    args.max_len = args.max_len or (32_768 if args.gpu else 4_096)
+    args.num_blocks = args.max_len // 4  # NOTE: KV blocks of 16 tokens for 4 prompts of max_len (1,024 / 8,192)
     args.max_num_batched_tokens = 8_192 if args.gpu else 2_048
     args.prefill_len = args.prefill_len or (4_096 if args.gpu else 256)
     if args.gpu:

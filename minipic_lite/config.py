@@ -40,6 +40,9 @@ DEFAULT_STATE_CACHE_GIB = 0.5
 DEFAULT_CHECKPOINTS_PER_ENTRY = 4
 DEFAULT_CHECKPOINT_POLICY = "dp"
 DEFAULT_CHECKPOINT_PRIOR = "balanced"
+# The chat template's turn-start token (ChatML: SmolLM2, Qwen): `dp`'s prior moves its plan up to where a prompt's
+# turns start (checkpoints/turns.py); LLM(...) takes its id from the tokenizer where the vocabulary has it.
+CHAT_TURN_START_TOKEN = "<|im_start|>"
 STATE_EVICTIONS = ("lru", "flops")
 
 # Control tokens of SmolLM2's vocabulary that chat never uses (StarCoder repository-metadata tokens).
@@ -186,6 +189,7 @@ class CacheConfig:
     checkpoint_policy: str = DEFAULT_CHECKPOINT_POLICY
     checkpoints_per_entry: int = DEFAULT_CHECKPOINTS_PER_ENTRY
     checkpoint_prior: str = DEFAULT_CHECKPOINT_PRIOR  # what `dp` plans with before it has seen traffic
+    checkpoint_turn_start_id: int | None = None  # CHAT_TURN_START_TOKEN's id; None: the prior ignores chat turns
     state_eviction: str = "lru"
 
     def __post_init__(self):
@@ -211,6 +215,9 @@ class CacheConfig:
                 raise ValueError(f"unknown {name} {getattr(self, name)!r}; choose from {', '.join(sorted(POLICIES))}")
         if self.checkpoint_prior == "dp":
             raise ValueError("checkpoint_prior must be a policy that needs no traffic, not 'dp'")
+        turn = self.checkpoint_turn_start_id
+        if turn is not None and (isinstance(turn, bool) or not isinstance(turn, int) or turn < 0):
+            raise ValueError(f"checkpoint_turn_start_id must be a token id >= 0 or None, got {turn!r}")
         if not self.state_cache_gib >= 0:
             raise ValueError(f"state_cache_gib must be >= 0 (0: no checkpoints), got {self.state_cache_gib}")
         if isinstance(self.checkpoints_per_entry, bool) or not isinstance(self.checkpoints_per_entry, int) \

@@ -74,7 +74,8 @@ class LLMEngine:
         if tensors is None:
             return None
         policy = c.checkpoint_policy if c.enable_prefix_caching else "none"  # NOTE: nothing to resume without it
-        planner = CheckpointPlanner(policy, c.checkpoints_per_entry, c.block_size, c.checkpoint_prior)
+        planner = CheckpointPlanner(policy, c.checkpoints_per_entry, c.block_size, c.checkpoint_prior,
+                                    turn_start_id=c.checkpoint_turn_start_id)  # fmt: skip
         num_slots = self.config.scheduler.max_num_seqs
         return StateCache(num_slots, tensors.num_checkpoints, tensors.checkpoint_bytes, planner, c.state_eviction)
 

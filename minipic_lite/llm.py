@@ -15,7 +15,13 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from minipic_lite.config import SMOLLM2_CONTROL_TOKENS, ControlTokens, EngineConfig, ModelConfig
+from minipic_lite.config import (
+    CHAT_TURN_START_TOKEN,
+    SMOLLM2_CONTROL_TOKENS,
+    ControlTokens,
+    EngineConfig,
+    ModelConfig,
+)
 from minipic_lite.engine import LLMEngine
 from minipic_lite.engine_loop import EngineLoop
 from minipic_lite.models.loader import load_tokenizer, resolve_model_dir
@@ -59,6 +65,14 @@ def default_control_tokens(tokenizer) -> ControlTokens:
     return ControlTokens(ssep_id=ids["ssep"], pdep_id=ids["pdep"], pad_id=ids["pad"])
 
 
+def chat_turn_start_id(tokenizer) -> int | None:
+    """The id of the chat template's turn-start token (CHAT_TURN_START_TOKEN), or None: no tokenizer, or not in it."""
+    if tokenizer is None:
+        return None
+    token_id = tokenizer.convert_tokens_to_ids(CHAT_TURN_START_TOKEN)
+    return None if token_id is None or token_id == tokenizer.unk_token_id else token_id
+
+
 class LLM:
     """An engine over one model, served by a background loop that many callers share.
 
@@ -72,7 +86,8 @@ class LLM:
             position_free (False: the vanilla rotated-key cache), max_num_seqs, max_num_batched_tokens,
             max_model_len, num_blocks, memory_utilization, cpu_kv_cache_gib, enable_prefix_caching,
             enforce_eager, load_format, num_scheduler_steps (decode steps per scheduler visit when every
-            request decodes and none waits; None: 8 on CUDA, 1 on the CPU).
+            request decodes and none waits; None: 8 on CUDA, 1 on the CPU); hybrids: checkpoint_turn_start_id
+            (default: the tokenizer's `<|im_start|>`; None: the checkpoint prior ignores chat turns).
     """
 
     def __init__(
@@ -91,6 +106,7 @@ class LLM:
         model_class(model_config.architecture)  # an unsupported family fails here, before any weight is read
         self.tokenizer = load_tokenizer(model_dir)
         control = control_tokens or (default_control_tokens(self.tokenizer) if self.tokenizer else ControlTokens())
+        options.setdefault("checkpoint_turn_start_id", chat_turn_start_id(self.tokenizer))
         config = EngineConfig.from_options(model_dir, model_config, device, control, dtype, **options)
         # NOTE: the build callable must not hold `self`: the loop thread would keep this LLM alive forever
         self._loop = EngineLoop(functools.partial(LLMEngine, config, self.tokenizer))

@@ -160,3 +160,21 @@ def test_module_level_generate_uses_the_embedded_model():
     assert "Paris" in out.text
     batch = mp.generate(["a", "b"], max_tokens=2)
     assert [len(o.token_ids) for o in batch] == [2, 2] and [o.prompt for o in batch] == ["a", "b"]
+
+
+class _Vocab:
+    unk_token_id = 0
+
+    def __init__(self, ids):
+        self.ids = ids
+
+    def convert_tokens_to_ids(self, token):
+        return self.ids.get(token, self.unk_token_id)
+
+
+def test_the_checkpoint_turn_start_is_the_tokenizers_im_start_where_it_has_one():
+    from minipic_lite.llm import chat_turn_start_id
+
+    assert chat_turn_start_id(_Vocab({"<|im_start|>": 1})) == 1  # SmolLM2's
+    assert chat_turn_start_id(_Vocab({})) is None  # not in the vocabulary: unknown
+    assert chat_turn_start_id(None) is None  # no tokenizer

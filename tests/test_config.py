@@ -73,3 +73,9 @@ def test_unsupported_family_is_refused_by_the_registry():
     with pytest.raises(ValueError, match="unsupported model_type 'mamba'"):
         model_class("mamba")
     assert CacheConfig().block_size == 16 and SchedulerConfig().num_scheduler_steps == 1
+
+
+@pytest.mark.parametrize("turn", [-1, True, 1.0, "1"])
+def test_a_bad_checkpoint_turn_start_id_fails_naming_it(turn):
+    with pytest.raises(ValueError, match="checkpoint_turn_start_id must be a token id >= 0 or None"):
+        CacheConfig(checkpoint_turn_start_id=turn)

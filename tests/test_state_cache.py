@@ -186,6 +186,16 @@ def test_dp_plans_with_its_prior_until_traffic_says_something_about_the_prompt()
     assert 40 in planner.plan(first[:40] + list(range(500, 524)))  # dp puts a checkpoint where requests leave
 
 
+def test_dp_moves_its_prior_plan_up_to_the_prompts_branch_points():
+    start = 1  # the turn-start token
+    prompt = [start] + list(range(100, 137)) + [start] + list(range(200, 220)) + [start] + [300, 301, 302, 303]
+    assert len(prompt) == 64 and [i for i, t in enumerate(prompt) if t == start] == [0, 38, 59]
+    turns = CheckpointPlanner("dp", budget=2, bin_size=B, prior="balanced", turn_start_id=start)
+    plain = CheckpointPlanner("dp", budget=2, bin_size=B, prior="balanced")
+    assert plain.plan(prompt) == [20, 40]  # balanced
+    assert turns.plan(prompt) == [36, 40]  # the user turn starts at 38: 20 moves up to 36 on the grid of 4
+
+
 # -- the books through the scheduler and the KV-cache manager ----------------------------------------------
 
 

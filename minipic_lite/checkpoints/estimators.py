@@ -26,10 +26,13 @@ from typing import Protocol
 
 import numpy as np
 
+from minipic_lite.checkpoints.turns import branch_points
+
 # NOTE: the decayed masses are kept scaled by γ^(−n) and rescaled once the scale passes this bound.
 MAX_SCALE = 1e150
 DEFAULT_PRIOR_WEIGHT = 1.0  # observations' worth of the scale-free prior
 DEFAULT_WINDOW = 512  # past requests an EntryHistory compares a new entry with
+BRANCH_PRIOR_SHARE = 0.5  # EntryHistory with chat turns: the prior's share that sits on the entry's branch points
 
 
 class OverlapEstimator(Protocol):
@@ -147,6 +150,7 @@ class EntryHistory:
         window: int = DEFAULT_WINDOW,
         prior_weight: float = DEFAULT_PRIOR_WEIGHT,
         uniform_until_observed: bool = False,
+        turn_start_id: int | None = None,
     ):
         _check_gamma(gamma)
         if window < 1:
@@ -158,6 +162,7 @@ class EntryHistory:
         # NOTE: True: while no request has left an entry past its known prefix, the entry's own request is
         # spread uniformly over (a, N] (what `balanced` assumes), not by the suffix histogram's prior.
         self.uniform_until_observed = uniform_until_observed
+        self.turn_start_id = turn_start_id  # NOTE: set: part of the prior sits where the entry's turns start
         self._known_prefix: dict[int, int] = {}  # entry key -> the deepest depth history had reached on it
         self.num_observations = 0
 
@@ -187,7 +192,16 @@ class EntryHistory:
         if beyond.sum() > 0:
             weights += beyond / beyond.sum()  # NOTE: the entry's own request, one observation's worth.
         prior = uniform_prior(weights.size - 1) if uniform else scale_free_prior(weights.size - 1)
-        return weights + self.prior_weight * prior
+        return weights + self.prior_weight * self._with_branches(prior, entry_token_ids)
+
+    def _with_branches(self, prior: np.ndarray, entry_token_ids: np.ndarray) -> np.ndarray:
+        """`prior` with BRANCH_PRIOR_SHARE of it moved evenly onto the entry's branch points (turns.py), if any."""
+        points = branch_points(entry_token_ids, self.turn_start_id) if self.turn_start_id is not None else []
+        if not points:
+            return prior
+        on_points = np.zeros(prior.size)
+        on_points[points] = 1.0 / len(points)
+        return (1 - BRANCH_PRIOR_SHARE) * prior + BRANCH_PRIOR_SHARE * on_points
 
     def plan_key(self, entry_token_ids: np.ndarray):
         return None  # every entry is planned for itself

@@ -9,6 +9,7 @@ import numpy as np
 
 from minipic_lite.checkpoints.estimators import EntryHistory, OverlapEstimator, common_prefix_len
 from minipic_lite.checkpoints.policies import WEIGHT_AWARE, plan
+from minipic_lite.checkpoints.turns import branch_points, snap_to_turns
 
 PLANNER_WINDOW = 512  # recent prompts the overlap estimate and the depth of a new prompt look at
 
@@ -74,12 +75,22 @@ class CheckpointPlanner:
     For the same reason the estimator spreads a prompt's own request uniformly (what `balanced` assumes) past
     the part recent prompts share with it until some request has left a prompt there
     (`EntryHistory(uniform_until_observed=True)`): a short shared header is evidence about the header only.
+
+    With `turn_start_id` (the chat template's turn-start token) the prior's plan is moved up to the prompt's
+    branch points (turns.py: the starts of its turns but the last), where a later request with the same system
+    prompt or conversation leaves it; a prompt with no such turn keeps the prior's plan.
     """
 
-    def __init__(self, policy: str, budget: int, bin_size: int, prior: str, window: int = PLANNER_WINDOW):
-        estimator = EntryHistory(window=window, uniform_until_observed=True) if policy == "dp" else None
+    def __init__(self, policy: str, budget: int, bin_size: int, prior: str, window: int = PLANNER_WINDOW,
+                 turn_start_id: int | None = None):  # fmt: skip
+        estimator = (
+            EntryHistory(window=window, uniform_until_observed=True, turn_start_id=turn_start_id)
+            if policy == "dp"
+            else None
+        )
         self.planner = Planner(policy, budget, estimator, bin_size=bin_size)
         self.prior = Planner(prior, budget, None, bin_size=bin_size) if policy == "dp" else None
+        self.turn_start_id = turn_start_id
         self.recent: deque[np.ndarray] = deque(maxlen=window)
 
     def has_evidence(self, token_ids: np.ndarray) -> bool:
@@ -89,8 +100,16 @@ class CheckpointPlanner:
 
     def plan(self, token_ids) -> list[int]:
         ids = np.asarray(token_ids, dtype=np.int64)
-        use_prior = self.prior is not None and not self.has_evidence(ids)
-        return (self.prior if use_prior else self.planner).plan(ids)
+        if self.prior is not None and not self.has_evidence(ids):
+            return self.prior_plan(ids)
+        return self.planner.plan(ids)
+
+    def prior_plan(self, token_ids: np.ndarray) -> list[int]:
+        """The prior's plan, moved up to the prompt's branch points when the chat turns are known."""
+        positions = self.prior.plan(token_ids)
+        if self.turn_start_id is None:
+            return positions
+        return snap_to_turns(positions, branch_points(token_ids, self.turn_start_id), self.prior.bin_size)
 
     def observe(self, token_ids) -> None:
         """A served prompt and its overlap depth with the recent prompt it shares most with (as simulator.py)."""

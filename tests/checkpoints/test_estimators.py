@@ -117,3 +117,17 @@ def test_planner_replans_every_k_observations():
 def test_bad_input_raises_naming_the_problem(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+def test_entry_history_puts_half_its_prior_on_the_entrys_branch_points():
+    start = 1  # the turn-start token
+    estimator = EntryHistory(prior_weight=2.0, uniform_until_observed=True, turn_start_id=start)
+    estimator.observe_request(np.array([start, 5, 9, 9]), 0, None)
+    entry = np.array([start, 5, start, 6, start])  # N = 5; turns start at 0, 2, 4: the branch point is 2
+    # history 1 at depth 2 (a = 2); the own request evenly over (2, 5]; the prior 2 × 1/5 on 1..5, half of it
+    # moved onto the branch point: 0.2 on each depth and 1.0 more at 2
+    np.testing.assert_allclose(estimator.weights_for(entry), [0, 0.2, 2.2, 1 / 3 + 0.2, 1 / 3 + 0.2, 1 / 3 + 0.2])
+    no_turns = np.array([7, 5, 7, 6, 7])
+    estimator.observe_request(np.array([7, 5, 9]), 0, None)
+    # no turn starts in it: the whole prior stays spread evenly (history: depth 0 and depth 2, a = 2)
+    np.testing.assert_allclose(estimator.weights_for(no_turns), [1, 0.4, 1.4, 1 / 3 + 0.4, 1 / 3 + 0.4, 1 / 3 + 0.4])
