@@ -557,9 +557,9 @@ def main() -> None:
     deadline = start + args.budget_s
     device = torch.device("cpu" if args.smoke else "cuda")
     if args.smoke:
-        from ops.testing import patch_interpreter_bf16_dot
+        from ops.testing import patch_interpreter_bf16
 
-        patch_interpreter_bf16_dot()
+        patch_interpreter_bf16()
     os.makedirs(args.out, exist_ok=True)
     clock = Clock(args.smoke)
     report: dict = dict(meta=dict(torch=torch.__version__, smoke=args.smoke))

@@ -154,7 +154,7 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor, atol: float, rtol
         raise AssertionError(f"{what}: {int(bad.sum())} elements off; max abs err {abs_err:.3e}, rel err {rel_err:.3e}")
 
 
-def patch_interpreter_bf16_dot() -> None:
+def patch_interpreter_bf16() -> None:
     """Work around the Triton interpreter's bfloat16 math: ``tl.dot`` and elementwise float arithmetic.
 
     The interpreter stores bfloat16 as raw uint16, so ``create_dot`` and the float ops multiply and add those

@@ -6,6 +6,6 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 if os.environ.get("TRITON_INTERPRET") == "1":
-    from ops.testing import patch_interpreter_bf16_dot
+    from ops.testing import patch_interpreter_bf16
 
-    patch_interpreter_bf16_dot()
+    patch_interpreter_bf16()
