@@ -7,8 +7,10 @@ as in Qwen3.5); the rest pass through. With ``x1 = x[:r/2]``, ``x2 = x[r/2:r]``:
     x1' = x1 * cos - x2 * sin
     x2' = x2 * cos + x1 * sin
 
-The math runs in float32 and the result is rounded once to ``x``'s dtype, exactly as the Triton kernel does
-for keys in position-free mode, so "rotate at write" and "rotate at read" agree to the last rounding.
+The math runs in float32 and the result is rounded once to ``x``'s dtype, as the op's torch path and the Triton
+scratch pass of long prefills do for keys in position-free mode, so "rotate at write" and "rotate at read" agree to
+the last rounding. (The Triton kernel's in-loop rotation, decode and short reads, runs in the cache dtype: one more
+rounding in 16 bits; ops/README.md says why.)
 """
 
 from __future__ import annotations
