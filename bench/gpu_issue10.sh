@@ -4,7 +4,7 @@
 # bench/data (the RAG datasets, built here with `python bench/rag.py --build-only --samples 64`) carried.
 #
 #   GIT_SHA=$(git rev-parse --short HEAD) bash bench/gpu_issue10.sh [part]   part: all (default), a, b, ops, ttft, host, hostdiag, offload, tests, splits, grid, rag, ragphase,
-#   read, readprof (with ncu), engine, probe or hybrid, or several joined by commas
+#   read, readprof (with ncu), engine, pending, probe or hybrid, or several joined by commas
 set -u
 cd "$(dirname "$0")/.."
 export TRITON_INTERPRET=0 PYTHONUNBUFFERED=1 GIT_SHA=${GIT_SHA:-unknown}
@@ -91,6 +91,12 @@ if want readprof; then  # ... and the same kernels under ncu
 fi
 if want engine; then  # issue 13: engine decode b1 / b64 against the HBM roofline, with its profile, and prefill vs HF
     step gpu_engine 330 python3 bench/gpu_engine.py --out "$OUT/gpu_engine_${GIT_SHA}_h200.json"
+fi
+if want pending; then  # what stop 15 left unmeasured, in one call: the GPU tests after the hit guard, the offload
+    # bench after it, and block placement over an engine-sized pool (the "fresh" forward's 0.9 ms)
+    step gpu_tests 150 python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider -p no:logging --tb=short
+    step offload 220 $RAG --offload --reuse 0.9 --max-num-seqs 4 --max-num-batched-tokens 4096 --tag=-offload
+    step read_profile_pool 150 python3 bench/gpu_read_profile.py --out "$OUT" --cases short16k,short16k_contig,short16k_spread
 fi
 if want probe; then  # issue 11's fla path (tests, side by side with its profile), then issue 10's
     step gpu_tests 170 python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider
