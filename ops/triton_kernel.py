@@ -107,7 +107,7 @@ def _attend_key_tiles(
 ):
     # NOTE: keys are rotated in the cache's dtype: tl.dot reads them rounded to it anyway, and 16-bit math keeps
     # the [HALF_PAD, TILE_N] halves, cos and sin of a 128-key decode tile in registers (fp32: 255 registers and
-    # spills on the H200, bench/results/read_profile_*).
+    # spills on the H200: bench/results/ncu_fe5f6a5_h200_*.log).
     ROPE_DTYPE: tl.constexpr = k_cache_ptr.dtype.element_ty
     HALF: tl.constexpr = ROTARY_DIM // 2
     offs_n = tl.arange(0, TILE_N)
