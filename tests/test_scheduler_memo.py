@@ -37,7 +37,7 @@ class PlainKVCacheManager(KVCacheManager):
 
 class PlainScheduler(Scheduler):
     """_schedule_waiting as it was: the lookahead computed before admissions (every policy) and again after (isps
-    admitting a final in the step of its own span prefills, as the scheduler does)."""
+    admitting a prompt that has a seat whole, as the scheduler does)."""
 
     def _schedule_waiting(self, out, budget):
         policy = self.config.span_policy
@@ -48,15 +48,8 @@ class PlainScheduler(Scheduler):
         for req in list(self.waiting):
             if budget <= 0 or len(self.running) >= self.config.max_num_seqs:
                 break
-            if policy != "inline" and (barrier or missing(req)) and not self._must_go_inline(req, missing(req)):
-                if policy == "barrier":
-                    continue
-                # isps: its spans, then its final in the same step if they fit
-                budget = self._start_span_prefills(req, missing(req), out, budget, guard)
-                if guard.has_refused:
-                    break  # its spans wait for room, and the prompts behind it
-                if budget <= 0 or self._missing_spans(req):
-                    continue
+            if policy == "barrier" and (barrier or missing(req)) and not self._must_go_inline(req, missing(req)):
+                continue  # isps admits a prompt that has a seat whole, as inline
             if not self.kv.allocate_prompt(req):
                 break
             self.waiting.remove(req)
