@@ -4,7 +4,7 @@
 # bench/data (the RAG datasets, built here with `python bench/rag.py --build-only --samples 64`) carried.
 #
 #   GIT_SHA=$(git rev-parse --short HEAD) bash bench/gpu_issue10.sh [part]   part: all (default), a, b, ops, ttft, host, hostdiag, offload, tests, splits, grid, rag, ragphase,
-#   read, readprof (with ncu), engine, pending, probe or hybrid, or several joined by commas
+#   rag0, read, readprof (with ncu), engine, pending, probe or hybrid, or several joined by commas
 set -u
 cd "$(dirname "$0")/.."
 export TRITON_INTERPRET=0 PYTHONUNBUFFERED=1 GIT_SHA=${GIT_SHA:-unknown}
@@ -52,6 +52,12 @@ if want ragphase; then  # where a step's time goes per span policy (reuse 0.5): 
 fi
 if want rag; then  # the RAG table alone: 6 systems x reuse 0 / 0.5 / 0.9, and the ceiling
     step rag 330 $RAG --max-num-seqs 32 --max-num-batched-tokens 8192
+fi
+if want rag0; then  # reuse 0 again (vanilla_prefix, inline, isps): run-to-run variation beside the table's ratios
+    for run in 2 3; do
+        step "rag_reuse0_run$run" 120 $RAG --reuse 0 --systems vanilla_prefix,inline,isps --max-num-seqs 32 \
+            --max-num-batched-tokens 8192 --tag="-reuse0-run$run"
+    done
 fi
 HYBRID="python3 bench/hybrid_checkpoints.py --gpu --num-layers 8 --prefill-len 2048 --decode-tokens 32"
 if want splits; then  # the short-prefill read's split count past 32 (issue 10's cached TTFT: attention ~2.4 of 7.4 ms)
