@@ -80,26 +80,33 @@ def placed_in_pool(args: list, spread: bool) -> list:
 def sweep_for(name: str) -> list[dict]:
     if name.startswith("short16k_"):
         return []
-    if name == "short16k":  # NOTE: BLOCK_M < 128 cuts the 17 tokens into several query tiles that read the same
-        # keys (through L2 when they run together), for fewer registers a program and more programs in flight
+    # NOTE: at 7d9b2be smaller query tiles for the short read (BLOCK_M 32 / 64) and 2 warps or 256-key tiles for
+    # decode 1 x 8k were all slower than the defaults (read_profile_7d9b2be_h200_sweep.json); the sweeps below try
+    # the PAGED_DESC kernel (one tensor-descriptor box load per KV block, lazy rescaling as an option)
+    if name == "short16k":
         return [
-            dict(BLOCK_M=m, TILE_N=n, num_warps=4, num_stages=st, NUM_SPLITS=sp)
-            for m in (32, 64, 128) for n in (32, 64) for st in (2, 3) for sp in (16, 32, 64)
+            dict(PAGED_DESC=True, LAZY_RESCALE=lazy, num_warps=w, num_stages=st, NUM_SPLITS=sp)
+            for lazy in (True, False) for w in (4,) for st in (2, 3, 4) for sp in (32, 64)
         ]  # fmt: skip
     if name == "b1x8k":
         return [
-            dict(TILE_N=n, num_stages=s, NUM_SPLITS=sp, num_warps=w)
-            for n in (64, 128, 256) for s in (2, 3, 4) for sp in (32, 64) for w in (2, 4)
+            dict(PAGED_DESC=True, LAZY_RESCALE=lazy, num_warps=w, num_stages=st, NUM_SPLITS=sp)
+            for lazy in (True, False) for w in (4,) for st in (2, 3, 4) for sp in (32, 64, 128)
         ]  # fmt: skip
-    if name == "b1x576w8k":
+    if name == "b64x8k":
         return [
-            dict(TILE_N=n, num_stages=s, NUM_SPLITS=sp, num_warps=4)
-            for n in (32, 64, 128) for s in (2, 3) for sp in (1, 4, 8, 16, 32)
+            dict(PAGED_DESC=True, LAZY_RESCALE=lazy, num_warps=4, num_stages=st, NUM_SPLITS=sp)
+            for lazy in (True, False) for st in (2, 3, 4) for sp in (1, 2)
         ]  # fmt: skip
     if name == "b64x576w8k":
         return [
-            dict(TILE_N=n, num_stages=s, num_warps=w, NUM_SPLITS=sp)
-            for n in (32, 64, 128) for s in (2, 3, 4) for w in (4, 8) for sp in (1, 2)
+            dict(PAGED_DESC=True, LAZY_RESCALE=lazy, num_warps=4, num_stages=st, NUM_SPLITS=sp)
+            for lazy in (True, False) for st in (2, 3, 4) for sp in (1, 2)
+        ]  # fmt: skip
+    if name == "b1x576w8k":
+        return [
+            dict(PAGED_DESC=True, LAZY_RESCALE=True, num_warps=w, num_stages=st, NUM_SPLITS=sp)
+            for w in (4,) for st in (2, 3) for sp in (8, 16, 32)
         ]  # fmt: skip
     return [dict(TILE_N=n, num_stages=s, num_warps=w) for n in (64, 128) for s in (2, 3, 4) for w in (4, 8)]
 
