@@ -77,36 +77,33 @@ def placed_in_pool(args: list, spread: bool) -> list:
     return placed
 
 
+# NOTE: tried and not kept (bench/results/read_profile_{7d9b2be,40ea091}_h200_*): smaller query tiles for the short
+# read (BLOCK_M 32 / 64: 0.061 / 0.085 ms against 128 rows' 0.056), 2 warps or 256-key tiles for decode 1 x 8k, and
+# a kernel reading one KV block per box load through tensor descriptors (TMA), with or without lazy rescaling:
+# 0.074 ms short read, 19.8 us decode 1 x 8k, 0.817 ms decode 64 x 8k against the paged kernel's 0.056 / 17.9 / 0.542
 def sweep_for(name: str) -> list[dict]:
     if name.startswith("short16k_"):
         return []
-    # NOTE: at 7d9b2be smaller query tiles for the short read (BLOCK_M 32 / 64) and 2 warps or 256-key tiles for
-    # decode 1 x 8k were all slower than the defaults (read_profile_7d9b2be_h200_sweep.json); the sweeps below try
-    # the PAGED_DESC kernel (one tensor-descriptor box load per KV block, lazy rescaling as an option)
-    if name == "short16k":
+    if name == "short16k":  # NOTE: BLOCK_M < 128 cuts the 17 tokens into several query tiles that read the same
+        # keys (through L2 when they run together), for fewer registers a program and more programs in flight
         return [
-            dict(PAGED_DESC=True, LAZY_RESCALE=lazy, num_warps=w, num_stages=st, NUM_SPLITS=sp)
-            for lazy in (True, False) for w in (4,) for st in (2, 3, 4) for sp in (32, 64)
+            dict(BLOCK_M=m, TILE_N=n, num_warps=4, num_stages=st, NUM_SPLITS=sp)
+            for m in (32, 64, 128) for n in (32, 64) for st in (2, 3) for sp in (16, 32, 64)
         ]  # fmt: skip
     if name == "b1x8k":
         return [
-            dict(PAGED_DESC=True, LAZY_RESCALE=lazy, num_warps=w, num_stages=st, NUM_SPLITS=sp)
-            for lazy in (True, False) for w in (4,) for st in (2, 3, 4) for sp in (32, 64, 128)
-        ]  # fmt: skip
-    if name == "b64x8k":
-        return [
-            dict(PAGED_DESC=True, LAZY_RESCALE=lazy, num_warps=4, num_stages=st, NUM_SPLITS=sp)
-            for lazy in (True, False) for st in (2, 3, 4) for sp in (1, 2)
-        ]  # fmt: skip
-    if name == "b64x576w8k":
-        return [
-            dict(PAGED_DESC=True, LAZY_RESCALE=lazy, num_warps=4, num_stages=st, NUM_SPLITS=sp)
-            for lazy in (True, False) for st in (2, 3, 4) for sp in (1, 2)
+            dict(TILE_N=n, num_stages=s, NUM_SPLITS=sp, num_warps=w)
+            for n in (64, 128, 256) for s in (2, 3, 4) for sp in (32, 64) for w in (2, 4)
         ]  # fmt: skip
     if name == "b1x576w8k":
         return [
-            dict(PAGED_DESC=True, LAZY_RESCALE=True, num_warps=w, num_stages=st, NUM_SPLITS=sp)
-            for w in (4,) for st in (2, 3) for sp in (8, 16, 32)
+            dict(TILE_N=n, num_stages=s, NUM_SPLITS=sp, num_warps=4)
+            for n in (32, 64, 128) for s in (2, 3) for sp in (1, 4, 8, 16, 32)
+        ]  # fmt: skip
+    if name == "b64x576w8k":
+        return [
+            dict(TILE_N=n, num_stages=s, num_warps=w, NUM_SPLITS=sp)
+            for n in (32, 64, 128) for s in (2, 3, 4) for w in (4, 8) for sp in (1, 2)
         ]  # fmt: skip
     return [dict(TILE_N=n, num_stages=s, num_warps=w) for n in (64, 128) for s in (2, 3, 4) for w in (4, 8)]
 
