@@ -219,7 +219,7 @@ def block_hashes(
     width, num_blocks = block_size * TOKEN_BYTES, len(token_ids) // block_size
     if num_blocks == 0:
         return [], state
-    data = token_bytes(token_ids[: num_blocks * block_size])  # NOTE: one conversion for all blocks
+    data = token_bytes(token_ids)  # NOTE: one conversion for all blocks (and a partial tail's tokens, not copied first)
     memo = memo if markers else None
     hashes: list[BlockHash] = []
     digests: list[BlockHash] = []
