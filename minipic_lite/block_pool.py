@@ -13,7 +13,7 @@ pool never cares where a block sits in a request.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from itertools import compress, islice
 from operator import ne
@@ -69,9 +69,14 @@ class BlockPool:
     def lookup_many(self, block_hashes: Iterable[BlockHash]) -> list[int | None]:
         """`lookup` of each hash, counted as one lookup each (a prompt's thousand blocks in one call)."""
         found = list(map(self.hash_to_block.get, block_hashes))
+        self.count_lookups(found)
+        return found
+
+    def count_lookups(self, found: list[int | None]) -> None:
+        """Count lookups whose answers (`found`, from `peek_many`) the caller already has: `lookup_many` without
+        asking the map again."""
         self.num_lookups += len(found)
         self.num_hits += len(found) - found.count(None)
-        return found
 
     def peek_many(self, block_hashes: Iterable[BlockHash]) -> list[int | None]:
         """`peek` of each hash."""
@@ -133,10 +138,11 @@ class BlockPool:
         blocks, free_queue = self.blocks, self.free_queue
         for block_id in block_ids:
             block = blocks[block_id]
-            if block.ref_cnt <= 0:
+            ref_cnt = block.ref_cnt  # NOTE: read once (a prompt frees a thousand blocks)
+            if ref_cnt <= 0:
                 raise RuntimeError(f"double free of block {block_id}")
-            block.ref_cnt -= 1
-            if block.ref_cnt == 0:
+            block.ref_cnt = ref_cnt - 1
+            if ref_cnt == 1:
                 free_queue[block_id] = None
 
     def cache(self, block_id: int, block_hash: BlockHash) -> None:
@@ -147,17 +153,19 @@ class BlockPool:
         block.block_hash = block_hash
         self.hash_to_block[block_hash] = block_id
 
-    def cache_many(self, block_ids: Iterable[int], block_hashes: Iterable[BlockHash]) -> None:
-        """`cache` each block under its hash, in order."""
+    def cache_many(self, block_ids: Sequence[int], block_hashes: Sequence[BlockHash]) -> list[BlockHash]:
+        """`cache` each block under its hash, in order; returns the hashes it published (the others were already)."""
         blocks, hash_to_block = self.blocks, self.hash_to_block
-        block_ids, block_hashes = list(block_ids), list(block_hashes)
         # NOTE: a block already published under its hash (a hit) is left alone, as cache() would; found in C
         published = map(ne, map(hash_to_block.get, block_hashes), block_ids)
+        cached = []
         for block_id, block_hash in compress(zip(block_ids, block_hashes, strict=True), published):
             block = blocks[block_id]
             if block.block_hash is None and block_hash not in hash_to_block:
                 block.block_hash = block_hash
                 hash_to_block[block_hash] = block_id
+                cached.append(block_hash)
+        return cached
 
     def reset_prefix_cache(self) -> None:
         """Forget every hash (blocks in use keep their contents and refs)."""

@@ -84,8 +84,11 @@ class Admission:
     @classmethod
     def read(cls, seq: Request, pool: BlockPool, segments: Seq[Segment], labels: Seq[str | None]) -> Admission:
         table = tuple(seq.block_table[: seq.num_blocks_for(seq.num_prompt_tokens)])
-        ref_cnts = tuple([pool.blocks[block_id].ref_cnt for block_id in table])
-        hits = frozenset(seq.cached_block_ids).intersection(range(len(table)))  # NOTE: a re-admission has outputs
+        blocks = pool.blocks
+        ref_cnts = tuple([blocks[block_id].ref_cnt for block_id in table])
+        hits = frozenset(seq.cached_block_ids)
+        if len(seq.token_ids) > seq.num_prompt_tokens:  # NOTE: a re-admission has outputs: only the prompt's blocks
+            hits = hits.intersection(range(len(table)))
         hashes, B = tuple(seq.block_hashes), seq.block_size
         return cls(seq.num_prompt_tokens, B, table, ref_cnts, hits, hashes, tuple(segments), tuple(labels))
 

@@ -10,6 +10,7 @@ taken from the cache are skipped, so the queries of one chunk can have holes:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import filterfalse
 
 from minipic_lite.checkpoints.store import chunk_end
 from minipic_lite.config import cdiv
@@ -79,5 +80,5 @@ def stop_blocks(seq: Request, first: int, end: int) -> list[int] | range:
     order. A cached prompt of a thousand blocks has few, so its chunk is planned without visiting the rest."""
     if not seq.cached_block_ids:
         return range(first, end)
-    blocks = set(range(first, end))
-    return sorted(blocks.difference(seq.cached_block_ids).union(blocks.intersection(seq.waiting_blocks)))
+    skipped = seq.cached_block_ids - seq.waiting_blocks if seq.waiting_blocks else seq.cached_block_ids
+    return list(filterfalse(skipped.__contains__, range(first, end)))

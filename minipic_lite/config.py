@@ -24,7 +24,8 @@ CUDA_GRAPH_MAX_TOKENS_PER_SEQ = 32
 # the host's scheduling, input building and output handling then stop leaving the GPU idle every step.
 DEFAULT_CUDA_SCHEDULER_STEPS = 8
 # Hash chains of the runs of span prompts remembered by content (spans.SpanHashMemo), so that a cached span is not
-# hashed block by block again in every prompt that uses it: at most this many blocks' hashes (~75 bytes each: ~5 MB).
+# hashed block by block again in every prompt that uses it: at most this many blocks' hashes and tokens
+# (~200 bytes each: ~13 MB).
 SPAN_HASH_MEMO_BLOCKS = 1 << 16
 
 DTYPES = ("float32", "bfloat16", "float16")

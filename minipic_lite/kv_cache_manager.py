@@ -19,7 +19,9 @@ A hybrid model's recurrent-state slots and checkpoints (state_cache.py) plug in 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import compress
+from functools import partial
+from itertools import compress, filterfalse
+from operator import is_not
 
 from minipic_lite.block_pool import BlockPool
 from minipic_lite.hashing import BlockHash
@@ -32,9 +34,16 @@ HIT, PENDING, HOST, MISS, REROTATE = "hit", "pending", "host", "miss", "rerotate
 MAX_CHANGED_LOG = 1 << 16  # hashes logged for match()'s memo before it starts over
 
 
-def blocks_of_kind(kinds: list[str], kind: str, found: list[int | None]) -> dict[int, int]:
-    """{i: found[i]} for every block i of `kind`, in order (in one C-level pass: a prompt has a thousand)."""
-    return dict(compress(enumerate(found), map(kind.__eq__, kinds)))
+is_found = partial(is_not, None)  # a block id, not None (block 0 is falsy: `filter(None, ...)` would drop it)
+
+
+def blocks_of_kind(kinds: list[str], kind: str, found: list[int | None]) -> list[int | None]:
+    """found[i] for every block i of `kind` (HIT or REROTATE), None elsewhere: aligned with the prompt's blocks."""
+    # NOTE: a block of those kinds is always a found one; so when as many are of `kind` as were found, they are
+    # exactly the found ones (a cached prompt: a thousand hits), and no Python loop visits them
+    if kinds.count(kind) == len(found) - found.count(None):
+        return found[:]
+    return [block_id if k == kind else None for k, block_id in zip(kinds, found, strict=True)]
 
 
 @dataclass(slots=True)
@@ -43,13 +52,17 @@ class MatchEntry:
 
     checked: int  # len(KVCacheManager.changed) when last found to hold
     num_hittable: int
-    hashes: frozenset[BlockHash]
+    hashes: list[BlockHash]
     kinds: list[str]
     found: list[int | None]
+    hash_set: frozenset[BlockHash] | None = None  # the hashes as a set, made when first checked (an admission
+    # made in the step of its first match drops its entry unchecked)
 
     def holds(self, changed: list[BlockHash]) -> bool:
         """None of its hashes changed since it was last checked (and from now on, only later changes count)."""
-        if not self.hashes.isdisjoint(changed[self.checked :]):
+        if self.hash_set is None:
+            self.hash_set = frozenset(self.hashes)
+        if not self.hash_set.isdisjoint(changed[self.checked :]):
             return False
         self.checked = len(changed)
         return True
@@ -115,7 +128,7 @@ class KVCacheManager:
             if len(self.changed) > MAX_CHANGED_LOG:  # NOTE: older than every entry: all of them start over
                 self.changed.clear()
                 self.match_memo.clear()
-            self.match_memo[req] = MatchEntry(len(self.changed), num_hittable, frozenset(hashes), kinds[:], found[:])
+            self.match_memo[req] = MatchEntry(len(self.changed), num_hittable, hashes, kinds[:], found[:])
         return kinds, found
 
     def _kinds(self, hashes: list[BlockHash], found: list[int | None], B: int) -> list[str]:
@@ -144,8 +157,8 @@ class KVCacheManager:
         """Blocks that admitting `req` now would take out of the free queue: all of its prompt's blocks but those
         other requests hold (hits in use, pending)."""
         kinds, found = self._match(req)
-        hits = blocks_of_kind(kinds, HIT, found)
-        num_held = kinds.count(PENDING) + len(hits) - self.pool.num_free_among(hits.values())
+        hit_ids = filter(is_found, blocks_of_kind(kinds, HIT, found))
+        num_held = kinds.count(PENDING) + kinds.count(HIT) - self.pool.num_free_among(hit_ids)
         return req.num_blocks_for(len(req.token_ids)) - num_held
 
     def num_fresh_blocks(self, req: Request) -> int:
@@ -155,14 +168,15 @@ class KVCacheManager:
 
     def allocate_prompt(self, req: Request) -> bool:
         """Give every block of the prompt (see the module doc). False, with nothing taken, if blocks are short."""
-        kinds = self.match(req)
+        kinds, found = self._match(req)
         hashes = req.block_hashes
         if self.states is not None:  # NOTE: a hybrid reuses KV only up to a saved recurrent state
             num_usable = next((i for i, kind in enumerate(kinds) if kind not in (HIT, HOST)), len(kinds))
             resume = self.states.resume_point(req, num_usable)
-            kinds = kinds[: resume // req.block_size]  # NOTE: past it, every block is computed again
+            kinds, found = kinds[: resume // req.block_size], found[: resume // req.block_size]  # NOTE: past it,
+            # every block is computed again
         num_blocks = req.num_blocks_for(len(req.token_ids))
-        found = self.pool.lookup_many(hashes[: len(kinds)])  # NOTE: counts the lookups
+        self.pool.count_lookups(found)  # NOTE: match() found them, and nothing changed since (its memo holds)
         hits, sources, num_to_take = self._plan_admission(kinds, found, num_blocks)
         if num_to_take > self.pool.num_blocks:
             # NOTE: a copy holds its source until the forward, so a prompt of documents cached at other offsets
@@ -175,8 +189,10 @@ class KVCacheManager:
         req.waiting_blocks = set()
         if self.host is not None:  # NOTE: evictions by this admission must not take the slots it loads from
             self.host.pinned = {hashes[i] for i, kind in enumerate(kinds) if kind == HOST}
-        self.pool.touch_many([*hits.values(), *sources.values()])  # NOTE: first: a fresh block never evicts them
-        table, cached = list(map(hits.get, range(num_blocks))), set(hits)  # the hits in place, None elsewhere
+        self.pool.touch_many([*filter(is_found, hits), *filter(is_found, sources)])  # NOTE: first: a fresh block
+        # never evicts them
+        table = hits + [None] * (num_blocks - len(hits))  # the hits in place, None elsewhere
+        cached = set(compress(range(len(hits)), map(is_found, hits)))
         for i in list(indices_of(table, None)):  # in order: fresh blocks are taken in the order of the prompt
             kind = kinds[i] if i < len(kinds) else MISS
             if kind == PENDING and hashes[i] not in self.pending:  # a copy of a block loaded from the host above
@@ -207,7 +223,7 @@ class KVCacheManager:
         req.block_table, req.cached_block_ids = table, cached
         self.match_memo.pop(req, None)
         req.num_cached_tokens = len(cached) * req.block_size
-        self.pool.free(sources.values())  # NOTE: read by their copies before any forward overwrites them
+        self.pool.free(filter(is_found, sources))  # NOTE: read by their copies before any forward overwrites them
         if self.host is not None:
             self.host.pinned = set()
         if self.states is not None:
@@ -215,13 +231,13 @@ class KVCacheManager:
         return True
 
     def _plan_admission(self, kinds: list[str], found: list[int | None], num_blocks: int):
-        """Hits and copy sources (logical block -> block id), and how many blocks the admission takes out of the
-        free queue: fresh ones, and hits and sources that sit there."""
+        """Hits and copy sources (the block of each prompt block of that kind, None elsewhere), and how many blocks
+        the admission takes out of the free queue: fresh ones, and hits and sources that sit there."""
         hits = blocks_of_kind(kinds, HIT, found)
-        sources = blocks_of_kind(kinds, REROTATE, found) if self.rerotate else {}
+        sources = blocks_of_kind(kinds, REROTATE, found) if self.rerotate else []
         # NOTE: hits and copy sources leave the free queue while this admission allocates its fresh blocks
-        num_taken_free = self.pool.num_free_among({*hits.values(), *sources.values()})
-        num_shared = len(hits) + kinds.count(PENDING)
+        num_taken_free = self.pool.num_free_among({*filter(is_found, hits), *filter(is_found, sources)})
+        num_shared = kinds.count(HIT) + kinds.count(PENDING)
         return hits, sources, num_blocks - num_shared + num_taken_free
 
     # -- growth, publishing, freeing -----------------------------------------------------------------------
@@ -244,16 +260,16 @@ class KVCacheManager:
         # step reads it after this step's forward wrote it (K/V are written before attention reads them).
         first, num_full = req.num_published_blocks, num_tokens // req.block_size
         if self.enable_prefix_caching and first < num_full:
-            self.pool.cache_many(req.block_table[first:num_full], req.block_hashes[first:num_full])
-            self.changed += req.block_hashes[first:num_full]
+            self.changed += self.pool.cache_many(req.block_table[first:num_full], req.block_hashes[first:num_full])
             for i in range(first, num_full) if self.rerotate else ():
                 if self.pool.peek(req.block_hashes[i]) == req.block_table[i]:
                     self.block_start[req.block_table[i]] = i * req.block_size
-            computed = sorted(set(range(first, num_full)) - req.cached_block_ids) if self.pending else ()
+            computed = filterfalse(req.cached_block_ids.__contains__, range(first, num_full)) if self.pending else ()
             for i in computed:  # NOTE: only blocks it computes can be pending on it (a cached prompt has few)
                 block_hash = req.block_hashes[i]
                 if self.pending.get(block_hash, (None, None))[1] is req:
-                    del self.pending[block_hash]  # NOTE: logged above, with the blocks cached
+                    del self.pending[block_hash]
+                    self.changed.append(block_hash)
                     for waiter, block in self.waiters.pop(block_hash, []):
                         waiter.waiting_blocks.discard(block)
         req.num_published_blocks = max(req.num_published_blocks, num_full)
@@ -265,7 +281,7 @@ class KVCacheManager:
 
         A block it was computing for others passes to the first request waiting for it, which computes it."""
         num_hashed = min(len(req.block_hashes), len(req.block_table))
-        computed = sorted(set(range(num_hashed)) - req.cached_block_ids) if self.pending else ()
+        computed = filterfalse(req.cached_block_ids.__contains__, range(num_hashed)) if self.pending else ()
         for i in computed:  # NOTE: only blocks it computes can be pending on it (a cached prompt has few)
             if self.pending.get(req.block_hashes[i], (None, None))[1] is req:
                 self._hand_over(req.block_hashes[i], req.block_table[i], req)

@@ -69,20 +69,26 @@ class Request:
     finish_time: float | None = None
     # -- derived --
     num_prompt_tokens: int = field(init=False)
-    prompt_token_ids: list[int] = field(init=False, repr=False)
+    _prompt_token_ids: list[int] | None = field(default=None, init=False, repr=False)  # prompt_token_ids, once made
     visible_start: list[int] | None = field(init=False, repr=False)  # per token; None: all 0
     _hash_state: HashState | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self):
         self.num_prompt_tokens = len(self.token_ids)
-        # NOTE: kept once, so that an output per step does not copy the whole prompt again.
-        self.prompt_token_ids = self.token_ids[:]
         has_spans = self.layout is not None and self.layout.has_spans
         self.visible_start = list(self.layout.visible_start) if has_spans else None
         self._extend_hashes()
 
     def __len__(self) -> int:
         return len(self.token_ids)
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        # NOTE: copied once, so that an output per step does not copy the whole prompt again; and only when first
+        # asked (the first output is built after its token's time is taken): the prompt's tokens never change
+        if self._prompt_token_ids is None:
+            self._prompt_token_ids = self.token_ids[: self.num_prompt_tokens]
+        return self._prompt_token_ids
 
     @property
     def output_token_ids(self) -> list[int]:
@@ -111,7 +117,7 @@ class Request:
         if len(self.token_ids) < (first + 1) * self.block_size:
             return
         markers = self.layout.marker_blocks if self.layout is not None else {}
-        tokens = self.token_ids[first * self.block_size :]
+        tokens = self.token_ids[first * self.block_size :] if first else self.token_ids  # NOTE: a prompt not copied
         B, state, memo = self.block_size, self._hash_state, self.hash_memo
         hashes, self._hash_state = block_hashes(tokens, B, self.root, markers, state, first, memo)
         self.block_hashes += hashes

@@ -61,7 +61,6 @@ from __future__ import annotations
 
 import enum
 import functools
-import hashlib
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
@@ -220,14 +219,12 @@ def block_hashes(
     width, num_blocks = block_size * TOKEN_BYTES, len(token_ids) // block_size
     if num_blocks == 0:
         return [], state
-    data = token_bytes(token_ids[: num_blocks * block_size])  # NOTE: one conversion for all blocks
+    data = token_bytes(token_ids)  # NOTE: one conversion for all blocks (and a partial tail's tokens, not copied first)
     memo = memo if markers else None
     hashes: list[BlockHash] = []
     digests: list[BlockHash] = []
     for start, end, kind in marker_runs(markers or {}, first_block, num_blocks):
-        run = data[start * width : end * width]
-        key = memo.run_key(run, width) if memo is not None else None
-        chain = functools.partial(run_chain, memo, run=run, width=width, key=key)
+        chain = functools.partial(run_chain, memo, run=data[start * width : end * width], width=width)
         parent, digest = (hashes[-1], digests[-1]) if start else (state.parent, state.digest)
         digests += chain(digest)  # d_b = H(d_{b-1}, x_b)
         if kind is SegmentKind.SSEP:
@@ -239,9 +236,12 @@ def block_hashes(
     return hashes, HashState(hashes[-1], digests[-1])
 
 
-def run_chain(memo: SpanHashMemo | None, parent: BlockHash, run: bytes, width: int, key: bytes | None):
-    """The chain of `run` after `parent`: from `memo` where the run has a key there, else hashed."""
-    return memo.chain(parent, run, width, key) if key else chain_hashes_bytes(parent, run, width)
+def run_chain(memo: SpanHashMemo | None, parent: BlockHash, run: bytes, width: int) -> list[BlockHash]:
+    """The chain of `run` after `parent`: from `memo` for a run of two blocks or more, else hashed (a single
+    block's lookup would cost what its hash does)."""
+    if memo is not None and len(run) >= 2 * width:
+        return memo.chain(parent, run, width)
+    return chain_hashes_bytes(parent, run, width)
 
 
 def marker_runs(
@@ -257,20 +257,21 @@ def marker_runs(
 
 
 class SpanHashMemo:
-    """Chained hashes of the runs of span prompts by content: `chain(parent, run, width, run_key(run, width))`
-    is `hashing.chain_hashes_bytes(parent, run, width)`, remembered.
+    """Chained hashes of the runs of span prompts by content: `chain(parent, run, width)` is
+    `hashing.chain_hashes_bytes(parent, run, width)`, remembered.
 
     An SSEP span restarts the chain at the root, so its hashes depend on its tokens alone, and a cached span is
     hashed again in every prompt that uses it; so is the digest chain through it, the same wherever the span
-    follows the same prefix. At ~0.7 us a block that was most of a cached prompt's host time. The memo names a
-    run by one sha256 of its bytes (`run_key`: one call for the run, shared by its chains), keys a chain by
-    (parent, run key) and keeps the most recently used chains, at most `max_blocks` hashes in all. Safe from
-    any thread (requests are built in callers' threads).
+    follows the same prefix. At ~0.7 us a block that was most of a cached prompt's host time. The memo keys a
+    chain by (parent, width, the run's bytes): the dict hashes the bytes once per run (Python's own hash of
+    bytes, ~2.5x cheaper than a sha256 of them) and a hit compares them in full, so two runs never share a
+    chain. It keeps the most recently used chains, at most `max_blocks` hashes in all (and their runs' bytes).
+    Safe from any thread (requests are built in callers' threads).
     """
 
     def __init__(self, max_blocks: int = SPAN_HASH_MEMO_BLOCKS):
         self.max_blocks = max_blocks
-        self._chains: OrderedDict[bytes, list[BlockHash]] = OrderedDict()  # LRU order: oldest first
+        self._chains: OrderedDict[tuple[BlockHash, int, bytes], list[BlockHash]] = OrderedDict()  # LRU: oldest first
         self._num_blocks = 0
         self._lock = threading.Lock()
 
@@ -281,23 +282,19 @@ class SpanHashMemo:
     def num_blocks(self) -> int:
         return self._num_blocks
 
-    def run_key(self, run: bytes, width: int) -> bytes | None:
-        """What names a run of blocks (in `token_bytes` form) in the memo: one sha256 of its bytes; None for a
-        single block, whose key would cost what its hash does."""
-        return hashlib.sha256(width.to_bytes(4, "little") + run).digest() if len(run) >= 2 * width else None
-
-    def chain(self, parent: BlockHash, run: bytes, width: int, key: bytes) -> list[BlockHash]:
-        """`chain_hashes_bytes(parent, run, width)` for the run named `key` (`run_key`), remembered."""
+    def chain(self, parent: BlockHash, run: bytes, width: int) -> list[BlockHash]:
+        """`chain_hashes_bytes(parent, run, width)`, remembered."""
+        key = (parent, width, run)
         with self._lock:
-            hashes = self._chains.get((parent, key))
+            hashes = self._chains.get(key)
             if hashes is not None:
-                self._chains.move_to_end((parent, key))
+                self._chains.move_to_end(key)
                 return hashes
         hashes = chain_hashes_bytes(parent, run, width)
         if len(hashes) <= self.max_blocks:
             with self._lock:
-                if (parent, key) not in self._chains:
-                    self._chains[parent, key] = hashes
+                if key not in self._chains:
+                    self._chains[key] = hashes
                     self._num_blocks += len(hashes)
                 while self._num_blocks > self.max_blocks:
                     self._num_blocks -= len(self._chains.popitem(last=False)[1])

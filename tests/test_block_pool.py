@@ -110,3 +110,25 @@ def test_random_operations_never_leak_or_double_free(ops):
     pool.free(held)
     assert pool.num_free_blocks == 6
     pool.check_integrity()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5), st.integers(0, 3)), max_size=12))
+def test_cache_many_and_count_lookups_equal_the_one_block_calls(pairs):
+    """cache_many returns exactly the hashes whose cache() published them; count_lookups of peek_many's answers
+    counts as lookup_many does."""
+    fast, plain = BlockPool(6), BlockPool(6)
+    for pool in (fast, plain):
+        for _ in range(6):
+            pool.allocate()
+    block_ids, block_hashes = [b for b, _ in pairs], [bytes([h]) for _, h in pairs]
+    published = []
+    for block_id, block_hash in pairs:
+        before = dict(plain.hash_to_block)
+        plain.cache(block_id, bytes([block_hash]))
+        published += [bytes([block_hash])] if plain.hash_to_block != before else []
+    assert fast.cache_many(block_ids, block_hashes) == published
+    assert [(b.ref_cnt, b.block_hash) for b in fast.blocks] == [(b.ref_cnt, b.block_hash) for b in plain.blocks]
+    fast.count_lookups(fast.peek_many(block_hashes))
+    assert plain.lookup_many(block_hashes) == fast.peek_many(block_hashes)
+    assert (fast.num_lookups, fast.num_hits) == (plain.num_lookups, plain.num_hits)

@@ -117,3 +117,15 @@ def test_each_block_belongs_to_the_segment_of_its_first_token():
                            Segment(SegmentKind.PDEP, 12, 15, 2))  # fmt: skip
     assert block_segments([lead, doc, question], B) == [lead, doc, doc, question]  # the partial last block too
     assert block_segments([Segment(SegmentKind.LEADING, 0, 9, 0)], B) == [Segment(SegmentKind.LEADING, 0, 9, 0)] * 3
+
+
+def test_a_readmission_with_outputs_reports_only_the_prompt_blocks_hits():
+    """A request preempted after it generated is admitted again with its outputs: hits past the prompt are not in
+    its report (the plain statement: the cached blocks within the prompt's)."""
+    kv = KVCacheManager(16)
+    req = Request("r", [10, 11, 12, 13, 14, 15, 16], SamplingParams(), B, ROOT)
+    for token in (17, 18, 19, 20, 21):
+        req.append_token(token)
+    req.block_table, req.cached_block_ids = [3, 4, 5], {0, 1, 2}
+    report = build_cache_report(req, kv.pool, [Segment(SegmentKind.LEADING, 0, 7, 0)])
+    assert len(report) == 2 and report.admission.hit_blocks == frozenset({0, 1, 2}).intersection(range(2))

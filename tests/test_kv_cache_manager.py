@@ -6,7 +6,16 @@ from hypothesis import strategies as st
 from minipic_lite.config import ControlTokens
 from minipic_lite.hashing import root_hash
 from minipic_lite.host_tier import BlockCopy
-from minipic_lite.kv_cache_manager import HIT, HOST, MISS, PENDING, REROTATE, KVCacheManager, Rerotate
+from minipic_lite.kv_cache_manager import (
+    HIT,
+    HOST,
+    MISS,
+    PENDING,
+    REROTATE,
+    KVCacheManager,
+    Rerotate,
+    blocks_of_kind,
+)
 from minipic_lite.request import Request
 from minipic_lite.sampling_params import SamplingParams
 from minipic_lite.spans import span_layout
@@ -258,3 +267,11 @@ def test_fast_admission_publish_and_free_equal_the_plain_per_block_versions(scri
             kv.check_integrity()
         assert len(set(results)) <= 1
         assert manager_state(managers[0], runs[0]) == manager_state(managers[1], runs[1])
+
+
+@given(st.lists(st.sampled_from([HIT, REROTATE, PENDING, HOST, MISS]), max_size=12), st.data())
+def test_blocks_of_kind_equals_the_plain_list(kinds, data):
+    """Its C-level branch (every block found is of the kind) and its loop give what a plain loop gives."""
+    found = [data.draw(st.integers(0, 9)) if k in (HIT, REROTATE) else None for k in kinds]
+    for kind in (HIT, REROTATE):
+        assert blocks_of_kind(kinds, kind, found) == [found[i] if k == kind else None for i, k in enumerate(kinds)]

@@ -22,6 +22,7 @@ from minipic_lite.spans import (
     marker_runs,
     next_block_hash,
     prompt_block_hashes,
+    run_chain,
     span_layout,
 )
 from tests import span_oracle
@@ -259,7 +260,7 @@ def test_span_hash_memo_keeps_the_most_recent_chains_up_to_its_block_budget():
     a, b, c = (token_bytes(list(range(start, start + 2 * B))) for start in (0, 100, 200))  # 2 blocks each
 
     def chain(parent, run):
-        return memo.chain(parent, run, width, memo.run_key(run, width))
+        return memo.chain(parent, run, width)
 
     for data in (a, b, a, c):  # a is used again before c comes: b is the oldest when c needs room
         assert chain(ROOT, data) == chain_hashes_bytes(ROOT, data, width)
@@ -268,7 +269,10 @@ def test_span_hash_memo_keeps_the_most_recent_chains_up_to_its_block_budget():
     assert chain(ROOT, a) is kept[0] and list(memo._chains.values()) == kept[::-1]  # served, now the newest
     other = root_hash("other")  # the same run after another parent: another chain
     assert chain(other, a) == chain_hashes_bytes(other, a, width) != chain(ROOT, a)
-    assert memo.run_key(token_bytes(list(range(B))), width) is None  # one block: hashed, never remembered
+    assert chain(ROOT, bytes(bytearray(a))) is kept[0]  # another bytes object of the same run: the same chain
+    num_chains, d = len(memo), token_bytes(list(range(300, 300 + B)))
+    assert run_chain(memo, ROOT, d, width) == chain_hashes_bytes(ROOT, d, width)
+    assert len(memo) == num_chains  # one block: hashed, never remembered
 
 
 # -- per-block reuse of spans in the scheduler ---------------------------------------------------------------
