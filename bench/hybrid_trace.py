@@ -3,6 +3,7 @@ request's deepest overlap with any earlier prompt (the best a resume could do, t
 policy recomputes more than another; token counts do not depend on the device, so the CPU answers for the H200.
 
     PYTHONPATH=. python bench/hybrid_trace.py --stream system_prompts --budget 1 --policies dp sqrt
+    PYTHONPATH=. python bench/hybrid_trace.py --stream essay_questions --budget 8 --max-len 8192  # whole essays
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import numpy as np
 
 import minipic_lite as mp
 
-MAX_LEN, NUM_BLOCKS, NUM_ENTRIES = 4096, 1024, 4  # the CPU savings runs' engine (hybrid_checkpoints.py)
+MAX_LEN, NUM_ENTRIES = 4096, 4  # the CPU savings runs' engine (hybrid_checkpoints.py; KV blocks: max_len // 4)
 
 
 def overlap(a: list[int], b: list[int]) -> int:
@@ -25,10 +26,12 @@ def overlap(a: list[int], b: list[int]) -> int:
     return int(mismatch[0]) if mismatch.size else n
 
 
-def trace(model_dir: Path, requests: list[list[int]], policy: str, budget: int, ckpt_bytes: int) -> list[dict]:
-    llm = mp.LLM(str(model_dir), device="cpu", load_format="dummy", num_blocks=NUM_BLOCKS, max_model_len=MAX_LEN,
+def trace(model_dir: Path, requests: list[list[int]], policy: str, budget: int, ckpt_bytes: int,
+          max_len: int = MAX_LEN, turn_start_id: int | None = None) -> list[dict]:  # fmt: skip
+    llm = mp.LLM(str(model_dir), device="cpu", load_format="dummy", num_blocks=max_len // 4, max_model_len=max_len,
                  max_num_batched_tokens=2048, max_num_seqs=4, checkpoint_policy=policy, checkpoints_per_entry=budget,
-                 state_cache_gib=(NUM_ENTRIES * budget + 0.5) * ckpt_bytes / 2**30)  # fmt: skip
+                 state_cache_gib=(NUM_ENTRIES * budget + 0.5) * ckpt_bytes / 2**30,
+                 checkpoint_turn_start_id=turn_start_id)  # fmt: skip
     params = mp.SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
     rows = []
     for i, tokens in enumerate(requests):
@@ -40,7 +43,7 @@ def trace(model_dir: Path, requests: list[list[int]], policy: str, budget: int, 
 
 
 def main() -> None:
-    from hybrid_checkpoints import CPU_SHAPE, SMOLLM2_VOCAB, checkpoint_bytes, write_config  # bench/, beside this
+    import hybrid_checkpoints as bench  # bench/, beside this
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--streams", type=Path, default=Path(__file__).parent / "data" / "hybrid_streams_gpu.json")
@@ -48,15 +51,17 @@ def main() -> None:
     parser.add_argument("--num-requests", type=int, default=40)
     parser.add_argument("--budget", type=int, default=1, help="checkpoints per entry (M)")
     parser.add_argument("--policies", nargs="+", default=["dp", "sqrt"])
+    parser.add_argument("--max-len", type=int, default=MAX_LEN, help="context; longer prompts keep max_len - 1 tokens")
     args = parser.parse_args()
-    requests = [r[: MAX_LEN - 1] for r in json.loads(args.streams.read_text())[args.stream]][: args.num_requests]
+    max_len = args.max_len
+    requests = [r[: max_len - 1] for r in json.loads(args.streams.read_text())[args.stream]][: args.num_requests]
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir = write_config(Path(tmp), CPU_SHAPE, SMOLLM2_VOCAB, MAX_LEN)
-        ckpt_bytes = checkpoint_bytes(
-            model_dir, argparse.Namespace(device="cpu", num_blocks=NUM_BLOCKS, max_len=MAX_LEN)
+        model_dir = bench.write_config(Path(tmp), bench.CPU_SHAPE, bench.SMOLLM2_VOCAB, max_len)
+        ckpt_bytes = bench.checkpoint_bytes(
+            model_dir, argparse.Namespace(device="cpu", num_blocks=max_len // 4, max_len=max_len)
         )
         for policy in args.policies:
-            rows = trace(model_dir, requests, policy, args.budget, ckpt_bytes)
+            rows = trace(model_dir, requests, policy, args.budget, ckpt_bytes, max_len, bench.SMOLLM2_TURN_START_ID)
             recomputed = sum(r["tokens"] - r["resume"] for r in rows) / len(rows)
             print(f"{policy} M={args.budget}: {recomputed:.1f} prompt tokens recomputed per request")
             for r in rows:

@@ -11,9 +11,9 @@ will reach on a new entry of N tokens. Three ways to condition that estimate:
 - `SuffixHistogram`: conditions on the entry's length. It keys each observation by how far before the end
   of its entry the request left, d = entry_len − depth, and maps d onto the new entry as t = N − d.
 - `EntryHistory`: conditions on the entry's tokens. The depths the last `window` requests would have reached
-  on this very entry (their common prefix with it) are an empirical sample of its future; beyond the deepest
-  of them (the entry's known prefix a) history is silent, so the entry's own request adds one observation
-  spread over (a, N] by a `SuffixHistogram`.
+  on this very entry (their common prefix with it) are an empirical sample of its future; the entry's own
+  request adds one observation where later requests like it leave it, placed by a `SuffixHistogram` (t = N − d,
+  from the start of the turn the deepest history depth a lies in: a is no floor, see `_own_request`).
 
 Each histogram also carries `prior_weight` observations of a scale-free prior over the distance from the end,
 p(d) ∝ 1/(d + 1): with no data, the DP then spaces checkpoints geometrically towards the end of the entry.
@@ -187,12 +187,30 @@ class EntryHistory:
         known = int(np.flatnonzero(weights)[-1]) if weights.any() else 0  # a: the deepest depth seen
         self._remember(entry_token_ids, known)
         uniform = self.uniform_until_observed and self.suffix.num_observations == 0
-        beyond = np.ones(weights.size) if uniform else self.suffix.weights(weights.size - 1)
-        beyond[: known + 1] = 0.0
-        if beyond.sum() > 0:
-            weights += beyond / beyond.sum()  # NOTE: the entry's own request, one observation's worth.
+        own = self._own_request(entry_token_ids, known, uniform)
+        if own.sum() > 0:
+            weights += own / own.sum()  # NOTE: the entry's own request, one observation's worth.
         prior = uniform_prior(weights.size - 1) if uniform else scale_free_prior(weights.size - 1)
         return weights + self.prior_weight * self._with_branches(prior, entry_token_ids)
+
+    def _own_request(self, entry_token_ids: np.ndarray, known: int, uniform: bool) -> np.ndarray:
+        """[N + 1] where later requests of the entry's own group leave it (unnormalized).
+
+        Past the known prefix a while no distance is learned (uniform: a short shared header says nothing).
+        Else by the suffix model, t = N − d, from the start of the turn that a lies in (0 without chat turns):
+        the request that reached a may have shared a few tokens of the entry's own tail (two questions that
+        begin alike reach 1,834 of a document the others leave at 1,823), so a is no floor for where the
+        entry's group leaves; the turns before that one it shared whole (chat turns: a system prompt), and a
+        distance learned on other prompts' user turns is no reason to move the group inside them."""
+        num_tokens = len(entry_token_ids)
+        if uniform:
+            own = np.ones(num_tokens + 1)
+            own[: known + 1] = 0.0
+            return own
+        own = self.suffix.weights(num_tokens)
+        points = branch_points(entry_token_ids, self.turn_start_id) if self.turn_start_id is not None else []
+        own[: max([p for p in points if p <= known], default=0) + 1] = 0.0
+        return own
 
     def _with_branches(self, prior: np.ndarray, entry_token_ids: np.ndarray) -> np.ndarray:
         """`prior` with BRANCH_PRIOR_SHARE of it moved evenly onto the entry's branch points (turns.py), if any."""

@@ -69,8 +69,24 @@ def test_entry_history_is_uniform_past_the_known_prefix_until_a_request_leaves_a
     np.testing.assert_allclose(estimator.weights_for(entry), [0, 0.4, 1.4, 1 / 3 + 0.4, 1 / 3 + 0.4, 1 / 3 + 0.4])
     assert uniform_prior(4).tolist() == [0.0, 0.25, 0.25, 0.25, 0.25]
     estimator.observe_request(np.array([1, 2, 3, 4, 8]), 4, entry)  # left it past a = 2: d = 1 is learned
-    # now as without the option: history at 2 and 4 (a = 4), the own request past 4 (t = 5), the scale-free prior
-    np.testing.assert_allclose(estimator.weights_for(entry), np.array([0, 0, 1, 0, 1, 1]) + 2.0 * scale_free_prior(5))
+    # now as without the option: history at 2 and 4 (a = 4), the own request by the suffix model (d = 1: t = 4,
+    # plus its scale-free prior of weight 2), the scale-free prior
+    own = np.array([0, 0, 0, 0, 1, 0]) + 2.0 * scale_free_prior(5)
+    expected = np.array([0, 0, 1, 0, 1, 0]) + own / own.sum() + 2.0 * scale_free_prior(5)
+    np.testing.assert_allclose(estimator.weights_for(entry), expected)
+
+
+def test_entry_history_puts_the_own_request_where_its_group_leaves_even_below_the_known_prefix():
+    # a document of 7 tokens, then each request's own question; two questions begin alike ([30, 31, ...])
+    document = list(range(1, 8))
+    first, second = np.array(document + [20, 21, 22, 23]), np.array(document + [30, 31, 32, 33])
+    estimator = EntryHistory(prior_weight=0.0)
+    estimator.observe_request(first, 0, None)
+    estimator.observe_request(second, 7, first)  # left `first` where the document ends: d = 11 − 7 = 4
+    entry = np.array(document + [30, 31, 40, 41])  # N = 11; `second` shares 2 tokens of its question: a = 9
+    # history at 7 (first) and 9 (second); the entry's own request: its group leaves at N − d = 7, below a
+    # (spread past a only, as before, it had no mass at all: [.., 1, 0, 1, 0, 0])
+    assert estimator.weights_for(entry).tolist() == [0, 0, 0, 0, 0, 0, 0, 2.0, 0, 1.0, 0, 0]
 
 
 def test_entry_history_learns_distances_only_past_the_known_prefix():
@@ -131,3 +147,20 @@ def test_entry_history_puts_half_its_prior_on_the_entrys_branch_points():
     estimator.observe_request(np.array([7, 5, 9]), 0, None)
     # no turn starts in it: the whole prior stays spread evenly (history: depth 0 and depth 2, a = 2)
     np.testing.assert_allclose(estimator.weights_for(no_turns), [1, 0.4, 1.4, 1 / 3 + 0.4, 1 / 3 + 0.4, 1 / 3 + 0.4])
+
+
+def test_entry_history_keeps_the_own_request_out_of_turns_shared_whole():
+    # chat turns (turn start 1): a system prompt [0, 6), a user turn from 6, the assistant header
+    system = [1, 5, 6, 7, 8, 9]
+    first = np.array(system + [1, 20, 40, 41, 42, 43, 44, 45, 46, 1, 30])  # 17 tokens
+    second = np.array(system + [1, 20, 50, 1, 30])
+    entry = np.array(system + [1, 20, 60, 61, 1, 30])  # N = 12, branch point 6; both requests reach a = 8
+    for turn_start_id, own_at in ((None, 3), (1, None)):
+        estimator = EntryHistory(prior_weight=0.0, turn_start_id=turn_start_id)
+        estimator.observe_request(first, 0, None)
+        estimator.observe_request(second, 8, first)  # left `first` 9 tokens before its end: d = 9
+        expected = [0.0] * 13
+        expected[8] = 2.0
+        if own_at is not None:  # no turns: the own request at N − d = 3; with turns, 3 lies in a turn shared whole
+            expected[own_at] = 1.0
+        assert estimator.weights_for(entry).tolist() == expected
