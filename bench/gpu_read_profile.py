@@ -80,18 +80,15 @@ def placed_in_pool(args: list, spread: bool) -> list:
 # NOTE: tried and not kept (bench/results/read_profile_{7d9b2be,40ea091}_h200_*): smaller query tiles for the short
 # read (BLOCK_M 32 / 64: 0.061 / 0.085 ms against 128 rows' 0.056), 2 warps or 256-key tiles for decode 1 x 8k, and
 # a kernel reading one KV block per box load through tensor descriptors (TMA), with or without lazy rescaling:
-# 0.074 ms short read, 19.8 us decode 1 x 8k, 0.817 ms decode 64 x 8k against the paged kernel's 0.056 / 17.9 / 0.542
+# 0.074 ms short read, 19.8 us decode 1 x 8k, 0.817 ms decode 64 x 8k against the paged kernel's 0.056 / 17.9 / 0.542;
+# read cold (b13da78_h200_cold: the defaults stay best) 0.065 ms / 23.7 us against 0.056 ms / 22.0 us
 def sweep_for(name: str) -> list[dict]:
     if name == "short16k_cold":
-        paged = [
+        return [
             dict(TILE_N=n, num_stages=st, NUM_SPLITS=sp) for n in (32, 64) for st in (2, 3, 4) for sp in (32, 64, 128)
         ]
-        desc = [dict(PAGED_DESC=True, num_stages=st, NUM_SPLITS=sp) for st in (2, 3, 4, 5) for sp in (32, 64, 128)]
-        return paged + desc
     if name == "b1x8k_cold":
-        paged = [dict(TILE_N=n, num_stages=st, NUM_SPLITS=sp) for n in (64, 128) for st in (2, 3, 4) for sp in (32, 64)]
-        desc = [dict(PAGED_DESC=True, num_stages=st, NUM_SPLITS=sp) for st in (2, 3, 4, 5) for sp in (32, 64, 128)]
-        return paged + desc
+        return [dict(TILE_N=n, num_stages=st, NUM_SPLITS=sp) for n in (64, 128) for st in (2, 3, 4) for sp in (32, 64)]
     if name.startswith("short16k_"):
         return []
     if name == "short16k":  # NOTE: BLOCK_M < 128 cuts the 17 tokens into several query tiles that read the same

@@ -53,8 +53,6 @@ LONG_PREFILL_ROWS = 32768  # query rows (tokens x GROUP) per sequence from which
 # A few new tokens over a long cached context (a RAG prompt whose documents hit) otherwise gets one program
 # per query tile and kv head walking every key: 16 programs for 19 tokens on 8 kv heads.
 SHORT_PREFILL_ROWS = 128
-# LAZY_RESCALE: a row's running max (log2 units) is raised only once a block's max passes it by this much
-RESCALE_LOG2 = tl.constexpr(8.0)
 
 
 @triton.jit
@@ -492,183 +490,6 @@ def _dense_attention_kernel(
     tl.store(o_ptrs + offs_d[None, :], out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
 
 
-@triton.jit
-def _attend_blocks(
-    acc,
-    m_i,
-    l_i,
-    q_lo,  # [BLOCK_M, HALF] (rotary) or [BLOCK_M, HEAD_DIM]
-    q_hi,  # [BLOCK_M, HALF] (rotary only)
-    row_pos,  # [BLOCK_M]
-    row_vis,  # [BLOCK_M]
-    blk_begin,
-    blk_end,
-    key_end,
-    table_ptr,  # [max_blocks] this sequence's block table row
-    k_desc,  # over the key cache as rows [num_blocks * BLOCK_SIZE, num_kv_heads * HEAD_DIM], box [BLOCK_SIZE, HALF]
-    v_desc,  # over the value cache, same rows, box [BLOCK_SIZE, HEAD_DIM]
-    cs_desc,  # over cos_sin [max_position, HEAD_DIM], box [BLOCK_SIZE, HALF]
-    kv_col,  # first column of this kv head
-    qk_scale,
-    BLOCK_SIZE: tl.constexpr,
-    HALF: tl.constexpr,
-    ROTARY: tl.constexpr,
-    APPLY_MASK: tl.constexpr,
-    LAZY_RESCALE: tl.constexpr,
-    NUM_STAGES: tl.constexpr,
-):
-    offs_n = tl.arange(0, BLOCK_SIZE)
-    for blk in tl.range(blk_begin, blk_end, num_stages=NUM_STAGES):
-        row = tl.load(table_ptr + blk) * BLOCK_SIZE  # first cache row of this logical block
-        key_pos = blk * BLOCK_SIZE + offs_n  # [BLOCK_SIZE]
-        # -- compute qk: one box load per half-head of the block's keys (TMA on Hopper) --
-        if ROTARY:
-            k1 = k_desc.load([row, kv_col])  # [BLOCK_SIZE, HALF]
-            k2 = k_desc.load([row, kv_col + HALF])  # [BLOCK_SIZE, HALF]
-            cos = cs_desc.load([blk * BLOCK_SIZE, 0]).to(k1.dtype)  # [BLOCK_SIZE, HALF]
-            sin = cs_desc.load([blk * BLOCK_SIZE, HALF]).to(k1.dtype)  # [BLOCK_SIZE, HALF]
-            qk = tl.dot(q_lo, (k1 * cos - k2 * sin).T)
-            qk = tl.dot(q_hi, (k2 * cos + k1 * sin).T, qk)  # [BLOCK_M, BLOCK_SIZE]
-        else:
-            qk = tl.dot(q_lo, k_desc.load([row, kv_col]).T)  # [BLOCK_M, BLOCK_SIZE]
-        qk = qk * qk_scale
-        if APPLY_MASK:
-            visible = (key_pos[None, :] >= row_vis[:, None]) & (key_pos[None, :] <= row_pos[:, None])
-            qk = tl.where(visible, qk, float("-inf"))
-        # -- online softmax (base 2); LAZY_RESCALE keeps a stale max until a row's max passes it by
-        #    RESCALE_LOG2 (p <= 2^RESCALE_LOG2 in fp32), so most blocks skip rescaling the accumulator --
-        m_blk = tl.max(qk, 1)  # [BLOCK_M]
-        if LAZY_RESCALE:
-            if tl.max((m_blk > m_i + RESCALE_LOG2).to(tl.int32), 0) > 0:
-                m_new = tl.maximum(m_i, m_blk)
-                alpha = tl.math.exp2(m_i - tl.where(m_new == float("-inf"), 0.0, m_new))
-                acc = acc * alpha[:, None]
-                l_i = l_i * alpha
-                m_i = m_new
-        else:
-            m_new = tl.maximum(m_i, m_blk)
-            alpha = tl.math.exp2(m_i - tl.where(m_new == float("-inf"), 0.0, m_new))
-            acc = acc * alpha[:, None]
-            l_i = l_i * alpha
-            m_i = m_new
-        p = tl.math.exp2(qk - tl.where(m_i == float("-inf"), 0.0, m_i)[:, None])  # [BLOCK_M, BLOCK_SIZE]
-        l_i = l_i + tl.sum(p, 1)
-        # -- compute pv --
-        v = v_desc.load([row, kv_col])  # [BLOCK_SIZE, HEAD_DIM]
-        if APPLY_MASK:  # NOTE: slots past key_end were never written (NaN * 0 = NaN)
-            v = tl.where((key_pos < key_end)[:, None], v, 0.0)
-        acc = tl.dot(p.to(v.dtype), v, acc)  # [BLOCK_M, HEAD_DIM]
-    return acc, m_i, l_i
-
-
-@triton.jit(do_not_specialize=["num_seqs", "num_splits", "stride_bt_seq"])
-def _paged_desc_read_kernel(
-    out_ptr,  # [num_tokens, num_heads, HEAD_DIM]
-    q_ptr,  # [num_tokens, num_heads, HEAD_DIM]
-    k_desc,  # see _attend_blocks
-    v_desc,
-    cs_desc,
-    block_tables_ptr,  # [num_seqs, max_blocks]
-    cu_seqlens_q_ptr,  # [num_seqs + 1]
-    q_positions_ptr,  # [num_tokens]
-    visible_start_ptr,  # [num_tokens]
-    partial_out_ptr,  # [num_tokens, num_heads, num_splits, HEAD_DIM] fp32 (SPLIT_KV only)
-    partial_m_ptr,  # [num_tokens, num_heads, num_splits] fp32
-    partial_l_ptr,  # [num_tokens, num_heads, num_splits] fp32
-    qk_scale,  # softmax scale * log2(e)
-    num_seqs,
-    num_heads,
-    num_splits,
-    stride_q_tok,
-    stride_q_head,
-    stride_o_tok,
-    stride_o_head,
-    stride_bt_seq,
-    BLOCK_SIZE: tl.constexpr,
-    GROUP: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    ROTARY: tl.constexpr,  # keys rotated in the kernel over the whole head (rotary_dim == head_dim)
-    BLOCK_M: tl.constexpr,
-    BLOCK_Q: tl.constexpr,
-    SPLIT_KV: tl.constexpr,
-    LAZY_RESCALE: tl.constexpr,
-    NUM_STAGES: tl.constexpr,
-):
-    """``_rope_paged_attention_kernel``'s tiles with one KV block per key tile, read by tensor-descriptor box
-    loads straight from the paged cache (no per-element address math, pipelined as TMA on Hopper): for reads of a
-    few query rows over many keys (decode, a short prefill over a long cached context)."""
-    tile_id = tl.num_programs(0) - 1 - tl.program_id(0)
-    kv_head = tl.program_id(1)
-    split = tl.program_id(2)
-    seq = _find_seq(cu_seqlens_q_ptr, tile_id, num_seqs, BLOCK_Q)
-    q_start = tl.load(cu_seqlens_q_ptr + seq)
-    q_end = tl.load(cu_seqlens_q_ptr + seq + 1)
-    first_token = q_start + (tile_id - (q_start // BLOCK_Q + seq)) * BLOCK_Q
-    if first_token >= q_end:
-        return
-
-    # -- rows: (token, head) pairs of this tile --
-    offs_m = tl.arange(0, BLOCK_M)
-    tokens = first_token + offs_m // GROUP  # [BLOCK_M]
-    heads = kv_head * GROUP + offs_m % GROUP  # [BLOCK_M]
-    row_ok = (offs_m < BLOCK_Q * GROUP) & (tokens < q_end)
-    row_pos = tl.load(q_positions_ptr + tokens, mask=row_ok, other=0).to(tl.int32)
-    row_vis = tl.load(visible_start_ptr + tokens, mask=row_ok, other=0).to(tl.int32)
-    big = 2147483647
-    key_begin = tl.min(tl.where(row_ok, row_vis, big))
-    key_end = tl.max(tl.where(row_ok, row_pos, -1)) + 1
-    full_begin = tl.max(tl.where(row_ok, row_vis, 0))
-    full_end = tl.min(tl.where(row_ok, row_pos, big)) + 1
-
-    # -- the query tile (already rotated by the caller), in rotary halves when keys are rotated here --
-    HALF: tl.constexpr = HEAD_DIM // 2 if ROTARY else HEAD_DIM
-    offs_h = tl.arange(0, HALF)
-    q_rows = q_ptr + tokens.to(tl.int64)[:, None] * stride_q_tok + heads[:, None] * stride_q_head
-    q_lo = tl.load(q_rows + offs_h[None, :], mask=row_ok[:, None], other=0.0)  # [BLOCK_M, HALF]
-    q_hi = q_lo
-    if ROTARY:
-        q_hi = tl.load(q_rows + HALF + offs_h[None, :], mask=row_ok[:, None], other=0.0)  # [BLOCK_M, HALF]
-
-    # -- this program's blocks: a masked head, an unmasked body, a masked tail --
-    blk_begin = key_begin // BLOCK_SIZE
-    blk_end = tl.cdiv(key_end, BLOCK_SIZE)
-    if SPLIT_KV:
-        per_split = tl.cdiv(blk_end - blk_begin, num_splits)
-        blk_begin = blk_begin + split * per_split
-        blk_end = tl.maximum(tl.minimum(blk_end, blk_begin + per_split), blk_begin)
-    body_begin = tl.minimum(tl.maximum(tl.cdiv(full_begin, BLOCK_SIZE), blk_begin), blk_end)
-    body_end = tl.maximum(tl.minimum(full_end // BLOCK_SIZE, blk_end), body_begin)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    table_ptr = block_tables_ptr + seq.to(tl.int64) * stride_bt_seq
-    kv_col = kv_head * HEAD_DIM
-    for part in tl.static_range(3):
-        if part == 0:
-            lo, hi = blk_begin, body_begin
-        elif part == 1:
-            lo, hi = body_begin, body_end
-        else:
-            lo, hi = body_end, blk_end
-        acc, m_i, l_i = _attend_blocks(
-            acc, m_i, l_i, q_lo, q_hi, row_pos, row_vis, lo, hi, key_end, table_ptr, k_desc, v_desc, cs_desc,
-            kv_col, qk_scale, BLOCK_SIZE, HALF, ROTARY, part != 1, LAZY_RESCALE, NUM_STAGES,
-        )  # fmt: skip
-
-    # -- epilogue --
-    l_safe = tl.where(l_i == 0.0, 1.0, l_i)
-    out = acc / l_safe[:, None]  # [BLOCK_M, HEAD_DIM]
-    offs_d = tl.arange(0, HEAD_DIM)
-    if not SPLIT_KV:
-        o_ptrs = out_ptr + tokens.to(tl.int64)[:, None] * stride_o_tok + heads[:, None] * stride_o_head
-        tl.store(o_ptrs + offs_d[None, :], out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
-    else:
-        row = (tokens.to(tl.int64) * num_heads + heads) * num_splits + split  # [BLOCK_M]
-        tl.store(partial_out_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], out, mask=row_ok[:, None])
-        tl.store(partial_m_ptr + row, m_i, mask=row_ok)
-        tl.store(partial_l_ptr + row, l_i, mask=row_ok)
-
-
 @triton.jit(do_not_specialize=["num_splits"])
 def _reduce_splits_kernel(
     out_ptr,  # [num_tokens, num_heads, HEAD_DIM]
@@ -933,10 +754,6 @@ def rope_paged_attention_triton(
         _launch_dense(q, k_cache, v_cache, block_tables, cu_seqlens_q, q_positions, kv_lens, visible_start, cos_sin,
                       scale, cfg, out)  # fmt: skip
         return out
-    if cfg.get("PAGED_DESC", False) and can_read_by_descriptors(q, k_cache, v_cache, cos_sin):
-        _launch_paged_desc(q, k_cache, v_cache, block_tables, cu_seqlens_q, q_positions, visible_start, cos_sin,
-                           scale, cfg, block_m, block_q, out)  # fmt: skip
-        return out
     k_tables = block_tables
     if cos_sin is not None and cfg.get("PRE_ROTATE", False):
         # NOTE: prefill-like batches: each key tile is read by many query tiles, so rotating it once per call
@@ -945,7 +762,12 @@ def rope_paged_attention_triton(
         k_tables = identity_tables(*block_tables.shape, q.device)
         cos_sin = None
     rotary_dim = 0 if cos_sin is None else cos_sin.shape[1]
-    partial_out, partial_m, partial_l = _split_partials(out, num_splits)
+    if num_splits > 1:
+        partial_out = torch.empty(num_tokens, num_heads, num_splits, head_dim, device=q.device, dtype=torch.float32)
+        partial_m = torch.empty(num_tokens, num_heads, num_splits, device=q.device, dtype=torch.float32)
+        partial_l = torch.empty_like(partial_m)
+    else:
+        partial_out = partial_m = partial_l = out  # unused
     grid = (num_tokens // block_q + num_seqs, num_kv_heads, num_splits)
     _rope_paged_attention_kernel[grid](
         out, q, k_cache, v_cache, k_tables, block_tables, cu_seqlens_q, q_positions, visible_start,
@@ -961,66 +783,9 @@ def rope_paged_attention_triton(
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )  # fmt: skip
-    _reduce_splits(out, partial_out, partial_m, partial_l)
+    if num_splits > 1:
+        _reduce_splits_kernel[(num_tokens, num_heads)](
+            out, partial_out, partial_m, partial_l, num_heads, num_splits, out.stride(0), out.stride(1),
+            HEAD_DIM=head_dim, MAX_SPLITS=max(MAX_SPLITS, _next_pow2(num_splits)),
+        )  # fmt: skip
     return out
-
-
-def _split_partials(out: torch.Tensor, num_splits: int) -> tuple[torch.Tensor, ...]:
-    """fp32 scratch for split-KV partial (out, max, sum); with one split the kernel writes ``out`` directly."""
-    if num_splits == 1:
-        return out, out, out  # unused
-    num_tokens, num_heads, head_dim = out.shape
-    partial_out = torch.empty(num_tokens, num_heads, num_splits, head_dim, device=out.device, dtype=torch.float32)
-    partial_m = torch.empty(num_tokens, num_heads, num_splits, device=out.device, dtype=torch.float32)
-    return partial_out, partial_m, torch.empty_like(partial_m)
-
-
-def _reduce_splits(out, partial_out, partial_m, partial_l) -> None:
-    if partial_out is out:
-        return
-    num_tokens, num_heads, num_splits, head_dim = partial_out.shape
-    _reduce_splits_kernel[(num_tokens, num_heads)](
-        out, partial_out, partial_m, partial_l, num_heads, num_splits, out.stride(0), out.stride(1),
-        HEAD_DIM=head_dim, MAX_SPLITS=max(MAX_SPLITS, _next_pow2(num_splits)),
-    )  # fmt: skip
-
-
-def can_read_by_descriptors(q, k_cache, v_cache, cos_sin) -> bool:
-    """The PAGED_DESC kernel's limits: 16-bit contiguous caches (box loads of whole blocks), keys stored or
-    rotated over the whole head."""
-    head_dim = q.shape[-1]
-    return (
-        q.dtype in DENSE_DTYPES
-        and k_cache.dtype == q.dtype
-        and k_cache.is_contiguous()
-        and v_cache.is_contiguous()
-        and (cos_sin is None or (cos_sin.shape[1] == head_dim and cos_sin.is_contiguous()))
-    )
-
-
-def _launch_paged_desc(q, k_cache, v_cache, block_tables, cu_seqlens_q, q_positions, visible_start, cos_sin,
-                       scale, cfg, block_m, block_q, out) -> None:  # fmt: skip
-    """Split-KV read with one tensor-descriptor box load per KV block (see ``_paged_desc_read_kernel``)."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    num_tokens, num_heads, head_dim = q.shape
-    _, block_size, num_kv_heads, _ = k_cache.shape
-    num_seqs = block_tables.shape[0]
-    rotary = cos_sin is not None
-    half = head_dim // 2 if rotary else head_dim
-    rows = k_cache.view(-1, num_kv_heads * head_dim)  # [num_blocks * B, H_kv * d]
-    k_desc = TensorDescriptor.from_tensor(rows, block_shape=[block_size, half])
-    v_desc = TensorDescriptor.from_tensor(v_cache.view_as(rows), block_shape=[block_size, head_dim])
-    cs_desc = TensorDescriptor.from_tensor(cos_sin, block_shape=[block_size, half]) if rotary else k_desc
-    num_splits = cfg["NUM_SPLITS"]
-    partial_out, partial_m, partial_l = _split_partials(out, num_splits)
-    grid = (num_tokens // block_q + num_seqs, num_kv_heads, num_splits)
-    _paged_desc_read_kernel[grid](
-        out, q, k_desc, v_desc, cs_desc, block_tables, cu_seqlens_q, q_positions, visible_start,
-        partial_out, partial_m, partial_l, scale * LOG2E, num_seqs, num_heads, num_splits,
-        q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
-        BLOCK_SIZE=block_size, GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim, ROTARY=rotary, BLOCK_M=block_m,
-        BLOCK_Q=block_q, SPLIT_KV=num_splits > 1, LAZY_RESCALE=cfg.get("LAZY_RESCALE", False),
-        NUM_STAGES=cfg["num_stages"], num_warps=cfg["num_warps"],
-    )  # fmt: skip
-    _reduce_splits(out, partial_out, partial_m, partial_l)

@@ -67,7 +67,6 @@ def check_against_ref(problem: Problem, impl: str, what: str, **kwargs) -> None:
 # ------------------------------------------------------------------------------------------------------
 
 SHORT = {"PRE_ROTATE": False, "BLOCK_M": 128}  # pick_config's short prefill on CUDA
-DESC = {"PAGED_DESC": True, "LAZY_RESCALE": True, "PRE_ROTATE": False}
 TRITON_CASES = [
     # scenario, heads, head_dim, rotary_dim, block_size, dtype, position_free, extra, config
     ("prefill_T63", "gqa4", 64, None, 16, torch.float32, True, {}, None),
@@ -100,14 +99,6 @@ TRITON_CASES = [
     ("ssep_segments", "mha4", 256, 64, 16, torch.float16, True, {}, {"DENSE": True, "BLOCK_M": 64, "TILE_N": 32}),
     ("prefill_T63", "gqa3", 64, None, 16, torch.bfloat16, True, {}, {"DENSE": True, "WARP_SPECIALIZE": True}),
     ("mixed", "gqa4", 64, None, 16, torch.float32, True, {}, {"DENSE": True}),  # float32: the paged kernel
-    # one tensor-descriptor box load per KV block, straight from the paged cache (decode, short reads)
-    ("decode_only", "gqa4", 128, None, 16, torch.bfloat16, True, {}, {**DESC, "NUM_SPLITS": 4}),
-    ("decode_only", "gqa3", 64, None, 16, torch.float16, False, {}, DESC),
-    ("chunk_after_cache", "gqa4", 64, None, 16, torch.bfloat16, True, {}, {**SHORT, **DESC, "NUM_SPLITS": 4}),
-    ("ssep_segments", "mha4", 64, None, 32, torch.float16, True, {}, {**SHORT, **DESC, "NUM_SPLITS": 8}),
-    ("mixed", "gqa4", 128, None, 16, torch.bfloat16, True, {"repeat_block": True}, {**DESC, "BLOCK_M": 64}),
-    ("short_over_long", "gqa4", 64, None, 16, torch.bfloat16, True, {}, {**SHORT, **DESC, "NUM_SPLITS": 48}),
-    ("mixed", "gqa3", 64, 32, 16, torch.float16, True, {}, DESC),  # partial rotary: the paged kernel
 ]
 
 
@@ -130,45 +121,13 @@ def test_triton_matches_reference(case):
     check_against_ref(problem, "triton", case_id(case), config=config)
 
 
-@pytest.mark.parametrize("lazy", [True, False], ids=["lazy", "eager"])
-def test_paged_desc_kernel_matches_reference_when_later_blocks_raise_the_max(lazy, monkeypatch):
-    """Keys of a late block scaled up so its scores pass the running max by far more than RESCALE_LOG2: the lazy
-    rescale must raise the max there (and only skip it while the max stays within reach); and the descriptor
-    kernel, not a fallback, is what runs."""
-    from ops import triton_kernel
-
-    problem = make_problem(SCENARIOS["short_over_long"], 8, 2, 64, 16, torch.float16, seed=11)
-    tables = problem.block_tables[0]
-    for logical in (30, 60):  # two jumps of the running max, in different splits and in one
-        problem.k_cache[tables[logical]] *= 4  # scores 4x: the max jumps by ~14 (log2)
-    launches = []
-    launch = triton_kernel._launch_paged_desc
-    monkeypatch.setattr(triton_kernel, "_launch_paged_desc", lambda *a, **k: launches.append(1) or launch(*a, **k))
-    config = {**SHORT, **DESC, "NUM_SPLITS": 2, "LAZY_RESCALE": lazy}
-    check_against_ref(problem, "triton", f"desc lazy={lazy}", config=config)
-    assert launches == [1]
-
-
-def test_paged_desc_reads_only_16bit_contiguous_caches_with_whole_head_rotation():
-    from ops.triton_kernel import can_read_by_descriptors
-
-    problem = make_problem(SCENARIOS["decode_only"], 8, 2, 64, 16, torch.bfloat16, seed=1)
-    q, k, v, cos_sin = problem.q, problem.k_cache, problem.v_cache, problem.cos_sin
-    assert can_read_by_descriptors(q, k, v, cos_sin) and can_read_by_descriptors(q, k, v, None)
-    assert not can_read_by_descriptors(q, k, v, cos_sin[:, :32].contiguous())  # partial rotary
-    assert not can_read_by_descriptors(q.float(), k.float(), v.float(), cos_sin)
-    assert not can_read_by_descriptors(q, k.transpose(1, 2), v, cos_sin)
-
-
 def test_triton_runs_in_the_interpreter():
     """The CPU tests must exercise the real kernel, not silently skip it."""
     from triton.runtime.interpreter import InterpretedFunction
 
-    from ops import triton_kernel as tk
+    from ops.triton_kernel import _dense_attention_kernel, _gather_kv_kernel, _rope_paged_attention_kernel
 
-    kernels = (tk._rope_paged_attention_kernel, tk._gather_kv_kernel, tk._dense_attention_kernel,
-               tk._paged_desc_read_kernel)  # fmt: skip
-    for kernel in kernels:
+    for kernel in (_rope_paged_attention_kernel, _gather_kv_kernel, _dense_attention_kernel):
         assert isinstance(kernel, InterpretedFunction)
 
 
