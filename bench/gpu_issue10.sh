@@ -4,7 +4,7 @@
 # bench/data (the RAG datasets, built here with `python bench/rag.py --build-only --samples 64`) carried.
 #
 #   GIT_SHA=$(git rev-parse --short HEAD) bash bench/gpu_issue10.sh [part]   part: all (default), a, b, ops, ttft, host, hostdiag, offload, tests, splits, grid, rag, ragphase,
-#   rag0, read, readprof (with ncu), engine, pending, final, probe or hybrid, or several joined by commas
+#   rag0, read, readprof (with ncu), engine, pending, final, ttft1, probe or hybrid, or several joined by commas
 set -u
 cd "$(dirname "$0")/.."
 export TRITON_INTERPRET=0 PYTHONUNBUFFERED=1 GIT_SHA=${GIT_SHA:-unknown}
@@ -109,6 +109,9 @@ if want final; then  # a stop's last call: every GPU test (fla autotunes on a ma
     step gpu_tests 300 python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider -p no:logging --tb=short
     step host_ttft 60 python3 bench/host_ttft.py --device cuda --llama3-8b-shape --runs 20
     step ttft_8x2048 70 python3 bench/ttft_spans.py --device cuda --llama3-8b-shape --doc-tokens 2048 --ks 8 --repeats 3
+fi
+if want ttft1; then  # the cached 8 x 2048 TTFT alone (first prompt and a next question, each with its GPU busy time)
+    step ttft_8x2048 100 python3 bench/ttft_spans.py --device cuda --llama3-8b-shape --doc-tokens 2048 --ks 8 --repeats 3
 fi
 if want probe; then  # issue 11's fla path (tests, side by side with its profile), then issue 10's
     step gpu_tests 170 python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider
