@@ -177,6 +177,30 @@ def measure(name: str, clock: Clock, device) -> dict:
     return row
 
 
+def measure_between_gemms(name: str, device) -> dict:
+    """`<case>_gemm`: the case's attention kernel timed alone and with a weight-streaming GEMM before each call, as in
+    a forward (17 tokens x a 4096 x 14336 bf16 weight: 117 MB read, like one MLP projection of the 8B shape).
+    Inside the engine the short read took 71-82 us a layer where this bench reads it in 56 us
+    (ttft_spans-07fdb5a-cuda.json): is it what runs around it (clocks, L2, the memory system), or the call itself?"""
+    base = name[: -len("_gemm")]
+    args = case_args(base, device)
+    x = torch.randn(len(args[0]), 4096, device=device, dtype=torch.bfloat16)
+    weights = [torch.randn(4096, 14336, device=device, dtype=torch.bfloat16) for _ in range(4)]  # > L2 together
+
+    def attention():
+        return triton_kernel.rope_paged_attention_triton(*args)
+
+    def with_gemms():
+        for w in weights:
+            x @ w
+            attention()
+
+    alone = kernel_times(lambda: [attention() for _ in weights])
+    mixed = kernel_times(with_gemms)
+    return dict(case=name, alone={k: v / len(weights) for k, v in alone.items()},
+                between_gemms={k: v / len(weights) for k, v in mixed.items()})  # fmt: skip
+
+
 def run_case(name: str, calls: int, device) -> None:
     """A few calls of one case (ncu picks the kernels it is told to)."""
     if name.startswith("sdpa_"):
@@ -208,6 +232,11 @@ def main() -> None:
     result["copy_bandwidth"] = copy_bandwidth(clock, device)
     result["rows"] = []
     for name in args.cases.split(","):
+        if name.endswith("_gemm"):
+            row = measure_between_gemms(name, device)
+            result["rows"].append(row)
+            print(name, "alone", row["alone"], "between GEMMs", row["between_gemms"], flush=True)
+            continue
         row = measure(name, clock, device)
         result["rows"].append(row)
         best = row["best"] or {}
