@@ -13,7 +13,8 @@ will reach on a new entry of N tokens. Three ways to condition that estimate:
 - `EntryHistory`: conditions on the entry's tokens. The depths the last `window` requests would have reached
   on this very entry (their common prefix with it) are an empirical sample of its future; the entry's own
   request adds one observation where later requests like it leave it, placed by a `SuffixHistogram` (t = N − d,
-  from the start of the turn the deepest history depth a lies in: a is no floor, see `_own_request`).
+  from the start of the turn the deepest history depth a lies in: a is no floor, see `_own_request`), and
+  hedged towards earlier depths past a (`hedge_earlier`: a checkpoint placed too deep is worth nothing).
 
 Each histogram also carries `prior_weight` observations of a scale-free prior over the distance from the end,
 p(d) ∝ 1/(d + 1): with no data, the DP then spaces checkpoints geometrically towards the end of the entry.
@@ -33,6 +34,7 @@ MAX_SCALE = 1e150
 DEFAULT_PRIOR_WEIGHT = 1.0  # observations' worth of the scale-free prior
 DEFAULT_WINDOW = 512  # past requests an EntryHistory compares a new entry with
 BRANCH_PRIOR_SHARE = 0.5  # EntryHistory with chat turns: the prior's share that sits on the entry's branch points
+SUFFIX_HEDGE = 0.1  # EntryHistory: a learned distance d from the end also stands for those up to d·(1 + this)
 
 
 class OverlapEstimator(Protocol):
@@ -66,6 +68,23 @@ def uniform_prior(num_tokens: int) -> np.ndarray:
     prior = np.full(num_tokens + 1, 1.0 / num_tokens)
     prior[0] = 0.0
     return prior
+
+
+def hedge_earlier(weights: np.ndarray, hedge: float, floor: int) -> np.ndarray:
+    """[N + 1] the mass at each depth t spread evenly over max(t − ⌈hedge·(N − t)⌉, min(t, floor))..t.
+
+    Where a new entry's requests leave it, t = N − d, comes from distances d learned on other entries; a
+    request whose suffix is a little longer (a question 10% longer) leaves a little earlier. A checkpoint
+    past where a request leaves is of no use to it (it resumes from the one before), one before costs it only
+    the gap: so each t is hedged one-sided, towards earlier depths, by a share of its distance from the end.
+    Never below `floor` (the entry's known prefix a, whose depths the history samples exactly), unless t lies
+    there already."""
+    num_tokens = weights.size - 1
+    hedged = np.zeros_like(weights)
+    for t in np.flatnonzero(weights):
+        start = max(t - int(np.ceil(hedge * (num_tokens - t))), min(t, floor))
+        hedged[start : t + 1] += weights[t] / (t + 1 - start)
+    return hedged
 
 
 def _check_gamma(gamma: float) -> None:
@@ -151,6 +170,7 @@ class EntryHistory:
         prior_weight: float = DEFAULT_PRIOR_WEIGHT,
         uniform_until_observed: bool = False,
         turn_start_id: int | None = None,
+        suffix_hedge: float = SUFFIX_HEDGE,
     ):
         _check_gamma(gamma)
         if window < 1:
@@ -159,6 +179,9 @@ class EntryHistory:
         self.history: deque[np.ndarray] = deque(maxlen=window)  # NOTE: newest last
         self.suffix = SuffixHistogram(gamma, prior_weight)
         self.prior_weight = prior_weight
+        if not suffix_hedge >= 0:
+            raise ValueError(f"suffix_hedge must be >= 0, got {suffix_hedge}")
+        self.suffix_hedge = suffix_hedge  # NOTE: the own request's t = N − d, spread over earlier depths
         # NOTE: True: while no request has left an entry past its known prefix, the entry's own request is
         # spread uniformly over (a, N] (what `balanced` assumes), not by the suffix histogram's prior.
         self.uniform_until_observed = uniform_until_observed
@@ -197,17 +220,19 @@ class EntryHistory:
         """[N + 1] where later requests of the entry's own group leave it (unnormalized).
 
         Past the known prefix a while no distance is learned (uniform: a short shared header says nothing).
-        Else by the suffix model, t = N − d, from the start of the turn that a lies in (0 without chat turns):
-        the request that reached a may have shared a few tokens of the entry's own tail (two questions that
-        begin alike reach 1,834 of a document the others leave at 1,823), so a is no floor for where the
-        entry's group leaves; the turns before that one it shared whole (chat turns: a system prompt), and a
-        distance learned on other prompts' user turns is no reason to move the group inside them."""
+        Else by the suffix model, t = N − d hedged towards earlier depths down to a (`hedge_earlier`), from the
+        start of the turn that a lies in (0 without chat turns): the request that reached a may have shared a
+        few tokens of the entry's own tail (two questions that begin alike reach 1,834 of a document the others
+        leave at 1,823), so a is no floor for where the entry's group leaves; the turns before that one it
+        shared whole (chat turns: a system prompt), and a distance learned on other prompts' user turns is no
+        reason to move the group inside them."""
         num_tokens = len(entry_token_ids)
         if uniform:
             own = np.ones(num_tokens + 1)
             own[: known + 1] = 0.0
             return own
-        own = self.suffix.weights(num_tokens)
+        observed = hedge_earlier(self.suffix.observed_weights(num_tokens), self.suffix_hedge, known)
+        own = observed + self.suffix.prior_weight * scale_free_prior(num_tokens)
         points = branch_points(entry_token_ids, self.turn_start_id) if self.turn_start_id is not None else []
         own[: max([p for p in points if p <= known], default=0) + 1] = 0.0
         return own

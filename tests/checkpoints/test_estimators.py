@@ -56,8 +56,9 @@ def test_entry_history_weights_by_hand():
     estimator.observe_request(r2, 2, r1)  # left r1 at depth 2: d = 5 − 2 = 3
     entry = np.array([1, 2, 3, 4, 5, 6, 7, 8])  # N = 8
     # history: LCP(r2[:-1], entry) = 2 (age 0, weight 1), LCP(r1[:-1], entry) = 4 (age 1, weight 0.5);
-    # beyond the known prefix a = 4 the entry's own request leaves at N − d = 5 (one observation).
-    assert estimator.weights_for(entry).tolist() == [0, 0, 1.0, 0, 0.5, 1.0, 0, 0, 0]
+    # beyond the known prefix a = 4 the entry's own request leaves at N − d = 5 (one observation), hedged one
+    # token earlier (⌈0.1·3⌉ = 1, down to a = 4 at most): half at 4, half at 5
+    assert estimator.weights_for(entry).tolist() == [0, 0, 1.0, 0, 0.5 + 0.5, 0.5, 0, 0, 0]
     assert estimator.plan_key(entry) is None
 
 
@@ -87,6 +88,26 @@ def test_entry_history_puts_the_own_request_where_its_group_leaves_even_below_th
     # history at 7 (first) and 9 (second); the entry's own request: its group leaves at N − d = 7, below a
     # (spread past a only, as before, it had no mass at all: [.., 1, 0, 1, 0, 0])
     assert estimator.weights_for(entry).tolist() == [0, 0, 0, 0, 0, 0, 0, 2.0, 0, 1.0, 0, 0]
+
+
+def test_entry_history_hedges_a_learned_distance_towards_earlier_depths():
+    # the first document's questions are 10 tokens; a new document's are 11 (10% longer)
+    first_doc, new_doc = list(range(1, 21)), list(range(101, 121))
+    first = np.array(first_doc + list(range(30, 40)))  # 30 tokens
+    entry = np.array(new_doc + list(range(50, 61)))  # N = 31: its group leaves at 20, d = 11
+
+    def learned(**options) -> EntryHistory:
+        estimator = EntryHistory(prior_weight=0.0, **options)
+        estimator.observe_request(first, 0, None)
+        estimator.observe_request(np.array(first_doc + list(range(40, 50))), 20, first)  # d = 30 − 20 = 10
+        return estimator
+
+    # history: two requests at depth 0; the own request at N − d = 21, hedged over 21 − ⌈0.1·10⌉ = 20..21
+    assert learned().weights_for(entry)[[0, 20, 21]].tolist() == [2.0, 0.5, 0.5]
+    assert learned(suffix_hedge=0.0).weights_for(entry)[[0, 20, 21]].tolist() == [2.0, 0.0, 1.0]
+    # one checkpoint: hedged at 20, where the new document's requests leave; unhedged at 21, past them, of no use
+    assert Planner("dp", 1, learned()).plan(entry) == [20]
+    assert Planner("dp", 1, learned(suffix_hedge=0.0)).plan(entry) == [21]
 
 
 def test_entry_history_learns_distances_only_past_the_known_prefix():
@@ -124,11 +145,12 @@ def test_planner_replans_every_k_observations():
         (lambda: DepthHistogram().observe(5, entry_len=4), r"0..entry_len = 4, got 5"),
         (lambda: DepthHistogram().weights(0), "N >= 1"),
         (lambda: EntryHistory(window=0), "window must be >= 1"),
+        (lambda: EntryHistory(suffix_hedge=-0.1), "suffix_hedge must be >= 0"),
         (lambda: make_estimator("oracle"), "unknown estimator 'oracle'"),
         (lambda: Planner("dp", 2), "pass an estimator"),
         (lambda: Planner("sqrt", 2, replan_every=0), "replan_every must be >= 1"),
     ],
-    ids=["gamma=0", "gamma>1", "prior", "depth>len", "N=0", "window", "kind", "no-estimator", "replan"],
+    ids=["gamma=0", "gamma>1", "prior", "depth>len", "N=0", "window", "hedge", "kind", "no-estimator", "replan"],
 )
 def test_bad_input_raises_naming_the_problem(call, message):
     with pytest.raises(ValueError, match=message):
