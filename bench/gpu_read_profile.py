@@ -15,6 +15,7 @@ Each variant's output is checked against the torch path. Results: DIR/read_profi
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import sys
@@ -77,42 +78,32 @@ def placed_in_pool(args: list, spread: bool) -> list:
     return placed
 
 
+def grid(**axes) -> list[dict]:
+    """Every combination of the axes' values, as config overrides (the last axis varies fastest)."""
+    return [dict(zip(axes, values, strict=True)) for values in itertools.product(*axes.values())]
+
+
 # NOTE: tried and not kept (bench/results/read_profile_{7d9b2be,40ea091}_h200_*): smaller query tiles for the short
-# read (BLOCK_M 32 / 64: 0.061 / 0.085 ms against 128 rows' 0.056), 2 warps or 256-key tiles for decode 1 x 8k, and
+# read (BLOCK_M 64 / 32: 0.061 / 0.085 ms against 128 rows' 0.056), 2 warps or 256-key tiles for decode 1 x 8k, and
 # a kernel reading one KV block per box load through tensor descriptors (TMA), with or without lazy rescaling:
 # 0.074 ms short read, 19.8 us decode 1 x 8k, 0.817 ms decode 64 x 8k against the paged kernel's 0.056 / 17.9 / 0.542;
 # read cold (b13da78_h200_cold: the defaults stay best) 0.065 ms / 23.7 us against 0.056 ms / 22.0 us
 def sweep_for(name: str) -> list[dict]:
     if name == "short16k_cold":
-        return [
-            dict(TILE_N=n, num_stages=st, NUM_SPLITS=sp) for n in (32, 64) for st in (2, 3, 4) for sp in (32, 64, 128)
-        ]
+        return grid(TILE_N=(32, 64), num_stages=(2, 3, 4), NUM_SPLITS=(32, 64, 128))
     if name == "b1x8k_cold":
-        return [dict(TILE_N=n, num_stages=st, NUM_SPLITS=sp) for n in (64, 128) for st in (2, 3, 4) for sp in (32, 64)]
+        return grid(TILE_N=(64, 128), num_stages=(2, 3, 4), NUM_SPLITS=(32, 64))
     if name.startswith("short16k_"):
         return []
-    if name == "short16k":  # NOTE: BLOCK_M < 128 cuts the 17 tokens into several query tiles that read the same
-        # keys (through L2 when they run together), for fewer registers a program and more programs in flight
-        return [
-            dict(BLOCK_M=m, TILE_N=n, num_warps=4, num_stages=st, NUM_SPLITS=sp)
-            for m in (32, 64, 128) for n in (32, 64) for st in (2, 3) for sp in (16, 32, 64)
-        ]  # fmt: skip
+    if name == "short16k":
+        return grid(BLOCK_M=(64, 128), TILE_N=(32, 64), num_warps=(4,), num_stages=(2, 3), NUM_SPLITS=(16, 32, 64))
     if name == "b1x8k":
-        return [
-            dict(TILE_N=n, num_stages=s, NUM_SPLITS=sp, num_warps=w)
-            for n in (64, 128, 256) for s in (2, 3, 4) for sp in (32, 64) for w in (2, 4)
-        ]  # fmt: skip
+        return grid(TILE_N=(64, 128), num_stages=(2, 3, 4), NUM_SPLITS=(32, 64), num_warps=(4,))
     if name == "b1x576w8k":
-        return [
-            dict(TILE_N=n, num_stages=s, NUM_SPLITS=sp, num_warps=4)
-            for n in (32, 64, 128) for s in (2, 3) for sp in (1, 4, 8, 16, 32)
-        ]  # fmt: skip
+        return grid(TILE_N=(32, 64, 128), num_stages=(2, 3), NUM_SPLITS=(1, 4, 8, 16, 32), num_warps=(4,))
     if name == "b64x576w8k":
-        return [
-            dict(TILE_N=n, num_stages=s, num_warps=w, NUM_SPLITS=sp)
-            for n in (32, 64, 128) for s in (2, 3, 4) for w in (4, 8) for sp in (1, 2)
-        ]  # fmt: skip
-    return [dict(TILE_N=n, num_stages=s, num_warps=w) for n in (64, 128) for s in (2, 3, 4) for w in (4, 8)]
+        return grid(TILE_N=(32, 64, 128), num_stages=(2, 3, 4), num_warps=(4, 8), NUM_SPLITS=(1, 2))
+    return grid(TILE_N=(64, 128), num_stages=(2, 3, 4), num_warps=(4, 8))
 
 
 def kernel_times(fn, calls: int = 20) -> dict:
