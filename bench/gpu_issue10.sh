@@ -4,7 +4,7 @@
 # bench/data (the RAG datasets, built here with `python bench/rag.py --build-only --samples 64`) carried.
 #
 #   GIT_SHA=$(git rev-parse --short HEAD) bash bench/gpu_issue10.sh [part]   part: all (default), a, b, ops, ttft, host, hostdiag, offload, tests, splits, grid, rag, ragphase,
-#   rag0, read, readprof (with ncu), engine, pending, final, ttft1, probe or hybrid, or several joined by commas
+#   rag0, read, readprof (with ncu), engineread, engine, pending, final, ttft1, probe or hybrid, or several joined by commas
 set -u
 cd "$(dirname "$0")/.."
 export TRITON_INTERPRET=0 PYTHONUNBUFFERED=1 GIT_SHA=${GIT_SHA:-unknown}
@@ -94,6 +94,11 @@ if want readprof; then  # ... and the same kernels under ncu
         step "ncu_$c" 90 "$NCU" --clock-control none --set detailed --profile-from-start off --launch-count 4 \
             python3 bench/gpu_read_profile.py --case "$c" --calls 4
     done
+fi
+if want engineread; then  # issues 10/13: the engine's short read on its own arguments (graph bucket, eager) against
+    # the op bench's, and tiles of fewer query heads (HEADS_PER_PROGRAM) on the op bench's shape
+    step engine_read 200 python3 bench/gpu_engine_read.py --out "$OUT"
+    step read_profile 200 python3 bench/gpu_read_profile.py --out "$OUT" --cases short16k_heads,short16k_gemm
 fi
 if want engine; then  # issue 13: engine decode b1 / b64 against the HBM roofline, with its profile, and prefill vs HF
     step gpu_engine 330 python3 bench/gpu_engine.py --out "$OUT/gpu_engine_${GIT_SHA}_h200.json"

@@ -35,7 +35,7 @@ from ops.torch_impl import rope_paged_attention_torch  # noqa: E402
 def case_args(name: str, device) -> list:
     """The op's positional arguments for a named case; `w8k`: block tables 8,192 keys wide (the engine's CUDA
     graphs size them to max_model_len, and pick_config reads the width, not the context)."""
-    if name == "short16k":
+    if name in ("short16k", "short16k_heads"):
         return problem(1, 17, 16384, device)
     if name.startswith("short16k_"):  # _contig / _spread: the same blocks placed in a pool as large as the engine's
         return placed_in_pool(problem(1, 17, 16384, device), spread=name.endswith("spread"))
@@ -93,6 +93,9 @@ def sweep_for(name: str) -> list[dict]:
         return grid(TILE_N=(32, 64), num_stages=(2, 3, 4), NUM_SPLITS=(32, 64, 128))
     if name == "b1x8k_cold":
         return grid(TILE_N=(64, 128), num_stages=(2, 3, 4), NUM_SPLITS=(32, 64))
+    if name == "short16k_heads":  # tiles of some of a kv head's query heads: smaller programs, keys read per part
+        return [{"HEADS_PER_PROGRAM": h, "BLOCK_M": 32 * h, **c} for h in (1, 2)
+                for c in grid(TILE_N=(32, 64, 128), num_warps=(2, 4), NUM_SPLITS=(16, 32, 64))]  # fmt: skip
     if name.startswith("short16k_"):
         return []
     if name == "short16k":
