@@ -12,6 +12,10 @@ the kernel inside a step:
     bucket_real     the same, the real sequence only (no padding sequence), tables as wide
     eager_args      the eager step's arguments (layer 0), the kernel alone
     op_bench        bench/gpu_short_prefill.py's problem (1 x 17 over 16,384 keys), the kernel alone
+    next_question / first_after_prefill(_idle_1s)
+                    whole TTFTs under the profiler: a new question after the same cached documents (host_ttft's
+                    case), the first prompt after the documents were prefilled (ttft_spans' case), and the same
+                    after a second of idle GPU: attention per layer, busy time, TTFT, forward, host
 
 Alone: CUDA-graph replays of one call (bench/gpu_ops.py's Clock), each checked against the torch path.
 
@@ -25,6 +29,7 @@ import json
 import os
 import statistics
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -44,18 +49,45 @@ from ops.torch_impl import rope_paged_attention_torch  # noqa: E402
 KERNEL = "_rope_paged_attention_kernel"
 
 
-def attention_kernel_us(fn) -> list[float]:
-    """Device time (us) of every call of the attention kernel while `fn` runs."""
+def device_profile(fn) -> dict:
+    """While `fn` runs: the attention kernel's device time per call (us), the device's busy time (the union of
+    its kernels' intervals, ms) and `fn`'s return value."""
     from torch.profiler import ProfilerActivity, profile
 
     if not torch.cuda.is_available():  # --smoke on the CPU: no device kernels to read
-        fn()
-        return [float("nan")]
+        return dict(attention_us=[float("nan")], busy_ms=float("nan"), value=fn())
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
+        value = fn()
         torch.cuda.synchronize()
-    return [e.time_range.elapsed_us() for e in prof.events() if e.device_type.name == "CUDA" and KERNEL in e.name]
+    kernels = [e for e in prof.events() if e.device_type.name == "CUDA"]
+    busy, end = 0.0, float("-inf")
+    for start, stop in sorted((e.time_range.start, e.time_range.end) for e in kernels):
+        busy += max(0.0, stop - max(start, end))
+        end = max(end, stop)
+    attention = [e.time_range.elapsed_us() for e in kernels if KERNEL in e.name]
+    return dict(attention_us=attention, busy_ms=busy / 1e3, value=value)
+
+
+def attention_kernel_us(fn) -> list[float]:
+    """Device time (us) of every call of the attention kernel while `fn` runs."""
+    return device_profile(fn)["attention_us"]
+
+
+def scenario(engine, timer: Timer, token_ids, before=None) -> dict:
+    """One TTFT under the profiler (after `before()`, outside it): the attention kernel, busy time, host sections."""
+    if before is not None:
+        before()
+    prof = device_profile(lambda: run_once(engine, timer, token_ids))
+    times = {k: 1e3 * v for k, v in prof["value"].items()}
+    return dict(
+        attention_median_us=statistics.median(prof["attention_us"]),
+        attention_us=prof["attention_us"],
+        busy_ms=prof["busy_ms"],
+        ttft_ms=times["ttft"],
+        forward_ms=times["forward"],
+        host_ms=times["host"],
+    )
 
 
 def capture_layer0_args(engine, timer: Timer, token_ids) -> list:
@@ -124,7 +156,7 @@ def main() -> None:
     device, shape = ("cpu", TINY_LLAMA) if args.smoke else ("cuda", LLAMA3_8B)
     engine = build_engine(args.docs * (args.doc_tokens + 32) + 256, device, shape)
     composer = PromptComposer(None, CONTROL, engine.config.cache.block_size, chat=False)
-    spans, finals = prompts(composer, args.docs, args.doc_tokens, 8)
+    spans, finals = prompts(composer, args.docs, args.doc_tokens, 16)
     prefill(engine, spans)
     used = {}
     if engine.runner.graphs is not None:
@@ -163,6 +195,15 @@ def main() -> None:
     for name, (case, n) in cases.items():
         result[name] = timed(clock, case, n)
         print(name, {k: v for k, v in result[name].items() if k != "config"}, flush=True)
+    # NOTE: ttft_spans times the first prompt after the documents were prefilled; host_ttft a next question
+    fresh = lambda: (engine.kv.reset_prefix_cache(), prefill(engine, spans))  # noqa: E731
+    idle = lambda: (fresh(), time.sleep(1.0))  # noqa: E731
+    runs = {"next_question": None, "first_after_prefill": fresh, "first_after_prefill_idle_1s": idle}
+    finals_left = iter(finals[7:])
+    for name, before in runs.items():
+        rows = [scenario(engine, timer, list(next(finals_left).token_ids), before) for _ in range(3)]
+        result[name] = rows
+        print(name, [{k: round(v, 2) for k, v in r.items() if k != "attention_us"} for r in rows], flush=True)
     path = Path(args.out) / f"engine_read_{result['git_sha']}.json"
     path.write_text(json.dumps(result, indent=2) + "\n")
     print("saved", path)
