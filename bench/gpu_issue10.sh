@@ -96,9 +96,8 @@ if want readprof; then  # ... and the same kernels under ncu
     done
 fi
 if want engineread; then  # issues 10/13: the engine's short read on its own arguments (graph bucket, eager) against
-    # the op bench's, and tiles of fewer query heads (HEADS_PER_PROGRAM) on the op bench's shape
+    # the op bench's
     step engine_read 200 python3 bench/gpu_engine_read.py --out "$OUT"
-    step read_profile 200 python3 bench/gpu_read_profile.py --out "$OUT" --cases short16k_heads,short16k_gemm
 fi
 if want engine; then  # issue 13: engine decode b1 / b64 against the HBM roofline, with its profile, and prefill vs HF
     step gpu_engine 330 python3 bench/gpu_engine.py --out "$OUT/gpu_engine_${GIT_SHA}_h200.json"

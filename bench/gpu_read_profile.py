@@ -35,7 +35,7 @@ from ops.torch_impl import rope_paged_attention_torch  # noqa: E402
 def case_args(name: str, device) -> list:
     """The op's positional arguments for a named case; `w8k`: block tables 8,192 keys wide (the engine's CUDA
     graphs size them to max_model_len, and pick_config reads the width, not the context)."""
-    if name in ("short16k", "short16k_heads"):
+    if name == "short16k":
         return problem(1, 17, 16384, device)
     if name.startswith("short16k_"):  # _contig / _spread: the same blocks placed in a pool as large as the engine's
         return placed_in_pool(problem(1, 17, 16384, device), spread=name.endswith("spread"))
@@ -87,15 +87,15 @@ def grid(**axes) -> list[dict]:
 # read (BLOCK_M 64 / 32: 0.061 / 0.085 ms against 128 rows' 0.056), 2 warps or 256-key tiles for decode 1 x 8k, and
 # a kernel reading one KV block per box load through tensor descriptors (TMA), with or without lazy rescaling:
 # 0.074 ms short read, 19.8 us decode 1 x 8k, 0.817 ms decode 64 x 8k against the paged kernel's 0.056 / 17.9 / 0.542;
-# read cold (b13da78_h200_cold: the defaults stay best) 0.065 ms / 23.7 us against 0.056 ms / 22.0 us
+# read cold (b13da78_h200_cold: the defaults stay best) 0.065 ms / 23.7 us against 0.056 ms / 22.0 us;
+# tiles of 1 or 2 of a kv head's 4 query heads (HEADS_PER_PROGRAM at 08eb29e; read_profile_35e9033_h200_heads): best
+# 0.062 ms (2 heads, 64 rows, 64-key tiles, 16 splits) against the defaults' 0.057; and the short read after a
+# weight-streaming GEMM (short16k_gemm): 49.3 us against 50.8 alone, so the GEMM before it is not what slows it
 def sweep_for(name: str) -> list[dict]:
     if name == "short16k_cold":
         return grid(TILE_N=(32, 64), num_stages=(2, 3, 4), NUM_SPLITS=(32, 64, 128))
     if name == "b1x8k_cold":
         return grid(TILE_N=(64, 128), num_stages=(2, 3, 4), NUM_SPLITS=(32, 64))
-    if name == "short16k_heads":  # tiles of some of a kv head's query heads: smaller programs, keys read per part
-        return [{"HEADS_PER_PROGRAM": h, "BLOCK_M": 32 * h, **c} for h in (1, 2)
-                for c in grid(TILE_N=(32, 64, 128), num_warps=(2, 4), NUM_SPLITS=(16, 32, 64))]  # fmt: skip
     if name.startswith("short16k_"):
         return []
     if name == "short16k":

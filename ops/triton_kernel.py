@@ -198,11 +198,10 @@ def _rope_paged_attention_kernel(
     stride_cs_pos,
     BLOCK_SIZE: tl.constexpr,
     GROUP: tl.constexpr,  # query heads per kv head
-    HEADS_PER_PROGRAM: tl.constexpr,  # of the GROUP heads, packed into one tile (GROUP // it programs per kv head)
     HEAD_DIM: tl.constexpr,
     ROTARY_DIM: tl.constexpr,  # 0: keys used as stored
     HALF_PAD: tl.constexpr,  # next power of two >= max(ROTARY_DIM // 2, 16)
-    BLOCK_M: tl.constexpr,  # rows per tile = BLOCK_Q tokens x HEADS_PER_PROGRAM heads (padded)
+    BLOCK_M: tl.constexpr,  # rows per tile = BLOCK_Q tokens x GROUP heads (padded)
     BLOCK_Q: tl.constexpr,
     TILE_N: tl.constexpr,
     SPLIT_KV: tl.constexpr,  # num_splits > 1: write partial (out, max, sum) for _reduce_splits_kernel
@@ -210,9 +209,7 @@ def _rope_paged_attention_kernel(
 ):
     # NOTE: tiles are taken in reverse so the last tiles of a causal prefill (the most keys) start first.
     tile_id = tl.num_programs(0) - 1 - tl.program_id(0)
-    HEAD_PARTS: tl.constexpr = GROUP // HEADS_PER_PROGRAM
-    kv_head = tl.program_id(1) // HEAD_PARTS
-    first_head = kv_head * GROUP + (tl.program_id(1) % HEAD_PARTS) * HEADS_PER_PROGRAM
+    kv_head = tl.program_id(1)
     split = tl.program_id(2)
     seq = _find_seq(cu_seqlens_q_ptr, tile_id, num_seqs, BLOCK_Q)
     q_start = tl.load(cu_seqlens_q_ptr + seq)
@@ -223,9 +220,9 @@ def _rope_paged_attention_kernel(
 
     # -- rows: (token, head) pairs of this tile --
     offs_m = tl.arange(0, BLOCK_M)
-    tokens = first_token + offs_m // HEADS_PER_PROGRAM  # [BLOCK_M]
-    heads = first_head + offs_m % HEADS_PER_PROGRAM  # [BLOCK_M]
-    row_ok = (offs_m < BLOCK_Q * HEADS_PER_PROGRAM) & (tokens < q_end)
+    tokens = first_token + offs_m // GROUP  # [BLOCK_M]
+    heads = kv_head * GROUP + offs_m % GROUP  # [BLOCK_M]
+    row_ok = (offs_m < BLOCK_Q * GROUP) & (tokens < q_end)
     row_pos = tl.load(q_positions_ptr + tokens, mask=row_ok, other=0).to(tl.int32)
     row_vis = tl.load(visible_start_ptr + tokens, mask=row_ok, other=0).to(tl.int32)
     big = 2147483647
@@ -749,12 +746,9 @@ def rope_paged_attention_triton(
     block_m, num_splits = cfg["BLOCK_M"], cfg["NUM_SPLITS"]
     if not 1 <= num_splits <= MAX_CONFIG_SPLITS:
         raise ValueError(f"config: NUM_SPLITS must lie in [1, {MAX_CONFIG_SPLITS}], got {num_splits}")
-    heads_per_program = cfg.get("HEADS_PER_PROGRAM", group)
-    if heads_per_program < 1 or group % heads_per_program:
-        raise ValueError(f"config: HEADS_PER_PROGRAM must divide the group ({group}), got {heads_per_program}")
-    block_q = max(block_m // heads_per_program, 1)
-    if block_q * heads_per_program > block_m:
-        block_m = _next_pow2(heads_per_program)
+    block_q = max(block_m // group, 1)
+    if block_q * group > block_m:
+        block_m = _next_pow2(group)
     out = torch.empty_like(q) if out is None else out
     if cfg.get("DENSE", False) and q.dtype in DENSE_DTYPES and scale > 0:
         _launch_dense(q, k_cache, v_cache, block_tables, cu_seqlens_q, q_positions, kv_lens, visible_start, cos_sin,
@@ -774,7 +768,7 @@ def rope_paged_attention_triton(
         partial_l = torch.empty_like(partial_m)
     else:
         partial_out = partial_m = partial_l = out  # unused
-    grid = (num_tokens // block_q + num_seqs, num_kv_heads * (group // heads_per_program), num_splits)
+    grid = (num_tokens // block_q + num_seqs, num_kv_heads, num_splits)
     _rope_paged_attention_kernel[grid](
         out, q, k_cache, v_cache, k_tables, block_tables, cu_seqlens_q, q_positions, visible_start,
         q if cos_sin is None else cos_sin, partial_out, partial_m, partial_l,
@@ -783,8 +777,7 @@ def rope_paged_attention_triton(
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         k_tables.stride(0), block_tables.stride(0), 0 if cos_sin is None else cos_sin.stride(0),
-        BLOCK_SIZE=block_size, GROUP=group, HEADS_PER_PROGRAM=heads_per_program, HEAD_DIM=head_dim,
-        ROTARY_DIM=rotary_dim,
+        BLOCK_SIZE=block_size, GROUP=group, HEAD_DIM=head_dim, ROTARY_DIM=rotary_dim,
         HALF_PAD=max(_next_pow2(rotary_dim // 2), 16), BLOCK_M=block_m, BLOCK_Q=block_q,
         TILE_N=cfg["TILE_N"], SPLIT_KV=num_splits > 1,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",

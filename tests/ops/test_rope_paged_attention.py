@@ -92,30 +92,6 @@ TRITON_CASES = [
     ("ssep_segments", "mha4", 64, 32, 16, torch.float32, True, {}, {**SHORT, "NUM_SPLITS": 8, "TILE_N": 16}),
     # more splits than pick_config takes (a sweep's): the reduce kernel widens past 32 to merge them all
     ("short_over_long", "gqa4", 64, None, 16, torch.float32, True, {}, {**SHORT, "NUM_SPLITS": 48, "TILE_N": 16}),
-    # a tile that packs only some of the group's query heads (HEADS_PER_PROGRAM < GROUP: more, smaller programs
-    # per kv head, each reading the kv head's keys)
-    (
-        "chunk_after_cache",
-        "gqa4",
-        64,
-        None,
-        16,
-        torch.bfloat16,
-        True,
-        {},
-        {**SHORT, "BLOCK_M": 32, "HEADS_PER_PROGRAM": 1, "NUM_SPLITS": 4},
-    ),
-    (
-        "mixed",
-        "gqa4",
-        64,
-        32,
-        16,
-        torch.float32,
-        True,
-        {"share_span": True},
-        {"PRE_ROTATE": False, "BLOCK_M": 32, "HEADS_PER_PROGRAM": 2, "NUM_SPLITS": 2, "TILE_N": 16},
-    ),
     # the dense kernel (gathered K and V, tensor-descriptor loads; the default for 16-bit prefill on Hopper)
     ("mixed", "gqa4", 128, None, 16, torch.bfloat16, True, {"repeat_block": True}, {"DENSE": True}),
     ("mixed", "gqa3", 64, 32, 32, torch.float16, True, {"share_span": True}, {"DENSE": True, "TILE_N": 32}),
@@ -419,11 +395,3 @@ def test_pick_config_reads_a_short_prefill_over_a_long_context_like_a_decode(mon
     assert (decode["BLOCK_M"], decode["NUM_SPLITS"], decode["DENSE"]) == (16, 32, False)
     decode_8k = tk.pick_config(1, 1, 8, 4, 128, 8192, True, cuda, table_elem_size=2)
     assert decode_8k["NUM_SPLITS"] == 32  # measured: 32 splits of 256 keys beat 16 of 512 at 1 x 8k
-
-
-@pytest.mark.parametrize("heads_per_program", [0, 3])
-def test_triton_config_rejects_heads_per_program_that_does_not_divide_the_group(valid_args, heads_per_program):
-    from ops.triton_kernel import rope_paged_attention_triton
-
-    with pytest.raises(ValueError, match=f"HEADS_PER_PROGRAM must divide the group \\(4\\), got {heads_per_program}"):
-        rope_paged_attention_triton(*valid_args.values(), config={"HEADS_PER_PROGRAM": heads_per_program})
