@@ -126,6 +126,7 @@ def kernel_times(fn, calls: int = 20) -> dict:
     }
 
 
+SWEEP = os.environ.get("READ_SWEEP", "1") == "1"  # READ_SWEEP=0: each case's defaults only
 COLD_COPIES = 6  # `_cold` cases: each call reads the next of this many copies, so K and V come from DRAM, not L2
 
 
@@ -159,7 +160,7 @@ def measure(name: str, clock: Clock, device) -> dict:
     row["keys_as_stored_ms"] = clock_all(
         lambda: [triton_kernel.rope_paged_attention_triton(*a, config=default) for a in stored]
     )
-    row["sweep"] = [timed({**default, **extra}) for extra in sweep_for(name)]
+    row["sweep"] = [timed({**default, **extra}) for extra in (sweep_for(name) if SWEEP else [])]
     row["best"] = min((e for e in row["sweep"] if "ms" in e), key=lambda e: e["ms"], default=None)
     if not base.startswith("short16k"):
         batch, length = (1 if base.startswith("b1x") else 64), (576 if "x576" in base else 8192)

@@ -25,7 +25,9 @@ Design (after vLLM's unified attention and Triton tutorial 06):
 * Split-KV (flash-decoding): with ``NUM_SPLITS > 1`` the key range of a tile is cut into NUM_SPLITS chunks
   run by separate programs that write partial (out, max, sum) to fp32 scratch; ``_reduce_splits_kernel``
   merges them. The split count is a runtime argument (one compiled kernel for all of them: a new constexpr
-  value would compile for seconds in the middle of serving).
+  value would compile for seconds in the middle of serving). Split launches put the tiles on the grid's last axis
+  (``TILES_LAST``), so every program of the real tiles is dispatched before a CUDA graph's padding tiles; and a split
+  with no key to read stores only its (max, sum), which the merge weighs 0, without loading its queries.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ LOG2E = 1.4426950408889634
 MIN_KEYS_PER_SPLIT = 256
 MAX_SPLITS = 32  # split-KV programs per query tile that pick_config chooses at most
 MAX_CONFIG_SPLITS = 128  # ... and that a given config may ask for (sweeps); the reduce kernel widens to fit
+MAX_GRID_Z = 65535  # CUDA's limit on a grid's y and z (a TILES_LAST launch with more tiles takes them first)
 # NOTE: under CUDA graphs the engine's block tables are max_model_len wide, so max_context is that, not the context
 # in use: an engine built with max_model_len >= 8192 takes 128-key tiles also for short contexts (64 x 576: 0.071 ms
 # against 0.056 ms with 32-key tiles, bench/results/gpu_ops_ecd1644_h200* and gpu_ops_cd5f0ee_h200_run1*).
@@ -205,12 +208,22 @@ def _rope_paged_attention_kernel(
     BLOCK_Q: tl.constexpr,
     TILE_N: tl.constexpr,
     SPLIT_KV: tl.constexpr,  # num_splits > 1: write partial (out, max, sum) for _reduce_splits_kernel
+    TILES_LAST: tl.constexpr,  # grid (kv heads, splits, tiles) instead of (tiles, kv heads, splits)
     DOT_PRECISION: tl.constexpr,
 ):
-    # NOTE: tiles are taken in reverse so the last tiles of a causal prefill (the most keys) start first.
-    tile_id = tl.num_programs(0) - 1 - tl.program_id(0)
-    kv_head = tl.program_id(1)
-    split = tl.program_id(2)
+    if TILES_LAST:
+        # NOTE: every program of a tile is dispatched before any of the next tile's, so the real tiles start at
+        # once and a CUDA-graph bucket's padding sequence (after them) cannot delay them: (tiles, heads, splits)
+        # dispatched the 17-token short read between its padding and empty tiles, 67 us against 52 us without
+        # them (bench/results/engine_read_35e9033_h200.json).
+        tile_id = tl.program_id(2)
+        kv_head = tl.program_id(0)
+        split = tl.program_id(1)
+    else:
+        # NOTE: tiles are taken in reverse so the last tiles of a causal prefill (the most keys) start first.
+        tile_id = tl.num_programs(0) - 1 - tl.program_id(0)
+        kv_head = tl.program_id(1)
+        split = tl.program_id(2)
     seq = _find_seq(cu_seqlens_q_ptr, tile_id, num_seqs, BLOCK_Q)
     q_start = tl.load(cu_seqlens_q_ptr + seq)
     q_end = tl.load(cu_seqlens_q_ptr + seq + 1)
@@ -231,6 +244,23 @@ def _rope_paged_attention_kernel(
     full_begin = tl.max(tl.where(row_ok, row_vis, 0))  # keys in [full_begin, full_end) are seen by all rows
     full_end = tl.min(tl.where(row_ok, row_pos, big)) + 1
 
+    # -- this program's key tiles: [tile_begin, tile_end), cut into a masked head, an unmasked body and a
+    #    masked tail --
+    tile_begin = key_begin // TILE_N
+    tile_end = tl.cdiv(key_end, TILE_N)
+    if SPLIT_KV:
+        tiles_per_split = tl.cdiv(tile_end - tile_begin, num_splits)
+        tile_begin = tile_begin + split * tiles_per_split
+        tile_end = tl.minimum(tile_end, tile_begin + tiles_per_split)
+        tile_end = tl.maximum(tile_end, tile_begin)
+        if tile_end == tile_begin:  # no key to read: (max, sum) = (-inf, 0), which the merge weighs 0
+            row = (tokens.to(tl.int64) * num_heads + heads) * num_splits + split  # [BLOCK_M]
+            tl.store(partial_m_ptr + row, tl.full([BLOCK_M], float("-inf"), tl.float32), mask=row_ok)
+            tl.store(partial_l_ptr + row, tl.zeros([BLOCK_M], tl.float32), mask=row_ok)
+            return
+    body_begin = tl.minimum(tl.maximum(tl.cdiv(full_begin, TILE_N), tile_begin), tile_end)
+    body_end = tl.maximum(tl.minimum(full_end // TILE_N, tile_end), body_begin)
+
     # -- load the query tile (already rotated by the caller) --
     offs_d = tl.arange(0, HEAD_DIM)
     q_rows = q_ptr + tokens.to(tl.int64)[:, None] * stride_q_tok + heads[:, None] * stride_q_head
@@ -246,18 +276,6 @@ def _rope_paged_attention_kernel(
         q_lo = tl.load(q_rows + offs_d[None, :], mask=row_ok[:, None], other=0.0)  # [BLOCK_M, HEAD_DIM]
         q_hi = q_lo
         q_pass = q_lo
-
-    # -- this program's key tiles: [tile_begin, tile_end), cut into a masked head, an unmasked body and a
-    #    masked tail --
-    tile_begin = key_begin // TILE_N
-    tile_end = tl.cdiv(key_end, TILE_N)
-    if SPLIT_KV:
-        tiles_per_split = tl.cdiv(tile_end - tile_begin, num_splits)
-        tile_begin = tile_begin + split * tiles_per_split
-        tile_end = tl.minimum(tile_end, tile_begin + tiles_per_split)
-        tile_end = tl.maximum(tile_end, tile_begin)
-    body_begin = tl.minimum(tl.maximum(tl.cdiv(full_begin, TILE_N), tile_begin), tile_end)
-    body_end = tl.maximum(tl.minimum(full_end // TILE_N, tile_end), body_begin)
 
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
@@ -513,8 +531,9 @@ def _reduce_splits_kernel(
     l_part = tl.load(partial_l_ptr + row + offs_s, mask=split_ok, other=0.0)  # [MAX_SPLITS]
     m_max = tl.max(m_part, 0)
     weight = tl.where(l_part > 0.0, l_part * tl.math.exp2(m_part - m_max), 0.0)  # empty splits weigh 0
-    parts = tl.load(partial_out_ptr + (row + offs_s)[:, None] * HEAD_DIM + offs_d[None, :], mask=split_ok[:, None],
-                    other=0.0)  # fmt: skip
+    # NOTE: a split with no key to read writes no partial output (only its max and sum): never read it
+    parts = tl.load(partial_out_ptr + (row + offs_s)[:, None] * HEAD_DIM + offs_d[None, :],
+                    mask=(split_ok & (l_part > 0.0))[:, None], other=0.0)  # fmt: skip
     out = tl.sum(parts * weight[:, None], 0) / tl.sum(weight, 0)  # [HEAD_DIM]
     o_ptrs = out_ptr + token.to(tl.int64) * stride_o_tok + head * stride_o_head + offs_d
     tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty))
@@ -768,7 +787,9 @@ def rope_paged_attention_triton(
         partial_l = torch.empty_like(partial_m)
     else:
         partial_out = partial_m = partial_l = out  # unused
-    grid = (num_tokens // block_q + num_seqs, num_kv_heads, num_splits)
+    num_tiles = num_tokens // block_q + num_seqs
+    tiles_last = cfg.get("TILES_LAST", num_splits > 1) and num_tiles <= MAX_GRID_Z  # split launches: tiles last
+    grid = (num_kv_heads, num_splits, num_tiles) if tiles_last else (num_tiles, num_kv_heads, num_splits)
     _rope_paged_attention_kernel[grid](
         out, q, k_cache, v_cache, k_tables, block_tables, cu_seqlens_q, q_positions, visible_start,
         q if cos_sin is None else cos_sin, partial_out, partial_m, partial_l,
@@ -779,7 +800,7 @@ def rope_paged_attention_triton(
         k_tables.stride(0), block_tables.stride(0), 0 if cos_sin is None else cos_sin.stride(0),
         BLOCK_SIZE=block_size, GROUP=group, HEAD_DIM=head_dim, ROTARY_DIM=rotary_dim,
         HALF_PAD=max(_next_pow2(rotary_dim // 2), 16), BLOCK_M=block_m, BLOCK_Q=block_q,
-        TILE_N=cfg["TILE_N"], SPLIT_KV=num_splits > 1,
+        TILE_N=cfg["TILE_N"], SPLIT_KV=num_splits > 1, TILES_LAST=tiles_last,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )  # fmt: skip

@@ -92,6 +92,9 @@ TRITON_CASES = [
     ("ssep_segments", "mha4", 64, 32, 16, torch.float32, True, {}, {**SHORT, "NUM_SPLITS": 8, "TILE_N": 16}),
     # more splits than pick_config takes (a sweep's): the reduce kernel widens past 32 to merge them all
     ("short_over_long", "gqa4", 64, None, 16, torch.float32, True, {}, {**SHORT, "NUM_SPLITS": 48, "TILE_N": 16}),
+    # the grid's axis order against the launcher's choice (tiles last exactly when the key range is split)
+    ("decode_only", "gqa4", 64, None, 16, torch.float32, True, {}, {"NUM_SPLITS": 4, "TILES_LAST": False}),
+    ("mixed", "gqa3", 64, None, 16, torch.float32, True, {"share_span": True}, {"TILES_LAST": True}),
     # the dense kernel (gathered K and V, tensor-descriptor loads; the default for 16-bit prefill on Hopper)
     ("mixed", "gqa4", 128, None, 16, torch.bfloat16, True, {"repeat_block": True}, {"DENSE": True}),
     ("mixed", "gqa3", 64, 32, 32, torch.float16, True, {"share_span": True}, {"DENSE": True, "TILE_N": 32}),
@@ -395,3 +398,22 @@ def test_pick_config_reads_a_short_prefill_over_a_long_context_like_a_decode(mon
     assert (decode["BLOCK_M"], decode["NUM_SPLITS"], decode["DENSE"]) == (16, 32, False)
     decode_8k = tk.pick_config(1, 1, 8, 4, 128, 8192, True, cuda, table_elem_size=2)
     assert decode_8k["NUM_SPLITS"] == 32  # measured: 32 splits of 256 keys beat 16 of 512 at 1 x 8k
+
+
+def test_triton_merge_never_reads_the_output_of_a_split_with_no_keys(monkeypatch):
+    """Splits past the end of a short key range write only their (max, sum): their partial output stays as
+    allocated (here NaN), and the merge must not read it (0 x NaN is NaN)."""
+    import ops.triton_kernel as triton_kernel
+
+    problem = make_problem(SCENARIOS["decode_only"], 8, 2, 64, 16, seed=5)
+    real_empty = torch.empty
+
+    def nan_filled(*shape, **kwargs):
+        t = real_empty(*shape, **kwargs)
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    with monkeypatch.context() as patch:
+        patch.setattr(triton_kernel.torch, "empty", nan_filled)
+        actual = triton_kernel.rope_paged_attention_triton(*problem.args(), config={"NUM_SPLITS": 64, "TILE_N": 16})
+    expected = rope_paged_attention_ref(*problem.args())
+    assert_close(actual, expected, atol=1e-4, rtol=1e-4, what="64 splits over short key ranges")
