@@ -4,7 +4,7 @@
 # bench/data (the RAG datasets, built here with `python bench/rag.py --build-only --samples 64`) carried.
 #
 #   GIT_SHA=$(git rev-parse --short HEAD) bash bench/gpu_issue10.sh [part]   part: all (default), a, b, ops, ttft, host, hostdiag, offload, tests, splits, grid, rag, ragphase,
-#   rag0, read, readprof (with ncu), engineread, tileslast, engine, pending, final, ttft1, probe or hybrid, or several joined by commas
+#   rag0, read, readprof (with ncu), engineread, tileslast, final2, engine, pending, final, ttft1, probe or hybrid, or several joined by commas
 set -u
 cd "$(dirname "$0")/.."
 export TRITON_INTERPRET=0 PYTHONUNBUFFERED=1 GIT_SHA=${GIT_SHA:-unknown}
@@ -105,6 +105,16 @@ if want tileslast; then  # issues 10/13 after the split launches took tiles last
     step read_profile 120 env READ_SWEEP=0 python3 bench/gpu_read_profile.py --out "$OUT" --cases short16k,b1x8k,b64x8k
     step gpu_tests 300 python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider -p no:logging --tb=short
     step ttft_8x2048 90 python3 bench/ttft_spans.py --device cuda --llama3-8b-shape --doc-tokens 2048 --ks 8 --repeats 3
+fi
+if want final2; then  # this stop's last call: the GPU tests, the op's reads at their defaults, the engine's read,
+    # the cached 8 x 2048 TTFT (its host sections and the grid's row), the RAG table at reuse 0 and 0.5
+    step gpu_tests 200 python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider -p no:logging --tb=short
+    step read_profile 90 env READ_SWEEP=0 python3 bench/gpu_read_profile.py --out "$OUT"
+    step engine_read 120 python3 bench/gpu_engine_read.py --out "$OUT"
+    step host_ttft 60 python3 bench/host_ttft.py --device cuda --llama3-8b-shape --runs 20
+    step ttft_8x2048 70 python3 bench/ttft_spans.py --device cuda --llama3-8b-shape --doc-tokens 2048 --ks 8 --repeats 3
+    step rag 230 $RAG --reuse 0,0.5 --systems vanilla_prefix,barrier,inline,isps --max-num-seqs 32 \
+        --max-num-batched-tokens 8192
 fi
 if want engine; then  # issue 13: engine decode b1 / b64 against the HBM roofline, with its profile, and prefill vs HF
     step gpu_engine 330 python3 bench/gpu_engine.py --out "$OUT/gpu_engine_${GIT_SHA}_h200.json"

@@ -244,6 +244,23 @@ def _rope_paged_attention_kernel(
     full_begin = tl.max(tl.where(row_ok, row_vis, 0))  # keys in [full_begin, full_end) are seen by all rows
     full_end = tl.min(tl.where(row_ok, row_pos, big)) + 1
 
+    # -- load the query tile (already rotated by the caller); issued before the split's range is known, so that
+    #    its latency overlaps the range's arithmetic (an empty split loads it for nothing) --
+    offs_d = tl.arange(0, HEAD_DIM)
+    q_rows = q_ptr + tokens.to(tl.int64)[:, None] * stride_q_tok + heads[:, None] * stride_q_head
+    if ROTARY_DIM > 0:
+        HALF: tl.constexpr = ROTARY_DIM // 2
+        offs_h = tl.arange(0, HALF_PAD)
+        half_ok = row_ok[:, None] & (offs_h[None, :] < HALF)
+        q_lo = tl.load(q_rows + offs_h[None, :], mask=half_ok, other=0.0)  # [BLOCK_M, HALF_PAD]
+        q_hi = tl.load(q_rows + HALF + offs_h[None, :], mask=half_ok, other=0.0)  # [BLOCK_M, HALF_PAD]
+        pass_ok = row_ok[:, None] & (offs_d[None, :] >= ROTARY_DIM)
+        q_pass = tl.load(q_rows + offs_d[None, :], mask=pass_ok, other=0.0)  # [BLOCK_M, HEAD_DIM]
+    else:
+        q_lo = tl.load(q_rows + offs_d[None, :], mask=row_ok[:, None], other=0.0)  # [BLOCK_M, HEAD_DIM]
+        q_hi = q_lo
+        q_pass = q_lo
+
     # -- this program's key tiles: [tile_begin, tile_end), cut into a masked head, an unmasked body and a
     #    masked tail --
     tile_begin = key_begin // TILE_N
@@ -260,22 +277,6 @@ def _rope_paged_attention_kernel(
             return
     body_begin = tl.minimum(tl.maximum(tl.cdiv(full_begin, TILE_N), tile_begin), tile_end)
     body_end = tl.maximum(tl.minimum(full_end // TILE_N, tile_end), body_begin)
-
-    # -- load the query tile (already rotated by the caller) --
-    offs_d = tl.arange(0, HEAD_DIM)
-    q_rows = q_ptr + tokens.to(tl.int64)[:, None] * stride_q_tok + heads[:, None] * stride_q_head
-    if ROTARY_DIM > 0:
-        HALF: tl.constexpr = ROTARY_DIM // 2
-        offs_h = tl.arange(0, HALF_PAD)
-        half_ok = row_ok[:, None] & (offs_h[None, :] < HALF)
-        q_lo = tl.load(q_rows + offs_h[None, :], mask=half_ok, other=0.0)  # [BLOCK_M, HALF_PAD]
-        q_hi = tl.load(q_rows + HALF + offs_h[None, :], mask=half_ok, other=0.0)  # [BLOCK_M, HALF_PAD]
-        pass_ok = row_ok[:, None] & (offs_d[None, :] >= ROTARY_DIM)
-        q_pass = tl.load(q_rows + offs_d[None, :], mask=pass_ok, other=0.0)  # [BLOCK_M, HEAD_DIM]
-    else:
-        q_lo = tl.load(q_rows + offs_d[None, :], mask=row_ok[:, None], other=0.0)  # [BLOCK_M, HEAD_DIM]
-        q_hi = q_lo
-        q_pass = q_lo
 
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
