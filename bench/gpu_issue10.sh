@@ -117,8 +117,8 @@ if want final2; then  # this stop's last call: the GPU tests, the op's reads at 
         --max-num-batched-tokens 8192
 fi
 if want rag09; then  # the RAG table's reuse-0.9 rows alone (carry only bench/data/rag-64-reuse0.9 when the cache is big)
-    step rag_reuse09 200 $RAG --reuse 0.9 --systems vanilla_prefix,barrier,inline,isps --max-num-seqs 32 \
-        --max-num-batched-tokens 8192 --tag=-reuse09
+    step rag_reuse09 200 env TORCH_LOGS=recompiles $RAG --reuse 0.9 --systems vanilla_prefix,barrier,inline,isps --max-num-seqs 32 \
+        --max-num-batched-tokens 8192 --tag=-reuse09  # TORCH_LOGS: why torch.compile compiled again
 fi
 if want engine; then  # issue 13: engine decode b1 / b64 against the HBM roofline, with its profile, and prefill vs HF
     step gpu_engine 330 python3 bench/gpu_engine.py --out "$OUT/gpu_engine_${GIT_SHA}_h200.json"

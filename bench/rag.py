@@ -183,14 +183,21 @@ def num_compiles() -> int:
     grows during a timed run means that run paid a compile (seconds) in the middle of serving."""
     import torch._dynamo.utils
 
+    return torch._dynamo.utils.counters["stats"]["unique_graphs"] + len(triton_compiles())
+
+
+def triton_compiles() -> set[tuple[str, str]]:
+    """(kernel, specialization key) of every compiled variant of the op's Triton kernels (a run that adds one prints
+    it: which kernel, which constexprs)."""
     from ops import triton_kernel as tk
 
-    count = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    keys = set()
     for fn in (tk._rope_paged_attention_kernel, tk._reduce_splits_kernel, tk._gather_kv_kernel,
                tk._dense_attention_kernel):  # fmt: skip
-        caches = getattr(fn, "device_caches", {})
-        count += sum(len(c[0]) for c in caches.values() if isinstance(c, tuple) and isinstance(c[0], dict))
-    return count
+        for cache in getattr(fn, "device_caches", {}).values():
+            if isinstance(cache, tuple) and isinstance(cache[0], dict):
+                keys |= {(fn.__name__, str(key)) for key in cache[0]}
+    return keys
 
 
 @contextlib.contextmanager
@@ -221,7 +228,7 @@ def run_system(llm: mp.LLM, samples, recipe: str, policy: str, new_tokens: int =
     params = mp.SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
     before = llm.stats()
     steps_before, step_time_before = llm.engine.stats.num_steps, llm.engine.stats.total_step_time
-    compiles_before = num_compiles()
+    compiles_before, triton_before = num_compiles(), triton_compiles()
     start = time.perf_counter()
     with phase_times(llm.engine) as phases:
         outputs = llm.generate(prompts, params, use_tqdm=False)
@@ -247,6 +254,7 @@ def run_system(llm: mp.LLM, samples, recipe: str, policy: str, new_tokens: int =
         * (llm.engine.stats.total_step_time - step_time_before)
         / max(1, llm.engine.stats.num_steps - steps_before),
         "compiles": num_compiles() - compiles_before,
+        "triton_compiled": sorted(triton_compiles() - triton_before),
         "phase_ms_per_step": {name: 1e3 * phases[name] / num_steps for name in PHASES},
         "outputs": [o.token_ids for o in outputs],
     }
@@ -332,6 +340,8 @@ def main() -> None:
                       f"{r['compiles']} compiles; ms a step: "
                       + ", ".join(f"{k.strip('_')} {v:.2f}" for k, v in r["phase_ms_per_step"].items()),
                       flush=True)  # fmt: skip
+                for kernel, key in r["triton_compiled"]:
+                    print(f"   compiled in the run: {kernel} {key}", flush=True)
             if "barrier" in names:
                 rows[reuse]["ceiling"] = c = schedule_ceiling(llm, data[reuse], rows[reuse]["barrier"])
                 print(
