@@ -152,6 +152,20 @@ class ModelRunner:
             per_seq = CUDA_GRAPH_MAX_TOKENS_PER_SEQ
             shapes = graph_shapes(CUDA_GRAPH_BATCH_SIZES, sched.max_num_seqs, token_sizes, per_seq)
             self.graphs = StepGraphs(self, shapes)
+        if self.device.type == "cuda":
+            self._warm_up_attention()
+
+    def _warm_up_attention(self) -> None:
+        """Compile every variant of the attention op that this engine's steps may pick, now: an eager step of a shape
+        no warm-up had met (isps, 34 sequences of a few tokens each) compiled one inside a timed RAG run
+        (bench/results/rag-85d064b-cuda-reuse09.log)."""
+        from ops.triton_kernel import warm_up
+
+        cfg, sched = self.config.model, self.config.scheduler
+        cos_sin = self.model.cos_sin if self.config.cache.position_free else None
+        max_context = cdiv(sched.max_model_len, self.block_size) * self.block_size
+        warm_up(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, self.block_size, self.dtype, cos_sin, self.device,
+                sched.max_num_batched_tokens, max_context)  # fmt: skip
 
     @property
     def block_bytes(self) -> int:

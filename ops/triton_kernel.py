@@ -33,6 +33,7 @@ Design (after vLLM's unified attention and Triton tutorial 06):
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 
 import torch
@@ -644,6 +645,77 @@ def pick_config(
         DENSE=dense,
         WARP_SPECIALIZE=warp_specialize,
     )
+
+
+def compile_key(cfg: dict) -> tuple:
+    """What a launch with config `cfg` compiles: two configs with the same key run the same kernels."""
+    split = cfg["NUM_SPLITS"] > 1
+    return (cfg["BLOCK_M"], cfg["TILE_N"], cfg["num_warps"], cfg["num_stages"], split, cfg["PRE_ROTATE"],
+            cfg["DENSE"], cfg["WARP_SPECIALIZE"])  # fmt: skip
+
+
+# Step shapes that `variant_shapes` tries: sequences, query tokens per sequence (around pick_config's thresholds of
+# 16 and SHORT_PREFILL_ROWS rows, and LONG_PREFILL_ROWS) and table widths in keys (the context `pick_config` reads).
+VARIANT_SEQS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+VARIANT_TOKENS_PER_SEQ = (1, 2, 4, 5, 8, 16, 17, 32, 33, 64, 129, 1024, 8192)
+VARIANT_TABLE_KEYS = (256, 512, 4096, LONG_DECODE_CONTEXT)
+
+
+def variant_shapes(
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    is_rotary: bool,
+    device: torch.device,
+    elem_size: int,
+    table_elem_size: int,
+    max_num_tokens: int,
+    max_context: int,
+) -> list[tuple[int, int, int]]:
+    """(num_tokens, num_seqs, table_keys): one step shape for each kernel variant (`compile_key`) that `pick_config`
+    chooses for these heads in steps of at most `max_num_tokens` tokens over tables at most `max_context` keys wide."""
+    group, found = num_heads // num_kv_heads, {}
+    for num_seqs, per_seq in itertools.product(VARIANT_SEQS, VARIANT_TOKENS_PER_SEQ):
+        for keys in sorted({k for k in (*VARIANT_TABLE_KEYS, max_context) if per_seq <= k <= max_context}):
+            if num_seqs * per_seq <= max_num_tokens:
+                cfg = pick_config(num_seqs * per_seq, num_seqs, num_kv_heads, group, head_dim, keys, is_rotary,
+                                  device, elem_size, table_elem_size)  # fmt: skip
+                found.setdefault(compile_key(cfg), (num_seqs * per_seq, num_seqs, keys))
+    return sorted(found.values())
+
+
+def warm_up(
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    block_size: int,
+    dtype: torch.dtype,
+    cos_sin: torch.Tensor | None,
+    device: torch.device,
+    max_num_tokens: int,
+    max_context: int,
+) -> int:
+    """Launch every kernel variant of `variant_shapes` once on a small zero cache, so that each compiles now and not
+    in the middle of serving (a compile takes seconds). Arguments as the engine passes them (same dtypes and
+    strides, so the same specializations). Returns the number of launches."""
+    elem_size = torch.empty((), dtype=dtype).element_size()
+    table_elem_size = 4 if cos_sin is None else cos_sin.element_size()
+    shapes = variant_shapes(num_heads, num_kv_heads, head_dim, cos_sin is not None, device, elem_size,
+                            table_elem_size, max_num_tokens, max_context)  # fmt: skip
+    for num_tokens, num_seqs, keys in shapes:
+        per_seq = num_tokens // num_seqs  # each sequence: its keys 0 .. per_seq - 1, all of them queries
+        num_blocks = -(-per_seq // block_size)
+        cache = torch.zeros(num_blocks, block_size, num_kv_heads, head_dim, dtype=dtype, device=device)
+        tables = torch.zeros(num_seqs, -(-keys // block_size), dtype=torch.int32, device=device)
+        tables[:, :num_blocks] = torch.arange(num_blocks, dtype=torch.int32, device=device)
+        int32 = dict(dtype=torch.int32, device=device)
+        rope_paged_attention_triton(
+            torch.zeros(num_tokens, num_heads, head_dim, dtype=dtype, device=device), cache, torch.zeros_like(cache),
+            tables, torch.arange(0, num_tokens + 1, per_seq, **int32),
+            torch.arange(per_seq, device=device).repeat(num_seqs), torch.full((num_seqs,), per_seq, **int32),
+            torch.zeros(num_tokens, **int32), cos_sin, head_dim**-0.5,
+        )  # fmt: skip
+    return len(shapes)
 
 
 def check_triton_support(q: torch.Tensor, k_cache: torch.Tensor, cos_sin: torch.Tensor | None) -> None:

@@ -417,3 +417,60 @@ def test_triton_merge_never_reads_the_output_of_a_split_with_no_keys(monkeypatch
         actual = triton_kernel.rope_paged_attention_triton(*problem.args(), config={"NUM_SPLITS": 64, "TILE_N": 16})
     expected = rope_paged_attention_ref(*problem.args())
     assert_close(actual, expected, atol=1e-4, rtol=1e-4, what="64 splits over short key ranges")
+
+
+# (num_heads, num_kv_heads, head_dim, rotary, elem_size, table_elem_size): Llama-3-8B in bf16 as the engine runs it,
+# a small fp32 model, keys as stored (the vanilla baseline)
+VARIANT_MODELS = [(32, 8, 128, True, 2, 2), (9, 3, 64, True, 4, 4), (32, 8, 128, False, 2, 4)]
+
+
+@pytest.mark.parametrize("model", VARIANT_MODELS, ids=["8b-bf16", "small-fp32", "8b-stored"])
+def test_variant_shapes_cover_every_config_pick_config_chooses(monkeypatch, model):
+    """On an H200-like device, every compiled variant that some step shape (up to 8,192 tokens over tables up to
+    16,896 keys) would pick is among the shapes the engine warms up: none compiles in the middle of serving."""
+    from ops import triton_kernel as tk
+
+    monkeypatch.setattr(tk, "_num_sms", lambda index: 132)
+    monkeypatch.setattr(tk, "_has_tma", lambda index: True)
+    num_heads, num_kv_heads, head_dim, rotary, elem, table = model
+    cuda, max_tokens, max_context = torch.device("cuda", 0), 8192, 16896
+    warmed = {
+        tk.compile_key(tk.pick_config(t, s, num_kv_heads, num_heads // num_kv_heads, head_dim, k, rotary, cuda, elem,
+                                      table))  # fmt: skip
+        for t, s, k in tk.variant_shapes(num_heads, num_kv_heads, head_dim, rotary, cuda, elem, table, max_tokens,
+                                         max_context)  # fmt: skip
+    }
+    seqs = [*range(1, 70), 96, 100, 128, 200, 256, 300, 512]
+    per_seq = [*range(1, 161), 200, 500, 1000, 4096, 8191, 8192]
+    widths = [16, 32, 64, 128, 256, 272, 512, 1024, 2048, 4096, 8176, 8192, 8208, 16384, max_context]
+    picked = {
+        tk.compile_key(tk.pick_config(s * p, s, num_kv_heads, num_heads // num_kv_heads, head_dim, k, rotary, cuda,
+                                      elem, table))  # fmt: skip
+        for s in seqs for p in per_seq for k in widths if s * p <= max_tokens and p <= k
+    }
+    assert picked - warmed == set()
+    assert len(warmed) == len(tk.variant_shapes(num_heads, num_kv_heads, head_dim, rotary, cuda, elem, table,
+                                                max_tokens, max_context))  # one shape per variant  # fmt: skip
+
+
+def test_warm_up_launches_each_variant_once(monkeypatch):
+    """The warm-up's launches (interpreter): one per variant, each picking a variant no other launch picked."""
+    from ops import triton_kernel as tk
+
+    keys, launch = [], tk.rope_paged_attention_triton
+
+    def spy(q, k_cache, v_cache, block_tables, cu_seqlens_q, q_positions, kv_lens, visible_start, cos_sin, scale):
+        cfg = tk.pick_config(q.shape[0], block_tables.shape[0], k_cache.shape[2], q.shape[1] // k_cache.shape[2],
+                             q.shape[2], block_tables.shape[1] * k_cache.shape[1], cos_sin is not None, q.device,
+                             q.element_size(), cos_sin.element_size())  # fmt: skip
+        keys.append(tk.compile_key(cfg))
+        assert q_positions.dtype == torch.int64 and cu_seqlens_q.dtype == kv_lens.dtype == torch.int32
+        out = launch(q, k_cache, v_cache, block_tables, cu_seqlens_q, q_positions, kv_lens, visible_start, cos_sin,
+                     scale)  # fmt: skip
+        assert torch.isfinite(out).all()
+        return out
+
+    monkeypatch.setattr(tk, "rope_paged_attention_triton", spy)
+    cos_sin = rope_cos_sin(256, 16)
+    count = tk.warm_up(4, 2, 16, 16, torch.float32, cos_sin, torch.device("cpu"), 64, 256)
+    assert count == len(keys) >= 1 and len(set(keys)) == len(keys)
