@@ -36,6 +36,12 @@ def hash_block_bytes(parent: BlockHash, block_bytes: bytes) -> BlockHash:
     return hashlib.sha256(parent + block_bytes).digest()
 
 
+def hash_digest(span_base: BlockHash, span_hash: BlockHash) -> BlockHash:
+    """The prompt digest inside an SSEP segment: H(the digest before the segment, the segment's last block hash),
+    its input tagged (65 bytes; a block hash's input is 32 + 8 x tokens) so it never meets a block's."""
+    return hashlib.sha256(b"d" + span_base + span_hash).digest()
+
+
 def chain_hashes(parent: BlockHash, token_ids: Sequence[int], block_size: int) -> list[BlockHash]:
     """Chained hashes of the full blocks of `token_ids` (a partial tail block gets none)."""
     num_full = len(token_ids) // block_size * block_size

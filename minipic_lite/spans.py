@@ -25,16 +25,18 @@ Rules
   PDEP segments, each running to the next marker. Generated tokens continue the last segment.
 * Visibility: ``visible_start[i]`` is the segment's start in an SSEP segment, else 0; query i attends to keys
   ``visible_start[i] <= j <= i`` (Block-Attention's mask), at logical positions = indices in this request.
-* Hashes, per full block b with tokens x_b, from two chains that both start at the root (namespace) hash:
+* Hashes, per full block b with tokens x_b, starting at the root (namespace) hash:
 
-      d_b = H(d_{b-1}, x_b)                       running prompt digest, never reset
       h_b = H(root, x_b)       if x_b starts with SSEP   (chain reset: the span is cacheable anywhere)
             H(d_{b-1}, x_b)    if x_b starts with PDEP   (depends on the whole prompt before it)
             H(h_{b-1}, x_b)    otherwise
 
-  NOTE: d_b is exactly the plain prefix chain (`hashing.chain_hashes`), and h_b == d_b whenever block b sees
-  the whole prompt before it (leading and PDEP segments). So a prompt without markers hashes exactly as plain
-  prefix caching, and only blocks inside SSEP spans pay for a second sha256.
+  where d_{b-1}, the prompt digest, names every token before block b: it is h_{b-1} itself when block b-1 lies
+  outside SSEP segments (there h chains from the previous d, so it already does), and H'(d before the segment,
+  h_{b-1}) inside one (`hashing.hash_digest`, a tagged sha256). DESIGN §2 chains d block by block
+  (d_b = H(d_{b-1}, x_b)); per segment it costs one sha256 per SSEP segment instead of one per block, and two blocks
+  still share a hash exactly when they see the same tokens (README, design notes). A prompt without markers
+  hashes exactly as plain prefix caching.
 * With position-free mode off (the vanilla rotated-key baseline) markers are ordinary tokens: no segments,
   plain chained hashes. Asking for span semantics there (a composed `Prompt` with markers) is a `ValueError`.
 
@@ -60,14 +62,13 @@ Example (block_size 4, S = SSEP, P = PDEP, _ = pad)::
 from __future__ import annotations
 
 import enum
-import functools
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from minipic_lite.config import SPAN_HASH_MEMO_BLOCKS, ControlTokens
-from minipic_lite.hashing import TOKEN_BYTES, BlockHash, chain_hashes_bytes, hash_block_bytes, token_bytes
+from minipic_lite.hashing import TOKEN_BYTES, BlockHash, chain_hashes_bytes, hash_block_bytes, hash_digest, token_bytes
 
 
 class SegmentKind(str, enum.Enum):
@@ -165,26 +166,31 @@ def marker_blocks(segments: Sequence[Segment], block_size: int) -> dict[int, Seg
 
 @dataclass(slots=True)  # NOTE: never mutated; not frozen only because one is made per block (a frozen init costs 2x)
 class HashState:
-    """Where the two chains stand after the last hashed block: h_{b-1} (`parent`) and d_{b-1} (`digest`)."""
+    """Where the chains stand after the last hashed block: its hash h_{b-1} (`parent`), and `span_base`, the prompt
+    digest before the SSEP segment that block lies in (None: it lies in none, and the digest is `parent` itself)."""
 
     parent: BlockHash
-    digest: BlockHash
+    span_base: BlockHash | None = None
+
+    def digest(self) -> BlockHash:
+        """d, which names every token hashed so far: h_{b-1} itself outside SSEP segments (there h chains from the
+        previous d), and H(d before the segment, h_{b-1}) inside one (its h chains from the root)."""
+        return self.parent if self.span_base is None else hash_digest(self.span_base, self.parent)
 
 
 def next_block_hash(
     state: HashState, root: BlockHash, block_bytes: bytes, kind: SegmentKind | None
 ) -> tuple[BlockHash, HashState]:
     """h_b for one full block (its tokens as `hashing.token_bytes`), and the state after it. `kind` is the
-    block's marker (None: no marker)."""
-    digest = hash_block_bytes(state.digest, block_bytes)  # d_b = H(d_{b-1}, x_b)
-    if kind is SegmentKind.SSEP:
+    block's marker (None: no marker). The plain statement that `block_hashes` computes run by run."""
+    if kind is SegmentKind.SSEP:  # h_b = H(root, x_b): the chain restarts; d before the segment is kept
         block_hash = hash_block_bytes(root, block_bytes)
-    elif kind is SegmentKind.PDEP or state.parent == state.digest:
-        # NOTE: H(d_{b-1}, x_b) is d_b itself; and H(h_{b-1}, x_b) is too when h_{b-1} == d_{b-1}.
-        block_hash = digest
-    else:
-        block_hash = hash_block_bytes(state.parent, block_bytes)
-    return block_hash, HashState(block_hash, digest)
+        return block_hash, HashState(block_hash, state.digest())
+    if kind is SegmentKind.PDEP:  # h_b = H(d_{b-1}, x_b): the whole prompt before it
+        block_hash = hash_block_bytes(state.digest(), block_bytes)
+        return block_hash, HashState(block_hash)
+    block_hash = hash_block_bytes(state.parent, block_bytes)  # h_b = H(h_{b-1}, x_b)
+    return block_hash, HashState(block_hash, state.span_base)
 
 
 def block_hashes(
@@ -204,36 +210,37 @@ def block_hashes(
     remembers the chains of runs met before (the hashes are the same with or without it).
 
     Exactly `next_block_hash` block after block, computed run by run: the blocks are cut at markers, and each
-    run extends the digest chain d and takes its h from what `next_block_hash` would:
+    run's h chains from
 
-        run opened by      h of its blocks
-        SSEP               chain_hashes(root, run)         (the same in every prompt)
-        PDEP               d of its blocks                 (h_b = d_b, and h stays equal to d)
-        nothing (first)    d, if h == d at its start; else chain_hashes(h, run)   (a continued SSEP span)
+        SSEP         the root                  (the same in every prompt: from the memo once seen)
+        PDEP         the digest d before it    (one hash after an SSEP segment: H(d before it, its last h))
+        no marker    the last h                (the first run of a prompt, or a continued segment)
 
-    With `memo`, every chain of a span prompt is looked up there first: an SSEP span's h in any prompt, and
-    the d of a run after the same digest (the same documents after the same prefix). A prompt without markers
-    (one run) always hashes its chain: it would seldom be met again whole.
+    so the digest costs one hash per SSEP segment, not one per block (DESIGN §2's d_b = H(d_{b-1}, x_b) hashed a
+    16k-token prompt's 1,035 blocks again for every new order of its documents; see the README's design notes).
+    With `memo`, every chain of a span prompt is looked up there first. A prompt without markers (one run) always
+    hashes its chain: it would seldom be met again whole.
     """
-    state = state or HashState(root, root)
+    state = state or HashState(root)
     width, num_blocks = block_size * TOKEN_BYTES, len(token_ids) // block_size
     if num_blocks == 0:
         return [], state
     data = token_bytes(token_ids)  # NOTE: one conversion for all blocks (and a partial tail's tokens, not copied first)
     memo = memo if markers else None
     hashes: list[BlockHash] = []
-    digests: list[BlockHash] = []
+    parent, span_base = state.parent, state.span_base
     for start, end, kind in marker_runs(markers or {}, first_block, num_blocks):
-        chain = functools.partial(run_chain, memo, run=data[start * width : end * width], width=width)
-        parent, digest = (hashes[-1], digests[-1]) if start else (state.parent, state.digest)
-        digests += chain(digest)  # d_b = H(d_{b-1}, x_b)
+        run = data[start * width : end * width]
         if kind is SegmentKind.SSEP:
-            hashes += chain(root)
-        elif kind is SegmentKind.PDEP or parent == digest:
-            hashes += digests[start:end]  # NOTE: h == d after a PDEP block, and only a marker parts them again
+            span_base = HashState(parent, span_base).digest()
+            hashes += run_chain(memo, root, run, width)
+        elif kind is SegmentKind.PDEP:
+            hashes += run_chain(memo, HashState(parent, span_base).digest(), run, width)
+            span_base = None
         else:
-            hashes += chain(parent)
-    return hashes, HashState(hashes[-1], digests[-1])
+            hashes += run_chain(memo, parent, run, width)
+        parent = hashes[-1]
+    return hashes, HashState(parent, span_base)
 
 
 def run_chain(memo: SpanHashMemo | None, parent: BlockHash, run: bytes, width: int) -> list[BlockHash]:

@@ -1,6 +1,8 @@
 """Span semantics as pure functions (segments, visible_start, the two hash chains, validation) and per-block
 reuse of spans in the scheduler (no model). The composer that writes span prompts: test_prompts.py."""
 
+import hashlib
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -212,7 +214,7 @@ def test_sequence_hashes_incrementally_and_generated_tokens_continue_the_last_se
 
 def plain_block_hashes(token_ids, root, markers, state=None, first_block=0):
     """The plain statement: `next_block_hash` once per full block (what `block_hashes` computes chain by chain)."""
-    state, hashes = state or HashState(root, root), []
+    state, hashes = state or HashState(root), []
     for i in range(len(token_ids) // B):
         block_bytes = token_bytes(token_ids[i * B : (i + 1) * B])
         block_hash, state = next_block_hash(state, root, block_bytes, markers.get(first_block + i))
@@ -237,22 +239,25 @@ def test_block_hashes_chain_by_chain_equal_the_plain_block_by_block_statement(pr
 
 
 def test_block_hashes_of_a_known_prompt():
-    """Spelled out for one prompt (B = 4): S at block 1 resets h, P at block 3 takes d."""
+    """Spelled out for one prompt (B = 4): S at block 1 resets h, P at block 3 takes d, which after the SSEP
+    segment is H(d before it, the segment's last h)."""
     prompt = [10, 11, 12, 13, *span(S, 5, 6, 7, 8, 9, 10), *span(P, 4)]
     x = [token_bytes(prompt[i : i + B]) for i in range(0, len(prompt), B)]
     H = hash_block_bytes
-    d0 = H(ROOT, x[0])
-    d1, d2 = H(d0, x[1]), H(H(d0, x[1]), x[2])
+    h0 = H(ROOT, x[0])  # the leading segment: h chains from the root, and d == h
     h1 = H(ROOT, x[1])
-    expected = [d0, h1, H(h1, x[2]), H(d2, x[3])]
-    assert block_hashes(prompt, B, ROOT, span_layout(prompt, CONTROL, B).marker_blocks)[0] == expected
+    h2 = H(h1, x[2])
+    d2 = hashlib.sha256(b"d" + h0 + h2).digest()
+    expected = [h0, h1, h2, H(d2, x[3])]
+    hashes, state = block_hashes(prompt, B, ROOT, span_layout(prompt, CONTROL, B).marker_blocks)
+    assert hashes == expected and state == HashState(expected[3])
     assert marker_runs({1: SegmentKind.SSEP, 3: SegmentKind.PDEP}, 0, 4) == [
         (0, 1, None),
         (1, 3, SegmentKind.SSEP),
         (3, 4, SegmentKind.PDEP),
     ]
     assert marker_runs({1: SegmentKind.SSEP, 3: SegmentKind.PDEP}, 2, 3) == [(0, 1, None), (1, 3, SegmentKind.PDEP)]
-    assert d1 != h1
+    assert HashState(h2, h0).digest() == d2 != h2
 
 
 def test_span_hash_memo_keeps_the_most_recent_chains_up_to_its_block_budget():
