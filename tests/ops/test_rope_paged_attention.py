@@ -435,18 +435,24 @@ def test_variant_shapes_cover_every_config_pick_config_chooses(monkeypatch, mode
     num_heads, num_kv_heads, head_dim, rotary, elem, table = model
     cuda, max_tokens, max_context = torch.device("cuda", 0), 8192, 16896
     warmed = {
-        tk.compile_key(tk.pick_config(t, s, num_kv_heads, num_heads // num_kv_heads, head_dim, k, rotary, cuda, elem,
-                                      table))  # fmt: skip
-        for t, s, k in tk.variant_shapes(num_heads, num_kv_heads, head_dim, rotary, cuda, elem, table, max_tokens,
-                                         max_context)  # fmt: skip
+        tk.compile_key(
+            tk.pick_config(t, s, num_kv_heads, num_heads // num_kv_heads, head_dim, k, rotary, cuda, elem, table)
+        )  # fmt: skip
+        for t, s, k in tk.variant_shapes(
+            num_heads, num_kv_heads, head_dim, rotary, cuda, elem, table, max_tokens, max_context
+        )  # fmt: skip
     }
     seqs = [*range(1, 70), 96, 100, 128, 200, 256, 300, 512]
     per_seq = [*range(1, 161), 200, 500, 1000, 4096, 8191, 8192]
     widths = [16, 32, 64, 128, 256, 272, 512, 1024, 2048, 4096, 8176, 8192, 8208, 16384, max_context]
     picked = {
-        tk.compile_key(tk.pick_config(s * p, s, num_kv_heads, num_heads // num_kv_heads, head_dim, k, rotary, cuda,
-                                      elem, table))  # fmt: skip
-        for s in seqs for p in per_seq for k in widths if s * p <= max_tokens and p <= k
+        tk.compile_key(
+            tk.pick_config(s * p, s, num_kv_heads, num_heads // num_kv_heads, head_dim, k, rotary, cuda, elem, table)
+        )  # fmt: skip
+        for s in seqs
+        for p in per_seq
+        for k in widths
+        if s * p <= max_tokens and p <= k
     }
     assert picked - warmed == set()
     assert len(warmed) == len(tk.variant_shapes(num_heads, num_kv_heads, head_dim, rotary, cuda, elem, table,
@@ -474,3 +480,22 @@ def test_warm_up_launches_each_variant_once(monkeypatch):
     cos_sin = rope_cos_sin(256, 16)
     count = tk.warm_up(4, 2, 16, 16, torch.float32, cos_sin, torch.device("cpu"), 64, 256)
     assert count == len(keys) >= 1 and len(set(keys)) == len(keys)
+
+
+def test_warm_up_runs_the_variants_an_h200_picks(monkeypatch):
+    """The warm-up with the configs pick_config chooses on an H200 (split decode and short reads, the dense path),
+    run here by the interpreter: every launch finishes with finite outputs."""
+    from ops import triton_kernel as tk
+
+    real_pick, cuda, outputs = tk.pick_config, torch.device("cuda", 0), []
+    monkeypatch.setattr(tk, "_num_sms", lambda index: 132)
+    monkeypatch.setattr(tk, "_has_tma", lambda index: True)
+    monkeypatch.setattr(tk, "pick_config", lambda *args, **kw: real_pick(*args[:7], cuda, *args[8:], **kw))
+    launch = tk.rope_paged_attention_triton
+    monkeypatch.setattr(tk, "rope_paged_attention_triton", lambda *args: outputs.append(launch(*args)) or outputs[-1])
+    cos_sin = rope_cos_sin(1024, 64).to(torch.bfloat16)
+    count = tk.warm_up(8, 2, 64, 16, torch.bfloat16, cos_sin, torch.device("cpu"), 512, 1024)
+    shapes = tk.variant_shapes(8, 2, 64, True, cuda, 2, 2, 512, 1024)
+    assert count == len(outputs) == len(shapes) >= 4  # decode and short, each split or not; dense
+    assert any(tk.pick_config(t, s, 2, 4, 64, k, True, cuda, 2, 2)["DENSE"] for t, s, k in shapes)
+    assert all(torch.isfinite(out).all() for out in outputs)
