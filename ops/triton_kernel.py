@@ -27,7 +27,7 @@ Design (after vLLM's unified attention and Triton tutorial 06):
   merges them. The split count is a runtime argument (one compiled kernel for all of them: a new constexpr
   value would compile for seconds in the middle of serving). Split launches put the tiles on the grid's last axis
   (``TILES_LAST``), so every program of the real tiles is dispatched before a CUDA graph's padding tiles; and a split
-  with no key to read stores only its (max, sum), which the merge weighs 0, without loading its queries.
+  with no key to read stores only its (max, sum), which the merge weighs 0 (it never reads that split's output).
 """
 
 from __future__ import annotations
@@ -704,9 +704,9 @@ def warm_up(
                             table_elem_size, max_num_tokens, max_context)  # fmt: skip
     for num_tokens, num_seqs, keys in shapes:
         per_seq = num_tokens // num_seqs  # each sequence: its keys 0 .. per_seq - 1, all of them queries
-        num_blocks = -(-per_seq // block_size)
+        num_blocks = triton.cdiv(per_seq, block_size)
         cache = torch.zeros(num_blocks, block_size, num_kv_heads, head_dim, dtype=dtype, device=device)
-        tables = torch.zeros(num_seqs, -(-keys // block_size), dtype=torch.int32, device=device)
+        tables = torch.zeros(num_seqs, triton.cdiv(keys, block_size), dtype=torch.int32, device=device)
         tables[:, :num_blocks] = torch.arange(num_blocks, dtype=torch.int32, device=device)
         int32 = dict(dtype=torch.int32, device=device)
         rope_paged_attention_triton(
