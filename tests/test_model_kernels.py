@@ -1,5 +1,6 @@
 """The model's fused pieces: torch.compile'd versions equal the eager ones (the GPU path uses them)."""
 
+import pytest
 import torch
 
 from minipic_lite.models.llama import Kernels, add_rms_norm, silu_and_mul
@@ -30,3 +31,31 @@ def test_add_rms_norm_is_the_residual_add_then_norm():
     torch.testing.assert_close(normed, expected)
     gate, up = torch.randn(4, 8), torch.randn(4, 8)
     torch.testing.assert_close(silu_and_mul(torch.cat([gate, up], -1)), gate * torch.sigmoid(gate) * up)
+
+
+@pytest.mark.parametrize("position_free", [True, False])
+def test_the_runner_warms_up_the_attention_variants_of_its_own_model(tmp_path, monkeypatch, position_free):
+    """The engine's start-up call (CUDA only; called here directly on a CPU runner, the kernels in the interpreter):
+    the model's heads, dtype and cos/sin table as its forward passes them, tables as wide as max_model_len."""
+    import json
+
+    import ops.triton_kernel as tk
+    from minipic_lite import LLM
+
+    config = {"model_type": "llama", "vocab_size": 256, "hidden_size": 64, "intermediate_size": 96,
+              "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+              "max_position_embeddings": 200}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    llm = LLM(str(tmp_path), device="cpu", load_format="dummy", max_model_len=200, max_num_batched_tokens=64,
+              position_free=position_free)  # fmt: skip
+    calls, real = [], tk.warm_up
+    monkeypatch.setattr(tk, "warm_up", lambda *args: calls.append(args) or real(*args))
+    runner = llm.engine.runner
+    try:
+        runner._warm_up_attention()
+    finally:
+        llm.close()
+    ((num_heads, num_kv_heads, head_dim, block_size, dtype, cos_sin, device, max_tokens, max_context),) = calls
+    assert (num_heads, num_kv_heads, head_dim, block_size, dtype) == (4, 2, 16, 16, torch.float32)
+    assert cos_sin is (runner.model.cos_sin if position_free else None)
+    assert (device, max_tokens, max_context) == (torch.device("cpu"), 64, 208)  # 200 keys in 13 blocks of 16
