@@ -4,7 +4,7 @@
 # bench/data (the RAG datasets, built here with `python bench/rag.py --build-only --samples 64`) carried.
 #
 #   GIT_SHA=$(git rev-parse --short HEAD) bash bench/gpu_issue10.sh [part]   part: all (default), a, b, ops, ttft, host, hostdiag, offload, tests, splits, grid, rag, ragphase,
-#   rag0, read, readprof (with ncu), engineread, tileslast, final2, rag09, engine, pending, final, ttft1, probe or hybrid, or several joined by commas
+#   rag0, read, readprof (with ncu), engineread, tileslast, final2, rag09, check17, engine, pending, final, ttft1, probe or hybrid, or several joined by commas
 set -u
 cd "$(dirname "$0")/.."
 export TRITON_INTERPRET=0 PYTHONUNBUFFERED=1 GIT_SHA=${GIT_SHA:-unknown}
@@ -119,6 +119,15 @@ fi
 if want rag09; then  # the RAG table's reuse-0.9 rows alone (carry only bench/data/rag-64-reuse0.9 when the cache is big)
     step rag_reuse09 200 env TORCH_LOGS=recompiles $RAG --reuse 0.9 --systems vanilla_prefix,barrier,inline,isps --max-num-seqs 32 \
         --max-num-batched-tokens 8192 --tag=-reuse09  # TORCH_LOGS: why torch.compile compiled again
+fi
+if want check17; then  # what stop 17 left unmeasured: the GPU tests (every engine start now warms up the attention
+    # variants), isps at reuse 0.9 (no compile in the run expected), the cached TTFT with the per-segment digest
+    # (carry .whl, .gpu_cache_tgz and bench/data/rag-64-reuse0.9 only: the whole bench/data passes 64 MiB with the cache)
+    step gpu_tests 300 python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider -p no:logging --tb=short
+    step rag_reuse09 200 $RAG --reuse 0.9 --systems vanilla_prefix,barrier,inline,isps --max-num-seqs 32 \
+        --max-num-batched-tokens 8192 --tag=-reuse09
+    step host_ttft 60 python3 bench/host_ttft.py --device cuda --llama3-8b-shape --runs 20
+    step ttft_8x2048 70 python3 bench/ttft_spans.py --device cuda --llama3-8b-shape --doc-tokens 2048 --ks 8 --repeats 3
 fi
 if want engine; then  # issue 13: engine decode b1 / b64 against the HBM roofline, with its profile, and prefill vs HF
     step gpu_engine 330 python3 bench/gpu_engine.py --out "$OUT/gpu_engine_${GIT_SHA}_h200.json"
