@@ -133,11 +133,7 @@ def timed(clock: Clock, args: list, real_tokens: int) -> dict:
     ref = rope_paged_attention_torch(*args)
     err = (out[:real_tokens].float() - ref[:real_tokens].float()).abs().max().item()
     q, tables = args[0], args[3]
-    config = triton_kernel.pick_config(
-        q.shape[0], tables.shape[0], args[1].shape[2], q.shape[1] // args[1].shape[2], q.shape[2],
-        tables.shape[1] * args[1].shape[1], args[8] is not None, q.device, elem_size=q.element_size(),
-        table_elem_size=4 if args[8] is None else args[8].element_size(),
-    )  # fmt: skip
+    config = triton_kernel.config_for_args(q, args[1], tables, args[8])
     kernels = attention_kernel_us(lambda: [triton_kernel.rope_paged_attention_triton(*args) for _ in range(20)])
     return dict(ms=clock(lambda: triton_kernel.rope_paged_attention_triton(*args)), max_err=err,
                 kernel_us_profiler=statistics.median(kernels), config=config, tokens=q.shape[0],

@@ -54,12 +54,8 @@ def problem(num_seqs: int, new_tokens: int, context: int, device):
 
 
 def config_for(args, short_rows: int) -> dict:
-    q, k_cache, block_tables = args[0], args[1], args[3]
     with mock.patch.object(triton_kernel, "SHORT_PREFILL_ROWS", short_rows):
-        return triton_kernel.pick_config(
-            q.shape[0], block_tables.shape[0], k_cache.shape[2], q.shape[1] // k_cache.shape[2], q.shape[2],
-            block_tables.shape[1] * k_cache.shape[1], True, q.device, table_elem_size=2,
-        )  # fmt: skip
+        return triton_kernel.config_for_args(args[0], args[1], args[3], args[8])
 
 
 def copy_bandwidth(clock: Clock, device) -> float:

@@ -156,8 +156,8 @@ class ModelRunner:
             self._warm_up_attention()
 
     def _warm_up_attention(self) -> None:
-        """Compile every variant of the attention op that this engine's steps may pick, now: an eager step of a shape
-        no warm-up had met (isps, 34 sequences of a few tokens each) compiled one inside a timed RAG run
+        """Compile every variant of the attention op that this engine's steps may pick, now: an isps step of a shape
+        no warm-up had met compiled one (a short read with no split) inside a timed RAG run
         (bench/results/rag-85d064b-cuda-reuse09.log)."""
         from ops.triton_kernel import warm_up
 

@@ -647,6 +647,19 @@ def pick_config(
     )
 
 
+def config_for_args(
+    q: torch.Tensor, k_cache: torch.Tensor, block_tables: torch.Tensor, cos_sin: torch.Tensor | None
+) -> dict:
+    """`pick_config`'s choice for a launch with these arguments (the op's, as ``ops.rope_paged_attention``)."""
+    num_tokens, num_heads, head_dim = q.shape
+    _, block_size, num_kv_heads, _ = k_cache.shape
+    return pick_config(
+        num_tokens, block_tables.shape[0], num_kv_heads, num_heads // num_kv_heads, head_dim,
+        block_tables.shape[1] * block_size, cos_sin is not None, q.device, elem_size=q.element_size(),
+        table_elem_size=4 if cos_sin is None else cos_sin.element_size(),
+    )  # fmt: skip
+
+
 def compile_key(cfg: dict) -> tuple:
     """What a launch with config `cfg` compiles: two configs with the same key run the same kernels."""
     split = cfg["NUM_SPLITS"] > 1
@@ -821,19 +834,7 @@ def rope_paged_attention_triton(
     num_blocks, block_size, num_kv_heads, _ = k_cache.shape
     num_seqs = block_tables.shape[0]
     group = num_heads // num_kv_heads
-    max_context = block_tables.shape[1] * block_size
-    cfg = pick_config(
-        num_tokens,
-        num_seqs,
-        num_kv_heads,
-        group,
-        head_dim,
-        max_context,
-        cos_sin is not None,
-        q.device,
-        elem_size=q.element_size(),
-        table_elem_size=4 if cos_sin is None else cos_sin.element_size(),
-    )
+    cfg = config_for_args(q, k_cache, block_tables, cos_sin)
     cfg.update(config or {})
     block_m, num_splits = cfg["BLOCK_M"], cfg["NUM_SPLITS"]
     if not 1 <= num_splits <= MAX_CONFIG_SPLITS:

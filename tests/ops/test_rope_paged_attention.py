@@ -466,10 +466,7 @@ def test_warm_up_launches_each_variant_once(monkeypatch):
     keys, launch = [], tk.rope_paged_attention_triton
 
     def spy(q, k_cache, v_cache, block_tables, cu_seqlens_q, q_positions, kv_lens, visible_start, cos_sin, scale):
-        cfg = tk.pick_config(q.shape[0], block_tables.shape[0], k_cache.shape[2], q.shape[1] // k_cache.shape[2],
-                             q.shape[2], block_tables.shape[1] * k_cache.shape[1], cos_sin is not None, q.device,
-                             q.element_size(), cos_sin.element_size())  # fmt: skip
-        keys.append(tk.compile_key(cfg))
+        keys.append(tk.compile_key(tk.config_for_args(q, k_cache, block_tables, cos_sin)))
         assert q_positions.dtype == torch.int64 and cu_seqlens_q.dtype == kv_lens.dtype == torch.int32
         out = launch(q, k_cache, v_cache, block_tables, cu_seqlens_q, q_positions, kv_lens, visible_start, cos_sin,
                      scale)  # fmt: skip
