@@ -10,15 +10,20 @@ that no request owns, and attend only to it:
 
     real: 1 sequence, 19 tokens        bucket (2, 32):  cu_seqlens_q = [0, 19, 32]
                                                          sequence 1 = 13 padding tokens on the scratch block
+
+A step's inputs and padding are written on the host into pinned mirrors of the static buffers and move in two
+copies (`StaticInputs.stage`); the steps of a burst after its first are built on the device and copied there.
 """
 
 from __future__ import annotations
+
+import struct
 
 import torch
 
 from minipic_lite.chunks import SchedulerOutput
 from minipic_lite.config import cdiv
-from minipic_lite.models.step import StepMetadata
+from minipic_lite.models.step import HostStep, StepInputs, StepMetadata
 
 
 def graph_shapes(
@@ -50,6 +55,87 @@ def padding_lens(num_seqs: int, num_tokens: int, shape: tuple[int, int]) -> list
     return [1] * (pad_seqs - 1) + [pad_tokens - pad_seqs + 1] if pad_seqs else []
 
 
+class StaticInputs:
+    """The graphs' input buffers: slices of two flat device tensors, each with a host mirror (pinned on CUDA).
+
+        int64  [ input_ids | positions | slot_mapping ]  T each,  [ logits_indices ]  S
+        int32  [ visible_start ] T,  [ cu_seqlens_q ] S + 1,  [ kv_lens ] S,  [ block_tables ] S x W
+
+    `stage` writes a step's fields and its bucket's padding into the mirrors (struct.pack_into, in C) and moves
+    each mirror in one asynchronous copy: two copies a step, where a copy per field and the padding's fills on
+    the device took ~20 launches of host time while the GPU waited for the replay. Only the entries of a table
+    below its kv_len are read: the rest may hold an older step's ids.
+    """
+
+    def __init__(self, max_seqs: int, max_tokens: int, max_blocks: int, scratch_block: int, block_size: int, device):
+        T, S, W = max_tokens, max_seqs, max_blocks
+        self.max_tokens, self.max_blocks = T, W
+        self.scratch_slot = scratch_block * block_size
+        self.device64 = torch.zeros(3 * T + S, dtype=torch.long, device=device)
+        self.device32 = torch.zeros(T + 2 * S + 1 + S * W, dtype=torch.int32, device=device)
+        pin = torch.device(device).type == "cuda"
+        self.host64 = torch.zeros(self.device64.shape, dtype=torch.long, pin_memory=pin)
+        self.host32 = torch.zeros(self.device32.shape, dtype=torch.int32, pin_memory=pin)
+        self.bytes64 = memoryview(self.host64.numpy()).cast("B")  # NOTE: writes land in the pinned tensor
+        self.bytes32 = memoryview(self.host32.numpy()).cast("B")
+        self.copied = torch.cuda.Event() if pin else None  # the last copies out of the mirrors
+        self.input_ids, self.positions, self.slot_mapping = self.device64[: 3 * T].view(3, T)
+        self.logits_indices = self.device64[3 * T :]  # rows of the sampling tokens, then 0s
+        self.visible_start, self.cu_seqlens_q = self.device32[:T], self.device32[T : T + S + 1]
+        self.kv_lens = self.device32[T + S + 1 : T + 2 * S + 1]
+        self.kv_lens_at, self.tables_at = T + S + 1, T + 2 * S + 1  # int32 offsets
+        self.block_tables = self.device32[self.tables_at :].view(S, W)
+        # constant runs the padding copies from (bytes)
+        self.zeros = bytes(8 * T)
+        self.scratch_slots = struct.pack(f"<{T}q", *[self.scratch_slot] * T)
+        self.scratch_block = struct.pack("<i", scratch_block)
+        self.slot_mapping.fill_(self.scratch_slot)
+        self.block_tables.fill_(scratch_block)
+        self.kv_lens.fill_(1)
+        self.host64.copy_(self.device64)
+        self.host32.copy_(self.device32)
+
+    def stage(self, host: HostStep, shape: tuple[int, int]) -> StepInputs:
+        """Write `host`'s step padded to the bucket `shape` (as `padding_lens` lays it out) into the buffers; the
+        inputs of the real tokens and sequences, as views of them."""
+        seqs, tokens = shape
+        n, num_seqs, num_sampling = len(host.input_ids), len(host.kv_lens), len(host.logits_indices)
+        T, W, b64, b32, pack = self.max_tokens, self.max_blocks, self.bytes64, self.bytes32, struct.pack_into
+        if self.copied is not None:
+            self.copied.synchronize()  # NOTE: the last step's copies have left the mirrors (its sync waited already)
+        pad = tokens - n  # padding tokens: any input id, position 0, the scratch slot, visible from 0
+        pack(f"<{n}q", b64, 0, *host.input_ids)
+        pack(f"<{n}q", b64, 8 * T, *host.positions)
+        b64[8 * (T + n) : 8 * (T + tokens)] = self.zeros[: 8 * pad]
+        pack(f"<{n}q", b64, 16 * T, *host.slot_mapping)
+        b64[8 * (2 * T + n) : 8 * (2 * T + tokens)] = self.scratch_slots[: 8 * pad]
+        pack(f"<{seqs}q", b64, 24 * T, *host.logits_indices, *[0] * (seqs - num_sampling))
+        pack(f"<{n}i", b32, 0, *host.visible_start)
+        b32[4 * n : 4 * tokens] = self.zeros[: 4 * pad]
+        pad_cu = [n + k for k in range(1, seqs - num_seqs)] + [tokens] if seqs > num_seqs else []
+        pack(f"<{seqs + 1}i", b32, 4 * T, *host.cu_seqlens_q, *pad_cu)
+        pack(f"<{seqs}i", b32, 4 * self.kv_lens_at, *host.kv_lens, *[1] * (seqs - num_seqs))
+        rows_at = 4 * self.tables_at
+        for i, table in enumerate(host.block_tables):
+            pack(f"<{len(table)}i", b32, rows_at + 4 * W * i, *table)
+        for i in range(num_seqs, seqs):  # NOTE: a padding sequence reads its first entry only (one key)
+            b32[rows_at + 4 * W * i : rows_at + 4 * W * i + 4] = self.scratch_block
+        self.device64.copy_(self.host64, non_blocking=True)
+        end = self.tables_at + seqs * W
+        self.device32[:end].copy_(self.host32[:end], non_blocking=True)
+        if self.copied is not None:
+            self.copied.record()
+        meta = StepMetadata(
+            slot_mapping=self.slot_mapping[:n],
+            block_tables=self.block_tables[:num_seqs],
+            cu_seqlens_q=self.cu_seqlens_q[: num_seqs + 1],
+            positions=self.positions[:n],
+            kv_lens=self.kv_lens[:num_seqs],
+            visible_start=self.visible_start[:n],
+        )
+        return StepInputs(self.input_ids[:n], meta, self.logits_indices[:num_sampling], is_staged=True)
+
+
 class StepGraphs:
     def __init__(self, runner, shapes: list[tuple[int, int]]):
         self.runner = runner
@@ -57,16 +143,14 @@ class StepGraphs:
         max_seqs, max_tokens = max(s for s, _ in shapes), max(t for _, t in shapes)
         self.max_blocks = cdiv(runner.config.scheduler.max_model_len, runner.block_size)
         self.scratch_slot = runner.scratch_block * runner.block_size
-        dev, i32, i64 = runner.device, torch.int32, torch.long
-        self.input_ids = torch.zeros(max_tokens, dtype=i64, device=dev)
-        self.positions = torch.zeros(max_tokens, dtype=i64, device=dev)
-        self.slot_mapping = torch.full((max_tokens,), self.scratch_slot, dtype=i64, device=dev)
-        self.visible_start = torch.zeros(max_tokens, dtype=i32, device=dev)
-        self.block_tables = torch.full((max_seqs, self.max_blocks), runner.scratch_block, dtype=i32, device=dev)
-        self.cu_seqlens_q = torch.zeros(max_seqs + 1, dtype=i32, device=dev)
-        self.kv_lens = torch.ones(max_seqs, dtype=i32, device=dev)
-        self.logits_indices = torch.zeros(max_seqs, dtype=i64, device=dev)  # rows of the sampling tokens, then 0s
-        self.ramp = torch.arange(1, max_seqs + 1, dtype=i32, device=dev)  # the padding sequences' cu offsets
+        self.static = static = StaticInputs(
+            max_seqs, max_tokens, self.max_blocks, runner.scratch_block, runner.block_size, runner.device
+        )
+        self.input_ids, self.positions, self.slot_mapping = static.input_ids, static.positions, static.slot_mapping
+        self.visible_start, self.block_tables = static.visible_start, static.block_tables
+        self.cu_seqlens_q, self.kv_lens = static.cu_seqlens_q, static.kv_lens
+        self.logits_indices = static.logits_indices
+        self.ramp = torch.arange(1, max_seqs + 1, dtype=torch.int32, device=runner.device)  # padding cu offsets
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self.logits: dict[tuple[int, int], torch.Tensor] = {}
         self._capture_all()
@@ -124,9 +208,20 @@ class StepGraphs:
         self.block_tables[num_seqs:seqs].fill_(self.runner.scratch_block)
         self.kv_lens[num_seqs:seqs].fill_(1)
 
-    def run(self, inputs, shape: tuple[int, int]) -> torch.Tensor:
-        """Copy the step's inputs into the static buffers, replay the bucket's graph; [num_sampling, vocab] logits,
-        the rows of `inputs.logits_indices` (as an eager step computes them)."""
+    def stage(self, host: HostStep, shape: tuple[int, int]) -> StepInputs:
+        return self.static.stage(host, shape)
+
+    def run(self, inputs: StepInputs, shape: tuple[int, int]) -> torch.Tensor:
+        """Replay the bucket's graph on the step's inputs (copied into the static buffers unless staged there);
+        [num_sampling, vocab] logits, the rows of `inputs.logits_indices` (as an eager step computes them)."""
+        num_sampling = inputs.logits_indices.shape[0]
+        if not inputs.is_staged:
+            self._copy_in(inputs, shape)
+        self.graphs[shape].replay()
+        return self.logits[shape][:num_sampling]
+
+    def _copy_in(self, inputs: StepInputs, shape: tuple[int, int]) -> None:
+        """Inputs built on the device (a burst's later steps) into the static buffers, with the padding."""
         meta = inputs.meta
         num_sampling = inputs.logits_indices.shape[0]
         num_tokens, num_seqs = inputs.input_ids.shape[0], meta.kv_lens.shape[0]
@@ -141,5 +236,3 @@ class StepGraphs:
         self.logits_indices[:num_sampling].copy_(inputs.logits_indices)
         self.logits_indices[num_sampling : shape[0]].zero_()
         self._set_padding(num_seqs, num_tokens, shape)
-        self.graphs[shape].replay()
-        return self.logits[shape][:num_sampling]

@@ -10,7 +10,6 @@ import dataclasses
 import itertools
 import logging
 import os
-from dataclasses import dataclass
 
 import torch
 
@@ -29,18 +28,11 @@ from minipic_lite.kv_cache_manager import Rerotate
 from minipic_lite.models.llama import rope_table
 from minipic_lite.models.packed_linear import can_pack, drop_packed_weights, pack_linears, packed_min_rows
 from minipic_lite.models.registry import model_class
-from minipic_lite.models.step import HostStep, RecurrentStep, StepMetadata, host_tensor
+from minipic_lite.models.step import HostStep, RecurrentStep, StepInputs, StepMetadata, host_tensor
 from minipic_lite.sampler import Sampler
 from minipic_lite.state_cache import StateTensors
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(slots=True)
-class StepInputs:
-    input_ids: torch.Tensor  # [num_tokens]
-    meta: StepMetadata
-    logits_indices: torch.Tensor  # [num_sampling_seqs]: row of each sampling request's last query token
 
 
 def advance_decode_inputs(inputs: StepInputs, sampled: torch.Tensor, block_size: int) -> StepInputs:
@@ -254,12 +246,15 @@ class ModelRunner:
     # -- per step ----------------------------------------------------------------------------------------
 
     @torch.inference_mode()  # NOTE: it also updates the CPU decode mirror, an inference tensor
-    def prepare(self, out: SchedulerOutput) -> StepInputs:
-        """Flatten the scheduled chunks into the op's per-token and per-sequence tensors."""
+    def prepare(self, out: SchedulerOutput, shape: tuple[int, int] | None = None) -> StepInputs:
+        """Flatten the scheduled chunks into the op's per-token and per-sequence tensors: for a step that replays
+        the graph of `shape` (a bucket), straight into that graph's buffers."""
         host = HostStep()
         for s in out.scheduled:
             req, B = s.seq, self.block_size
             host.add_chunk(req.token_ids, req.block_table, s.query_ranges, s.kv_len, req.visible_start, s.do_sample, B)
+        if shape is not None:  # NOTE: graphs serve neither hybrids nor the CPU's packed weights and decode mirror
+            return self.graphs.stage(host, shape)
         meta = StepMetadata.build(host, self.device)
         min_rows = self.packed_min_rows
         meta.use_packed_weights = out.is_decode_only and min_rows is not None and len(host.input_ids) >= min_rows
@@ -281,9 +276,9 @@ class ModelRunner:
         each sampled token back on the device, so the whole burst has one host sync, at the end.
         """
         self.copy_blocks(out.copies)
-        inputs = self.prepare(out)
-        sampling = [s for s in out.scheduled if s.do_sample]
         shape = None if self.graphs is None else self.graphs.shape_for(out)
+        inputs = self.prepare(out, shape)
+        sampling = [s for s in out.scheduled if s.do_sample]
         if not sampling:
             self._logits(inputs, shape)  # K/V written, nothing to sample
             self._save_states(out)

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 import minipic_lite as mp
-from minipic_lite.cuda_graphs import StepGraphs, graph_shapes, padding_lens, pick_shape
+from minipic_lite.cuda_graphs import StaticInputs, StepGraphs, graph_shapes, padding_lens, pick_shape
+from minipic_lite.models.step import HostStep, StepMetadata
 from tests.conftest import save_tiny_llama
 
 SHAPES = graph_shapes((1, 2, 4, 8, 16), max_num_seqs=8, token_sizes=(16, 32, 64, 128), max_tokens_per_seq=8)
@@ -64,6 +65,39 @@ def test_padding_lens(num_seqs, num_tokens, shape, expected):
     assert num_tokens + sum(lens) == shape[1] and num_seqs + len(lens) == shape[0]
 
 
+def staged_host_step() -> HostStep:
+    host = HostStep()  # two sequences, the first with a hole and no sample: 6 + 1 tokens
+    visible_start = [0, 0, 0, 0, 4, 4, 4, 4, 4]
+    host.add_chunk([7, 8, 9, 10, 11, 12, 13, 14, 15], [5, 2, 6], [(0, 2), (5, 9)], 9, visible_start, False, 4)
+    host.add_chunk([3], [9], [(0, 1)], 1, None, True, 4)
+    return host
+
+
+@pytest.mark.parametrize("shape", [(2, 7), (3, 16), (5, 16)], ids=["exact", "one-padding-seq", "three-padding-seqs"])
+def test_staged_inputs_hold_the_eager_metadata_then_the_padding_sequences(shape):
+    static = StaticInputs(max_seqs=5, max_tokens=16, max_blocks=4, scratch_block=40, block_size=4, device="cpu")
+    older = HostStep()  # NOTE: a step before it, over the same buffers: nothing of it may show
+    for i in range(5):
+        older.add_chunk([60 + i] * 3, [30 + i], [(0, 3)], 3, [2, 2, 2], True, 4)
+    static.stage(older, (5, 15))
+    inputs = static.stage(staged_host_step(), shape)
+    host, (seqs, tokens) = staged_host_step(), shape
+    eager = StepMetadata.build(host, torch.device("cpu"))
+    assert inputs.is_staged and inputs.input_ids.tolist() == [7, 8, 12, 13, 14, 15, 3]
+    assert inputs.logits_indices.tolist() == [6] and static.logits_indices[:seqs].tolist() == [6] + [0] * (seqs - 1)
+    for name in ("slot_mapping", "cu_seqlens_q", "positions", "kv_lens", "visible_start"):
+        assert getattr(inputs.meta, name).tolist() == getattr(eager, name).tolist(), name
+    assert inputs.meta.block_tables[0, :3].tolist() == [5, 2, 6] and inputs.meta.block_tables[1, 0] == 9
+    pad_lens = padding_lens(2, 7, shape)
+    cu = static.cu_seqlens_q[: seqs + 1].tolist()
+    assert cu[2:] == [7 + sum(pad_lens[:i]) for i in range(len(pad_lens) + 1)] and cu[-1] == tokens
+    assert static.slot_mapping[7:tokens].tolist() == [160] * (tokens - 7)  # the scratch block's first slot
+    assert static.positions[7:tokens].tolist() == [0] * (tokens - 7)
+    assert static.visible_start[7:tokens].tolist() == [0] * (tokens - 7)
+    assert static.kv_lens[2:seqs].tolist() == [1] * (seqs - 2)
+    assert static.block_tables[2:seqs, 0].tolist() == [40] * (seqs - 2)
+
+
 # -- the graph path through the real engine, on the CPU: each "graph" replays its forward eagerly on the static
 #    buffers, so the padding, the buffers and the choice of logits rows are checked against an eager engine --
 
@@ -96,6 +130,18 @@ def test_the_graph_path_gives_the_eager_tokens_for_prefill_mixed_and_decode_step
         paddings.append(lens)
 
     monkeypatch.setattr(StepGraphs, "_set_padding", checked_padding)
+    stage = StaticInputs.stage
+
+    def checked_stage(self, host, shape):  # the staged buffers hold padding_lens' layout
+        inputs = stage(self, host, shape)
+        num_seqs, num_tokens = len(host.kv_lens), len(host.input_ids)
+        cu = self.cu_seqlens_q[num_seqs : shape[0] + 1].tolist()
+        lens = [b - a for a, b in zip(cu, cu[1:], strict=False)]
+        assert cu[0] == num_tokens and lens == padding_lens(num_seqs, num_tokens, shape)
+        paddings.append(lens)
+        return inputs
+
+    monkeypatch.setattr(StaticInputs, "stage", checked_stage)
     kwargs = dict(
         max_model_len=256,
         max_num_seqs=4,

@@ -62,6 +62,18 @@ class HostStep:
 
 
 @dataclass(slots=True)
+class StepInputs:
+    """What one forward takes: the query tokens, the step's metadata, and the rows to sample."""
+
+    input_ids: torch.Tensor  # [num_tokens]
+    meta: StepMetadata
+    logits_indices: torch.Tensor  # [num_sampling_seqs]: row of each sampling request's last query token
+    # the tensors are views of a CUDA graph's static buffers, written there with the bucket's padding
+    # (cuda_graphs.StaticInputs.stage): a replay copies nothing
+    is_staged: bool = False
+
+
+@dataclass(slots=True)
 class RecurrentStep:
     """Hybrid models: the state slot of each sequence of the step (state_cache.py decides which)."""
 
