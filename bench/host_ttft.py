@@ -17,6 +17,7 @@ are called, so the sections are the engine's own code:
     forward        the model and the sampler (ModelRunner.execute less prepare)
     post           postprocess, stop checks, the output (the rest of LLMEngine.step)
     host           ttft - forward: everything the TTFT holds besides the forward
+    gc             Python's garbage collector in the run (validate too), whichever section it interrupted
 
 Each figure is the median over `--runs` runs (and the minimum: the machine may be shared). Results go to
 bench/results/host_ttft-<sha>-cpu[-shuffle].json.
@@ -34,6 +35,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import functools
+import gc
 import io
 import json
 import os
@@ -59,7 +61,7 @@ TINY_LLAMA = {"model_type": "llama", "vocab_size": 50000, "hidden_size": 64, "in
               "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "max_position_embeddings": 65536,
               "tie_word_embeddings": True}  # fmt: skip
 ONE_TOKEN = mp.SamplingParams(max_tokens=1, temperature=0.0)
-SECTIONS = ("validate", "request", "schedule", "report", "prepare", "forward", "post", "host", "ttft")
+SECTIONS = ("validate", "request", "schedule", "report", "prepare", "forward", "post", "host", "gc", "ttft")
 
 
 def build_engine(max_model_len: int, device: str = "cpu", shape: dict = TINY_LLAMA) -> LLMEngine:
@@ -73,10 +75,19 @@ def build_engine(max_model_len: int, device: str = "cpu", shape: dict = TINY_LLA
 
 
 class Timer:
-    """Wraps engine methods in place; `times[name]` collects seconds per call of the current run."""
+    """Wraps engine methods in place; `times[name]` collects seconds per call of the current run, and "gc" the
+    garbage collector's."""
 
     def __init__(self):
         self.times: dict[str, float] = defaultdict(float)
+        self.gc_start = 0.0
+        gc.callbacks.append(self.on_gc)
+
+    def on_gc(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self.gc_start = time.perf_counter()
+        else:
+            self.times["gc"] += time.perf_counter() - self.gc_start
 
     def wrap(self, obj, name: str, section: str) -> None:
         fn = getattr(obj, name)
@@ -106,6 +117,7 @@ def run_once(engine: LLMEngine, timer: Timer, token_ids: list[int]) -> dict[str,
         engine.step()
         step_times.append(time.perf_counter() - step_start)
     t = dict(timer.times)
+    t.setdefault("gc", 0.0)
     # NOTE: make_request validates again (its own call, before arrival_time); the Request record is the rest
     t["request"] = req_time(req, start, t)
     t["ttft"] = req.first_token_time - req.arrival_time
