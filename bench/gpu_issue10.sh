@@ -4,7 +4,7 @@
 # bench/data (the RAG datasets, built here with `python bench/rag.py --build-only --samples 64`) carried.
 #
 #   GIT_SHA=$(git rev-parse --short HEAD) bash bench/gpu_issue10.sh [part]   part: all (default), a, b, ops, ttft, host, hostdiag, offload, tests, splits, grid, rag, ragphase,
-#   rag0, read, readprof (with ncu), engineread, tileslast, final2, rag09, check17, engine, pending, final, ttft1, probe or hybrid, or several joined by commas
+#   rag0, read, readprof (with ncu), engineread, tileslast, final2, rag09, check17, diag18, engine, pending, final, ttft1, probe or hybrid, or several joined by commas
 set -u
 cd "$(dirname "$0")/.."
 export TRITON_INTERPRET=0 PYTHONUNBUFFERED=1 GIT_SHA=${GIT_SHA:-unknown}
@@ -128,6 +128,16 @@ if want check17; then  # what stop 17 left unmeasured: the GPU tests (every engi
         --max-num-batched-tokens 8192 --tag=-reuse09
     step host_ttft 60 python3 bench/host_ttft.py --device cuda --llama3-8b-shape --runs 20
     step ttft_8x2048 70 python3 bench/ttft_spans.py --device cuda --llama3-8b-shape --doc-tokens 2048 --ks 8 --repeats 3
+fi
+if want diag18; then  # issue 10: why a first prompt after the documents' prefill holds ~1.6 ms more host time than a next
+    # question (ttft_spans 10.3 ms driven directly against host_ttft's 8.7 at 05fac4e). At bc9642e only fresh + 16 torch
+    # threads slowed every host section ~1.5x: OpenMP workers spinning beside the host thread? PASSIVE makes them sleep.
+    step host_ttft_fresh_t16 60 python3 bench/host_ttft.py --device cuda --llama3-8b-shape --runs 10 --fresh --threads 16 --profile
+    step host_ttft_fresh_t16_passive 60 env OMP_WAIT_POLICY=PASSIVE python3 bench/host_ttft.py --device cuda \
+        --llama3-8b-shape --runs 10 --fresh --threads 16
+    step host_ttft_fresh 60 python3 bench/host_ttft.py --device cuda --llama3-8b-shape --runs 10 --fresh
+    step ttft_8x2048_omp1 70 env OMP_NUM_THREADS=1 python3 bench/ttft_spans.py --device cuda --llama3-8b-shape \
+        --doc-tokens 2048 --ks 8 --repeats 3
 fi
 if want engine; then  # issue 13: engine decode b1 / b64 against the HBM roofline, with its profile, and prefill vs HF
     step gpu_engine 330 python3 bench/gpu_engine.py --out "$OUT/gpu_engine_${GIT_SHA}_h200.json"

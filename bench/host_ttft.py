@@ -169,6 +169,7 @@ def save(args, medians: dict, minima: dict, num_tokens: int, num_computed: float
         "doc_tokens": args.doc_tokens,
         "shuffle": args.shuffle,
         "threads": args.threads,
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
         "fresh": args.fresh,
         "runs": args.runs,
         "num_tokens": num_tokens,
@@ -178,7 +179,9 @@ def save(args, medians: dict, minima: dict, num_tokens: int, num_computed: float
         "min_s": minima,
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
+    passive = os.environ.get("OMP_WAIT_POLICY", "").lower() == "passive"
     flags = (("shuffle", args.shuffle), ("fresh", args.fresh), (f"t{args.threads}", args.threads != 1))
+    flags += (("omp-passive", passive),)
     tags = "".join(f"-{tag}" for tag, on in flags if on)
     path = RESULTS / f"host_ttft-{sha}-{args.device}{tags}.json"
     path.write_text(json.dumps(result, indent=2) + "\n")
