@@ -7,6 +7,7 @@ import asyncio
 import threading
 
 import pytest
+import torch
 
 import minipic_lite as mp
 
@@ -237,6 +238,35 @@ def test_the_loop_thread_builds_the_engine_and_a_build_error_reaches_the_caller(
         llm.close()
     with pytest.raises(ValueError, match="too few for one request"):
         mp.LLM(model_dir, device="cpu", num_blocks=2, max_model_len=256)
+
+
+@pytest.mark.parametrize(
+    ("device", "omp_env", "expected"),
+    [("cuda", None, [1]), ("cuda", "4", []), ("cpu", None, [])],
+    ids=["cuda", "cuda-with-OMP_NUM_THREADS", "cpu"],
+)
+def test_a_cuda_engine_thread_drops_to_one_torch_thread_unless_omp_num_threads_says(
+    device, omp_env, expected, monkeypatch
+):
+    from minipic_lite.engine_loop import fewer_cpu_threads
+
+    calls = []
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 16)
+    monkeypatch.setattr(torch, "set_num_threads", calls.append)
+    if omp_env is None:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OMP_NUM_THREADS", omp_env)
+    fewer_cpu_threads(torch.device(device))
+    assert calls == expected
+
+
+def test_a_cpu_engine_keeps_its_torch_threads(model_dir):
+    llm = mp.LLM(model_dir, device="cpu", num_blocks=64, max_model_len=256)
+    try:
+        assert llm._loop.call(lambda engine: torch.get_num_threads()) == torch.get_num_threads() > 0
+    finally:
+        llm.close()
 
 
 def test_an_llm_nobody_holds_is_collected_and_its_loop_thread_ends(model_dir):

@@ -1,5 +1,7 @@
 """GPU-only checks (`pytest -m gpu` on the GPU machine; skipped with the reason elsewhere)."""
 
+import os
+
 import pytest
 import torch
 
@@ -30,6 +32,8 @@ def test_cuda_graph_replay_gives_the_eager_tokens(tiny_dir, num_scheduler_steps)
     graphs = mp.LLM(str(tiny_dir), **kwargs)
     eager = mp.LLM(str(tiny_dir), enforce_eager=True, **kwargs)
     assert graphs.engine.runner.graphs is not None and eager.engine.runner.graphs is None
+    if "OMP_NUM_THREADS" not in os.environ:  # engine_loop.fewer_cpu_threads
+        assert graphs._loop.call(lambda engine: torch.get_num_threads()) == 1
     gen = torch.Generator().manual_seed(1)
     prompts = [torch.randint(6, 512, (n,), generator=gen).tolist() for n in (5, 17, 33, 40, 63)]  # batch 5 -> 8
     params = mp.SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
