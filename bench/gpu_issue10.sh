@@ -4,7 +4,7 @@
 # bench/data (the RAG datasets, built here with `python bench/rag.py --build-only --samples 64`) carried.
 #
 #   GIT_SHA=$(git rev-parse --short HEAD) bash bench/gpu_issue10.sh [part]   part: all (default), a, b, ops, ttft, host, hostdiag, offload, tests, splits, grid, rag, ragphase,
-#   rag0, read, readprof (with ncu), engineread, tileslast, final2, rag09, check17, diag18, engine, pending, final, ttft1, probe or hybrid, or several joined by commas
+#   rag0, read, readprof (with ncu), engineread, tileslast, final2, rag09, check17, diag18, check18, engine, pending, final, ttft1, probe or hybrid, or several joined by commas
 set -u
 cd "$(dirname "$0")/.."
 export TRITON_INTERPRET=0 PYTHONUNBUFFERED=1 GIT_SHA=${GIT_SHA:-unknown}
@@ -138,6 +138,15 @@ if want diag18; then  # issue 10: why a first prompt after the documents' prefil
     step host_ttft_fresh 60 python3 bench/host_ttft.py --device cuda --llama3-8b-shape --runs 10 --fresh
     step ttft_8x2048_omp1 70 env OMP_NUM_THREADS=1 python3 bench/ttft_spans.py --device cuda --llama3-8b-shape \
         --doc-tokens 2048 --ks 8 --repeats 3
+fi
+if want check18; then  # after the staged graph inputs and one torch thread on the loop thread: the GPU tests, the cached
+    # 8 x 2048 TTFT (torch's default threads: the engine now drops its own to 1), host_ttft, the RAG table at reuse 0 / 0.5
+    # (carry .whl, .gpu_cache_tgz, bench/data/rag-64-reuse0.0 and bench/data/rag-64-reuse0.5)
+    step gpu_tests 300 python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider -p no:logging --tb=short
+    step ttft_8x2048 70 python3 bench/ttft_spans.py --device cuda --llama3-8b-shape --doc-tokens 2048 --ks 8 --repeats 3
+    step host_ttft 60 python3 bench/host_ttft.py --device cuda --llama3-8b-shape --runs 20
+    step rag 260 $RAG --reuse 0,0.5 --systems vanilla_prefix,barrier,inline,isps --max-num-seqs 32 \
+        --max-num-batched-tokens 8192
 fi
 if want engine; then  # issue 13: engine decode b1 / b64 against the HBM roofline, with its profile, and prefill vs HF
     step gpu_engine 330 python3 bench/gpu_engine.py --out "$OUT/gpu_engine_${GIT_SHA}_h200.json"
