@@ -240,7 +240,9 @@ def main() -> None:
             run_once(engine, timer, list(prompt.token_ids))
             profiler.disable()
         s = io.StringIO()
-        pstats.Stats(profiler, stream=s).sort_stats("tottime").print_stats(40)
+        stats = pstats.Stats(profiler, stream=s)
+        stats.sort_stats("tottime").print_stats(40)
+        stats.sort_stats("cumulative").print_callees(r"\((step|prepare|execute|stage|run|postprocess)\)")
         print(s.getvalue())
 
 
