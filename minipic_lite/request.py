@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from minipic_lite.config import cdiv
-from minipic_lite.hashing import BlockHash
+from minipic_lite.hashing import TOKEN_BYTES, BlockHash
 from minipic_lite.sampling_params import SamplingParams
 from minipic_lite.spans import HashState, Segment, SegmentKind, SpanHashMemo, SpanLayout, block_hashes
 
@@ -43,6 +43,8 @@ class Request:
     is_span_prefill: bool = False  # an SSEP span of another request's prompt, computed ahead (ISPS); no output
     started_spans: set[int] = field(default_factory=set)  # segments whose span prefill was started (scheduler.py)
     hash_memo: SpanHashMemo | None = field(default=None, repr=False)  # the engine's memo of span hashes
+    # the prompt in hashing.token_bytes form where validation packed it already: hashed from, then dropped
+    prompt_bytes: bytes | None = field(default=None, repr=False)
     # -- progress (Scheduler) --
     status: RequestStatus = RequestStatus.WAITING
     num_computed_tokens: int = 0
@@ -77,7 +79,10 @@ class Request:
         self.num_prompt_tokens = len(self.token_ids)
         has_spans = self.layout is not None and self.layout.has_spans
         self.visible_start = list(self.layout.visible_start) if has_spans else None
-        self._extend_hashes()
+        if self.prompt_bytes is not None and len(self.prompt_bytes) != TOKEN_BYTES * len(self.token_ids):
+            raise ValueError(f"prompt_bytes holds {len(self.prompt_bytes)} bytes, not {len(self.token_ids)} tokens'")
+        self._extend_hashes(self.prompt_bytes)
+        self.prompt_bytes = None
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -111,15 +116,16 @@ class Request:
             self.visible_start.append(self.visible_start[-1])  # generated tokens continue the last segment
         self._extend_hashes()
 
-    def _extend_hashes(self) -> None:
-        """Hash the blocks completed since the last call (span-aware; spans.block_hashes)."""
+    def _extend_hashes(self, prompt_bytes: bytes | None = None) -> None:
+        """Hash the blocks completed since the last call (span-aware; spans.block_hashes); the first call may pass
+        the prompt's bytes."""
         first = len(self.block_hashes)
         if len(self.token_ids) < (first + 1) * self.block_size:
             return
         markers = self.layout.marker_blocks if self.layout is not None else {}
         tokens = self.token_ids[first * self.block_size :] if first else self.token_ids  # NOTE: a prompt not copied
         B, state, memo = self.block_size, self._hash_state, self.hash_memo
-        hashes, self._hash_state = block_hashes(tokens, B, self.root, markers, state, first, memo)
+        hashes, self._hash_state = block_hashes(tokens, B, self.root, markers, state, first, memo, prompt_bytes)
         self.block_hashes += hashes
 
     def reset_for_recompute(self) -> None:

@@ -91,11 +91,15 @@ class Segment:
         return self.start if self.kind is SegmentKind.SSEP else 0
 
 
-def find_markers(token_ids: Sequence[int], control: ControlTokens) -> list[tuple[int, SegmentKind]]:
-    """(index, kind) of every SSEP / PDEP token, in order."""
+def find_markers(
+    token_ids: Sequence[int], control: ControlTokens, data: bytes | None = None
+) -> list[tuple[int, SegmentKind]]:
+    """(index, kind) of every SSEP / PDEP token, in order. `data`: the same tokens in `hashing.token_bytes` form,
+    searched instead of the list (a long prompt's markers are found ~20x faster in its bytes)."""
     kinds = {control.pdep_id: SegmentKind.PDEP, control.ssep_id: SegmentKind.SSEP}  # NOTE: SSEP wins a tie
     kinds.pop(None, None)
-    markers = [(i, kind) for token_id, kind in kinds.items() for i in indices_of(token_ids, token_id)]
+    find = indices_of if data is None else lambda _, token_id: indices_in_bytes(data, token_id)
+    markers = [(i, kind) for token_id, kind in kinds.items() for i in find(token_ids, token_id)]
     return sorted(markers, key=lambda marker: marker[0])
 
 
@@ -110,19 +114,34 @@ def indices_of(values: Sequence[int], value: int) -> Iterator[int]:
         yield index
 
 
+def indices_in_bytes(data: bytes, value: int) -> list[int]:
+    """Every index of `value` in tokens packed as `hashing.token_bytes` (`indices_of` over the bytes, in C)."""
+    pattern, found = token_bytes([value]), []
+    at = data.find(pattern)
+    while at != -1:
+        if at % TOKEN_BYTES:  # NOTE: a match across two tokens' bytes
+            at = data.find(pattern, at + 1)
+            continue
+        found.append(at // TOKEN_BYTES)
+        at = data.find(pattern, at + TOKEN_BYTES)
+    return found
+
+
 def check_markers(
     token_ids: Sequence[int],
     control: ControlTokens,
     block_size: int,
     position_free: bool = True,
     require_spans: bool = False,
+    data: bytes | None = None,
 ) -> list[tuple[int, SegmentKind]]:
     """The markers that take effect (empty: plain prefix semantics). Raises ValueError naming a bad marker's index.
 
     In position-free mode every marker takes effect and must start a block. With position-free mode off markers
     are ordinary tokens, unless `require_spans` (the caller composed a span prompt): then the first one is an error.
+    `data`: as for `find_markers`.
     """
-    markers = find_markers(token_ids, control)
+    markers = find_markers(token_ids, control, data)
     if not position_free:
         if require_spans and markers:
             index, kind = markers[0]
@@ -201,13 +220,15 @@ def block_hashes(
     state: HashState | None = None,
     first_block: int = 0,
     memo: SpanHashMemo | None = None,
+    data: bytes | None = None,
 ) -> tuple[list[BlockHash], HashState]:
     """Hashes of the full blocks of `token_ids` (a partial tail gets none), and the state after the last one.
 
     `token_ids` start at logical block `first_block`, continuing from `state` (None: the root), so a growing
     sequence hashes its new blocks incrementally. `markers` maps a logical block index to its marker kind
     (`marker_blocks`); blocks not in it continue their segment's chain (generated tokens always do). `memo`
-    remembers the chains of runs met before (the hashes are the same with or without it).
+    remembers the chains of runs met before (the hashes are the same with or without it). `data`: `token_ids` in
+    `hashing.token_bytes` form, when the caller has it (validation packed the prompt already).
 
     Exactly `next_block_hash` block after block, computed run by run: the blocks are cut at markers, and each
     run's h chains from
@@ -225,7 +246,8 @@ def block_hashes(
     width, num_blocks = block_size * TOKEN_BYTES, len(token_ids) // block_size
     if num_blocks == 0:
         return [], state
-    data = token_bytes(token_ids)  # NOTE: one conversion for all blocks (and a partial tail's tokens, not copied first)
+    if data is None:  # NOTE: one conversion for all blocks (and a partial tail's tokens, not copied first)
+        data = token_bytes(token_ids)
     memo = memo if markers else None
     hashes: list[BlockHash] = []
     parent, span_base = state.parent, state.span_base
@@ -327,9 +349,10 @@ def span_layout(
     block_size: int,
     position_free: bool = True,
     require_spans: bool = False,
+    data: bytes | None = None,
 ) -> SpanLayout:
-    """Check the markers of a prompt and lay it out (see `check_markers` for what raises)."""
-    markers = check_markers(token_ids, control, block_size, position_free, require_spans)
+    """Check the markers of a prompt and lay it out (see `check_markers` for what raises and `data`)."""
+    markers = check_markers(token_ids, control, block_size, position_free, require_spans, data)
     segments = split_segments(len(token_ids), markers)
     return SpanLayout(tuple(segments), tuple(visible_starts(segments)), marker_blocks(segments, block_size))
 

@@ -41,6 +41,9 @@ def test_nonsense_sampling_params_are_rejected(kwargs, message):
     [
         ("", "prompt 1: the prompt is empty"),
         ([5, 49152], "prompt 1: token id 49152 is outside the vocabulary"),
+        ([5, -1], "prompt 1: token id -1 is outside the vocabulary"),
+        ([5, 2**70], f"prompt 1: token id {2**70} is outside the vocabulary"),  # NOTE: past int64, as packed
+        ([5, 1.5], "prompt 1: token id 1.5 is outside the vocabulary"),
         ([1] * 2048, "prompt 1: the prompt has 2048 tokens; the model's context is 2048"),
     ],
 )

@@ -3,6 +3,7 @@
 import hashlib
 
 import numpy as np
+import pytest
 import torch
 
 from minipic_lite.hashing import chain_hashes, hash_block, hash_block_bytes, root_hash, token_bytes
@@ -66,3 +67,17 @@ def test_a_span_prefill_takes_its_prompts_hashes_of_the_span_which_equal_the_spa
     alone = Request("d", doc, SamplingParams(), 4, ROOT, unit.layout, is_span_prefill=True)
     assert unit.block_hashes == req.block_hashes[1:3] == alone.block_hashes and unit.is_span_prefill
     assert unit.block_hashes is not req.block_hashes and unit.token_ids == doc
+
+
+@pytest.mark.parametrize("num_tokens", [3, 9, 16], ids=["under-a-block", "a-block-and-more", "whole-blocks"])
+def test_a_request_hashes_its_packed_prompt_as_its_tokens_also_after_it_grows(num_tokens):
+    ids = list(range(40, 40 + num_tokens))
+    packed = Request("a", list(ids), SamplingParams(), 4, b"root", prompt_bytes=token_bytes(ids))
+    plain = Request("b", list(ids), SamplingParams(), 4, b"root")
+    assert packed.block_hashes == plain.block_hashes and packed.prompt_bytes is None  # NOTE: dropped once hashed
+    for token in range(7):
+        packed.append_token(token)
+        plain.append_token(token)
+    assert packed.block_hashes == plain.block_hashes and len(plain.block_hashes) == (num_tokens + 7) // 4
+    with pytest.raises(ValueError, match="prompt_bytes holds 8 bytes"):
+        Request("c", list(ids), SamplingParams(), 4, b"root", prompt_bytes=token_bytes(ids[:1]))

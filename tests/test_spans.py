@@ -2,6 +2,7 @@
 reuse of spans in the scheduler (no model). The composer that writes span prompts: test_prompts.py."""
 
 import hashlib
+import re
 
 import pytest
 from hypothesis import given, settings
@@ -133,6 +134,27 @@ def test_markers_are_found_in_index_order_and_ssep_wins_when_both_ids_are_one():
         (4, SegmentKind.SSEP),
     ]
     assert find_markers([P, S], ControlTokens(ssep_id=P, pdep_id=P)) == [(0, SegmentKind.SSEP)]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from([S, P, 0, 256, S << 8, S << 16, P << 8, (S << 8) + 5, 7, 2**40]), max_size=40))
+def test_markers_found_in_the_packed_bytes_equal_those_found_in_the_list(token_ids):
+    # NOTE: S << 8 followed by 0 or 256 packs S's 8-byte pattern across two tokens, one byte off: not a marker
+    data = token_bytes(token_ids)
+    assert find_markers(token_ids, CONTROL, data) == find_markers(token_ids, CONTROL)
+    try:
+        expected = span_layout(token_ids, CONTROL, B)
+    except ValueError as e:  # a marker off a block start: the same error
+        with pytest.raises(ValueError, match=re.escape(str(e))):
+            span_layout(token_ids, CONTROL, B, data=data)
+    else:
+        assert span_layout(token_ids, CONTROL, B, data=data) == expected
+
+
+def test_a_marker_pattern_across_two_tokens_is_not_a_marker():
+    token_ids = [S << 8, 0, 5, S]  # bytes 1..8 spell S as an int64: a match one byte off the token grid
+    assert token_bytes(token_ids).find(token_bytes([S])) == 1
+    assert find_markers(token_ids, CONTROL, token_bytes(token_ids)) == [(3, SegmentKind.SSEP)]
 
 
 def test_no_control_tokens_means_no_markers():
