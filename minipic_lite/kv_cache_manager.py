@@ -258,14 +258,18 @@ class KVCacheManager:
         for one of them may read it from this step on."""
         # NOTE: called when the step that completes a block is scheduled. Anyone who hits it later in the same
         # step reads it after this step's forward wrote it (K/V are written before attention reads them).
+        # NOTE: only the blocks it computes: the others are published (hits, host loads) or will be by the request
+        # that computes them, before this one's chunk passes them (a chunk stops at a block it waits for). A cached
+        # prompt's thousand hits are skipped in C.
         first, num_full = req.num_published_blocks, num_tokens // req.block_size
         if self.enable_prefix_caching and first < num_full:
-            self.changed += self.pool.cache_many(req.block_table[first:num_full], req.block_hashes[first:num_full])
+            computed = list(filterfalse(req.cached_block_ids.__contains__, range(first, num_full)))
+            table, hashes = req.block_table, req.block_hashes
+            self.changed += self.pool.cache_many([table[i] for i in computed], [hashes[i] for i in computed])
             for i in range(first, num_full) if self.rerotate else ():
                 if self.pool.peek(req.block_hashes[i]) == req.block_table[i]:
                     self.block_start[req.block_table[i]] = i * req.block_size
-            computed = filterfalse(req.cached_block_ids.__contains__, range(first, num_full)) if self.pending else ()
-            for i in computed:  # NOTE: only blocks it computes can be pending on it (a cached prompt has few)
+            for i in computed if self.pending else ():  # NOTE: only blocks it computes can be pending on it
                 block_hash = req.block_hashes[i]
                 if self.pending.get(block_hash, (None, None))[1] is req:
                     del self.pending[block_hash]

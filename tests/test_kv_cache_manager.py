@@ -260,7 +260,8 @@ def test_fast_admission_publish_and_free_equal_the_plain_per_block_versions(scri
                 results.append(kv.allocate_prompt(r))
                 state[k] = "in" if results[-1] else state[k]
             elif op == "publish" and state[k] == "in":
-                kv.publish(r, len(r.token_ids))  # NOTE: as a scheduler would with a chunk that ends there
+                # NOTE: as a scheduler would with a chunk that ends there, or at the first block it waits for
+                kv.publish(r, min([len(r.token_ids), *(b * B for b in r.waiting_blocks)]))
             elif op == "free" and state[k] == "in":
                 kv.free(r)
                 state[k] = "out"
