@@ -4,7 +4,7 @@
 # bench/data (the RAG datasets, built here with `python bench/rag.py --build-only --samples 64`) carried.
 #
 #   GIT_SHA=$(git rev-parse --short HEAD) bash bench/gpu_issue10.sh [part]   part: all (default), a, b, ops, ttft, host, hostdiag, offload, tests, splits, grid, rag, ragphase,
-#   rag0, read, readprof (with ncu), engineread, tileslast, final2, rag09, check17, diag18, check18, engine, pending, final, ttft1, probe or hybrid, or several joined by commas
+#   rag0, read, readprof (with ncu), engineread, tileslast, final2, rag09, check17, diag18, check18, final18, engine, pending, final, ttft1, probe or hybrid, or several joined by commas
 set -u
 cd "$(dirname "$0")/.."
 export TRITON_INTERPRET=0 PYTHONUNBUFFERED=1 GIT_SHA=${GIT_SHA:-unknown}
@@ -147,6 +147,13 @@ if want check18; then  # after the staged graph inputs and one torch thread on t
     step host_ttft 60 python3 bench/host_ttft.py --device cuda --llama3-8b-shape --runs 20
     step rag 260 $RAG --reuse 0,0.5 --systems vanilla_prefix,barrier,inline,isps --max-num-seqs 32 \
         --max-num-batched-tokens 8192
+fi
+if want final18; then  # this stop's last call: the GPU tests, host_ttft with its profile's callees (where prepare's
+    # 0.3 ms goes on this host), the whole TTFT grid
+    step gpu_tests 300 python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider -p no:logging --tb=short
+    step host_ttft 70 python3 bench/host_ttft.py --device cuda --llama3-8b-shape --runs 20 --profile
+    step ttft_grid 240 python3 bench/ttft_spans.py --device cuda --llama3-8b-shape --doc-tokens 512,1024,2048,4096 \
+        --ks 1,2,4,8 --repeats 2
 fi
 if want engine; then  # issue 13: engine decode b1 / b64 against the HBM roofline, with its profile, and prefill vs HF
     step gpu_engine 330 python3 bench/gpu_engine.py --out "$OUT/gpu_engine_${GIT_SHA}_h200.json"
