@@ -79,6 +79,7 @@ class StaticInputs:
         self.bytes64 = memoryview(self.host64.numpy()).cast("B")  # NOTE: writes land in the pinned tensor
         self.bytes32 = memoryview(self.host32.numpy()).cast("B")
         self.copied = torch.cuda.Event() if pin else None  # the last copies out of the mirrors
+        self.stream = torch.cuda.current_stream(device) if pin else None  # the engine's stream, looked up once
         self.input_ids, self.positions, self.slot_mapping = self.device64[: 3 * T].view(3, T)
         self.logits_indices = self.device64[3 * T :]  # rows of the sampling tokens, then 0s
         self.visible_start, self.cu_seqlens_q = self.device32[:T], self.device32[T : T + S + 1]
@@ -124,7 +125,7 @@ class StaticInputs:
         end = self.tables_at + seqs * W
         self.device32[:end].copy_(self.host32[:end], non_blocking=True)
         if self.copied is not None:
-            self.copied.record()
+            self.copied.record(self.stream)
         meta = StepMetadata(
             slot_mapping=self.slot_mapping[:n],
             block_tables=self.block_tables[:num_seqs],
