@@ -92,6 +92,12 @@ def grid(**axes) -> list[dict]:
 # 0.062 ms (2 heads, 64 rows, 64-key tiles, 16 splits) against the defaults' 0.057; and the short read after a
 # weight-streaming GEMM (short16k_gemm): 49.3 us against 50.8 alone, so the GEMM before it is not what slows it
 def sweep_for(name: str) -> list[dict]:
+    if WARPS_SWEEP:  # READ_SWEEP=warps: 8 warps beside 4 (the sweeps above had 4 only for these reads)
+        return {
+            "short16k": grid(TILE_N=(32, 64), num_warps=(4, 8), num_stages=(2, 3), NUM_SPLITS=(16, 32)),
+            "short16k_cold": grid(TILE_N=(32,), num_warps=(4, 8), num_stages=(2, 3), NUM_SPLITS=(32, 64)),
+            "b1x8k": grid(TILE_N=(64, 128), num_warps=(4, 8), num_stages=(3, 4), NUM_SPLITS=(32,)),
+        }.get(name, [])
     if name == "short16k_cold":
         return grid(TILE_N=(32, 64), num_stages=(2, 3, 4), NUM_SPLITS=(32, 64, 128))
     if name == "b1x8k_cold":
@@ -126,7 +132,8 @@ def kernel_times(fn, calls: int = 20) -> dict:
     }
 
 
-SWEEP = os.environ.get("READ_SWEEP", "1") == "1"  # READ_SWEEP=0: each case's defaults only
+SWEEP = os.environ.get("READ_SWEEP", "1") in ("1", "warps")  # READ_SWEEP=0: each case's defaults only
+WARPS_SWEEP = os.environ.get("READ_SWEEP") == "warps"
 COLD_COPIES = 6  # `_cold` cases: each call reads the next of this many copies, so K and V come from DRAM, not L2
 
 

@@ -126,15 +126,19 @@ class StaticInputs:
         self.device32[:end].copy_(self.host32[:end], non_blocking=True)
         if self.copied is not None:
             self.copied.record(self.stream)
-        meta = StepMetadata(
-            slot_mapping=self.slot_mapping[:n],
+        sampled_rows = self.logits_indices[:num_sampling]
+        return StepInputs(self.input_ids[:n], self.meta(num_seqs, n), sampled_rows, is_staged=True)
+
+    def meta(self, num_seqs: int, num_tokens: int) -> StepMetadata:
+        """The buffers' first `num_seqs` sequences and `num_tokens` tokens, as a step's metadata (views)."""
+        return StepMetadata(
+            slot_mapping=self.slot_mapping[:num_tokens],
             block_tables=self.block_tables[:num_seqs],
             cu_seqlens_q=self.cu_seqlens_q[: num_seqs + 1],
-            positions=self.positions[:n],
+            positions=self.positions[:num_tokens],
             kv_lens=self.kv_lens[:num_seqs],
-            visible_start=self.visible_start[:n],
+            visible_start=self.visible_start[:num_tokens],
         )
-        return StepInputs(self.input_ids[:n], meta, self.logits_indices[:num_sampling], is_staged=True)
 
 
 class StepGraphs:
@@ -156,21 +160,10 @@ class StepGraphs:
         self.logits: dict[tuple[int, int], torch.Tensor] = {}
         self._capture_all()
 
-    def _meta(self, shape: tuple[int, int]) -> StepMetadata:
-        seqs, tokens = shape
-        return StepMetadata(
-            slot_mapping=self.slot_mapping[:tokens],
-            block_tables=self.block_tables[:seqs],
-            cu_seqlens_q=self.cu_seqlens_q[: seqs + 1],
-            positions=self.positions[:tokens],
-            kv_lens=self.kv_lens[:seqs],
-            visible_start=self.visible_start[:tokens],
-        )
-
     def _forward(self, shape: tuple[int, int]) -> torch.Tensor:
         """[num_seqs, vocab]: the logits of the rows in `logits_indices` (one per sequence at most)."""
         model, seqs = self.runner.model, shape[0]
-        hidden = model(self.input_ids[: shape[1]], self._meta(shape), self.runner.kv_cache)
+        hidden = model(self.input_ids[: shape[1]], self.static.meta(*shape), self.runner.kv_cache)
         return model.compute_logits(hidden[self.logits_indices[:seqs]])
 
     @torch.inference_mode()
