@@ -90,7 +90,9 @@ def grid(**axes) -> list[dict]:
 # read cold (b13da78_h200_cold: the defaults stay best) 0.065 ms / 23.7 us against 0.056 ms / 22.0 us;
 # tiles of 1 or 2 of a kv head's 4 query heads (HEADS_PER_PROGRAM at 08eb29e; read_profile_35e9033_h200_heads): best
 # 0.062 ms (2 heads, 64 rows, 64-key tiles, 16 splits) against the defaults' 0.057; and the short read after a
-# weight-streaming GEMM (short16k_gemm): 49.3 us against 50.8 alone, so the GEMM before it is not what slows it
+# weight-streaming GEMM (short16k_gemm): 49.3 us against 50.8 alone, so the GEMM before it is not what slows it;
+# 8 warps (read_profile_086c224_h200_warps): short read best 0.0572 ms (64-key tiles, 16 splits) against 4 warps'
+# 0.0568, decode 1 x 8k 20.5 us against 19.0
 def sweep_for(name: str) -> list[dict]:
     if WARPS_SWEEP:  # READ_SWEEP=warps: 8 warps beside 4 (the sweeps above had 4 only for these reads)
         return {
