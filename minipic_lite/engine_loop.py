@@ -37,7 +37,8 @@ Sink = Callable[[RequestOutput | BaseException], object]
 def fewer_cpu_threads(device: torch.device) -> None:
     """A CUDA engine's host work is Python and kernel launches: torch's CPU thread pool has nothing to do but
     spin beside it. One intra-op thread (vLLM takes the same step): the H200's cached 8 x 2048 TTFT 10.6 -> 9.3 ms,
-    bench/results/ttft_spans-a1a391f-cuda.json. Set OMP_NUM_THREADS to keep a count of your own."""
+    bench/results/ttft_spans-{05fac4e-cuda,a1a391f-cuda-omp1}.json (OMP_NUM_THREADS=1 for the whole process there).
+    Set OMP_NUM_THREADS to keep a count of your own."""
     current = torch.get_num_threads()
     if device.type == "cuda" and "OMP_NUM_THREADS" not in os.environ and current > 1:
         logger.warning("torch intra-op threads %d -> 1 for the CUDA engine's host work (avoids CPU contention); set "
