@@ -64,11 +64,12 @@ ONE_TOKEN = mp.SamplingParams(max_tokens=1, temperature=0.0)
 SECTIONS = ("validate", "request", "schedule", "report", "prepare", "forward", "post", "host", "gc", "ttft")
 
 
-def build_engine(max_model_len: int, device: str = "cpu", shape: dict = TINY_LLAMA) -> LLMEngine:
+def build_engine(max_model_len: int, device: str = "cpu", shape: dict = TINY_LLAMA, block_size: int = 16) -> LLMEngine:
     model_dir = Path(tempfile.mkdtemp()) / "model"
     model_dir.mkdir()
     (model_dir / "config.json").write_text(json.dumps(shape))
-    options = {"load_format": "dummy", "max_model_len": max_model_len, "max_num_batched_tokens": max_model_len}
+    options = {"load_format": "dummy", "max_model_len": max_model_len, "max_num_batched_tokens": max_model_len,
+               "block_size": block_size}  # fmt: skip
     dtype = "float32" if device == "cpu" else "bfloat16"
     config = EngineConfig.from_options(model_dir, ModelConfig.from_dir(model_dir), device, CONTROL, dtype, **options)
     return LLMEngine(config, None)
@@ -169,6 +170,7 @@ def save(args, medians: dict, minima: dict, num_tokens: int, num_computed: float
         "doc_tokens": args.doc_tokens,
         "shuffle": args.shuffle,
         "threads": args.threads,
+        "block_size": args.block_size,
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
         "fresh": args.fresh,
         "runs": args.runs,
@@ -181,7 +183,7 @@ def save(args, medians: dict, minima: dict, num_tokens: int, num_computed: float
     RESULTS.mkdir(parents=True, exist_ok=True)
     passive = os.environ.get("OMP_WAIT_POLICY", "").lower() == "passive"
     flags = (("shuffle", args.shuffle), ("fresh", args.fresh), (f"t{args.threads}", args.threads != 1))
-    flags += (("omp-passive", passive),)
+    flags += (("omp-passive", passive), (f"b{args.block_size}", args.block_size != 16))
     tags = "".join(f"-{tag}" for tag, on in flags if on)
     path = RESULTS / f"host_ttft-{sha}-{args.device}{tags}.json"
     path.write_text(json.dumps(result, indent=2) + "\n")
@@ -197,6 +199,8 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="print a cProfile of the measured runs")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument("--llama3-8b-shape", action="store_true", help="random bf16 weights of bench/rag.py's shape")
+    parser.add_argument("--block-size", type=int, default=16, help="KV block size (the per-block host work scales "
+                        "with the prompt's number of blocks)")  # fmt: skip
     parser.add_argument("--threads", type=int, default=1, help="torch's intra-op threads (ttft_spans keeps torch's)")
     parser.add_argument("--fresh", action="store_true", help="before each run, reset the cache and prefill the "
                         "documents again (as ttft_spans does): a first prompt on fresh blocks")  # fmt: skip
@@ -206,7 +210,8 @@ def main() -> None:
     from rag import LLAMA3_8B  # bench/rag.py, beside this file
 
     shape = LLAMA3_8B if args.llama3_8b_shape else TINY_LLAMA
-    engine = build_engine(args.docs * (args.doc_tokens + 32) + 256, args.device, shape)
+    max_model_len = args.docs * (args.doc_tokens + 2 * args.block_size) + 256  # NOTE: each span padded to blocks
+    engine = build_engine(max_model_len, args.device, shape, args.block_size)
     composer = PromptComposer(None, CONTROL, engine.config.cache.block_size, chat=False)
     num_profiled = 10 if args.profile else 0
     spans, finals = prompts(composer, args.docs, args.doc_tokens, 3 + args.runs + num_profiled, args.shuffle)
