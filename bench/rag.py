@@ -280,7 +280,7 @@ def make_llm(args, model_dir, options: dict) -> mp.LLM:
     return mp.LLM(
         model_dir, device=args.device, dtype=args.dtype, control_tokens=CONTROL, load_format=args.load_format,
         max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens, num_blocks=args.num_blocks,
+        max_num_batched_tokens=args.max_num_batched_tokens, num_blocks=args.num_blocks, block_size=args.block_size,
         **{"host_cache_gib": args.host_cache_gib, **options},
     )  # fmt: skip
 
@@ -300,6 +300,7 @@ def main() -> None:
     parser.add_argument("--host-cache-gib", type=float, default=0.0, help="a host tier for evicted blocks")
     parser.add_argument("--offload", action="store_true", help="host tier vs recompute vs copy-rerotate on one "
                         "small device cache (see the module doc); --systems is ignored")  # fmt: skip
+    parser.add_argument("--block-size", type=int, default=16, help="KV block size (a passage pads to whole blocks)")
     parser.add_argument("--tag", default="", help="appended to the result file name")
     parser.add_argument("--build-only", action="store_true")
     args = parser.parse_args()
@@ -316,7 +317,7 @@ def main() -> None:
         model_dir, args.load_format = str(model_dir), "dummy"
     catalog = SYSTEMS
     if args.offload:
-        size_offload_cache(args, data[reuses[0]])
+        size_offload_cache(args, data[reuses[0]], args.block_size)
         catalog = offload_systems(args.host_cache_gib)
     args.max_model_len = args.max_model_len or 4096
     systems = list(catalog) if args.offload else args.systems.split(",")
@@ -371,6 +372,7 @@ def main() -> None:
         "wall_s": time.perf_counter() - start, "load_average": os.getloadavg(), "rows": rows,
         "span_policies_same_tokens": result_agree, "num_blocks": args.num_blocks,
         "host_cache_gib": args.host_cache_gib, "offload": args.offload, "max_model_len": args.max_model_len,
+        "block_size": args.block_size,
     }  # fmt: skip
     md = table(result)
     print("\n" + md)
@@ -388,7 +390,8 @@ def table(result: dict) -> str:
         f"{result['new_tokens']} new tokens; max_num_seqs {result['max_num_seqs']}, token budget "
         f"{result['max_num_batched_tokens']}; git {result['git_sha']}.",
         "",
-        f"Device KV blocks: {result['num_blocks'] or 'from memory'}; host tier: {result['host_cache_gib']} GiB.",
+        f"Device KV blocks of {result.get('block_size', 16)} tokens: {result['num_blocks'] or 'from memory'}; "
+        f"host tier: {result['host_cache_gib']} GiB.",
         "",
         "| reuse | system | samples/s | vs vanilla (offload: vs recompute) | vs barrier | TTFT p50 (ms) "
         "| TTFT p99 (ms) | prompt cached "

@@ -241,12 +241,13 @@ def main() -> None:
     parser.add_argument("--ks", default="1,2,4,8,16", help="comma-separated document counts")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--block-size", type=int, default=16, help="KV block size (results named -b<N> unless 16)")
     args = parser.parse_args()
     ks = [int(k) for k in args.ks.split(",")]
     lengths = [int(n) for n in args.doc_tokens.split(",")]
 
     load_before = load_average()
-    max_len = max(ks) * (max(lengths) + 32) + 256
+    max_len = max(ks) * (max(lengths) + 2 * args.block_size) + 256  # NOTE: each span padded to whole blocks
     model, options = args.model, {}
     if args.llama3_8b_shape:
         from rag import CONTROL, LLAMA3_8B  # bench/rag.py, beside this file
@@ -256,7 +257,7 @@ def main() -> None:
         (model / "config.json").write_text(json.dumps(LLAMA3_8B))
         options = {"load_format": "dummy", "control_tokens": CONTROL}
     llm = mp.LLM(model, device=args.device, dtype=args.dtype, max_model_len=max_len,
-                 max_num_batched_tokens=max_len, **options)  # fmt: skip
+                 max_num_batched_tokens=max_len, block_size=args.block_size, **options)  # fmt: skip
     llm.generate([list(range(10, 300))], ONE_TOKEN, use_tqdm=False)  # warm-up
     rng = random.Random(args.seed)
     tables, start = {}, time.perf_counter()
@@ -301,6 +302,7 @@ def main() -> None:
     print("\n" + md)
     RESULTS.mkdir(parents=True, exist_ok=True)
     tag = "cuda" if args.device.startswith("cuda") else "cpu"
+    tag += f"-b{args.block_size}" if args.block_size != 16 else ""
     stem = RESULTS / f"ttft_spans-{result['git_sha']}-{tag}"
     stem.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
     stem.with_suffix(".md").write_text(md)
