@@ -117,7 +117,11 @@ class EagerReplay:
         self.graphs.logits[self.shape].copy_(self.graphs._forward(self.shape))
 
 
-def test_the_graph_path_gives_the_eager_tokens_for_prefill_mixed_and_decode_steps(tiny_dir, monkeypatch):
+@pytest.mark.parametrize("num_scheduler_steps", [1, 4], ids=["steps", "bursts"])
+def test_the_graph_path_gives_the_eager_tokens_for_prefill_mixed_and_decode_steps(
+    tiny_dir, monkeypatch, num_scheduler_steps
+):
+    """Bursts: a burst's first step is staged on the host, its later ones are built on the device and copied in."""
     monkeypatch.setattr(StepGraphs, "_capture", lambda self, shape: (EagerReplay(self, shape), self._forward(shape)))
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     set_padding, paddings = StepGraphs._set_padding, []
@@ -149,13 +153,14 @@ def test_the_graph_path_gives_the_eager_tokens_for_prefill_mixed_and_decode_step
         block_size=4,
         cpu_decode_mirror=False,
         max_num_batched_tokens=16,
+        num_scheduler_steps=num_scheduler_steps,
     )  # chunked prefills: steps where some sequences do not sample
     graphed, eager = mp.LLM(str(tiny_dir), **kwargs), mp.LLM(str(tiny_dir), **kwargs)
     runner = graphed.engine.runner
     runner.graphs = graphed._loop.call(lambda engine: StepGraphs(engine.runner, SHAPES_4))
     replayed = []
     run = runner.graphs.run
-    runner.graphs.run = lambda inputs, shape: (replayed.append(shape), run(inputs, shape))[1]
+    runner.graphs.run = lambda inputs, shape: (replayed.append((shape, inputs.is_staged)), run(inputs, shape))[1]
     gen = torch.Generator().manual_seed(3)
     bases = [torch.randint(6, 64, (n,), generator=gen).tolist() for n in (9, 14, 21, 30, 7, 17)]
     follow_ups = [b + torch.randint(6, 64, (2 + i,), generator=gen).tolist() for i, b in enumerate(bases)]
@@ -164,7 +169,10 @@ def test_the_graph_path_gives_the_eager_tokens_for_prefill_mixed_and_decode_step
         outs = graphed.generate(prompts, params, use_tqdm=False)
         assert [o.token_ids for o in outs] == [o.token_ids for o in eager.generate(prompts, params, use_tqdm=False)]
     assert all(o.num_cached_tokens > 0 for o in outs)
-    shapes = set(replayed)
+    shapes = {shape for shape, _ in replayed}
+    copied_in = [shape for shape, is_staged in replayed if not is_staged]
+    assert (copied_in != []) == (num_scheduler_steps > 1), "only a burst's later steps are copied in on the device"
+    assert all(s[0] == s[1] for s in copied_in), "... and they are decode steps"
     assert {(1, 1), (2, 2), (4, 4)} & shapes, "decode buckets"
     assert {s for s in shapes if s[0] < s[1]}, "prefill buckets"
     assert any(s[0] == 5 for s in shapes), "a full batch with a prefill (max_num_seqs + 1)"
