@@ -181,3 +181,15 @@ def test_the_checkpoint_turn_start_is_the_tokenizers_im_start_where_it_has_one()
     assert chat_turn_start_id(_Vocab({"<|im_start|>": 1})) == 1  # SmolLM2's
     assert chat_turn_start_id(_Vocab({})) is None  # not in the vocabulary: unknown
     assert chat_turn_start_id(None) is None  # no tokenizer
+
+
+def test_the_engine_hashes_a_span_prompt_from_its_packed_bytes_as_the_pure_functions_do(llm):
+    from minipic_lite.spans import prompt_block_hashes, span_layout
+
+    docs = ["The cat sat on the mat and looked at the door. " * 6, "Paris is the capital of France. " * 5]
+    ids = list(llm.composer.block_attention("You answer briefly.", docs, "Where is Paris?").token_ids)
+    control, block_size = llm.config.control, llm.config.cache.block_size
+    req = llm.engine.make_request(ids, GREEDY8, require_spans=True)  # NOTE: hashed from validation's bytes
+    assert req.layout == span_layout(ids, control, block_size) and req.layout.has_spans
+    assert req.block_hashes == prompt_block_hashes(ids, control, block_size, llm.engine.root)
+    assert req.prompt_bytes is None and len(req.block_hashes) == len(ids) // block_size
