@@ -63,7 +63,7 @@ class StaticInputs:
 
     `stage` writes a step's fields and its bucket's padding into the mirrors (struct.pack_into, in C) and moves
     each mirror in one asynchronous copy: two copies a step, where a copy per field and the padding's fills on
-    the device took ~20 launches of host time while the GPU waited for the replay. Only the entries of a table
+    the device took ~25 launches of host time while the GPU waited for the replay. Only the entries of a table
     below its kv_len are read: the rest may hold an older step's ids.
     """
 
