@@ -12,7 +12,8 @@ that no request owns, and attend only to it:
                                                          sequence 1 = 13 padding tokens on the scratch block
 
 A step's inputs and padding are written on the host into pinned mirrors of the static buffers and move in two
-copies (`StaticInputs.stage`); the steps of a burst after its first are built on the device and copied there.
+copies (`StaticInputs.stage`); the steps of a burst after its first are built on the device, and only what they
+advance is copied in (`StaticInputs.copy_advanced`).
 """
 
 from __future__ import annotations
@@ -89,7 +90,8 @@ class StaticInputs:
         # constant runs the padding copies from (bytes)
         self.zeros = bytes(8 * T)
         self.scratch_slots = struct.pack(f"<{T}q", *[self.scratch_slot] * T)
-        self.scratch_block = struct.pack("<i", scratch_block)
+        self.scratch_block, self.scratch_block_bytes = scratch_block, struct.pack("<i", scratch_block)
+        self.ramp = torch.arange(1, S + 1, dtype=torch.int32, device=device)  # the padding sequences' cu offsets
         self.slot_mapping.fill_(self.scratch_slot)
         self.block_tables.fill_(scratch_block)
         self.kv_lens.fill_(1)
@@ -120,7 +122,7 @@ class StaticInputs:
         for i, table in enumerate(host.block_tables):
             pack(f"<{len(table)}i", b32, rows_at + 4 * W * i, *table)
         for i in range(num_seqs, seqs):  # NOTE: a padding sequence reads its first entry only (one key)
-            b32[rows_at + 4 * W * i : rows_at + 4 * W * i + 4] = self.scratch_block
+            b32[rows_at + 4 * W * i : rows_at + 4 * W * i + 4] = self.scratch_block_bytes
         self.device64.copy_(self.host64, non_blocking=True)
         end = self.tables_at + seqs * W
         self.device32[:end].copy_(self.host32[:end], non_blocking=True)
@@ -140,6 +142,29 @@ class StaticInputs:
             visible_start=self.visible_start[:num_tokens],
         )
 
+    def set_padding(self, num_seqs: int, num_tokens: int, shape: tuple[int, int]) -> None:
+        """`stage`'s padding, written on the device (the capture's warm-up and capture, which stage nothing)."""
+        seqs, tokens = shape
+        if seqs == num_seqs:
+            return
+        torch.add(self.ramp[: seqs - num_seqs - 1], num_tokens, out=self.cu_seqlens_q[num_seqs + 1 : seqs])
+        self.cu_seqlens_q[seqs].fill_(tokens)
+        self.slot_mapping[num_tokens:tokens].fill_(self.scratch_slot)
+        self.positions[num_tokens:tokens].zero_()
+        self.visible_start[num_tokens:tokens].zero_()
+        self.block_tables[num_seqs:seqs].fill_(self.scratch_block)
+        self.kv_lens[num_seqs:seqs].fill_(1)
+
+    def copy_advanced(self, inputs: StepInputs) -> None:
+        """A burst's later step (`advance_decode_inputs`, built on the device) into the buffers.
+        NOTE: it differs from the step before it, staged into these buffers for the same bucket, only in its tokens,
+        positions, slots and kv_lens: sequences, tables, visible_start, sampled rows and padding stay."""
+        meta, n = inputs.meta, inputs.input_ids.shape[0]
+        self.input_ids[:n].copy_(inputs.input_ids)
+        self.positions[:n].copy_(meta.positions)
+        self.slot_mapping[:n].copy_(meta.slot_mapping)
+        self.kv_lens[: meta.kv_lens.shape[0]].copy_(meta.kv_lens)
+
 
 class StepGraphs:
     def __init__(self, runner, shapes: list[tuple[int, int]]):
@@ -147,30 +172,24 @@ class StepGraphs:
         self.shapes = shapes
         max_seqs, max_tokens = max(s for s, _ in shapes), max(t for _, t in shapes)
         self.max_blocks = cdiv(runner.config.scheduler.max_model_len, runner.block_size)
-        self.scratch_slot = runner.scratch_block * runner.block_size
-        self.static = static = StaticInputs(
+        self.static = StaticInputs(
             max_seqs, max_tokens, self.max_blocks, runner.scratch_block, runner.block_size, runner.device
         )
-        self.input_ids, self.positions, self.slot_mapping = static.input_ids, static.positions, static.slot_mapping
-        self.visible_start, self.block_tables = static.visible_start, static.block_tables
-        self.cu_seqlens_q, self.kv_lens = static.cu_seqlens_q, static.kv_lens
-        self.logits_indices = static.logits_indices
-        self.ramp = torch.arange(1, max_seqs + 1, dtype=torch.int32, device=runner.device)  # padding cu offsets
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self.logits: dict[tuple[int, int], torch.Tensor] = {}
         self._capture_all()
 
     def _forward(self, shape: tuple[int, int]) -> torch.Tensor:
         """[num_seqs, vocab]: the logits of the rows in `logits_indices` (one per sequence at most)."""
-        model, seqs = self.runner.model, shape[0]
-        hidden = model(self.input_ids[: shape[1]], self.static.meta(*shape), self.runner.kv_cache)
-        return model.compute_logits(hidden[self.logits_indices[:seqs]])
+        model, static, (seqs, tokens) = self.runner.model, self.static, shape
+        hidden = model(static.input_ids[:tokens], static.meta(seqs, tokens), self.runner.kv_cache)
+        return model.compute_logits(hidden[static.logits_indices[:seqs]])
 
     @torch.inference_mode()
     def _capture_all(self) -> None:
         self.pool = None
         for shape in reversed(self.shapes):  # largest first, so smaller graphs reuse its memory pool
-            self._set_padding(0, 0, shape)
+            self.static.set_padding(0, 0, shape)
             self._forward(shape)  # warm-up (Triton autotune, JIT)
             self.graphs[shape], self.logits[shape] = self._capture(shape)
         torch.cuda.synchronize()
@@ -188,45 +207,11 @@ class StepGraphs:
         num_tokens = sum(s.num_query_tokens for s in out.scheduled)
         return pick_shape(self.shapes, len(out.scheduled), num_tokens)
 
-    def _set_padding(self, num_seqs: int, num_tokens: int, shape: tuple[int, int]) -> None:
-        """Padding sequences after the real ones (`padding_lens`: one token each, the last takes the rest), on
-        their own scratch slot, one key, position 0. Written on the device: no host copy in a replayed step."""
-        seqs, tokens = shape
-        if seqs == num_seqs:
-            return
-        torch.add(self.ramp[: seqs - num_seqs - 1], num_tokens, out=self.cu_seqlens_q[num_seqs + 1 : seqs])
-        self.cu_seqlens_q[seqs].fill_(tokens)
-        self.slot_mapping[num_tokens:tokens].fill_(self.scratch_slot)
-        self.positions[num_tokens:tokens].zero_()
-        self.visible_start[num_tokens:tokens].zero_()
-        self.block_tables[num_seqs:seqs].fill_(self.runner.scratch_block)
-        self.kv_lens[num_seqs:seqs].fill_(1)
-
-    def stage(self, host: HostStep, shape: tuple[int, int]) -> StepInputs:
-        return self.static.stage(host, shape)
-
     def run(self, inputs: StepInputs, shape: tuple[int, int]) -> torch.Tensor:
         """Replay the bucket's graph on the step's inputs (copied into the static buffers unless staged there);
         [num_sampling, vocab] logits, the rows of `inputs.logits_indices` (as an eager step computes them)."""
         num_sampling = inputs.logits_indices.shape[0]
         if not inputs.is_staged:
-            self._copy_in(inputs, shape)
+            self.static.copy_advanced(inputs)
         self.graphs[shape].replay()
         return self.logits[shape][:num_sampling]
-
-    def _copy_in(self, inputs: StepInputs, shape: tuple[int, int]) -> None:
-        """Inputs built on the device (a burst's later steps) into the static buffers, with the padding."""
-        meta = inputs.meta
-        num_sampling = inputs.logits_indices.shape[0]
-        num_tokens, num_seqs = inputs.input_ids.shape[0], meta.kv_lens.shape[0]
-        width = meta.block_tables.shape[1]
-        self.input_ids[:num_tokens].copy_(inputs.input_ids)
-        self.positions[:num_tokens].copy_(meta.positions)
-        self.slot_mapping[:num_tokens].copy_(meta.slot_mapping)
-        self.visible_start[:num_tokens].copy_(meta.visible_start)
-        self.cu_seqlens_q[: num_seqs + 1].copy_(meta.cu_seqlens_q)
-        self.block_tables[:num_seqs, :width].copy_(meta.block_tables)
-        self.kv_lens[:num_seqs].copy_(meta.kv_lens)
-        self.logits_indices[:num_sampling].copy_(inputs.logits_indices)
-        self.logits_indices[num_sampling : shape[0]].zero_()
-        self._set_padding(num_seqs, num_tokens, shape)

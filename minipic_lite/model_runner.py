@@ -254,7 +254,7 @@ class ModelRunner:
             req, B = s.seq, self.block_size
             host.add_chunk(req.token_ids, req.block_table, s.query_ranges, s.kv_len, req.visible_start, s.do_sample, B)
         if shape is not None:  # NOTE: graphs serve neither hybrids nor the CPU's packed weights and decode mirror
-            return self.graphs.stage(host, shape)
+            return self.graphs.static.stage(host, shape)
         meta = StepMetadata.build(host, self.device)
         min_rows = self.packed_min_rows
         meta.use_packed_weights = out.is_decode_only and min_rows is not None and len(host.input_ids) >= min_rows

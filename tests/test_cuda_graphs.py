@@ -124,7 +124,7 @@ def test_the_graph_path_gives_the_eager_tokens_for_prefill_mixed_and_decode_step
     """Bursts: a burst's first step is staged on the host, its later ones are built on the device and copied in."""
     monkeypatch.setattr(StepGraphs, "_capture", lambda self, shape: (EagerReplay(self, shape), self._forward(shape)))
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
-    set_padding, paddings = StepGraphs._set_padding, []
+    set_padding, paddings = StaticInputs.set_padding, []
 
     def checked_padding(self, num_seqs, num_tokens, shape):  # the buffers hold padding_lens' layout
         set_padding(self, num_seqs, num_tokens, shape)
@@ -133,7 +133,7 @@ def test_the_graph_path_gives_the_eager_tokens_for_prefill_mixed_and_decode_step
         assert cu[0] == num_tokens and lens == padding_lens(num_seqs, num_tokens, shape)
         paddings.append(lens)
 
-    monkeypatch.setattr(StepGraphs, "_set_padding", checked_padding)
+    monkeypatch.setattr(StaticInputs, "set_padding", checked_padding)
     stage = StaticInputs.stage
 
     def checked_stage(self, host, shape):  # the staged buffers hold padding_lens' layout
