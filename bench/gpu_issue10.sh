@@ -4,7 +4,7 @@
 # bench/data (the RAG datasets, built here with `python bench/rag.py --build-only --samples 64`) carried.
 #
 #   GIT_SHA=$(git rev-parse --short HEAD) bash bench/gpu_issue10.sh [part]   part: all (default), a, b, ops, ttft, host, hostdiag, offload, tests, splits, grid, rag, ragphase,
-#   rag0, read, readprof (with ncu), engineread, tileslast, final2, rag09, check17, diag18, check18, final18, warps18, bs32, engine, pending, final, ttft1, probe or hybrid, or several joined by commas
+#   rag0, read, readprof (with ncu), engineread, tileslast, final2, rag09, check17, diag18, check18, final18, warps18, bs32, rag32, tests, regs19, engine, pending, final, ttft1, probe or hybrid, or several joined by commas
 set -u
 cd "$(dirname "$0")/.."
 export TRITON_INTERPRET=0 PYTHONUNBUFFERED=1 GIT_SHA=${GIT_SHA:-unknown}
@@ -159,14 +159,23 @@ if want warps18; then  # issues 10/13: the short read and decode 1 x 8k with 8 w
     step read_warps 230 env READ_SWEEP=warps python3 bench/gpu_read_profile.py --out "$OUT" --cases short16k,short16k_cold,b1x8k
 fi
 if want bs32; then  # next: block size 32 beside 16 (on the CPU the cached 8 x 2048 prompt's host part fell 1.00 -> 0.68 ms,
-    # 4daba6c): the TTFT grid's 2048 / 4096 rows, host_ttft, and the RAG table (a passage pads ~16 tokens, not ~8)
+    # 4daba6c): the TTFT grid's 2048 / 4096 rows and host_ttft; rag32 has the RAG table (a passage pads ~16 tokens, not ~8)
     for b in 16 32; do
         step "ttft_b$b" 120 python3 bench/ttft_spans.py --device cuda --llama3-8b-shape --doc-tokens 2048,4096 \
             --ks 4,8 --repeats 3 --block-size $b
         step "host_ttft_b$b" 60 python3 bench/host_ttft.py --device cuda --llama3-8b-shape --runs 20 --block-size $b
     done
+fi
+if want rag32; then  # the RAG table at block size 32 (carry bench/data/rag-64-reuse0.0 and rag-64-reuse0.5)
     step rag_b32 230 $RAG --reuse 0,0.5 --systems vanilla_prefix,barrier,inline,isps --max-num-seqs 32 \
         --max-num-batched-tokens 8192 --block-size 32 --tag=-b32
+fi
+if want tests; then  # the GPU tests alone
+    step gpu_tests 300 python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider -p no:logging --tb=short
+fi
+if want regs19; then  # issues 10/13: registers capped (MAX_REGS) so 2 programs of 8 warps share an SM (the short read's
+    # 4-warp default takes 255 registers and spills; ptxas offline)
+    step read_regs 200 env READ_SWEEP=regs python3 bench/gpu_read_profile.py --out "$OUT" --cases short16k,short16k_cold,b1x8k
 fi
 if want engine; then  # issue 13: engine decode b1 / b64 against the HBM roofline, with its profile, and prefill vs HF
     step gpu_engine 330 python3 bench/gpu_engine.py --out "$OUT/gpu_engine_${GIT_SHA}_h200.json"

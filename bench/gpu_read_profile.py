@@ -94,6 +94,13 @@ def grid(**axes) -> list[dict]:
 # 8 warps (read_profile_086c224_h200_warps): short read best 0.0572 ms (64-key tiles, 16 splits) against 4 warps'
 # 0.0568, decode 1 x 8k 20.5 us against 19.0
 def sweep_for(name: str) -> list[dict]:
+    if REGS_SWEEP:  # READ_SWEEP=regs: registers capped (ptxas .maxnreg) so that 2 programs of 8 warps share an SM
+        return {
+            "short16k": grid(TILE_N=(32,), num_warps=(8,), num_stages=(2, 3), NUM_SPLITS=(32, 64), MAX_REGS=(128,))
+            + grid(TILE_N=(32,), num_warps=(4,), num_stages=(2,), NUM_SPLITS=(32,), MAX_REGS=(168,)),
+            "short16k_cold": grid(TILE_N=(32,), num_warps=(8,), num_stages=(2, 3), NUM_SPLITS=(32, 64), MAX_REGS=(128,)),
+            "b1x8k": grid(TILE_N=(64, 128), num_warps=(4,), num_stages=(3, 4), NUM_SPLITS=(32, 64), MAX_REGS=(128,)),
+        }.get(name, [])
     if WARPS_SWEEP:  # READ_SWEEP=warps: 8 warps beside 4 (the sweeps above had 4 only for these reads)
         return {
             "short16k": grid(TILE_N=(32, 64), num_warps=(4, 8), num_stages=(2, 3), NUM_SPLITS=(16, 32)),
@@ -134,8 +141,9 @@ def kernel_times(fn, calls: int = 20) -> dict:
     }
 
 
-SWEEP = os.environ.get("READ_SWEEP", "1") in ("1", "warps")  # READ_SWEEP=0: each case's defaults only
+SWEEP = os.environ.get("READ_SWEEP", "1") in ("1", "warps", "regs")  # READ_SWEEP=0: each case's defaults only
 WARPS_SWEEP = os.environ.get("READ_SWEEP") == "warps"
+REGS_SWEEP = os.environ.get("READ_SWEEP") == "regs"
 COLD_COPIES = 6  # `_cold` cases: each call reads the next of this many copies, so K and V come from DRAM, not L2
 
 
@@ -247,6 +255,8 @@ def main() -> None:
         print(name, "default", row["default"].get("ms"), "stored", row["keys_as_stored_ms"], "best", best.get("ms"),
               best.get("config"), "sdpa", row.get("sdpa_default", {}).get("ms"), flush=True)  # fmt: skip
         print("   kernels", row["kernels"], flush=True)
+        for entry in row["sweep"]:
+            print("   ", entry.get("ms"), entry.get("max_err"), entry.get("error", ""), entry["config"], flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"read_profile_{result['git_sha']}.json").write_text(json.dumps(result, indent=1))
 

@@ -664,7 +664,7 @@ def compile_key(cfg: dict) -> tuple:
     """What a launch with config `cfg` compiles: two configs with the same key run the same kernels."""
     split = cfg["NUM_SPLITS"] > 1
     return (cfg["BLOCK_M"], cfg["TILE_N"], cfg["num_warps"], cfg["num_stages"], split, cfg["PRE_ROTATE"],
-            cfg["DENSE"], cfg["WARP_SPECIALIZE"])  # fmt: skip
+            cfg["DENSE"], cfg["WARP_SPECIALIZE"], cfg.get("MAX_REGS"))  # fmt: skip
 
 
 # Step shapes that `variant_shapes` tries: sequences, query tokens per sequence (around pick_config's thresholds of
@@ -876,7 +876,7 @@ def rope_paged_attention_triton(
         HALF_PAD=max(_next_pow2(rotary_dim // 2), 16), BLOCK_M=block_m, BLOCK_Q=block_q,
         TILE_N=cfg["TILE_N"], SPLIT_KV=num_splits > 1, TILES_LAST=tiles_last,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], maxnreg=cfg.get("MAX_REGS"),
     )  # fmt: skip
     if num_splits > 1:
         _reduce_splits_kernel[(num_tokens, num_heads)](
