@@ -98,7 +98,9 @@ def sweep_for(name: str) -> list[dict]:
         return {
             "short16k": grid(TILE_N=(32,), num_warps=(8,), num_stages=(2, 3), NUM_SPLITS=(32, 64), MAX_REGS=(128,))
             + grid(TILE_N=(32,), num_warps=(4,), num_stages=(2,), NUM_SPLITS=(32,), MAX_REGS=(168,)),
-            "short16k_cold": grid(TILE_N=(32,), num_warps=(8,), num_stages=(2, 3), NUM_SPLITS=(32, 64), MAX_REGS=(128,)),
+            "short16k_cold": grid(
+                TILE_N=(32,), num_warps=(8,), num_stages=(2, 3), NUM_SPLITS=(32, 64), MAX_REGS=(128,)
+            ),
             "b1x8k": grid(TILE_N=(64, 128), num_warps=(4,), num_stages=(3, 4), NUM_SPLITS=(32, 64), MAX_REGS=(128,)),
         }.get(name, [])
     if WARPS_SWEEP:  # READ_SWEEP=warps: 8 warps beside 4 (the sweeps above had 4 only for these reads)
