@@ -6,6 +6,7 @@ import torch
 
 import minipic_lite as mp
 from minipic_lite.cuda_graphs import StaticInputs, StepGraphs, graph_shapes, padding_lens, pick_shape
+from minipic_lite.models import llama
 from minipic_lite.models.step import HostStep, StepMetadata
 from tests.conftest import save_tiny_llama
 
@@ -146,6 +147,10 @@ def test_the_graph_path_gives_the_eager_tokens_for_prefill_mixed_and_decode_step
         return inputs
 
     monkeypatch.setattr(StaticInputs, "stage", checked_stage)
+    # NOTE: the op checks its arguments here (the engine passes check=False): the CPU path reads kv_lens only to size
+    # its gather, so a burst step that kept the last step's kv_lens gave the same tokens; the contract rejects it.
+    op = llama.rope_paged_attention
+    monkeypatch.setattr(llama, "rope_paged_attention", lambda *args, check: op(*args, check=True))
     kwargs = dict(
         max_model_len=256,
         max_num_seqs=4,
