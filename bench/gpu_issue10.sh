@@ -4,7 +4,7 @@
 # bench/data (the RAG datasets, built here with `python bench/rag.py --build-only --samples 64`) carried.
 #
 #   GIT_SHA=$(git rev-parse --short HEAD) bash bench/gpu_issue10.sh [part]   part: all (default), a, b, ops, ttft, host, hostdiag, offload, tests, splits, grid, rag, ragphase,
-#   rag0, read, readprof (with ncu), engineread, tileslast, final2, rag09, check17, diag18, check18, final18, warps18, bs32, rag32, tests, regs19, engine, pending, final, ttft1, probe or hybrid, or several joined by commas
+#   rag0, read, readprof (with ncu), engineread, tileslast, final2, rag09, check17, diag18, check18, final18, warps18, bs32, rag32, tests, regs19, diag19, engine, pending, final, ttft1, probe or hybrid, or several joined by commas
 set -u
 cd "$(dirname "$0")/.."
 export TRITON_INTERPRET=0 PYTHONUNBUFFERED=1 GIT_SHA=${GIT_SHA:-unknown}
@@ -176,6 +176,22 @@ fi
 if want regs19; then  # issues 10/13: registers capped (MAX_REGS) so 2 programs of 8 warps share an SM (the short read's
     # 4-warp default takes 255 registers and spills; ptxas offline)
     step read_regs 200 env READ_SWEEP=regs python3 bench/gpu_read_profile.py --out "$OUT" --cases short16k,short16k_cold,b1x8k
+fi
+if want diag19; then  # issue 10: a first prompt right after its documents' prefill reads 63 us a layer where a next
+    # question reads 53 (ttft_spans-2f1f877-cuda-b32, GPU busy 7.3 against 6.7 ms): the GPU's clocks after a heavy
+    # prefill? The cached 8 x 2048 prompt at block size 32 straight after the prefill and 200 ms later, with the SM clock,
+    # power and throttle reasons sampled every 10 ms beside it; then the RAG table at block size 32
+    step gpu_tests 300 python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider -p no:logging --tb=short
+    nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,clocks_throttle_reasons.active --format=csv \
+        -lms 10 >"$OUT/clocks_ttft.csv" 2>&1 &
+    smi=$!
+    for settle in 0 200; do
+        step "ttft_b32_settle$settle" 120 python3 bench/ttft_spans.py --device cuda --llama3-8b-shape --doc-tokens 2048 \
+            --ks 8 --repeats 3 --block-size 32 --settle-ms $settle
+    done
+    kill $smi
+    step rag_b32 230 $RAG --reuse 0,0.5 --systems vanilla_prefix,barrier,inline,isps --max-num-seqs 32 \
+        --max-num-batched-tokens 8192 --block-size 32 --tag=-b32
 fi
 if want engine; then  # issue 13: engine decode b1 / b64 against the HBM roofline, with its profile, and prefill vs HF
     step gpu_engine 330 python3 bench/gpu_engine.py --out "$OUT/gpu_engine_${GIT_SHA}_h200.json"

@@ -41,6 +41,7 @@ RESULTS = Path(__file__).parent / "results"
 SYSTEM = "You answer questions about the essays the user gives you."
 QUESTION = "Which essay argues most clearly for its point, and why?"
 ONE_TOKEN = mp.SamplingParams(max_tokens=1, temperature=0.0)
+SETTLE_S = 0.0  # --settle-ms
 
 
 def git_sha() -> str:
@@ -151,9 +152,14 @@ def run_k(llm: mp.LLM, docs: list, k: int, repeats: int, rng: random.Random) -> 
     pic = c.block_attention(SYSTEM, chosen, QUESTION)
     # the documents as spans on their own, and the system turn from an earlier request with another question
     spans = [*c.span_prompts("block_attention", chosen), c.block_attention(SYSTEM, [], "Hello!")]
+
+    def prefill_spans():
+        llm.generate(spans, ONE_TOKEN, use_tqdm=False)
+        time.sleep(SETTLE_S)
+
     row = {
         "k": k,
-        "pic_cached": measure(llm, lambda: llm.generate(spans, ONE_TOKEN, use_tqdm=False), pic, repeats),
+        "pic_cached": measure(llm, prefill_spans, pic, repeats),
         "pic_cold": measure(llm, lambda: None, pic, repeats),
         "prefix_shuf": measure(
             llm,
@@ -164,7 +170,7 @@ def run_k(llm: mp.LLM, docs: list, k: int, repeats: int, rng: random.Random) -> 
     }
     cached = row["pic_cached"]["ttft_s"]
     if llm.config.device.startswith("cuda"):
-        row["pic_cached"].update(device_time(llm, lambda: llm.generate(spans, ONE_TOKEN, use_tqdm=False), pic))
+        row["pic_cached"].update(device_time(llm, prefill_spans, pic))
         row["pic_cached"]["ttft_over_device"] = cached / row["pic_cached"]["device_s"]
         # NOTE: then another question after the same documents, as host_ttft times it (the documents' digest chain
         # already met): what a first prompt after the documents' prefill costs beyond it
@@ -175,8 +181,7 @@ def run_k(llm: mp.LLM, docs: list, k: int, repeats: int, rng: random.Random) -> 
               f"{1e3 * nxt['device_s']:.1f} ms; first prompt {1e3 * first['ttft_profiled_s']:.1f} / "
               f"{1e3 * first['device_s']:.1f} ms; kernels {nxt['top_kernels'][:3]} vs {first['top_kernels'][:3]}",
               flush=True)  # fmt: skip
-        row["pic_cached"]["ttft_direct_s"] = direct_ttft(llm, lambda: llm.generate(spans, ONE_TOKEN, use_tqdm=False),
-                                                         pic, repeats)  # fmt: skip
+        row["pic_cached"]["ttft_direct_s"] = direct_ttft(llm, prefill_spans, pic, repeats)
     row["cold_over_cached"] = row["pic_cold"]["ttft_s"] / cached
     row["prefix_shuf_over_cached"] = row["prefix_shuf"]["ttft_s"] / cached
     return row
@@ -242,7 +247,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--block-size", type=int, default=16, help="KV block size (results named -b<N> unless 16)")
+    parser.add_argument("--settle-ms", type=float, default=0.0, help="idle time between the documents' prefill and "
+                        "the cached prompt (results named -settle<N>): is a first prompt slower for the GPU's state "
+                        "right after a heavy prefill (clocks, power), not for the engine?")  # fmt: skip
     args = parser.parse_args()
+    global SETTLE_S
+    SETTLE_S = args.settle_ms / 1e3
     ks = [int(k) for k in args.ks.split(",")]
     lengths = [int(n) for n in args.doc_tokens.split(",")]
 
@@ -285,6 +295,7 @@ def main() -> None:
         "dtype": llm.config.dtype,
         "model": "llama3-8b-shape (random)" if args.llama3_8b_shape else str(llm.config.model_dir.name),
         "block_size": llm.config.cache.block_size,
+        "settle_ms": args.settle_ms,
         "repeats": args.repeats,
         "torch_threads": torch.get_num_threads(),
         "load_average_before": load_before,
@@ -303,6 +314,7 @@ def main() -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     tag = "cuda" if args.device.startswith("cuda") else "cpu"
     tag += f"-b{args.block_size}" if args.block_size != 16 else ""
+    tag += f"-settle{args.settle_ms:g}" if args.settle_ms else ""
     stem = RESULTS / f"ttft_spans-{result['git_sha']}-{tag}"
     stem.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
     stem.with_suffix(".md").write_text(md)

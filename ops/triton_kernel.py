@@ -619,8 +619,12 @@ def pick_config(
     long_decode = rows_per_seq <= 16 and is_rotary and head_dim == 128 and elem_size == 2
     if long_decode and table_elem_size <= 2 and max_context >= LONG_DECODE_CONTEXT:
         tile_n = 128  # H200, 64 x 8k, bf16 table: 0.60 ms against 0.70 ms with 32-key tiles
+    max_regs = None
     if short and head_dim == 128:  # H200, 17 new tokens over 16k / 32k: 0.057 / 0.095 ms against 0.064 / 0.108 ms
         tile_n, num_warps = 32, 4  # with 64-key tiles, 8 warps (bench/results/gpu_short_prefill_997b663_h200_splits*)
+        # NOTE: 4 warps take 255 registers and spill (ptxas, sm_90a); 8 warps capped at 128 let two programs of 8
+        # warps share an SM: 16k short read 0.0531 ms against 0.0563 (bench/results/read_profile_2f1f877_h200_regs*)
+        num_warps, max_regs = 8, 128
     if dense and head_dim == 128:  # measured on the H200: bench/results/gpu_ops_cd5f0ee_h200*
         block_m, tile_n, num_warps, num_stages = (
             (128, 128, 8, 3) if rows_per_seq >= LONG_PREFILL_ROWS else (64, 64, 4, 3)
@@ -644,6 +648,7 @@ def pick_config(
         PRE_ROTATE=is_rotary and rows_per_seq > 16 and not short,
         DENSE=dense,
         WARP_SPECIALIZE=warp_specialize,
+        MAX_REGS=max_regs,
     )
 
 

@@ -66,7 +66,7 @@ def check_against_ref(problem: Problem, impl: str, what: str, **kwargs) -> None:
 # the Triton kernel (interpreter): a curated grid, each axis covered at least once
 # ------------------------------------------------------------------------------------------------------
 
-SHORT = {"PRE_ROTATE": False, "BLOCK_M": 128}  # pick_config's short prefill on CUDA
+SHORT = {"PRE_ROTATE": False, "BLOCK_M": 128, "MAX_REGS": 128}  # pick_config's short prefill on CUDA
 TRITON_CASES = [
     # scenario, heads, head_dim, rotary_dim, block_size, dtype, position_free, extra, config
     ("prefill_T63", "gqa4", 64, None, 16, torch.float32, True, {}, None),
@@ -374,6 +374,10 @@ def test_valid_args_pass(valid_args):
     assert torch.isfinite(out).all()
 
 
+def decode_regs(tk, cuda):
+    return tk.pick_config(1, 1, 8, 4, 128, 8192, True, cuda, table_elem_size=2)["MAX_REGS"]
+
+
 def test_pick_config_reads_a_short_prefill_over_a_long_context_like_a_decode(monkeypatch):
     """19 new tokens over 16k cached keys on an H200 (132 SMs, 8 kv heads, group 4): one 128-row query tile per
     sequence, keys rotated in the kernel, 32 splits of 32-key tiles. A 2,048-token chunk keeps the dense (gathered,
@@ -385,7 +389,9 @@ def test_pick_config_reads_a_short_prefill_over_a_long_context_like_a_decode(mon
     cuda = torch.device("cuda", 0)
     short = tk.pick_config(19, 1, 8, 4, 128, 16384, True, cuda, table_elem_size=2)
     assert (short["BLOCK_M"], short["NUM_SPLITS"], short["PRE_ROTATE"], short["DENSE"]) == (128, 32, False, False)
-    assert (short["TILE_N"], short["num_warps"]) == (32, 4)  # measured: 32-key tiles, 4 warps (head_dim 128)
+    # measured: 32-key tiles, 8 warps with registers capped at 128 (2 programs an SM; head_dim 128)
+    assert (short["TILE_N"], short["num_warps"], short["MAX_REGS"]) == (32, 8, 128)
+    assert decode_regs(tk, cuda) is None, "decode keeps ptxas' register choice (a cap spills there)"
     two = tk.pick_config(40, 2, 8, 4, 128, 16384, True, cuda, table_elem_size=2)  # 80 rows per sequence
     assert (two["BLOCK_M"], two["NUM_SPLITS"], two["DENSE"]) == (128, 32, False)
     graphed = tk.pick_config(32, 2, 8, 4, 128, 16384, True, cuda, table_elem_size=2)  # the (2, 32) graph bucket
