@@ -4,7 +4,7 @@
 # bench/data (the RAG datasets, built here with `python bench/rag.py --build-only --samples 64`) carried.
 #
 #   GIT_SHA=$(git rev-parse --short HEAD) bash bench/gpu_issue10.sh [part]   part: all (default), a, b, ops, ttft, host, hostdiag, offload, tests, splits, grid, rag, ragphase,
-#   rag0, read, readprof (with ncu), engineread, tileslast, final2, rag09, check17, diag18, check18, final18, warps18, bs32, rag32, tests, regs19, diag19, engine, pending, final, ttft1, probe or hybrid, or several joined by commas
+#   rag0, read, readprof (with ncu), engineread, tileslast, final2, rag09, check17, diag18, check18, final18, warps18, bs32, rag32, tests, regs19, diag19, final19, engine, pending, final, ttft1, probe or hybrid, or several joined by commas
 set -u
 cd "$(dirname "$0")/.."
 export TRITON_INTERPRET=0 PYTHONUNBUFFERED=1 GIT_SHA=${GIT_SHA:-unknown}
@@ -192,6 +192,15 @@ if want diag19; then  # issue 10: a first prompt right after its documents' pref
     kill $smi
     step rag_b32 230 $RAG --reuse 0,0.5 --systems vanilla_prefix,barrier,inline,isps --max-num-seqs 32 \
         --max-num-batched-tokens 8192 --block-size 32 --tag=-b32
+fi
+if want final19; then  # this stop's last call: the short read's register cap on every short-read case beside the
+    # 4-warp default it replaced, then the cached grid rows (2048 / 4096 x 4 / 8) and host_ttft at block sizes 16 and 32
+    step short_prefill_regs 150 python3 bench/gpu_short_prefill.py --regs
+    for b in 16 32; do
+        step "ttft_b$b" 120 python3 bench/ttft_spans.py --device cuda --llama3-8b-shape --doc-tokens 2048,4096 \
+            --ks 4,8 --repeats 3 --block-size $b
+        step "host_ttft_b$b" 60 python3 bench/host_ttft.py --device cuda --llama3-8b-shape --runs 20 --block-size $b
+    done
 fi
 if want engine; then  # issue 13: engine decode b1 / b64 against the HBM roofline, with its profile, and prefill vs HF
     step gpu_engine 330 python3 bench/gpu_engine.py --out "$OUT/gpu_engine_${GIT_SHA}_h200.json"

@@ -96,6 +96,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--smoke", action="store_true", help="one small case, wall-clock timing")
     parser.add_argument("--splits", action="store_true", help="only the split-count sweep (SPLIT_SWEEP)")
+    parser.add_argument("--regs", action="store_true", help="every case beside the 4-warp config without a register "
+                        "cap (the short read's default before MAX_REGS) only (..._regs.json)")  # fmt: skip
     args_ = parser.parse_args()
     device = torch.device("cuda")
     clock = Clock(args_.smoke)
@@ -106,7 +108,7 @@ def main() -> None:
     contexts = [2048] if args_.smoke else SPLIT_CONTEXTS if args_.splits else CONTEXTS
     for (num_seqs, new_tokens), context in itertools.product(cases, contexts):
         sweep = SWEEP if context in SWEEP_CONTEXTS and not args_.smoke else []
-        sweep = SPLIT_SWEEP if args_.splits else sweep
+        sweep = SPLIT_SWEEP if args_.splits else [dict(num_warps=4, MAX_REGS=None)] if args_.regs else sweep
         row = measure_case(num_seqs, new_tokens, context, clock, bandwidth, sweep, device)
         rows.append(row)
         best = row["best"] or {"ms": float("nan"), "config": ""}
@@ -118,7 +120,8 @@ def main() -> None:
         )
     sha = os.environ.get("GIT_SHA", "unknown")
     gpu = torch.cuda.get_device_name().split()[-1].lower()
-    out = Path(__file__).parent / "results" / f"gpu_short_prefill_{sha}_{gpu}{'_splits' if args_.splits else ''}.json"
+    tag = "_splits" if args_.splits else "_regs" if args_.regs else ""
+    out = Path(__file__).parent / "results" / f"gpu_short_prefill_{sha}_{gpu}{tag}.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(dict(git_sha=sha, device=torch.cuda.get_device_name(), copy_bandwidth=bandwidth,
                                    heads=HEADS, rows=rows), indent=2) + "\n")  # fmt: skip
