@@ -194,8 +194,11 @@ if want diag19; then  # issue 10: a first prompt right after its documents' pref
         --max-num-batched-tokens 8192 --block-size 32 --tag=-b32
 fi
 if want final19; then  # this stop's last call: the short read's register cap on every short-read case beside the
-    # 4-warp default it replaced, then the cached grid rows (2048 / 4096 x 4 / 8) and host_ttft at block sizes 16 and 32
+    # 4-warp default it replaced, its ncu profile (stall reasons), then the cached grid rows (2048 / 4096 x 4 / 8) and host_ttft at block sizes 16 and 32
     step short_prefill_regs 150 python3 bench/gpu_short_prefill.py --regs
+    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
+    step ncu_short16k 120 "$NCU" --clock-control none --set detailed --section WarpStateStats --profile-from-start off \
+        --launch-count 2 python3 bench/gpu_read_profile.py --case short16k --calls 2
     for b in 16 32; do
         step "ttft_b$b" 120 python3 bench/ttft_spans.py --device cuda --llama3-8b-shape --doc-tokens 2048,4096 \
             --ks 4,8 --repeats 3 --block-size $b
