@@ -103,6 +103,10 @@ def sweep_for(name: str) -> list[dict]:
             ),
             "b1x8k": grid(TILE_N=(64, 128), num_warps=(4,), num_stages=(3, 4), NUM_SPLITS=(32, 64), MAX_REGS=(128,)),
         }.get(name, [])
+    if TILE16_SWEEP:  # READ_SWEEP=tile16: 16-key tiles, which fit 128 registers without spilling (ptxas, sm_90a)
+        if name.startswith("short16k"):
+            return grid(TILE_N=(16,), num_warps=(8,), num_stages=(2, 3, 4), NUM_SPLITS=(16, 32), MAX_REGS=(128,))
+        return []
     if WARPS_SWEEP:  # READ_SWEEP=warps: 8 warps beside 4 (the sweeps above had 4 only for these reads)
         return {
             "short16k": grid(TILE_N=(32, 64), num_warps=(4, 8), num_stages=(2, 3), NUM_SPLITS=(16, 32)),
@@ -143,9 +147,10 @@ def kernel_times(fn, calls: int = 20) -> dict:
     }
 
 
-SWEEP = os.environ.get("READ_SWEEP", "1") in ("1", "warps", "regs")  # READ_SWEEP=0: each case's defaults only
+SWEEP = os.environ.get("READ_SWEEP", "1") in ("1", "warps", "regs", "tile16")  # READ_SWEEP=0: each case's defaults only
 WARPS_SWEEP = os.environ.get("READ_SWEEP") == "warps"
 REGS_SWEEP = os.environ.get("READ_SWEEP") == "regs"
+TILE16_SWEEP = os.environ.get("READ_SWEEP") == "tile16"
 COLD_COPIES = 6  # `_cold` cases: each call reads the next of this many copies, so K and V come from DRAM, not L2
 
 

@@ -98,6 +98,8 @@ def main() -> None:
     parser.add_argument("--splits", action="store_true", help="only the split-count sweep (SPLIT_SWEEP)")
     parser.add_argument("--regs", action="store_true", help="every case beside the 4-warp config without a register "
                         "cap (the short read's default before MAX_REGS) only (..._regs.json)")  # fmt: skip
+    parser.add_argument("--sweep-json", help="a JSON list of config overrides timed beside the default at every case "
+                        "(..._sweep.json)")  # fmt: skip
     args_ = parser.parse_args()
     device = torch.device("cuda")
     clock = Clock(args_.smoke)
@@ -109,6 +111,7 @@ def main() -> None:
     for (num_seqs, new_tokens), context in itertools.product(cases, contexts):
         sweep = SWEEP if context in SWEEP_CONTEXTS and not args_.smoke else []
         sweep = SPLIT_SWEEP if args_.splits else [dict(num_warps=4, MAX_REGS=None)] if args_.regs else sweep
+        sweep = json.loads(args_.sweep_json) if args_.sweep_json else sweep
         row = measure_case(num_seqs, new_tokens, context, clock, bandwidth, sweep, device)
         rows.append(row)
         best = row["best"] or {"ms": float("nan"), "config": ""}
@@ -120,7 +123,7 @@ def main() -> None:
         )
     sha = os.environ.get("GIT_SHA", "unknown")
     gpu = torch.cuda.get_device_name().split()[-1].lower()
-    tag = "_splits" if args_.splits else "_regs" if args_.regs else ""
+    tag = "_splits" if args_.splits else "_regs" if args_.regs else "_sweep" if args_.sweep_json else ""
     out = Path(__file__).parent / "results" / f"gpu_short_prefill_{sha}_{gpu}{tag}.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(dict(git_sha=sha, device=torch.cuda.get_device_name(), copy_bandwidth=bandwidth,
