@@ -92,7 +92,8 @@ def grid(**axes) -> list[dict]:
 # 0.062 ms (2 heads, 64 rows, 64-key tiles, 16 splits) against the defaults' 0.057; and the short read after a
 # weight-streaming GEMM (short16k_gemm): 49.3 us against 50.8 alone, so the GEMM before it is not what slows it;
 # 8 warps (read_profile_086c224_h200_warps): short read best 0.0572 ms (64-key tiles, 16 splits) against 4 warps'
-# 0.0568, decode 1 x 8k 20.5 us against 19.0
+# 0.0568, decode 1 x 8k 20.5 us against 19.0; registers capped (read_profile_2f1f877_h200_regs): 8 warps at 128 kept
+# (0.0531 against 0.0563), with 64 splits 0.064, 4 warps at 168 0.099, decode 1 x 8k capped 20.9 us against 19.7
 def sweep_for(name: str) -> list[dict]:
     if REGS_SWEEP:  # READ_SWEEP=regs: registers capped (ptxas .maxnreg) so that 2 programs of 8 warps share an SM
         return {
