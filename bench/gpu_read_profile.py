@@ -93,7 +93,9 @@ def grid(**axes) -> list[dict]:
 # weight-streaming GEMM (short16k_gemm): 49.3 us against 50.8 alone, so the GEMM before it is not what slows it;
 # 8 warps (read_profile_086c224_h200_warps): short read best 0.0572 ms (64-key tiles, 16 splits) against 4 warps'
 # 0.0568, decode 1 x 8k 20.5 us against 19.0; registers capped (read_profile_2f1f877_h200_regs): 8 warps at 128 kept
-# (0.0531 against 0.0563), with 64 splits 0.064, 4 warps at 168 0.099, decode 1 x 8k capped 20.9 us against 19.7
+# (0.0531 against 0.0563), with 64 splits 0.064, 4 warps at 168 0.099, decode 1 x 8k capped 20.9 us against 19.7;
+# 16-key tiles, 8 warps at 128 registers, no spill (read_profile_ea85814_h200_tile16): 0.0655 against 0.0534 (16
+# splits 0.099): the loop's time goes with its iteration count, not with spills or bytes
 def sweep_for(name: str) -> list[dict]:
     if REGS_SWEEP:  # READ_SWEEP=regs: registers capped (ptxas .maxnreg) so that 2 programs of 8 warps share an SM
         return {
@@ -107,6 +109,11 @@ def sweep_for(name: str) -> list[dict]:
     if TILE16_SWEEP:  # READ_SWEEP=tile16: 16-key tiles, which fit 128 registers without spilling (ptxas, sm_90a)
         if name.startswith("short16k"):
             return grid(TILE_N=(16,), num_warps=(8,), num_stages=(2, 3, 4), NUM_SPLITS=(16, 32), MAX_REGS=(128,))
+        return []
+    if W16_SWEEP:  # READ_SWEEP=w16: 16 warps (4 warpgroups) on one tile, fewer iterations (ptxas: 32-key tiles at 126
+        # registers without spilling, 64-key tiles spill 80-88 bytes at 128), not yet run
+        if name.startswith("short16k"):
+            return grid(TILE_N=(32, 64), num_warps=(16,), num_stages=(2, 3), NUM_SPLITS=(16, 32), MAX_REGS=(128,))
         return []
     if WARPS_SWEEP:  # READ_SWEEP=warps: 8 warps beside 4 (the sweeps above had 4 only for these reads)
         return {
@@ -148,10 +155,12 @@ def kernel_times(fn, calls: int = 20) -> dict:
     }
 
 
-SWEEP = os.environ.get("READ_SWEEP", "1") in ("1", "warps", "regs", "tile16")  # READ_SWEEP=0: each case's defaults only
+# READ_SWEEP=0: each case's defaults only
+SWEEP = os.environ.get("READ_SWEEP", "1") in ("1", "warps", "regs", "tile16", "w16")
 WARPS_SWEEP = os.environ.get("READ_SWEEP") == "warps"
 REGS_SWEEP = os.environ.get("READ_SWEEP") == "regs"
 TILE16_SWEEP = os.environ.get("READ_SWEEP") == "tile16"
+W16_SWEEP = os.environ.get("READ_SWEEP") == "w16"
 COLD_COPIES = 6  # `_cold` cases: each call reads the next of this many copies, so K and V come from DRAM, not L2
 
 
