@@ -621,11 +621,12 @@ def pick_config(
     if long_decode and table_elem_size <= 2 and max_context >= LONG_DECODE_CONTEXT:
         tile_n = 128  # H200, 64 x 8k, bf16 table: 0.60 ms against 0.70 ms with 32-key tiles
     max_regs = None
-    if short and head_dim == 128:  # H200, 17 new tokens over 16k / 32k: 0.057 / 0.095 ms against 0.064 / 0.108 ms
-        tile_n, num_warps = 32, 4  # with 64-key tiles, 8 warps (bench/results/gpu_short_prefill_997b663_h200_splits*)
-        # NOTE: 4 warps take 255 registers and spill (ptxas, sm_90a); 8 warps capped at 128 let two programs of 8
-        # warps share an SM: 16k short read 0.0531 ms against 0.0563 (bench/results/read_profile_2f1f877_h200_regs*)
-        num_warps, max_regs = 8, 128
+    if short and head_dim == 128:
+        # NOTE: measured on the H200, 17 new tokens over 16k / 32k: 32-key tiles with 4 warps 0.057 / 0.095 ms against
+        # 64-key tiles' 0.064 / 0.108 (gpu_short_prefill_997b663_h200_splits*); 4 warps take 255 registers and spill
+        # (bench/ptxas_stats.py), 8 warps capped at 128 let two programs share an SM: 0.0525 / 0.0880
+        # (gpu_short_prefill_0419d7b_h200_regs.json)
+        tile_n, num_warps, max_regs = 32, 8, 128
     if dense and head_dim == 128:  # measured on the H200: bench/results/gpu_ops_cd5f0ee_h200*
         block_m, tile_n, num_warps, num_stages = (
             (128, 128, 8, 3) if rows_per_seq >= LONG_PREFILL_ROWS else (64, 64, 4, 3)
