@@ -110,6 +110,15 @@ def sweep_for(name: str) -> list[dict]:
         if name.startswith("short16k"):
             return grid(TILE_N=(16,), num_warps=(8,), num_stages=(2, 3, 4), NUM_SPLITS=(16, 32), MAX_REGS=(128,))
         return []
+    if PREFETCH_SWEEP:  # READ_SWEEP=prefetch: the next key tile loaded into registers before this one's math, with
+        # Triton's pipelining off (ptxas: 8 warps at 168 registers or 16 at 128 without spilling), not yet run
+        one = dict(PREFETCH=(True,), num_stages=(1,), TILE_N=(32,))
+        if name.startswith("short16k"):
+            return (grid(**one, num_warps=(16,), MAX_REGS=(128,), NUM_SPLITS=(16, 32))
+                    + grid(**one, num_warps=(8,), MAX_REGS=(128, 168, None), NUM_SPLITS=(32,)))  # fmt: skip
+        if name.startswith("b1x8k"):
+            return grid(PREFETCH=(True,), num_stages=(1,), TILE_N=(32, 64), num_warps=(4,), NUM_SPLITS=(32, 64))
+        return []
     if W16_SWEEP:  # READ_SWEEP=w16: 16 warps (4 warpgroups) on one tile, fewer iterations (ptxas: 32-key tiles at 126
         # registers without spilling, 64-key tiles spill 80-88 bytes at 128), not yet run
         if name.startswith("short16k"):
@@ -156,11 +165,12 @@ def kernel_times(fn, calls: int = 20) -> dict:
 
 
 # READ_SWEEP=0: each case's defaults only
-SWEEP = os.environ.get("READ_SWEEP", "1") in ("1", "warps", "regs", "tile16", "w16")
+SWEEP = os.environ.get("READ_SWEEP", "1") in ("1", "warps", "regs", "tile16", "w16", "prefetch")
 WARPS_SWEEP = os.environ.get("READ_SWEEP") == "warps"
 REGS_SWEEP = os.environ.get("READ_SWEEP") == "regs"
 TILE16_SWEEP = os.environ.get("READ_SWEEP") == "tile16"
 W16_SWEEP = os.environ.get("READ_SWEEP") == "w16"
+PREFETCH_SWEEP = os.environ.get("READ_SWEEP") == "prefetch"
 COLD_COPIES = 6  # `_cold` cases: each call reads the next of this many copies, so K and V come from DRAM, not L2
 
 

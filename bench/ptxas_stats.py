@@ -11,6 +11,7 @@ for the 4-warp short read, as ncu read it on the H200).
 
     python bench/ptxas_stats.py                              # the short read's default and a few neighbours
     python bench/ptxas_stats.py --config 128,32,8,2,128      # BLOCK_M,TILE_N,num_warps,num_stages,maxnreg (0: none)
+    python bench/ptxas_stats.py --prefetch --config 128,32,16,1,128   # the next key tile in registers
 """
 
 from __future__ import annotations
@@ -48,13 +49,15 @@ DEFAULT_CONFIGS = [  # BLOCK_M, TILE_N, num_warps, num_stages, maxnreg
 ]
 
 
-def compile_read(block_m: int, tile_n: int, num_warps: int, num_stages: int, maxnreg: int | None):
-    """The split-KV read kernel compiled for sm_90a with this config (a short read's constexprs)."""
+def compile_read(block_m: int, tile_n: int, num_warps: int, num_stages: int, maxnreg: int | None, **extra):
+    """The split-KV read kernel compiled for sm_90a with this config (a short read's constexprs; `extra` overrides
+    them or sets an option such as PREFETCH)."""
     kernel = triton_kernel._rope_paged_attention_kernel
     names = kernel.arg_names
-    constexprs = dict(BLOCK_SIZE=16, GROUP=4, HEAD_DIM=128, ROTARY_DIM=128, HALF_PAD=64, BLOCK_M=block_m,
-                      BLOCK_Q=block_m // 4, TILE_N=tile_n, SPLIT_KV=True, TILES_LAST=True,
-                      DOT_PRECISION="tf32")  # fmt: skip
+    constexprs = {p.name: p.default for p in kernel.params if p.is_constexpr and p.has_default}
+    constexprs.update(BLOCK_SIZE=16, GROUP=4, HEAD_DIM=128, ROTARY_DIM=128, HALF_PAD=64, BLOCK_M=block_m,
+                      BLOCK_Q=block_m // 4, TILE_N=tile_n, SPLIT_KV=True, TILES_LAST=True, DOT_PRECISION="tf32",
+                      **extra)  # fmt: skip
     signature = {n: POINTERS.get(n, "constexpr" if n in constexprs else "fp32" if n == "qk_scale" else "i32")
                  for n in names}  # fmt: skip
     aligned = [n for n in names if n in POINTERS or (n.startswith("stride_") and n not in UNSPECIALIZED)]
@@ -85,6 +88,7 @@ def resource_usage(cubin: bytes) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", action="append", help="BLOCK_M,TILE_N,num_warps,num_stages,maxnreg (0: none)")
+    parser.add_argument("--prefetch", action="store_true", help="the PREFETCH option (give num_stages 1)")
     args = parser.parse_args()
     configs = [tuple(int(x) for x in c.split(",")) for c in args.config] if args.config else DEFAULT_CONFIGS
     print(
@@ -92,7 +96,7 @@ def main() -> None:
     )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for block_m, tile_n, warps, stages, maxnreg in configs:
-        compiled = compile_read(block_m, tile_n, warps, stages, maxnreg or None)
+        compiled = compile_read(block_m, tile_n, warps, stages, maxnreg or None, PREFETCH=args.prefetch)
         usage, ptx = resource_usage(compiled.asm["cubin"]), compiled.asm["ptx"]
         print(f"| {block_m} | {tile_n} | {warps} | {stages} | {maxnreg or '-'} | {usage['registers']} | "
               f"{usage['stack_bytes']} | {compiled.metadata.shared} | {ptx.count('cp.async.')} | "

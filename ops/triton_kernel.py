@@ -75,23 +75,138 @@ def _find_seq(cu_seqlens_q_ptr, tile_id, num_seqs, BLOCK_Q: tl.constexpr):
 
 
 @triton.jit
+def _load_keys(
+    tile,
+    key_end,  # keys j >= key_end are not read (0: nothing is read, as for the prefetch past a loop's last tile)
+    k_cache_ptr,  # [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD_DIM]
+    k_table_ptr,  # [max_blocks] this sequence's row of the key block table
+    v_table_ptr,  # [max_blocks] this sequence's row of the value block table
+    cos_sin_ptr,  # [max_position, ROTARY_DIM]
+    kv_head,
+    stride_k_blk,
+    stride_k_slot,
+    stride_k_head,
+    stride_v_blk,
+    stride_v_slot,
+    stride_v_head,
+    stride_cs_pos,
+    BLOCK_SIZE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    ROTARY_DIM: tl.constexpr,
+    HALF_PAD: tl.constexpr,
+    TILE_N: tl.constexpr,
+):
+    """Key tile `tile` as stored: (K^T's first rotary half, second half, cos, sin, K^T past rotary_dim, the values'
+    row offsets, which keys exist); with ROTARY_DIM == 0, K^T whole in the first slot (the next four repeat it)."""
+    # NOTE: keys are rotated in the cache's dtype: tl.dot reads them rounded to it anyway, and 16-bit math keeps
+    # the [HALF_PAD, TILE_N] halves, cos and sin of a 128-key decode tile in registers (fp32: 255 registers and
+    # spills on the H200: bench/results/ncu_fe5f6a5_h200_*.log).
+    ROPE_DTYPE: tl.constexpr = k_cache_ptr.dtype.element_ty
+    offs_n = tl.arange(0, TILE_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    offs_h = tl.arange(0, HALF_PAD)
+    key_pos = tile * TILE_N + offs_n  # [TILE_N] logical key positions
+    key_ok = key_pos < key_end
+    # -- address keys through the block table (int64: num_blocks * B * heads * d may exceed 2^31) --
+    k_blocks = tl.load(k_table_ptr + key_pos // BLOCK_SIZE, mask=key_ok, other=0).to(tl.int64)
+    v_blocks = tl.load(v_table_ptr + key_pos // BLOCK_SIZE, mask=key_ok, other=0).to(tl.int64)
+    slots = (key_pos % BLOCK_SIZE).to(tl.int64)
+    k_base = k_blocks * stride_k_blk + slots * stride_k_slot + kv_head * stride_k_head  # [TILE_N]
+    v_base = v_blocks * stride_v_blk + slots * stride_v_slot + kv_head * stride_v_head  # [TILE_N]
+    if ROTARY_DIM > 0:
+        HALF: tl.constexpr = ROTARY_DIM // 2
+        half_ok = key_ok[None, :] & (offs_h[:, None] < HALF)  # [HALF_PAD, TILE_N]
+        k_ptrs = k_cache_ptr + k_base[None, :] + offs_h[:, None]  # K^T, first rotary half
+        k1 = tl.load(k_ptrs, mask=half_ok, other=0.0).to(ROPE_DTYPE)  # [HALF_PAD, TILE_N]
+        k2 = tl.load(k_ptrs + HALF, mask=half_ok, other=0.0).to(ROPE_DTYPE)  # [HALF_PAD, TILE_N]
+        cs_ptrs = cos_sin_ptr + key_pos[None, :].to(tl.int64) * stride_cs_pos + offs_h[:, None]
+        cos = tl.load(cs_ptrs, mask=half_ok, other=0.0).to(ROPE_DTYPE)  # [HALF_PAD, TILE_N]
+        sin = tl.load(cs_ptrs + HALF, mask=half_ok, other=0.0).to(ROPE_DTYPE)  # [HALF_PAD, TILE_N]
+        k_pass = k1
+        if ROTARY_DIM < HEAD_DIM:  # dims past rotary_dim pass through unrotated
+            pass_ok = key_ok[None, :] & (offs_d[:, None] >= ROTARY_DIM)
+            k_pass = tl.load(k_cache_ptr + k_base[None, :] + offs_d[:, None], mask=pass_ok, other=0.0)
+        return k1, k2, cos, sin, k_pass, v_base, key_ok
+    else:
+        k = tl.load(k_cache_ptr + k_base[None, :] + offs_d[:, None], mask=key_ok[None, :], other=0.0)
+        return k, k, k, k, k, v_base, key_ok  # [HEAD_DIM, TILE_N] K^T
+
+
+@triton.jit
+def _load_values(v_cache_ptr, v_base, key_ok, HEAD_DIM: tl.constexpr):
+    offs_d = tl.arange(0, HEAD_DIM)
+    return tl.load(
+        v_cache_ptr + v_base[:, None] + offs_d[None, :], mask=key_ok[:, None], other=0.0
+    )  # [TILE_N, HEAD_DIM]
+
+
+@triton.jit
+def _scores(
+    q_lo,  # [BLOCK_M, HALF_PAD] (rotary mode) or [BLOCK_M, HEAD_DIM]
+    q_hi,  # [BLOCK_M, HALF_PAD] (rotary mode only)
+    q_pass,  # [BLOCK_M, HEAD_DIM] dims >= ROTARY_DIM (only when ROTARY_DIM < HEAD_DIM)
+    k1,  # the keys as _load_keys returns them
+    k2,
+    cos,
+    sin,
+    k_pass,
+    row_pos,  # [BLOCK_M] query positions
+    row_vis,  # [BLOCK_M] visible_start
+    tile,
+    qk_scale,
+    HEAD_DIM: tl.constexpr,
+    ROTARY_DIM: tl.constexpr,
+    TILE_N: tl.constexpr,
+    APPLY_MASK: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """Scaled (and masked) scores of the query tile against key tile `tile`, keys rotated at their positions."""
+    # -- compute qk --
+    if ROTARY_DIM > 0:
+        k1_rot = (k1 * cos - k2 * sin).to(q_lo.dtype)
+        k2_rot = (k2 * cos + k1 * sin).to(q_lo.dtype)
+        qk = tl.dot(q_lo, k1_rot, input_precision=DOT_PRECISION)
+        qk = tl.dot(q_hi, k2_rot, qk, input_precision=DOT_PRECISION)  # [BLOCK_M, TILE_N]
+        if ROTARY_DIM < HEAD_DIM:
+            qk = tl.dot(q_pass, k_pass, qk, input_precision=DOT_PRECISION)
+    else:
+        qk = tl.dot(q_lo, k1, input_precision=DOT_PRECISION)  # [BLOCK_M, TILE_N]
+    qk = qk * qk_scale
+    if APPLY_MASK:
+        key_pos = tile * TILE_N + tl.arange(0, TILE_N)
+        visible = (key_pos[None, :] >= row_vis[:, None]) & (key_pos[None, :] <= row_pos[:, None])
+        qk = tl.where(visible, qk, float("-inf"))
+    return qk
+
+
+@triton.jit
+def _online_softmax(qk, m_i, l_i):
+    """(p, alpha, m, l): base 2; rows with nothing visible yet keep m = -inf and contribute 0."""
+    m_new = tl.maximum(m_i, tl.max(qk, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.math.exp2(qk - m_safe[:, None])  # [BLOCK_M, TILE_N]
+    alpha = tl.math.exp2(m_i - m_safe)  # [BLOCK_M]
+    return p, alpha, m_new, l_i * alpha + tl.sum(p, 1)
+
+
+@triton.jit
 def _attend_key_tiles(
     acc,
     m_i,
     l_i,
-    q_lo,  # [BLOCK_M, HALF_PAD] (rotary mode) or [BLOCK_M, HEAD_DIM]
-    q_hi,  # [BLOCK_M, HALF_PAD] (rotary mode only)
-    q_pass,  # [BLOCK_M, HEAD_DIM] dims >= ROTARY_DIM (only when ROTARY_DIM < HEAD_DIM)
-    row_pos,  # [BLOCK_M] query positions
-    row_vis,  # [BLOCK_M] visible_start
+    q_lo,
+    q_hi,
+    q_pass,
+    row_pos,
+    row_vis,
     tile_begin,
     tile_end,
     key_end,  # keys j >= key_end are never read
-    k_cache_ptr,  # [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD_DIM]
-    v_cache_ptr,  # [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD_DIM]
-    k_table_ptr,  # [max_blocks] this sequence's row of the key block table
-    v_table_ptr,  # [max_blocks] this sequence's row of the value block table
-    cos_sin_ptr,  # [max_position, ROTARY_DIM]
+    k_cache_ptr,
+    v_cache_ptr,
+    k_table_ptr,
+    v_table_ptr,
+    cos_sin_ptr,
     kv_head,
     qk_scale,
     stride_k_blk,
@@ -108,60 +223,49 @@ def _attend_key_tiles(
     TILE_N: tl.constexpr,
     APPLY_MASK: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):
-    # NOTE: keys are rotated in the cache's dtype: tl.dot reads them rounded to it anyway, and 16-bit math keeps
-    # the [HALF_PAD, TILE_N] halves, cos and sin of a 128-key decode tile in registers (fp32: 255 registers and
-    # spills on the H200: bench/results/ncu_fe5f6a5_h200_*.log).
-    ROPE_DTYPE: tl.constexpr = k_cache_ptr.dtype.element_ty
-    HALF: tl.constexpr = ROTARY_DIM // 2
-    offs_n = tl.arange(0, TILE_N)
-    offs_d = tl.arange(0, HEAD_DIM)
-    offs_h = tl.arange(0, HALF_PAD)
-    for tile in range(tile_begin, tile_end):
-        key_pos = tile * TILE_N + offs_n  # [TILE_N] logical key positions
-        key_ok = key_pos < key_end
-        # -- address keys through the block table (int64: num_blocks * B * heads * d may exceed 2^31) --
-        k_blocks = tl.load(k_table_ptr + key_pos // BLOCK_SIZE, mask=key_ok, other=0).to(tl.int64)
-        v_blocks = tl.load(v_table_ptr + key_pos // BLOCK_SIZE, mask=key_ok, other=0).to(tl.int64)
-        slots = (key_pos % BLOCK_SIZE).to(tl.int64)
-        k_base = k_blocks * stride_k_blk + slots * stride_k_slot + kv_head * stride_k_head  # [TILE_N]
-        v_base = v_blocks * stride_v_blk + slots * stride_v_slot + kv_head * stride_v_head  # [TILE_N]
-        # -- compute qk --
-        if ROTARY_DIM > 0:
-            half_ok = key_ok[None, :] & (offs_h[:, None] < HALF)  # [HALF_PAD, TILE_N]
-            k_ptrs = k_cache_ptr + k_base[None, :] + offs_h[:, None]  # K^T, first rotary half
-            k1 = tl.load(k_ptrs, mask=half_ok, other=0.0).to(ROPE_DTYPE)  # [HALF_PAD, TILE_N]
-            k2 = tl.load(k_ptrs + HALF, mask=half_ok, other=0.0).to(ROPE_DTYPE)  # [HALF_PAD, TILE_N]
-            cs_ptrs = cos_sin_ptr + key_pos[None, :].to(tl.int64) * stride_cs_pos + offs_h[:, None]
-            cos = tl.load(cs_ptrs, mask=half_ok, other=0.0).to(ROPE_DTYPE)  # [HALF_PAD, TILE_N]
-            sin = tl.load(cs_ptrs + HALF, mask=half_ok, other=0.0).to(ROPE_DTYPE)  # [HALF_PAD, TILE_N]
-            k1_rot = (k1 * cos - k2 * sin).to(q_lo.dtype)
-            k2_rot = (k2 * cos + k1 * sin).to(q_lo.dtype)
-            qk = tl.dot(q_lo, k1_rot, input_precision=DOT_PRECISION)
-            qk = tl.dot(q_hi, k2_rot, qk, input_precision=DOT_PRECISION)  # [BLOCK_M, TILE_N]
-            if ROTARY_DIM < HEAD_DIM:  # dims past rotary_dim pass through unrotated
-                pass_ok = key_ok[None, :] & (offs_d[:, None] >= ROTARY_DIM)
-                k_pass = tl.load(k_cache_ptr + k_base[None, :] + offs_d[:, None], mask=pass_ok, other=0.0)
-                qk = tl.dot(q_pass, k_pass, qk, input_precision=DOT_PRECISION)
-        else:
-            k_ptrs = k_cache_ptr + k_base[None, :] + offs_d[:, None]
-            k = tl.load(k_ptrs, mask=key_ok[None, :], other=0.0)  # [HEAD_DIM, TILE_N]
-            qk = tl.dot(q_lo, k, input_precision=DOT_PRECISION)  # [BLOCK_M, TILE_N]
-        qk = qk * qk_scale
-        if APPLY_MASK:
-            visible = (key_pos[None, :] >= row_vis[:, None]) & (key_pos[None, :] <= row_pos[:, None])
-            qk = tl.where(visible, qk, float("-inf"))
-        # -- online softmax (base 2); rows with nothing visible yet keep m = -inf and contribute 0 --
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.math.exp2(qk - m_safe[:, None])  # [BLOCK_M, TILE_N]
-        alpha = tl.math.exp2(m_i - m_safe)  # [BLOCK_M]
-        l_i = l_i * alpha + tl.sum(p, 1)
-        # -- compute pv --
-        v = tl.load(v_cache_ptr + v_base[:, None] + offs_d[None, :], mask=key_ok[:, None], other=0.0)
-        acc = acc * alpha[:, None]
-        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)  # [BLOCK_M, HEAD_DIM]
-        m_i = m_new
+    """Key tiles [tile_begin, tile_end) into the running (acc, m, l).
+
+    NOTE: PREFETCH loads tile t + 1 (keys and values) into registers before the math of tile t, so their latency
+    hides behind it. Triton's own pipelining (num_stages) issues the next tile's copies after this tile's math and
+    its block-table load, and waits for all of them at the loop's top: `async_wait {num = 0}` at any num_stages
+    when keys are read through a block table, 2-10 with contiguous keys (bench/ptxas_stats.py's compile, its
+    ttgir), so the read's loop overlaps no memory with math. Launch PREFETCH with num_stages=1."""
+    if PREFETCH:
+        k1, k2, cos, sin, k_pass, v_base, key_ok = _load_keys(
+            tile_begin, tl.where(tile_begin < tile_end, key_end, 0), k_cache_ptr, k_table_ptr, v_table_ptr,
+            cos_sin_ptr, kv_head, stride_k_blk, stride_k_slot, stride_k_head, stride_v_blk, stride_v_slot,
+            stride_v_head, stride_cs_pos, BLOCK_SIZE, HEAD_DIM, ROTARY_DIM, HALF_PAD, TILE_N,
+        )  # fmt: skip
+        v = _load_values(v_cache_ptr, v_base, key_ok, HEAD_DIM)
+        for tile in range(tile_begin, tile_end):
+            n1, n2, ncos, nsin, npass, v_base, key_ok = _load_keys(
+                tile + 1, tl.where(tile + 1 < tile_end, key_end, 0), k_cache_ptr, k_table_ptr, v_table_ptr,
+                cos_sin_ptr, kv_head, stride_k_blk, stride_k_slot, stride_k_head, stride_v_blk, stride_v_slot,
+                stride_v_head, stride_cs_pos, BLOCK_SIZE, HEAD_DIM, ROTARY_DIM, HALF_PAD, TILE_N,
+            )  # fmt: skip
+            nv = _load_values(v_cache_ptr, v_base, key_ok, HEAD_DIM)
+            qk = _scores(q_lo, q_hi, q_pass, k1, k2, cos, sin, k_pass, row_pos, row_vis, tile, qk_scale, HEAD_DIM,
+                         ROTARY_DIM, TILE_N, APPLY_MASK, DOT_PRECISION)  # fmt: skip
+            p, alpha, m_i, l_i = _online_softmax(qk, m_i, l_i)
+            acc = acc * alpha[:, None]
+            acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)  # [BLOCK_M, HEAD_DIM]
+            k1, k2, cos, sin, k_pass, v = n1, n2, ncos, nsin, npass, nv
+    else:
+        for tile in range(tile_begin, tile_end):
+            k1, k2, cos, sin, k_pass, v_base, key_ok = _load_keys(
+                tile, key_end, k_cache_ptr, k_table_ptr, v_table_ptr, cos_sin_ptr, kv_head, stride_k_blk,
+                stride_k_slot, stride_k_head, stride_v_blk, stride_v_slot, stride_v_head, stride_cs_pos,
+                BLOCK_SIZE, HEAD_DIM, ROTARY_DIM, HALF_PAD, TILE_N,
+            )  # fmt: skip
+            qk = _scores(q_lo, q_hi, q_pass, k1, k2, cos, sin, k_pass, row_pos, row_vis, tile, qk_scale, HEAD_DIM,
+                         ROTARY_DIM, TILE_N, APPLY_MASK, DOT_PRECISION)  # fmt: skip
+            p, alpha, m_i, l_i = _online_softmax(qk, m_i, l_i)
+            # -- compute pv --
+            v = _load_values(v_cache_ptr, v_base, key_ok, HEAD_DIM)
+            acc = acc * alpha[:, None]
+            acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)  # [BLOCK_M, HEAD_DIM]
     return acc, m_i, l_i
 
 
@@ -211,6 +315,7 @@ def _rope_paged_attention_kernel(
     SPLIT_KV: tl.constexpr,  # num_splits > 1: write partial (out, max, sum) for _reduce_splits_kernel
     TILES_LAST: tl.constexpr,  # grid (kv heads, splits, tiles) instead of (tiles, kv heads, splits)
     DOT_PRECISION: tl.constexpr,
+    PREFETCH: tl.constexpr = False,  # the next key tile loaded into registers before this one's math
 ):
     if TILES_LAST:
         # NOTE: every program of a tile is dispatched before any of the next tile's, so the real tiles start at
@@ -296,7 +401,7 @@ def _rope_paged_attention_kernel(
             k_cache_ptr, v_cache_ptr, k_table_ptr, v_table_ptr, cos_sin_ptr, kv_head, qk_scale,
             stride_k_blk, stride_k_slot, stride_k_head, stride_v_blk, stride_v_slot, stride_v_head,
             stride_cs_pos, BLOCK_SIZE, HEAD_DIM, ROTARY_DIM, HALF_PAD, TILE_N,
-            part != 1, DOT_PRECISION,
+            part != 1, DOT_PRECISION, PREFETCH,
         )  # fmt: skip
 
     # -- epilogue --
@@ -882,7 +987,7 @@ def rope_paged_attention_triton(
         BLOCK_SIZE=block_size, GROUP=group, HEAD_DIM=head_dim, ROTARY_DIM=rotary_dim,
         HALF_PAD=max(_next_pow2(rotary_dim // 2), 16), BLOCK_M=block_m, BLOCK_Q=block_q,
         TILE_N=cfg["TILE_N"], SPLIT_KV=num_splits > 1, TILES_LAST=tiles_last,
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", PREFETCH=cfg.get("PREFETCH", False),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], maxnreg=cfg.get("MAX_REGS"),
     )  # fmt: skip
     if num_splits > 1:

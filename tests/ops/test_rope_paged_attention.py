@@ -67,6 +67,7 @@ def check_against_ref(problem: Problem, impl: str, what: str, **kwargs) -> None:
 # ------------------------------------------------------------------------------------------------------
 
 SHORT = {"PRE_ROTATE": False, "BLOCK_M": 128, "MAX_REGS": 128}  # pick_config's short prefill on CUDA
+PREFETCH = {"PREFETCH": True, "num_stages": 1, "TILE_N": 16}
 TRITON_CASES = [
     # scenario, heads, head_dim, rotary_dim, block_size, dtype, position_free, extra, config
     ("prefill_T63", "gqa4", 64, None, 16, torch.float32, True, {}, None),
@@ -95,6 +96,14 @@ TRITON_CASES = [
     # the grid's axis order against the launcher's choice (tiles last exactly when the key range is split)
     ("decode_only", "gqa4", 64, None, 16, torch.float32, True, {}, {"NUM_SPLITS": 4, "TILES_LAST": False}),
     ("mixed", "gqa3", 64, None, 16, torch.float32, True, {"share_span": True}, {"TILES_LAST": True}),
+    # the next key tile loaded into registers before this one's math (PREFETCH, an option until measured), with
+    # 16-key tiles so each loop walks several: decode, a short read over 1,100 keys split 4 ways, masked SSEP
+    # segments (a split's loop may be empty), partial rotary, keys as stored
+    ("decode_only", "gqa4", 64, None, 16, torch.float32, True, {}, {**PREFETCH, "NUM_SPLITS": 1}),
+    ("short_over_long", "gqa4", 64, None, 16, torch.bfloat16, True, {}, {**SHORT, **PREFETCH, "NUM_SPLITS": 4}),
+    ("ssep_segments", "mha4", 64, 32, 16, torch.float32, True, {}, {**SHORT, **PREFETCH, "NUM_SPLITS": 2}),
+    ("mixed", "gqa4", 128, 64, 16, torch.bfloat16, True, {"share_span": True}, {**PREFETCH, "PRE_ROTATE": False}),
+    ("mixed", "gqa4", 64, None, 16, torch.float32, False, {}, PREFETCH),
     # the dense kernel (gathered K and V, tensor-descriptor loads; the default for 16-bit prefill on Hopper)
     ("mixed", "gqa4", 128, None, 16, torch.bfloat16, True, {"repeat_block": True}, {"DENSE": True}),
     ("mixed", "gqa3", 64, 32, 32, torch.float16, True, {"share_span": True}, {"DENSE": True, "TILE_N": 32}),
