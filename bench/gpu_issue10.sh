@@ -212,15 +212,15 @@ if want tile16; then  # issues 10/13: the short read's 32-key tiles spill at 128
     step short_prefill_tile16 150 python3 bench/gpu_short_prefill.py --sweep-json \
         '[{"TILE_N": 16, "num_stages": 2}, {"TILE_N": 16, "num_stages": 3}]'
 fi
-if want w16; then  # next (not yet run): 16 warps on one tile of the short read (gpu_read_profile READ_SWEEP=w16)
-    step read_w16 150 env READ_SWEEP=w16 python3 bench/gpu_read_profile.py --out "$OUT" --cases short16k,short16k_cold
-fi
 if want prefetch; then  # next (not yet run): the kernel's loop split into load / scores / softmax helpers and the
     # PREFETCH option (stop 19, tested in the interpreter only): the GPU tests first (the default path's code changed
     # shape; ptxas gives it the same registers and spills), then the reads with the next tile in registers
     step gpu_tests 300 python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider -p no:logging --tb=short
     step read_prefetch 200 env READ_SWEEP=prefetch python3 bench/gpu_read_profile.py --out "$OUT" \
         --cases short16k,short16k_cold,b1x8k
+fi
+if want w16; then  # next (not yet run): 16 warps on one tile of the short read (gpu_read_profile READ_SWEEP=w16)
+    step read_w16 150 env READ_SWEEP=w16 python3 bench/gpu_read_profile.py --out "$OUT" --cases short16k,short16k_cold
 fi
 if want engine; then  # issue 13: engine decode b1 / b64 against the HBM roofline, with its profile, and prefill vs HF
     step gpu_engine 330 python3 bench/gpu_engine.py --out "$OUT/gpu_engine_${GIT_SHA}_h200.json"
