@@ -4,7 +4,7 @@
 # bench/data (the RAG datasets, built here with `python bench/rag.py --build-only --samples 64`) carried.
 #
 #   GIT_SHA=$(git rev-parse --short HEAD) bash bench/gpu_issue10.sh [part]   part: all (default), a, b, ops, ttft, host, hostdiag, offload, tests, splits, grid, rag, ragphase,
-#   rag0, read, readprof (with ncu), engineread, tileslast, final2, rag09, check17, diag18, check18, final18, warps18, bs32, rag32, tests, regs19, diag19, final19, tile16, w16, prefetch, engine, pending, final, ttft1, probe or hybrid, or several joined by commas
+#   rag0, read, readprof (with ncu), engineread, tileslast, final2, rag09, check17, diag18, check18, final18, warps18, bs32, rag32, tests, regs19, diag19, final19, tile16, w16, prefetch, ahead, engine, pending, final, ttft1, probe or hybrid, or several joined by commas
 set -u
 cd "$(dirname "$0")/.."
 export TRITON_INTERPRET=0 PYTHONUNBUFFERED=1 GIT_SHA=${GIT_SHA:-unknown}
@@ -218,6 +218,11 @@ if want prefetch; then  # next (not yet run): the kernel's loop split into load 
     step gpu_tests 300 python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider -p no:logging --tb=short
     step read_prefetch 200 env READ_SWEEP=prefetch python3 bench/gpu_read_profile.py --out "$OUT" \
         --cases short16k,short16k_cold,b1x8k
+fi
+if want ahead; then  # next (not yet run): TABLE_AHEAD, the next tile's block ids read an iteration ahead so that
+    # Triton's own pipelining overlaps the copies with the math (after part prefetch's GPU tests, or with part tests)
+    step read_ahead 240 env READ_SWEEP=ahead python3 bench/gpu_read_profile.py --out "$OUT" \
+        --cases short16k,short16k_cold,b1x8k,b64x8k
 fi
 if want w16; then  # next (not yet run): 16 warps on one tile of the short read (gpu_read_profile READ_SWEEP=w16)
     step read_w16 150 env READ_SWEEP=w16 python3 bench/gpu_read_profile.py --out "$OUT" --cases short16k,short16k_cold

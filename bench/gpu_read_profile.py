@@ -110,6 +110,17 @@ def sweep_for(name: str) -> list[dict]:
         if name.startswith("short16k"):
             return grid(TILE_N=(16,), num_warps=(8,), num_stages=(2, 3, 4), NUM_SPLITS=(16, 32), MAX_REGS=(128,))
         return []
+    if TABLE_AHEAD_SWEEP:  # READ_SWEEP=ahead: the next tile's block ids read an iteration ahead, so that Triton's
+        # pipelining overlaps copies with math (ptxas: async_wait 5 at 3 stages, 10 at 4; the defaults' 0), not yet run
+        ahead = dict(TABLE_AHEAD=(True,))
+        if name.startswith("short16k"):
+            short = dict(**ahead, num_warps=(8,))
+            return (grid(**short, TILE_N=(32,), MAX_REGS=(128,), num_stages=(3, 4), NUM_SPLITS=(16, 32))
+                    + grid(**short, TILE_N=(64,), MAX_REGS=(128, None), num_stages=(3,), NUM_SPLITS=(16,)))  # fmt: skip
+        if name.startswith(("b1x8k", "b64x8k")):  # NOTE: 128-key tiles at 4 stages need 303 KB of shared memory
+            return (grid(**ahead, TILE_N=(32, 64), num_stages=(3, 4), num_warps=(4,))
+                    + grid(**ahead, TILE_N=(128,), num_stages=(2, 3), num_warps=(4,)))  # fmt: skip
+        return []
     if PREFETCH_SWEEP:  # READ_SWEEP=prefetch: the next key tile loaded into registers before this one's math, with
         # Triton's pipelining off (ptxas: 8 warps at 168 registers or 16 at 128 without spilling), not yet run
         one = dict(PREFETCH=(True,), num_stages=(1,), TILE_N=(32,))
@@ -165,12 +176,13 @@ def kernel_times(fn, calls: int = 20) -> dict:
 
 
 # READ_SWEEP=0: each case's defaults only
-SWEEP = os.environ.get("READ_SWEEP", "1") in ("1", "warps", "regs", "tile16", "w16", "prefetch")
+SWEEP = os.environ.get("READ_SWEEP", "1") in ("1", "warps", "regs", "tile16", "w16", "prefetch", "ahead")
 WARPS_SWEEP = os.environ.get("READ_SWEEP") == "warps"
 REGS_SWEEP = os.environ.get("READ_SWEEP") == "regs"
 TILE16_SWEEP = os.environ.get("READ_SWEEP") == "tile16"
 W16_SWEEP = os.environ.get("READ_SWEEP") == "w16"
 PREFETCH_SWEEP = os.environ.get("READ_SWEEP") == "prefetch"
+TABLE_AHEAD_SWEEP = os.environ.get("READ_SWEEP") == "ahead"
 COLD_COPIES = 6  # `_cold` cases: each call reads the next of this many copies, so K and V come from DRAM, not L2
 
 

@@ -12,6 +12,7 @@ for the 4-warp short read, as ncu read it on the H200).
     python bench/ptxas_stats.py                              # the short read's default and a few neighbours
     python bench/ptxas_stats.py --config 128,32,8,2,128      # BLOCK_M,TILE_N,num_warps,num_stages,maxnreg (0: none)
     python bench/ptxas_stats.py --prefetch --config 128,32,16,1,128   # the next key tile in registers
+    python bench/ptxas_stats.py --table-ahead --config 128,32,8,3,128 # the next tile's block ids read ahead
 """
 
 from __future__ import annotations
@@ -89,6 +90,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", action="append", help="BLOCK_M,TILE_N,num_warps,num_stages,maxnreg (0: none)")
     parser.add_argument("--prefetch", action="store_true", help="the PREFETCH option (give num_stages 1)")
+    parser.add_argument("--table-ahead", action="store_true", help="the TABLE_AHEAD option")
     args = parser.parse_args()
     configs = [tuple(int(x) for x in c.split(",")) for c in args.config] if args.config else DEFAULT_CONFIGS
     print(
@@ -96,11 +98,14 @@ def main() -> None:
     )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for block_m, tile_n, warps, stages, maxnreg in configs:
-        compiled = compile_read(block_m, tile_n, warps, stages, maxnreg or None, PREFETCH=args.prefetch)
+        options = dict(PREFETCH=args.prefetch, TABLE_AHEAD=args.table_ahead)
+        compiled = compile_read(block_m, tile_n, warps, stages, maxnreg or None, **options)
         usage, ptx = resource_usage(compiled.asm["cubin"]), compiled.asm["ptx"]
+        # NOTE: copies a loop leaves in flight while it computes (cp.async groups): 0 means no overlap
+        waits = sorted({int(n) for n in re.findall(r"async_wait[^{]*[{]num = (\d+)", compiled.asm["ttgir"])})
         print(f"| {block_m} | {tile_n} | {warps} | {stages} | {maxnreg or '-'} | {usage['registers']} | "
               f"{usage['stack_bytes']} | {compiled.metadata.shared} | {ptx.count('cp.async.')} | "
-              f"{ptx.count('wgmma.mma_async')} |", flush=True)  # fmt: skip
+              f"{ptx.count('wgmma.mma_async')} | {waits} |", flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":

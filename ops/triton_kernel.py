@@ -75,12 +75,19 @@ def _find_seq(cu_seqlens_q_ptr, tile_id, num_seqs, BLOCK_Q: tl.constexpr):
 
 
 @triton.jit
+def _block_ids(table_ptr, tile, key_end, BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr):
+    """The physical block of each key of tile `tile` (0 past key_end): `table_ptr` is a sequence's table row."""
+    key_pos = tile * TILE_N + tl.arange(0, TILE_N)
+    return tl.load(table_ptr + key_pos // BLOCK_SIZE, mask=key_pos < key_end, other=0)  # [TILE_N]
+
+
+@triton.jit
 def _load_keys(
     tile,
     key_end,  # keys j >= key_end are not read (0: nothing is read, as for the prefetch past a loop's last tile)
+    k_blocks,  # [TILE_N] the keys' physical blocks (_block_ids)
+    v_blocks,  # [TILE_N] the values' physical blocks
     k_cache_ptr,  # [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD_DIM]
-    k_table_ptr,  # [max_blocks] this sequence's row of the key block table
-    v_table_ptr,  # [max_blocks] this sequence's row of the value block table
     cos_sin_ptr,  # [max_position, ROTARY_DIM]
     kv_head,
     stride_k_blk,
@@ -107,12 +114,10 @@ def _load_keys(
     offs_h = tl.arange(0, HALF_PAD)
     key_pos = tile * TILE_N + offs_n  # [TILE_N] logical key positions
     key_ok = key_pos < key_end
-    # -- address keys through the block table (int64: num_blocks * B * heads * d may exceed 2^31) --
-    k_blocks = tl.load(k_table_ptr + key_pos // BLOCK_SIZE, mask=key_ok, other=0).to(tl.int64)
-    v_blocks = tl.load(v_table_ptr + key_pos // BLOCK_SIZE, mask=key_ok, other=0).to(tl.int64)
+    # -- address keys through their blocks (int64: num_blocks * B * heads * d may exceed 2^31) --
     slots = (key_pos % BLOCK_SIZE).to(tl.int64)
-    k_base = k_blocks * stride_k_blk + slots * stride_k_slot + kv_head * stride_k_head  # [TILE_N]
-    v_base = v_blocks * stride_v_blk + slots * stride_v_slot + kv_head * stride_v_head  # [TILE_N]
+    k_base = k_blocks.to(tl.int64) * stride_k_blk + slots * stride_k_slot + kv_head * stride_k_head  # [TILE_N]
+    v_base = v_blocks.to(tl.int64) * stride_v_blk + slots * stride_v_slot + kv_head * stride_v_head  # [TILE_N]
     if ROTARY_DIM > 0:
         HALF: tl.constexpr = ROTARY_DIM // 2
         half_ok = key_ok[None, :] & (offs_h[:, None] < HALF)  # [HALF_PAD, TILE_N]
@@ -224,6 +229,7 @@ def _attend_key_tiles(
     APPLY_MASK: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     PREFETCH: tl.constexpr,
+    TABLE_AHEAD: tl.constexpr,
 ):
     """Key tiles [tile_begin, tile_end) into the running (acc, m, l).
 
@@ -231,19 +237,25 @@ def _attend_key_tiles(
     hides behind it. Triton's own pipelining (num_stages) issues the next tile's copies after this tile's math and
     its block-table load, and waits for all of them at the loop's top: `async_wait {num = 0}` at any num_stages
     when keys are read through a block table, 2-10 with contiguous keys (bench/ptxas_stats.py's compile, its
-    ttgir), so the read's loop overlaps no memory with math. Launch PREFETCH with num_stages=1."""
+    ttgir), so the read's loop overlaps no memory with math. Launch PREFETCH with num_stages=1.
+    TABLE_AHEAD instead reads the next tile's block ids an iteration ahead, and Triton's pipelining then keeps the
+    next tile's copies in flight through this tile's math (`async_wait {num = 5}` at num_stages=3, 10 at 4)."""
     if PREFETCH:
         k1, k2, cos, sin, k_pass, v_base, key_ok = _load_keys(
-            tile_begin, tl.where(tile_begin < tile_end, key_end, 0), k_cache_ptr, k_table_ptr, v_table_ptr,
-            cos_sin_ptr, kv_head, stride_k_blk, stride_k_slot, stride_k_head, stride_v_blk, stride_v_slot,
-            stride_v_head, stride_cs_pos, BLOCK_SIZE, HEAD_DIM, ROTARY_DIM, HALF_PAD, TILE_N,
+            tile_begin, tl.where(tile_begin < tile_end, key_end, 0),
+            _block_ids(k_table_ptr, tile_begin, key_end, BLOCK_SIZE, TILE_N),
+            _block_ids(v_table_ptr, tile_begin, key_end, BLOCK_SIZE, TILE_N), k_cache_ptr, cos_sin_ptr, kv_head,
+            stride_k_blk, stride_k_slot, stride_k_head, stride_v_blk, stride_v_slot, stride_v_head, stride_cs_pos,
+            BLOCK_SIZE, HEAD_DIM, ROTARY_DIM, HALF_PAD, TILE_N,
         )  # fmt: skip
         v = _load_values(v_cache_ptr, v_base, key_ok, HEAD_DIM)
         for tile in range(tile_begin, tile_end):
             n1, n2, ncos, nsin, npass, v_base, key_ok = _load_keys(
-                tile + 1, tl.where(tile + 1 < tile_end, key_end, 0), k_cache_ptr, k_table_ptr, v_table_ptr,
-                cos_sin_ptr, kv_head, stride_k_blk, stride_k_slot, stride_k_head, stride_v_blk, stride_v_slot,
-                stride_v_head, stride_cs_pos, BLOCK_SIZE, HEAD_DIM, ROTARY_DIM, HALF_PAD, TILE_N,
+                tile + 1, tl.where(tile + 1 < tile_end, key_end, 0),
+                _block_ids(k_table_ptr, tile + 1, key_end, BLOCK_SIZE, TILE_N),
+                _block_ids(v_table_ptr, tile + 1, key_end, BLOCK_SIZE, TILE_N), k_cache_ptr, cos_sin_ptr, kv_head,
+                stride_k_blk, stride_k_slot, stride_k_head, stride_v_blk, stride_v_slot, stride_v_head,
+                stride_cs_pos, BLOCK_SIZE, HEAD_DIM, ROTARY_DIM, HALF_PAD, TILE_N,
             )  # fmt: skip
             nv = _load_values(v_cache_ptr, v_base, key_ok, HEAD_DIM)
             qk = _scores(q_lo, q_hi, q_pass, k1, k2, cos, sin, k_pass, row_pos, row_vis, tile, qk_scale, HEAD_DIM,
@@ -253,11 +265,21 @@ def _attend_key_tiles(
             acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)  # [BLOCK_M, HEAD_DIM]
             k1, k2, cos, sin, k_pass, v = n1, n2, ncos, nsin, npass, nv
     else:
+        if TABLE_AHEAD:
+            k_ids = _block_ids(k_table_ptr, tile_begin, key_end, BLOCK_SIZE, TILE_N)
+            v_ids = _block_ids(v_table_ptr, tile_begin, key_end, BLOCK_SIZE, TILE_N)
         for tile in range(tile_begin, tile_end):
+            if TABLE_AHEAD:  # this tile's blocks were read an iteration ago; read the next tile's now
+                k_blocks, v_blocks = k_ids, v_ids
+                k_ids = _block_ids(k_table_ptr, tile + 1, key_end, BLOCK_SIZE, TILE_N)
+                v_ids = _block_ids(v_table_ptr, tile + 1, key_end, BLOCK_SIZE, TILE_N)
+            else:
+                k_blocks = _block_ids(k_table_ptr, tile, key_end, BLOCK_SIZE, TILE_N)
+                v_blocks = _block_ids(v_table_ptr, tile, key_end, BLOCK_SIZE, TILE_N)
             k1, k2, cos, sin, k_pass, v_base, key_ok = _load_keys(
-                tile, key_end, k_cache_ptr, k_table_ptr, v_table_ptr, cos_sin_ptr, kv_head, stride_k_blk,
-                stride_k_slot, stride_k_head, stride_v_blk, stride_v_slot, stride_v_head, stride_cs_pos,
-                BLOCK_SIZE, HEAD_DIM, ROTARY_DIM, HALF_PAD, TILE_N,
+                tile, key_end, k_blocks, v_blocks, k_cache_ptr, cos_sin_ptr, kv_head, stride_k_blk, stride_k_slot,
+                stride_k_head, stride_v_blk, stride_v_slot, stride_v_head, stride_cs_pos, BLOCK_SIZE, HEAD_DIM,
+                ROTARY_DIM, HALF_PAD, TILE_N,
             )  # fmt: skip
             qk = _scores(q_lo, q_hi, q_pass, k1, k2, cos, sin, k_pass, row_pos, row_vis, tile, qk_scale, HEAD_DIM,
                          ROTARY_DIM, TILE_N, APPLY_MASK, DOT_PRECISION)  # fmt: skip
@@ -316,6 +338,7 @@ def _rope_paged_attention_kernel(
     TILES_LAST: tl.constexpr,  # grid (kv heads, splits, tiles) instead of (tiles, kv heads, splits)
     DOT_PRECISION: tl.constexpr,
     PREFETCH: tl.constexpr = False,  # the next key tile loaded into registers before this one's math
+    TABLE_AHEAD: tl.constexpr = False,  # the next key tile's block ids read an iteration ahead
 ):
     if TILES_LAST:
         # NOTE: every program of a tile is dispatched before any of the next tile's, so the real tiles start at
@@ -401,7 +424,7 @@ def _rope_paged_attention_kernel(
             k_cache_ptr, v_cache_ptr, k_table_ptr, v_table_ptr, cos_sin_ptr, kv_head, qk_scale,
             stride_k_blk, stride_k_slot, stride_k_head, stride_v_blk, stride_v_slot, stride_v_head,
             stride_cs_pos, BLOCK_SIZE, HEAD_DIM, ROTARY_DIM, HALF_PAD, TILE_N,
-            part != 1, DOT_PRECISION, PREFETCH,
+            part != 1, DOT_PRECISION, PREFETCH, TABLE_AHEAD,
         )  # fmt: skip
 
     # -- epilogue --
@@ -988,6 +1011,7 @@ def rope_paged_attention_triton(
         HALF_PAD=max(_next_pow2(rotary_dim // 2), 16), BLOCK_M=block_m, BLOCK_Q=block_q,
         TILE_N=cfg["TILE_N"], SPLIT_KV=num_splits > 1, TILES_LAST=tiles_last,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", PREFETCH=cfg.get("PREFETCH", False),
+        TABLE_AHEAD=cfg.get("TABLE_AHEAD", False),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], maxnreg=cfg.get("MAX_REGS"),
     )  # fmt: skip
     if num_splits > 1:

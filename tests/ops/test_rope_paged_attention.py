@@ -68,6 +68,7 @@ def check_against_ref(problem: Problem, impl: str, what: str, **kwargs) -> None:
 
 SHORT = {"PRE_ROTATE": False, "BLOCK_M": 128, "MAX_REGS": 128}  # pick_config's short prefill on CUDA
 PREFETCH = {"PREFETCH": True, "num_stages": 1, "TILE_N": 16}
+TABLE_AHEAD = {"TABLE_AHEAD": True, "num_stages": 3, "TILE_N": 16}
 TRITON_CASES = [
     # scenario, heads, head_dim, rotary_dim, block_size, dtype, position_free, extra, config
     ("prefill_T63", "gqa4", 64, None, 16, torch.float32, True, {}, None),
@@ -104,6 +105,13 @@ TRITON_CASES = [
     ("ssep_segments", "mha4", 64, 32, 16, torch.float32, True, {}, {**SHORT, **PREFETCH, "NUM_SPLITS": 2}),
     ("mixed", "gqa4", 128, 64, 16, torch.bfloat16, True, {"share_span": True}, {**PREFETCH, "PRE_ROTATE": False}),
     ("mixed", "gqa4", 64, None, 16, torch.float32, False, {}, PREFETCH),
+    # the next tile's block ids read an iteration ahead (TABLE_AHEAD, an option until measured), same shapes
+    ("decode_only", "gqa4", 64, None, 16, torch.float32, True, {}, {**TABLE_AHEAD, "NUM_SPLITS": 1}),
+    ("short_over_long", "gqa4", 64, None, 16, torch.bfloat16, True, {}, {**SHORT, **TABLE_AHEAD, "NUM_SPLITS": 4}),
+    ("ssep_segments", "mha4", 64, 32, 16, torch.float32, True, {}, {**SHORT, **TABLE_AHEAD, "NUM_SPLITS": 2}),
+    ("mixed", "gqa4", 128, 64, 16, torch.bfloat16, True, {"share_span": True}, {**TABLE_AHEAD, "PRE_ROTATE": False}),
+    ("mixed", "gqa4", 64, None, 16, torch.float32, False, {}, TABLE_AHEAD),
+    ("mixed", "gqa3", 64, None, 16, torch.float32, True, {"repeat_block": True}, {**TABLE_AHEAD, "PRE_ROTATE": True}),
     # the dense kernel (gathered K and V, tensor-descriptor loads; the default for 16-bit prefill on Hopper)
     ("mixed", "gqa4", 128, None, 16, torch.bfloat16, True, {"repeat_block": True}, {"DENSE": True}),
     ("mixed", "gqa3", 64, 32, 32, torch.float16, True, {"share_span": True}, {"DENSE": True, "TILE_N": 32}),
