@@ -94,9 +94,10 @@ def main() -> None:
     args = parser.parse_args()
     configs = [tuple(int(x) for x in c.split(",")) for c in args.config] if args.config else DEFAULT_CONFIGS
     print(
-        "| BLOCK_M | TILE_N | warps | stages | maxnreg | registers | stack (spills) B | shared B | cp.async | wgmma |"
+        "| BLOCK_M | TILE_N | warps | stages | maxnreg | registers | stack (spills) B | shared B | cp.async | wgmma "
+        "| copy groups in flight at a wait |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for block_m, tile_n, warps, stages, maxnreg in configs:
         options = dict(PREFETCH=args.prefetch, TABLE_AHEAD=args.table_ahead)
         compiled = compile_read(block_m, tile_n, warps, stages, maxnreg or None, **options)
