@@ -199,19 +199,19 @@ def _attend_key_tiles(
     acc,
     m_i,
     l_i,
-    q_lo,
-    q_hi,
-    q_pass,
-    row_pos,
-    row_vis,
+    q_lo,  # [BLOCK_M, HALF_PAD] (rotary mode) or [BLOCK_M, HEAD_DIM]
+    q_hi,  # [BLOCK_M, HALF_PAD] (rotary mode only)
+    q_pass,  # [BLOCK_M, HEAD_DIM] dims >= ROTARY_DIM (only when ROTARY_DIM < HEAD_DIM)
+    row_pos,  # [BLOCK_M] query positions
+    row_vis,  # [BLOCK_M] visible_start
     tile_begin,
     tile_end,
     key_end,  # keys j >= key_end are never read
-    k_cache_ptr,
-    v_cache_ptr,
-    k_table_ptr,
-    v_table_ptr,
-    cos_sin_ptr,
+    k_cache_ptr,  # [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD_DIM]
+    v_cache_ptr,  # [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD_DIM]
+    k_table_ptr,  # [max_blocks] this sequence's row of the key block table
+    v_table_ptr,  # [max_blocks] this sequence's row of the value block table
+    cos_sin_ptr,  # [max_position, ROTARY_DIM]
     kv_head,
     qk_scale,
     stride_k_blk,
