@@ -97,7 +97,7 @@ def grid(**axes) -> list[dict]:
 # 16-key tiles, 8 warps at 128 registers, no spill (read_profile_ea85814_h200_tile16): 0.0655 against 0.0534 (16
 # splits 0.099): the loop's time goes with its iteration count, not with spills or bytes
 def sweep_for(name: str) -> list[dict]:
-    if REGS_SWEEP:  # READ_SWEEP=regs: registers capped (ptxas .maxnreg) so that 2 programs of 8 warps share an SM
+    if MODE == "regs":  # registers capped (ptxas .maxnreg) so that 2 programs of 8 warps share an SM
         return {
             "short16k": grid(TILE_N=(32,), num_warps=(8,), num_stages=(2, 3), NUM_SPLITS=(32, 64), MAX_REGS=(128,))
             + grid(TILE_N=(32,), num_warps=(4,), num_stages=(2,), NUM_SPLITS=(32,), MAX_REGS=(168,)),
@@ -106,11 +106,11 @@ def sweep_for(name: str) -> list[dict]:
             ),
             "b1x8k": grid(TILE_N=(64, 128), num_warps=(4,), num_stages=(3, 4), NUM_SPLITS=(32, 64), MAX_REGS=(128,)),
         }.get(name, [])
-    if TILE16_SWEEP:  # READ_SWEEP=tile16: 16-key tiles, which fit 128 registers without spilling (ptxas, sm_90a)
+    if MODE == "tile16":  # 16-key tiles, which fit 128 registers without spilling (ptxas, sm_90a)
         if name.startswith("short16k"):
             return grid(TILE_N=(16,), num_warps=(8,), num_stages=(2, 3, 4), NUM_SPLITS=(16, 32), MAX_REGS=(128,))
         return []
-    if TABLE_AHEAD_SWEEP:  # READ_SWEEP=ahead: the next tile's block ids read an iteration ahead, so that Triton's
+    if MODE == "ahead":  # the next tile's block ids read an iteration ahead, so that Triton's
         # pipelining overlaps copies with math (ptxas: async_wait 5 at 3 stages, 10 at 4; the defaults' 0), not yet run
         ahead = dict(TABLE_AHEAD=(True,))
         if name.startswith("short16k"):
@@ -121,7 +121,7 @@ def sweep_for(name: str) -> list[dict]:
             return (grid(**ahead, TILE_N=(32, 64), num_stages=(3, 4), num_warps=(4,))
                     + grid(**ahead, TILE_N=(128,), num_stages=(2, 3), num_warps=(4,)))  # fmt: skip
         return []
-    if PREFETCH_SWEEP:  # READ_SWEEP=prefetch: the next key tile loaded into registers before this one's math, with
+    if MODE == "prefetch":  # the next key tile loaded into registers before this one's math, with
         # Triton's pipelining off (ptxas: 8 warps at 168 registers or 16 at 128 without spilling), not yet run
         one = dict(PREFETCH=(True,), num_stages=(1,), TILE_N=(32,))
         if name.startswith("short16k"):
@@ -130,12 +130,12 @@ def sweep_for(name: str) -> list[dict]:
         if name.startswith("b1x8k"):
             return grid(PREFETCH=(True,), num_stages=(1,), TILE_N=(32, 64), num_warps=(4,), NUM_SPLITS=(32, 64))
         return []
-    if W16_SWEEP:  # READ_SWEEP=w16: 16 warps (4 warpgroups) on one tile, fewer iterations (ptxas: 32-key tiles at 126
+    if MODE == "w16":  # 16 warps (4 warpgroups) on one tile, fewer iterations (ptxas: 32-key tiles at 126
         # registers without spilling, 64-key tiles spill 80-88 bytes at 128), not yet run
         if name.startswith("short16k"):
             return grid(TILE_N=(32, 64), num_warps=(16,), num_stages=(2, 3), NUM_SPLITS=(16, 32), MAX_REGS=(128,))
         return []
-    if WARPS_SWEEP:  # READ_SWEEP=warps: 8 warps beside 4 (the sweeps above had 4 only for these reads)
+    if MODE == "warps":  # 8 warps beside 4 (the sweeps above had 4 only for these reads)
         return {
             "short16k": grid(TILE_N=(32, 64), num_warps=(4, 8), num_stages=(2, 3), NUM_SPLITS=(16, 32)),
             "short16k_cold": grid(TILE_N=(32,), num_warps=(4, 8), num_stages=(2, 3), NUM_SPLITS=(32, 64)),
@@ -175,14 +175,9 @@ def kernel_times(fn, calls: int = 20) -> dict:
     }
 
 
-# READ_SWEEP=0: each case's defaults only
-SWEEP = os.environ.get("READ_SWEEP", "1") in ("1", "warps", "regs", "tile16", "w16", "prefetch", "ahead")
-WARPS_SWEEP = os.environ.get("READ_SWEEP") == "warps"
-REGS_SWEEP = os.environ.get("READ_SWEEP") == "regs"
-TILE16_SWEEP = os.environ.get("READ_SWEEP") == "tile16"
-W16_SWEEP = os.environ.get("READ_SWEEP") == "w16"
-PREFETCH_SWEEP = os.environ.get("READ_SWEEP") == "prefetch"
-TABLE_AHEAD_SWEEP = os.environ.get("READ_SWEEP") == "ahead"
+# READ_SWEEP: 1 (the default) each case's sweep below, 0 each case's defaults only, or one of the named sweeps
+MODE = os.environ.get("READ_SWEEP", "1")
+SWEEP = MODE in ("1", "warps", "regs", "tile16", "w16", "prefetch", "ahead")
 COLD_COPIES = 6  # `_cold` cases: each call reads the next of this many copies, so K and V come from DRAM, not L2
 
 

@@ -42,7 +42,6 @@ RESULTS = Path(__file__).parent / "results"
 SYSTEM = "You answer questions about the essays the user gives you."
 QUESTION = "Which essay argues most clearly for its point, and why?"
 ONE_TOKEN = mp.SamplingParams(max_tokens=1, temperature=0.0)
-SETTLE_S = 0.0  # --settle-ms
 
 
 def git_sha() -> str:
@@ -149,7 +148,7 @@ def direct_ttft(llm: mp.LLM, setup, prompt, repeats: int) -> float:
     return min(times)
 
 
-def run_k(llm: mp.LLM, docs: list, k: int, repeats: int, rng: random.Random) -> dict:
+def run_k(llm: mp.LLM, docs: list, k: int, repeats: int, rng: random.Random, settle_s: float = 0.0) -> dict:
     c = llm.composer if llm.tokenizer is not None else TokenIdRecipes(llm)
     chosen = docs[:k]
     shuffled = chosen[:]
@@ -161,7 +160,7 @@ def run_k(llm: mp.LLM, docs: list, k: int, repeats: int, rng: random.Random) -> 
 
     def prefill_spans():
         llm.generate(spans, ONE_TOKEN, use_tqdm=False)
-        time.sleep(SETTLE_S)
+        time.sleep(settle_s)
 
     row = {
         "k": k,
@@ -260,8 +259,6 @@ def main() -> None:
                         "the cached prompt (results named -settle<N>): is a first prompt slower for the GPU's state "
                         "right after a heavy prefill (clocks, power), not for the engine?")  # fmt: skip
     args = parser.parse_args()
-    global SETTLE_S
-    SETTLE_S = args.settle_ms / 1e3
     ks = [int(k) for k in args.ks.split(",")]
     lengths = [int(n) for n in args.doc_tokens.split(",")]
 
@@ -287,7 +284,7 @@ def main() -> None:
             docs = random_documents(max(ks), doc_tokens, args.seed)
         rows = tables[doc_tokens] = []
         for k in ks:
-            rows.append(run_k(llm, docs, k, args.repeats, rng))
+            rows.append(run_k(llm, docs, k, args.repeats, rng, args.settle_ms / 1e3))
             r = rows[-1]
             print(
                 f"{doc_tokens} tokens, k={k:>2}: cached {1e3 * r['pic_cached']['ttft_s']:8.1f} ms  cold "
