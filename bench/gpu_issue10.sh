@@ -4,7 +4,7 @@
 # bench/data (the RAG datasets, built here with `python bench/rag.py --build-only --samples 64`) carried.
 #
 #   GIT_SHA=$(git rev-parse --short HEAD) bash bench/gpu_issue10.sh [part]   part: all (default), a, b, ops, ttft, host, hostdiag, offload, tests, splits, grid, rag, ragphase,
-#   rag0, read, readprof (with ncu), engineread, tileslast, final2, rag09, check17, diag18, check18, final18, warps18, bs32, rag32, tests, regs19, diag19, final19, tile16, w16, prefetch, ahead, engine, pending, final, ttft1, probe or hybrid, or several joined by commas
+#   rag0, read, readprof (with ncu), engineread, tileslast, final2, rag09, check17, diag18, check18, final18, warps18, bs32, rag32, tests, regs19, diag19, final19, tile16, w16, prefetch, ahead, ahead2, engine, pending, final, ttft1, probe or hybrid, or several joined by commas
 set -u
 cd "$(dirname "$0")/.."
 export TRITON_INTERPRET=0 PYTHONUNBUFFERED=1 GIT_SHA=${GIT_SHA:-unknown}
@@ -223,6 +223,18 @@ if want ahead; then  # next (not yet run): TABLE_AHEAD, the next tile's block id
     # Triton's own pipelining overlaps the copies with the math (after part prefetch's GPU tests, or with part tests)
     step read_ahead 240 env READ_SWEEP=ahead python3 bench/gpu_read_profile.py --out "$OUT" \
         --cases short16k,short16k_cold,b1x8k,b64x8k
+fi
+if want ahead2; then  # around part ahead's best short read (TABLE_AHEAD, 64-key tiles, 8 warps, 3 stages, 16 splits,
+    # no register cap: 0.0430 ms against the default's 0.0528), then the candidates at every short-prefill case with
+    # their splits from programs per SM (1 or 2, where pick_config aims at 4)
+    step read_ahead2 170 env READ_SWEEP=ahead2 python3 bench/gpu_read_profile.py --out "$OUT" --cases short16k,short16k_cold
+    A='"TABLE_AHEAD": true, "num_warps": 8, "MAX_REGS": null'
+    step short_prefill_ahead 280 python3 bench/gpu_short_prefill.py --sweep-json "[
+        {$A, \"TILE_N\": 64, \"num_stages\": 3, \"PROGRAMS_PER_SM\": 1},
+        {$A, \"TILE_N\": 64, \"num_stages\": 3, \"PROGRAMS_PER_SM\": 2},
+        {$A, \"TILE_N\": 64, \"num_stages\": 4, \"PROGRAMS_PER_SM\": 1},
+        {\"TABLE_AHEAD\": true, \"num_warps\": 8, \"MAX_REGS\": 128, \"TILE_N\": 32, \"num_stages\": 3,
+         \"PROGRAMS_PER_SM\": 2}]"
 fi
 if want w16; then  # next (not yet run): 16 warps on one tile of the short read (gpu_read_profile READ_SWEEP=w16)
     step read_w16 150 env READ_SWEEP=w16 python3 bench/gpu_read_profile.py --out "$OUT" --cases short16k,short16k_cold

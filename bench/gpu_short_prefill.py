@@ -58,6 +58,17 @@ def config_for(args, short_rows: int) -> dict:
         return triton_kernel.config_for_args(args[0], args[1], args[3], args[8])
 
 
+def with_splits(config: dict, num_seqs: int, context: int, device) -> dict:
+    """A sweep entry's PROGRAMS_PER_SM (not a kernel key) as NUM_SPLITS: pick_config's flash-decoding rule with
+    that many programs per SM in place of its 4."""
+    per_sm = config.pop("PROGRAMS_PER_SM", None)
+    if per_sm is not None:
+        want = per_sm * triton_kernel._num_sms(device.index or 0) // (num_seqs * HEADS["num_kv_heads"])
+        want = min(want, context // triton_kernel.MIN_KEYS_PER_SPLIT, triton_kernel.MAX_SPLITS)
+        config["NUM_SPLITS"] = 1 << (max(want, 1).bit_length() - 1)
+    return config
+
+
 def copy_bandwidth(clock: Clock, device) -> float:
     src = torch.empty(1 << 30, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
@@ -85,7 +96,8 @@ def measure_case(num_seqs: int, new_tokens: int, context: int, clock, bandwidth:
     row["sweep"] = []
     for extra in sweep:
         try:
-            row["sweep"].append(dict(config=extra, **timed({**row["default"]["config"], **extra})))
+            config = with_splits({**row["default"]["config"], **extra}, num_seqs, context, device)
+            row["sweep"].append(dict(config=extra, splits=config["NUM_SPLITS"], **timed(config)))
         except Exception as exc:  # noqa: BLE001 -- a config may not fit (shared memory, registers)
             row["sweep"].append(dict(config=extra, error=f"{type(exc).__name__}: {str(exc)[:200]}"))
     row["best"] = min((e for e in row["sweep"] if "ms" in e), key=lambda e: e["ms"], default=None)
