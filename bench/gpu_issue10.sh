@@ -4,7 +4,7 @@
 # bench/data (the RAG datasets, built here with `python bench/rag.py --build-only --samples 64`) carried.
 #
 #   GIT_SHA=$(git rev-parse --short HEAD) bash bench/gpu_issue10.sh [part]   part: all (default), a, b, ops, ttft, host, hostdiag, offload, tests, splits, grid, rag, ragphase,
-#   rag0, read, readprof (with ncu), engineread, tileslast, final2, rag09, check17, diag18, check18, final18, warps18, bs32, rag32, tests, regs19, diag19, final19, tile16, w16, prefetch, ahead, ahead2, engine, pending, final, ttft1, probe or hybrid, or several joined by commas
+#   rag0, read, readprof (with ncu), engineread, tileslast, final2, rag09, check17, diag18, check18, final18, warps18, bs32, rag32, tests, regs19, diag19, final19, tile16, w16, ahead, ahead2, final20, engine, pending, final, ttft1, probe or hybrid, or several joined by commas
 set -u
 cd "$(dirname "$0")/.."
 export TRITON_INTERPRET=0 PYTHONUNBUFFERED=1 GIT_SHA=${GIT_SHA:-unknown}
@@ -212,15 +212,8 @@ if want tile16; then  # issues 10/13: the short read's 32-key tiles spill at 128
     step short_prefill_tile16 150 python3 bench/gpu_short_prefill.py --sweep-json \
         '[{"TILE_N": 16, "num_stages": 2}, {"TILE_N": 16, "num_stages": 3}]'
 fi
-if want prefetch; then  # next (not yet run): the kernel's loop split into load / scores / softmax helpers and the
-    # PREFETCH option (stop 19, tested in the interpreter only): the GPU tests first (the default path's code changed
-    # shape; ptxas gives it the same registers and spills), then the reads with the next tile in registers
-    step gpu_tests 300 python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider -p no:logging --tb=short
-    step read_prefetch 200 env READ_SWEEP=prefetch python3 bench/gpu_read_profile.py --out "$OUT" \
-        --cases short16k,short16k_cold,b1x8k
-fi
-if want ahead; then  # next (not yet run): TABLE_AHEAD, the next tile's block ids read an iteration ahead so that
-    # Triton's own pipelining overlaps the copies with the math (after part prefetch's GPU tests, or with part tests)
+if want ahead; then  # TABLE_AHEAD, the next tile's block ids read an iteration ahead so that Triton's own
+    # pipelining overlaps the copies with the math (with part tests first after a kernel change)
     step read_ahead 240 env READ_SWEEP=ahead python3 bench/gpu_read_profile.py --out "$OUT" \
         --cases short16k,short16k_cold,b1x8k,b64x8k
 fi
@@ -235,6 +228,18 @@ if want ahead2; then  # around part ahead's best short read (TABLE_AHEAD, 64-key
         {$A, \"TILE_N\": 64, \"num_stages\": 4, \"PROGRAMS_PER_SM\": 1},
         {\"TABLE_AHEAD\": true, \"num_warps\": 8, \"MAX_REGS\": 128, \"TILE_N\": 32, \"num_stages\": 3,
          \"PROGRAMS_PER_SM\": 2}]"
+fi
+if want final20; then  # the short read's new default (TABLE_AHEAD, 64-key tiles, one program per SM): the GPU tests,
+    # every short-prefill case beside the last default, then the engine: the cached grid rows (2048 / 4096 x 4 / 8)
+    # and host_ttft at block sizes 16 and 32
+    step gpu_tests 150 python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider -p no:logging --tb=short
+    step short_prefill_last 100 python3 bench/gpu_short_prefill.py --sweep-json \
+        '[{"TABLE_AHEAD": false, "TILE_N": 32, "num_stages": 2, "MAX_REGS": 128, "PROGRAMS_PER_SM": 4}]'
+    for b in 16 32; do
+        step "ttft_b$b" 100 python3 bench/ttft_spans.py --device cuda --llama3-8b-shape --doc-tokens 2048,4096 \
+            --ks 4,8 --repeats 3 --block-size $b
+        step "host_ttft_b$b" 50 python3 bench/host_ttft.py --device cuda --llama3-8b-shape --runs 20 --block-size $b
+    done
 fi
 if want w16; then  # next (not yet run): 16 warps on one tile of the short read (gpu_read_profile READ_SWEEP=w16)
     step read_w16 150 env READ_SWEEP=w16 python3 bench/gpu_read_profile.py --out "$OUT" --cases short16k,short16k_cold

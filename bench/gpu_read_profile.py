@@ -95,7 +95,10 @@ def grid(**axes) -> list[dict]:
 # 0.0568, decode 1 x 8k 20.5 us against 19.0; registers capped (read_profile_2f1f877_h200_regs): 8 warps at 128 kept
 # (0.0531 against 0.0563), with 64 splits 0.064, 4 warps at 168 0.099, decode 1 x 8k capped 20.9 us against 19.7;
 # 16-key tiles, 8 warps at 128 registers, no spill (read_profile_ea85814_h200_tile16): 0.0655 against 0.0534 (16
-# splits 0.099): the loop's time goes with its iteration count, not with spills or bytes
+# splits 0.099): the loop's time goes with its iteration count, not with spills or bytes; the next tile's keys and
+# values in registers before this tile's math (PREFETCH at 0f5919e, removed; read_profile_3ce5ff5_h200_prefetch.log):
+# best 0.0543 against 0.0530; the block ids read a tile ahead (TABLE_AHEAD, read_profile_3ce5ff5_h200_ahead.*,
+# read_profile_f557ac8_h200_ahead2.*): 0.0430 with 64-key tiles, 8 warps, 3 stages, 16 splits, kept
 def sweep_for(name: str) -> list[dict]:
     if MODE == "regs":  # registers capped (ptxas .maxnreg) so that 2 programs of 8 warps share an SM
         return {
@@ -129,15 +132,6 @@ def sweep_for(name: str) -> list[dict]:
                     + grid(**ahead, num_warps=(8,), TILE_N=(128,), num_stages=(2, 3), NUM_SPLITS=(8, 16))
                     + grid(**ahead, num_warps=(4,), TILE_N=(64,), num_stages=(3,), NUM_SPLITS=(16, 32))
                     + grid(**ahead, num_warps=(16,), TILE_N=(64, 128), num_stages=(3,), NUM_SPLITS=(8, 16)))  # fmt: skip
-        return []
-    if MODE == "prefetch":  # the next key tile loaded into registers before this one's math, with
-        # Triton's pipelining off (ptxas: 8 warps at 168 registers or 16 at 128 without spilling), not yet run
-        one = dict(PREFETCH=(True,), num_stages=(1,), TILE_N=(32,))
-        if name.startswith("short16k"):
-            return (grid(**one, num_warps=(16,), MAX_REGS=(128,), NUM_SPLITS=(16, 32))
-                    + grid(**one, num_warps=(8,), MAX_REGS=(128, 168, None), NUM_SPLITS=(32,)))  # fmt: skip
-        if name.startswith("b1x8k"):
-            return grid(PREFETCH=(True,), num_stages=(1,), TILE_N=(32, 64), num_warps=(4,), NUM_SPLITS=(32, 64))
         return []
     if MODE == "w16":  # 16 warps (4 warpgroups) on one tile, fewer iterations (ptxas: 32-key tiles at 126
         # registers without spilling, 64-key tiles spill 80-88 bytes at 128), not yet run
@@ -186,7 +180,7 @@ def kernel_times(fn, calls: int = 20) -> dict:
 
 # READ_SWEEP: 1 (the default) each case's sweep below, 0 each case's defaults only, or one of the named sweeps
 MODE = os.environ.get("READ_SWEEP", "1")
-SWEEP = MODE in ("1", "warps", "regs", "tile16", "w16", "prefetch", "ahead", "ahead2")
+SWEEP = MODE in ("1", "warps", "regs", "tile16", "w16", "ahead", "ahead2")
 COLD_COPIES = 6  # `_cold` cases: each call reads the next of this many copies, so K and V come from DRAM, not L2
 
 

@@ -11,8 +11,7 @@ for the 4-warp short read, as ncu read it on the H200).
 
     python bench/ptxas_stats.py                              # the short read's default and a few neighbours
     python bench/ptxas_stats.py --config 128,32,8,2,128      # BLOCK_M,TILE_N,num_warps,num_stages,maxnreg (0: none)
-    python bench/ptxas_stats.py --prefetch --config 128,32,16,1,128   # the next key tile in registers
-    python bench/ptxas_stats.py --table-ahead --config 128,32,8,3,128 # the next tile's block ids read ahead
+    python bench/ptxas_stats.py --table-ahead --config 128,64,8,3,0   # the short read's default (pick_config)
 """
 
 from __future__ import annotations
@@ -42,7 +41,7 @@ POINTERS = {  # argument -> element type, as the engine passes them
 UNSPECIALIZED = ("stride_kbt_seq", "stride_vbt_seq")  # the kernel's do_not_specialize strides
 DEFAULT_CONFIGS = [  # BLOCK_M, TILE_N, num_warps, num_stages, maxnreg
     (128, 32, 4, 2, None),  # the short read before the register cap
-    (128, 32, 8, 2, 128),  # the short read's default since 2f1f877
+    (128, 32, 8, 2, 128),  # the short read from 2f1f877 until TABLE_AHEAD
     (128, 16, 8, 2, 128),
     (128, 32, 16, 2, 128),
     (128, 64, 16, 2, 128),
@@ -52,7 +51,7 @@ DEFAULT_CONFIGS = [  # BLOCK_M, TILE_N, num_warps, num_stages, maxnreg
 
 def compile_read(block_m: int, tile_n: int, num_warps: int, num_stages: int, maxnreg: int | None, **extra):
     """The split-KV read kernel compiled for sm_90a with this config (a short read's constexprs; `extra` overrides
-    them or sets an option such as PREFETCH)."""
+    them or sets an option such as TABLE_AHEAD)."""
     kernel = triton_kernel._rope_paged_attention_kernel
     names = kernel.arg_names
     constexprs = {p.name: p.default for p in kernel.params if p.is_constexpr and p.has_default}
@@ -89,7 +88,6 @@ def resource_usage(cubin: bytes) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", action="append", help="BLOCK_M,TILE_N,num_warps,num_stages,maxnreg (0: none)")
-    parser.add_argument("--prefetch", action="store_true", help="the PREFETCH option (give num_stages 1)")
     parser.add_argument("--table-ahead", action="store_true", help="the TABLE_AHEAD option")
     args = parser.parse_args()
     configs = [tuple(int(x) for x in c.split(",")) for c in args.config] if args.config else DEFAULT_CONFIGS
@@ -99,7 +97,7 @@ def main() -> None:
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for block_m, tile_n, warps, stages, maxnreg in configs:
-        options = dict(PREFETCH=args.prefetch, TABLE_AHEAD=args.table_ahead)
+        options = dict(TABLE_AHEAD=args.table_ahead)
         compiled = compile_read(block_m, tile_n, warps, stages, maxnreg or None, **options)
         usage, ptx = resource_usage(compiled.asm["cubin"]), compiled.asm["ptx"]
         # NOTE: copies a loop leaves in flight while it computes (cp.async groups): 0 means no overlap

@@ -57,6 +57,11 @@ LONG_PREFILL_ROWS = 32768  # query rows (tokens x GROUP) per sequence from which
 # A few new tokens over a long cached context (a RAG prompt whose documents hit) otherwise gets one program
 # per query tile and kv head walking every key: 16 programs for 19 tokens on 8 kv heads.
 SHORT_PREFILL_ROWS = 128
+# split-KV programs per SM that pick_config aims at: decode reads light tiles (several programs share an SM); the
+# short read at head_dim 128 runs one heavy program per SM (8 warps, 64-key tiles, 3 stages, block ids read a tile
+# ahead; H200: 1 x 17 over 16k 0.0425 ms against 0.0507 with 2 per SM, gpu_short_prefill_f557ac8_h200_sweep.json)
+DECODE_PROGRAMS_PER_SM = 4
+SHORT_READ_PROGRAMS_PER_SM = 1
 
 
 @triton.jit
@@ -84,7 +89,7 @@ def _block_ids(table_ptr, tile, key_end, BLOCK_SIZE: tl.constexpr, TILE_N: tl.co
 @triton.jit
 def _load_keys(
     tile,
-    key_end,  # keys j >= key_end are not read (0: nothing is read, as for the prefetch past a loop's last tile)
+    key_end,  # keys j >= key_end are not read
     k_blocks,  # [TILE_N] the keys' physical blocks (_block_ids)
     v_blocks,  # [TILE_N] the values' physical blocks
     k_cache_ptr,  # [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD_DIM]
@@ -228,66 +233,38 @@ def _attend_key_tiles(
     TILE_N: tl.constexpr,
     APPLY_MASK: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
-    PREFETCH: tl.constexpr,
     TABLE_AHEAD: tl.constexpr,
 ):
     """Key tiles [tile_begin, tile_end) into the running (acc, m, l).
 
-    NOTE: PREFETCH loads tile t + 1 (keys and values) into registers before the math of tile t, so their latency
-    hides behind it. Triton's own pipelining (num_stages) issues the next tile's copies after this tile's math and
-    its block-table load, and waits for all of them at the loop's top: `async_wait {num = 0}` at any num_stages
-    when keys are read through a block table, 2-10 with contiguous keys (bench/ptxas_stats.py's compile, its
-    ttgir), so the read's loop overlaps no memory with math. Launch PREFETCH with num_stages=1.
-    TABLE_AHEAD instead reads the next tile's block ids an iteration ahead, and Triton's pipelining then keeps the
-    next tile's copies in flight through this tile's math (`async_wait {num = 5}` at num_stages=3, 10 at 4)."""
-    if PREFETCH:
+    NOTE: with TABLE_AHEAD the next tile's block ids are read an iteration ahead, and Triton's pipelining
+    (num_stages) then keeps that tile's copies in flight through this tile's math (`async_wait {num = 5}` at
+    num_stages=3, 10 at 4). Without it the copies depend on a block-table load issued after this tile's math, and
+    every iteration waits for all of them at its top (`async_wait {num = 0}` at any num_stages; with contiguous keys,
+    2-10): no memory overlaps the math (bench/ptxas_stats.py's compile, its ttgir)."""
+    if TABLE_AHEAD:
+        k_ids = _block_ids(k_table_ptr, tile_begin, key_end, BLOCK_SIZE, TILE_N)
+        v_ids = _block_ids(v_table_ptr, tile_begin, key_end, BLOCK_SIZE, TILE_N)
+    for tile in range(tile_begin, tile_end):
+        if TABLE_AHEAD:  # this tile's blocks were read an iteration ago; read the next tile's now
+            k_blocks, v_blocks = k_ids, v_ids
+            k_ids = _block_ids(k_table_ptr, tile + 1, key_end, BLOCK_SIZE, TILE_N)
+            v_ids = _block_ids(v_table_ptr, tile + 1, key_end, BLOCK_SIZE, TILE_N)
+        else:
+            k_blocks = _block_ids(k_table_ptr, tile, key_end, BLOCK_SIZE, TILE_N)
+            v_blocks = _block_ids(v_table_ptr, tile, key_end, BLOCK_SIZE, TILE_N)
         k1, k2, cos, sin, k_pass, v_base, key_ok = _load_keys(
-            tile_begin, tl.where(tile_begin < tile_end, key_end, 0),
-            _block_ids(k_table_ptr, tile_begin, key_end, BLOCK_SIZE, TILE_N),
-            _block_ids(v_table_ptr, tile_begin, key_end, BLOCK_SIZE, TILE_N), k_cache_ptr, cos_sin_ptr, kv_head,
-            stride_k_blk, stride_k_slot, stride_k_head, stride_v_blk, stride_v_slot, stride_v_head, stride_cs_pos,
-            BLOCK_SIZE, HEAD_DIM, ROTARY_DIM, HALF_PAD, TILE_N,
+            tile, key_end, k_blocks, v_blocks, k_cache_ptr, cos_sin_ptr, kv_head, stride_k_blk, stride_k_slot,
+            stride_k_head, stride_v_blk, stride_v_slot, stride_v_head, stride_cs_pos, BLOCK_SIZE, HEAD_DIM,
+            ROTARY_DIM, HALF_PAD, TILE_N,
         )  # fmt: skip
+        qk = _scores(q_lo, q_hi, q_pass, k1, k2, cos, sin, k_pass, row_pos, row_vis, tile, qk_scale, HEAD_DIM,
+                     ROTARY_DIM, TILE_N, APPLY_MASK, DOT_PRECISION)  # fmt: skip
+        p, alpha, m_i, l_i = _online_softmax(qk, m_i, l_i)
+        # -- compute pv --
         v = _load_values(v_cache_ptr, v_base, key_ok, HEAD_DIM)
-        for tile in range(tile_begin, tile_end):
-            n1, n2, ncos, nsin, npass, v_base, key_ok = _load_keys(
-                tile + 1, tl.where(tile + 1 < tile_end, key_end, 0),
-                _block_ids(k_table_ptr, tile + 1, key_end, BLOCK_SIZE, TILE_N),
-                _block_ids(v_table_ptr, tile + 1, key_end, BLOCK_SIZE, TILE_N), k_cache_ptr, cos_sin_ptr, kv_head,
-                stride_k_blk, stride_k_slot, stride_k_head, stride_v_blk, stride_v_slot, stride_v_head,
-                stride_cs_pos, BLOCK_SIZE, HEAD_DIM, ROTARY_DIM, HALF_PAD, TILE_N,
-            )  # fmt: skip
-            nv = _load_values(v_cache_ptr, v_base, key_ok, HEAD_DIM)
-            qk = _scores(q_lo, q_hi, q_pass, k1, k2, cos, sin, k_pass, row_pos, row_vis, tile, qk_scale, HEAD_DIM,
-                         ROTARY_DIM, TILE_N, APPLY_MASK, DOT_PRECISION)  # fmt: skip
-            p, alpha, m_i, l_i = _online_softmax(qk, m_i, l_i)
-            acc = acc * alpha[:, None]
-            acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)  # [BLOCK_M, HEAD_DIM]
-            k1, k2, cos, sin, k_pass, v = n1, n2, ncos, nsin, npass, nv
-    else:
-        if TABLE_AHEAD:
-            k_ids = _block_ids(k_table_ptr, tile_begin, key_end, BLOCK_SIZE, TILE_N)
-            v_ids = _block_ids(v_table_ptr, tile_begin, key_end, BLOCK_SIZE, TILE_N)
-        for tile in range(tile_begin, tile_end):
-            if TABLE_AHEAD:  # this tile's blocks were read an iteration ago; read the next tile's now
-                k_blocks, v_blocks = k_ids, v_ids
-                k_ids = _block_ids(k_table_ptr, tile + 1, key_end, BLOCK_SIZE, TILE_N)
-                v_ids = _block_ids(v_table_ptr, tile + 1, key_end, BLOCK_SIZE, TILE_N)
-            else:
-                k_blocks = _block_ids(k_table_ptr, tile, key_end, BLOCK_SIZE, TILE_N)
-                v_blocks = _block_ids(v_table_ptr, tile, key_end, BLOCK_SIZE, TILE_N)
-            k1, k2, cos, sin, k_pass, v_base, key_ok = _load_keys(
-                tile, key_end, k_blocks, v_blocks, k_cache_ptr, cos_sin_ptr, kv_head, stride_k_blk, stride_k_slot,
-                stride_k_head, stride_v_blk, stride_v_slot, stride_v_head, stride_cs_pos, BLOCK_SIZE, HEAD_DIM,
-                ROTARY_DIM, HALF_PAD, TILE_N,
-            )  # fmt: skip
-            qk = _scores(q_lo, q_hi, q_pass, k1, k2, cos, sin, k_pass, row_pos, row_vis, tile, qk_scale, HEAD_DIM,
-                         ROTARY_DIM, TILE_N, APPLY_MASK, DOT_PRECISION)  # fmt: skip
-            p, alpha, m_i, l_i = _online_softmax(qk, m_i, l_i)
-            # -- compute pv --
-            v = _load_values(v_cache_ptr, v_base, key_ok, HEAD_DIM)
-            acc = acc * alpha[:, None]
-            acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)  # [BLOCK_M, HEAD_DIM]
+        acc = acc * alpha[:, None]
+        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)  # [BLOCK_M, HEAD_DIM]
     return acc, m_i, l_i
 
 
@@ -337,7 +314,6 @@ def _rope_paged_attention_kernel(
     SPLIT_KV: tl.constexpr,  # num_splits > 1: write partial (out, max, sum) for _reduce_splits_kernel
     TILES_LAST: tl.constexpr,  # grid (kv heads, splits, tiles) instead of (tiles, kv heads, splits)
     DOT_PRECISION: tl.constexpr,
-    PREFETCH: tl.constexpr = False,  # the next key tile loaded into registers before this one's math
     TABLE_AHEAD: tl.constexpr = False,  # the next key tile's block ids read an iteration ahead
 ):
     if TILES_LAST:
@@ -424,7 +400,7 @@ def _rope_paged_attention_kernel(
             k_cache_ptr, v_cache_ptr, k_table_ptr, v_table_ptr, cos_sin_ptr, kv_head, qk_scale,
             stride_k_blk, stride_k_slot, stride_k_head, stride_v_blk, stride_v_slot, stride_v_head,
             stride_cs_pos, BLOCK_SIZE, HEAD_DIM, ROTARY_DIM, HALF_PAD, TILE_N,
-            part != 1, DOT_PRECISION, PREFETCH, TABLE_AHEAD,
+            part != 1, DOT_PRECISION, TABLE_AHEAD,
         )  # fmt: skip
 
     # -- epilogue --
@@ -748,13 +724,13 @@ def pick_config(
     long_decode = rows_per_seq <= 16 and is_rotary and head_dim == 128 and elem_size == 2
     if long_decode and table_elem_size <= 2 and max_context >= LONG_DECODE_CONTEXT:
         tile_n = 128  # H200, 64 x 8k, bf16 table: 0.60 ms against 0.70 ms with 32-key tiles
-    max_regs = None
-    if short and head_dim == 128:
-        # NOTE: measured on the H200, 17 new tokens over 16k / 32k: 32-key tiles with 4 warps 0.057 / 0.095 ms against
-        # 64-key tiles' 0.064 / 0.108 (gpu_short_prefill_997b663_h200_splits*); 4 warps take 255 registers and spill
-        # (bench/ptxas_stats.py), 8 warps capped at 128 let two programs share an SM: 0.0525 / 0.0880
-        # (gpu_short_prefill_0419d7b_h200_regs.json)
-        tile_n, num_warps, max_regs = 32, 8, 128
+    table_ahead = short_read = short and head_dim == 128
+    if short_read:
+        # NOTE: measured on the H200 (gpu_short_prefill_f557ac8_h200_sweep.json), 17 new tokens over 16k / 32k:
+        # 0.0425 / 0.0714 ms, against 0.0527 / 0.0884 for 32-key tiles, 8 warps capped at 128 registers, 2 programs
+        # an SM and the block ids read in the tile's own iteration (then Triton's pipelining waits for every copy
+        # at each iteration's top: no memory overlaps the math; bench/ptxas_stats.py). Faster at every short case.
+        tile_n, num_warps, num_stages = 64, 8, 3
     if dense and head_dim == 128:  # measured on the H200: bench/results/gpu_ops_cd5f0ee_h200*
         block_m, tile_n, num_warps, num_stages = (
             (128, 128, 8, 3) if rows_per_seq >= LONG_PREFILL_ROWS else (64, 64, 4, 3)
@@ -763,10 +739,16 @@ def pick_config(
     block_m = max(block_m, _next_pow2(group))
     num_splits = 1
     if is_cuda and (rows_per_seq <= 16 or short):
-        # flash-decoding: aim at ~4 programs per SM, each split keeping >= MIN_KEYS_PER_SPLIT keys.
+        # flash-decoding: aim at a few programs per SM, each split keeping >= MIN_KEYS_PER_SPLIT keys.
         # NOTE: one working query tile per sequence (a short prefill's tokens fit in one), whatever the grid
         # holds: counting its empty tiles halved the splits of a CUDA graph's padded (2, 32) bucket.
-        want = 4 * _num_sms(device.index or 0) // (num_seqs * num_kv_heads)
+        per_sm, seqs = DECODE_PROGRAMS_PER_SM, num_seqs
+        if short_read:
+            # NOTE: a CUDA graph's prefill bucket holds a padding sequence (one key): one prompt runs as (2, 32),
+            # and counting the padding halved its splits (H200, 17 tokens over 16k: 8 splits 0.0715 ms against
+            # 16 splits' 0.0425). Two real sequences in a bucket without padding then take 16 splits (~1.1x slower).
+            per_sm, seqs = SHORT_READ_PROGRAMS_PER_SM, max(num_seqs - 1, 1)
+        want = per_sm * _num_sms(device.index or 0) // (seqs * num_kv_heads)
         want = min(want, max_context // MIN_KEYS_PER_SPLIT, MAX_SPLITS)
         num_splits = 1 << (max(want, 1).bit_length() - 1)  # largest power of two <= want
     return dict(
@@ -778,7 +760,8 @@ def pick_config(
         PRE_ROTATE=is_rotary and rows_per_seq > 16 and not short,
         DENSE=dense,
         WARP_SPECIALIZE=warp_specialize,
-        MAX_REGS=max_regs,
+        MAX_REGS=None,
+        TABLE_AHEAD=table_ahead,
     )
 
 
@@ -799,8 +782,7 @@ def compile_key(cfg: dict) -> tuple:
     """What a launch with config `cfg` compiles: two configs with the same key run the same kernels."""
     split = cfg["NUM_SPLITS"] > 1
     return (cfg["BLOCK_M"], cfg["TILE_N"], cfg["num_warps"], cfg["num_stages"], split, cfg["PRE_ROTATE"],
-            cfg["DENSE"], cfg["WARP_SPECIALIZE"], cfg.get("MAX_REGS"), cfg.get("PREFETCH", False),
-            cfg.get("TABLE_AHEAD", False))  # fmt: skip
+            cfg["DENSE"], cfg["WARP_SPECIALIZE"], cfg.get("MAX_REGS"), cfg.get("TABLE_AHEAD", False))  # fmt: skip
 
 
 # Step shapes that `variant_shapes` tries: sequences, query tokens per sequence (around pick_config's thresholds of
@@ -1011,8 +993,7 @@ def rope_paged_attention_triton(
         BLOCK_SIZE=block_size, GROUP=group, HEAD_DIM=head_dim, ROTARY_DIM=rotary_dim,
         HALF_PAD=max(_next_pow2(rotary_dim // 2), 16), BLOCK_M=block_m, BLOCK_Q=block_q,
         TILE_N=cfg["TILE_N"], SPLIT_KV=num_splits > 1, TILES_LAST=tiles_last,
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", PREFETCH=cfg.get("PREFETCH", False),
-        TABLE_AHEAD=cfg.get("TABLE_AHEAD", False),
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", TABLE_AHEAD=cfg.get("TABLE_AHEAD", False),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], maxnreg=cfg.get("MAX_REGS"),
     )  # fmt: skip
     if num_splits > 1:

@@ -66,8 +66,7 @@ def check_against_ref(problem: Problem, impl: str, what: str, **kwargs) -> None:
 # the Triton kernel (interpreter): a curated grid, each axis covered at least once
 # ------------------------------------------------------------------------------------------------------
 
-SHORT = {"PRE_ROTATE": False, "BLOCK_M": 128, "MAX_REGS": 128}  # pick_config's short prefill on CUDA
-PREFETCH = {"PREFETCH": True, "num_stages": 1, "TILE_N": 16}
+SHORT = {"PRE_ROTATE": False, "BLOCK_M": 128, "TABLE_AHEAD": True}  # pick_config's short read on CUDA (head_dim 128)
 TABLE_AHEAD = {"TABLE_AHEAD": True, "num_stages": 3, "TILE_N": 16}
 TRITON_CASES = [
     # scenario, heads, head_dim, rotary_dim, block_size, dtype, position_free, extra, config
@@ -97,15 +96,9 @@ TRITON_CASES = [
     # the grid's axis order against the launcher's choice (tiles last exactly when the key range is split)
     ("decode_only", "gqa4", 64, None, 16, torch.float32, True, {}, {"NUM_SPLITS": 4, "TILES_LAST": False}),
     ("mixed", "gqa3", 64, None, 16, torch.float32, True, {"share_span": True}, {"TILES_LAST": True}),
-    # the next key tile loaded into registers before this one's math (PREFETCH, an option until measured), with
+    # the next tile's block ids read an iteration ahead (TABLE_AHEAD: the short read's default on CUDA), with
     # 16-key tiles so each loop walks several: decode, a short read over 1,100 keys split 4 ways, masked SSEP
-    # segments (a split's loop may be empty), partial rotary, keys as stored
-    ("decode_only", "gqa4", 64, None, 16, torch.float32, True, {}, {**PREFETCH, "NUM_SPLITS": 1}),
-    ("short_over_long", "gqa4", 64, None, 16, torch.bfloat16, True, {}, {**SHORT, **PREFETCH, "NUM_SPLITS": 4}),
-    ("ssep_segments", "mha4", 64, 32, 16, torch.float32, True, {}, {**SHORT, **PREFETCH, "NUM_SPLITS": 2}),
-    ("mixed", "gqa4", 128, 64, 16, torch.bfloat16, True, {"share_span": True}, {**PREFETCH, "PRE_ROTATE": False}),
-    ("mixed", "gqa4", 64, None, 16, torch.float32, False, {}, PREFETCH),
-    # the next tile's block ids read an iteration ahead (TABLE_AHEAD, an option until measured), same shapes
+    # segments (a split's loop may be empty), partial rotary, keys as stored, pre-rotated keys (one table for both)
     ("decode_only", "gqa4", 64, None, 16, torch.float32, True, {}, {**TABLE_AHEAD, "NUM_SPLITS": 1}),
     ("short_over_long", "gqa4", 64, None, 16, torch.bfloat16, True, {}, {**SHORT, **TABLE_AHEAD, "NUM_SPLITS": 4}),
     ("ssep_segments", "mha4", 64, 32, 16, torch.float32, True, {}, {**SHORT, **TABLE_AHEAD, "NUM_SPLITS": 2}),
@@ -393,7 +386,7 @@ def test_valid_args_pass(valid_args):
 
 def test_pick_config_reads_a_short_prefill_over_a_long_context_like_a_decode(monkeypatch):
     """19 new tokens over 16k cached keys on an H200 (132 SMs, 8 kv heads, group 4): one 128-row query tile per
-    sequence, keys rotated in the kernel, 32 splits of 32-key tiles. A 2,048-token chunk keeps the dense (gathered,
+    sequence, keys rotated in the kernel, 16 splits of 64-key tiles. A 2,048-token chunk keeps the dense (gathered,
     TMA) path."""
     from ops import triton_kernel as tk
 
@@ -401,15 +394,18 @@ def test_pick_config_reads_a_short_prefill_over_a_long_context_like_a_decode(mon
     monkeypatch.setattr(tk, "_has_tma", lambda index: True)
     cuda = torch.device("cuda", 0)
     short = tk.pick_config(19, 1, 8, 4, 128, 16384, True, cuda, table_elem_size=2)
-    assert (short["BLOCK_M"], short["NUM_SPLITS"], short["PRE_ROTATE"], short["DENSE"]) == (128, 32, False, False)
-    # measured: 32-key tiles, 8 warps with registers capped at 128 (2 programs an SM; head_dim 128)
-    assert (short["TILE_N"], short["num_warps"], short["MAX_REGS"]) == (32, 8, 128)
-    two = tk.pick_config(40, 2, 8, 4, 128, 16384, True, cuda, table_elem_size=2)  # 80 rows per sequence
-    assert (two["BLOCK_M"], two["NUM_SPLITS"], two["DENSE"]) == (128, 32, False)
+    assert (short["BLOCK_M"], short["NUM_SPLITS"], short["PRE_ROTATE"], short["DENSE"]) == (128, 16, False, False)
+    # measured: 64-key tiles, 8 warps, 3 stages, the block ids read a tile ahead, one program per SM (head_dim 128)
+    assert (short["TILE_N"], short["num_warps"], short["num_stages"], short["TABLE_AHEAD"]) == (64, 8, 3, True)
+    assert short["MAX_REGS"] is None
     graphed = tk.pick_config(32, 2, 8, 4, 128, 16384, True, cuda, table_elem_size=2)  # the (2, 32) graph bucket
-    assert graphed["NUM_SPLITS"] == short["NUM_SPLITS"]  # its padding sequence's empty tiles do not count
-    eight = tk.pick_config(8 * 17, 8, 8, 4, 128, 16384, True, cuda, table_elem_size=2)
-    assert eight["NUM_SPLITS"] == 8  # 8 sequences x 8 kv heads x 8 splits: ~4 programs per SM
+    assert graphed["NUM_SPLITS"] == short["NUM_SPLITS"]  # its padding sequence (one key) does not count
+    three = tk.pick_config(60, 3, 8, 4, 128, 16384, True, cuda, table_elem_size=2)  # 2 prompts + the padding
+    assert (three["BLOCK_M"], three["NUM_SPLITS"], three["DENSE"]) == (128, 8, False)  # 2 x 8 x 8 = 128 programs
+    nine = tk.pick_config(9 * 17, 9, 8, 4, 128, 16384, True, cuda, table_elem_size=2)
+    assert nine["NUM_SPLITS"] == 2  # 8 sequences x 8 kv heads x 2 splits: ~1 program per SM
+    small_heads = tk.pick_config(19, 1, 8, 4, 64, 16384, True, cuda, table_elem_size=2)  # not measured: as before
+    assert (small_heads["TILE_N"], small_heads["NUM_SPLITS"], small_heads["TABLE_AHEAD"]) == (64, 32, False)
     long = tk.pick_config(2048, 1, 8, 4, 128, 16384, True, cuda, table_elem_size=2)
     assert long["DENSE"] and long["NUM_SPLITS"] == 1
     decode = tk.pick_config(1, 1, 8, 4, 128, 16384, True, cuda, table_elem_size=2)
