@@ -131,7 +131,8 @@ def sweep_for(name: str) -> list[dict]:
             return (grid(**ahead, num_warps=(8,), TILE_N=(64,), num_stages=(2, 3, 4), NUM_SPLITS=(8, 16, 32))
                     + grid(**ahead, num_warps=(8,), TILE_N=(128,), num_stages=(2, 3), NUM_SPLITS=(8, 16))
                     + grid(**ahead, num_warps=(4,), TILE_N=(64,), num_stages=(3,), NUM_SPLITS=(16, 32))
-                    + grid(**ahead, num_warps=(16,), TILE_N=(64, 128), num_stages=(3,), NUM_SPLITS=(8, 16)))  # fmt: skip
+                    + grid(**ahead, num_warps=(16,), TILE_N=(64, 128), num_stages=(3,),
+                           NUM_SPLITS=(8, 16)))  # fmt: skip
         return []
     if MODE == "w16":  # 16 warps (4 warpgroups) on one tile, fewer iterations (ptxas: 32-key tiles at 126
         # registers without spilling, 64-key tiles spill 80-88 bytes at 128), not yet run
