@@ -134,6 +134,12 @@ def sweep_for(name: str) -> list[dict]:
                     + grid(**ahead, num_warps=(16,), TILE_N=(64, 128), num_stages=(3,),
                            NUM_SPLITS=(8, 16)))  # fmt: skip
         return []
+    if MODE == "ahead3":  # decode over the engine's short contexts (576 keys, 8k-wide graph tables): its batch-64
+        # attention took 57 us a layer against cuDNN's 42 (gpu_engine_7fb1cdd), over 4-5 tiles of 128 keys
+        if name.endswith("576w8k"):
+            return (grid(TABLE_AHEAD=(True,), TILE_N=(32, 64), num_stages=(2, 3, 4), num_warps=(4,))
+                    + grid(TABLE_AHEAD=(True,), TILE_N=(128,), num_stages=(2,), num_warps=(4, 8)))  # fmt: skip
+        return []
     if MODE == "w16":  # 16 warps (4 warpgroups) on one tile, fewer iterations (ptxas: 32-key tiles at 126
         # registers without spilling, 64-key tiles spill 80-88 bytes at 128), not yet run
         if name.startswith("short16k"):
@@ -181,7 +187,7 @@ def kernel_times(fn, calls: int = 20) -> dict:
 
 # READ_SWEEP: 1 (the default) each case's sweep below, 0 each case's defaults only, or one of the named sweeps
 MODE = os.environ.get("READ_SWEEP", "1")
-SWEEP = MODE in ("1", "warps", "regs", "tile16", "w16", "ahead", "ahead2")
+SWEEP = MODE in ("1", "warps", "regs", "tile16", "w16", "ahead", "ahead2", "ahead3")
 COLD_COPIES = 6  # `_cold` cases: each call reads the next of this many copies, so K and V come from DRAM, not L2
 
 
