@@ -4,7 +4,7 @@
 # bench/data (the RAG datasets, built here with `python bench/rag.py --build-only --samples 64`) carried.
 #
 #   GIT_SHA=$(git rev-parse --short HEAD) bash bench/gpu_issue10.sh [part]   part: all (default), a, b, ops, ttft, host, hostdiag, offload, tests, splits, grid, rag, ragphase,
-#   rag0, read, readprof (with ncu), engineread, tileslast, final2, rag09, check17, diag18, check18, final18, warps18, bs32, rag32, tests, regs19, diag19, final19, tile16, w16, ahead, ahead2, final20, rag20, engine, pending, final, ttft1, probe or hybrid, or several joined by commas
+#   rag0, read, readprof (with ncu), engineread, tileslast, final2, rag09, check17, diag18, check18, final18, warps18, bs32, rag32, tests, regs19, diag19, final19, tile16, w16, ahead, ahead2, final20, rag20, ahead4, engine, pending, final, ttft1, probe or hybrid, or several joined by commas
 set -u
 cd "$(dirname "$0")/.."
 export TRITON_INTERPRET=0 PYTHONUNBUFFERED=1 GIT_SHA=${GIT_SHA:-unknown}
@@ -249,6 +249,10 @@ if want rag20; then  # the RAG table's span policies (reuse 0 and 0.5, block siz
     step read_ahead3 100 env READ_SWEEP=ahead3 python3 bench/gpu_read_profile.py --out "$OUT" \
         --cases b64x576w8k,b1x576w8k
     step host_ttft_b16 50 python3 bench/host_ttft.py --device cuda --llama3-8b-shape --runs 20
+fi
+if want ahead4; then  # decode's TABLE_AHEAD candidates at every decode case, long and short contexts
+    step read_ahead4 150 env READ_SWEEP=ahead4 python3 bench/gpu_read_profile.py --out "$OUT" \
+        --cases b1x8k,b64x8k,b1x576w8k,b64x576w8k
 fi
 if want w16; then  # next (not yet run): 16 warps on one tile of the short read (gpu_read_profile READ_SWEEP=w16)
     step read_w16 150 env READ_SWEEP=w16 python3 bench/gpu_read_profile.py --out "$OUT" --cases short16k,short16k_cold

@@ -140,6 +140,11 @@ def sweep_for(name: str) -> list[dict]:
             return (grid(TABLE_AHEAD=(True,), TILE_N=(32, 64), num_stages=(2, 3, 4), num_warps=(4,))
                     + grid(TABLE_AHEAD=(True,), TILE_N=(128,), num_stages=(2,), num_warps=(4, 8)))  # fmt: skip
         return []
+    if MODE == "ahead4":  # decode's candidates from part rag20 at every decode case (the engine's graph tables are
+        # 8k wide, so one config serves short and long contexts): 32-key tiles at 2 or 3 stages, the block ids ahead
+        if name.startswith(("b1x", "b64x")):
+            return grid(TABLE_AHEAD=(True,), TILE_N=(32,), num_stages=(2, 3), num_warps=(4,))
+        return []
     if MODE == "w16":  # 16 warps (4 warpgroups) on one tile, fewer iterations (ptxas: 32-key tiles at 126
         # registers without spilling, 64-key tiles spill 80-88 bytes at 128), not yet run
         if name.startswith("short16k"):
@@ -187,7 +192,7 @@ def kernel_times(fn, calls: int = 20) -> dict:
 
 # READ_SWEEP: 1 (the default) each case's sweep below, 0 each case's defaults only, or one of the named sweeps
 MODE = os.environ.get("READ_SWEEP", "1")
-SWEEP = MODE in ("1", "warps", "regs", "tile16", "w16", "ahead", "ahead2", "ahead3")
+SWEEP = MODE in ("1", "warps", "regs", "tile16", "w16", "ahead", "ahead2", "ahead3", "ahead4")
 COLD_COPIES = 6  # `_cold` cases: each call reads the next of this many copies, so K and V come from DRAM, not L2
 
 
