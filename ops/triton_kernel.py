@@ -48,9 +48,7 @@ MAX_SPLITS = 32  # split-KV programs per query tile that pick_config chooses at 
 MAX_CONFIG_SPLITS = 128  # ... and that a given config may ask for (sweeps); the reduce kernel widens to fit
 MAX_GRID_Z = 65535  # CUDA's limit on a grid's y and z (a TILES_LAST launch with more tiles takes them first)
 # NOTE: under CUDA graphs the engine's block tables are max_model_len wide, so max_context is that, not the context
-# in use: an engine built with max_model_len >= 8192 takes 128-key tiles also for short contexts (64 x 576: 0.071 ms
-# against 0.056 ms with 32-key tiles, bench/results/gpu_ops_ecd1644_h200* and gpu_ops_cd5f0ee_h200_run1*).
-LONG_DECODE_CONTEXT = 8192  # table width (keys) from which decode with a 16-bit cos/sin table takes 128-key tiles
+# in use: a config picked from it must serve short contexts too (bench/results/gpu_ops_ecd1644_h200*).
 LONG_PREFILL_ROWS = 32768  # query rows (tokens x GROUP) per sequence from which the dense kernel takes 128x128 tiles
 # Query rows per sequence up to which a prefill-like batch is read as a decode is: keys rotated in the kernel (each
 # sequence has one or two query tiles, so each key is rotated about once anyway) and split-KV to fill the GPU.
@@ -721,10 +719,15 @@ def pick_config(
         else:
             block_m //= 2
     # -- measured exceptions (their tiles fit: they ran), set after the generic shrinking above --
-    long_decode = rows_per_seq <= 16 and is_rotary and head_dim == 128 and elem_size == 2
-    if long_decode and table_elem_size <= 2 and max_context >= LONG_DECODE_CONTEXT:
-        tile_n = 128  # H200, 64 x 8k, bf16 table: 0.60 ms against 0.70 ms with 32-key tiles
-    table_ahead = short_read = short and head_dim == 128
+    bf16_decode = rows_per_seq <= 16 and is_rotary and head_dim == 128 and elem_size == 2 and table_elem_size <= 2
+    short_read = short and head_dim == 128
+    table_ahead = bf16_decode or short_read
+    if bf16_decode:
+        # NOTE: measured on the H200 (read_profile_316494b_h200_ahead4), the block ids read a tile ahead with 32-key
+        # tiles, 2 stages when split, else 3 (below), against 128-key tiles without: 1 x 576 keys 8.8 us / 11.9,
+        # 64 x 576 0.0476 / 0.0573 ms (in 8k-wide tables, as the engine's graphs have them), 1 x 8k 19.2 / 19.3 us,
+        # 64 x 8k 0.546 / 0.535 ms. The engine's graph tables are max_model_len wide: one config serves every context.
+        tile_n = 32
     if short_read:
         # NOTE: measured on the H200 (gpu_short_prefill_f557ac8_h200_sweep.json), 17 new tokens over 16k / 32k:
         # 0.0425 / 0.0714 ms, against 0.0527 / 0.0884 for 32-key tiles, 8 warps capped at 128 registers, 2 programs
@@ -751,6 +754,8 @@ def pick_config(
         want = per_sm * _num_sms(device.index or 0) // (seqs * num_kv_heads)
         want = min(want, max_context // MIN_KEYS_PER_SPLIT, MAX_SPLITS)
         num_splits = 1 << (max(want, 1).bit_length() - 1)  # largest power of two <= want
+    if bf16_decode:
+        num_stages = 2 if num_splits > 1 else 3
     return dict(
         BLOCK_M=block_m,
         TILE_N=tile_n,
@@ -789,7 +794,7 @@ def compile_key(cfg: dict) -> tuple:
 # 16 and SHORT_PREFILL_ROWS rows, and LONG_PREFILL_ROWS) and table widths in keys (the context `pick_config` reads).
 VARIANT_SEQS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 VARIANT_TOKENS_PER_SEQ = (1, 2, 4, 5, 8, 16, 17, 32, 33, 64, 129, 1024, 8192)
-VARIANT_TABLE_KEYS = (256, 512, 4096, LONG_DECODE_CONTEXT)
+VARIANT_TABLE_KEYS = (256, 512, 4096, 8192)
 
 
 def variant_shapes(

@@ -413,6 +413,12 @@ def test_pick_config_reads_a_short_prefill_over_a_long_context_like_a_decode(mon
     decode_8k = tk.pick_config(1, 1, 8, 4, 128, 8192, True, cuda, table_elem_size=2)
     assert decode_8k["NUM_SPLITS"] == 32  # measured: 32 splits of 256 keys beat 16 of 512 at 1 x 8k
     assert decode_8k["MAX_REGS"] is None, "decode keeps ptxas' register choice (capped at 128 it spills)"
+    # measured: 32-key tiles with the block ids read ahead, 2 stages when split and 3 when not (bf16 table)
+    assert (decode_8k["TILE_N"], decode_8k["num_stages"], decode_8k["TABLE_AHEAD"]) == (32, 2, True)
+    batch = tk.pick_config(64, 64, 8, 4, 128, 8192, True, cuda, table_elem_size=2)
+    assert (batch["NUM_SPLITS"], batch["TILE_N"], batch["num_stages"], batch["TABLE_AHEAD"]) == (1, 32, 3, True)
+    fp32_table = tk.pick_config(64, 64, 8, 4, 128, 8192, True, cuda, table_elem_size=4)  # not measured: as before
+    assert (fp32_table["TILE_N"], fp32_table["num_stages"], fp32_table["TABLE_AHEAD"]) == (32, 3, False)
 
 
 def test_triton_merge_never_reads_the_output_of_a_split_with_no_keys(monkeypatch):
