@@ -258,10 +258,10 @@ if want next21; then  # next (not yet run): the GPU tests with decode's TABLE_AH
     # checked its configs against the torch path, the engine's GPU tests have not run them), then the engine's decode
     # b1 / b64 against the HBM roofline and HF (its batch-64 attention took 57 us a layer over 576 keys; the op bench
     # now 47.6), then the cached 8 x 2048 TTFT at block sizes 16 and 32
-    step gpu_tests 200 python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider -p no:logging --tb=short
-    step gpu_engine 250 python3 bench/gpu_engine.py --out "$OUT/gpu_engine_${GIT_SHA}_h200.json"
+    step gpu_tests 150 python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider -p no:logging --tb=short
+    step gpu_engine 320 python3 bench/gpu_engine.py --out "$OUT/gpu_engine_${GIT_SHA}_h200.json"
     for b in 16 32; do
-        step "ttft_b$b" 60 python3 bench/ttft_spans.py --device cuda --llama3-8b-shape --doc-tokens 2048 --ks 8 \
+        step "ttft_b$b" 55 python3 bench/ttft_spans.py --device cuda --llama3-8b-shape --doc-tokens 2048 --ks 8 \
             --repeats 3 --block-size $b
     done
 fi
