@@ -696,7 +696,45 @@ def pick_config(
     is_cuda = device.type == "cuda"
     short = 16 < rows_per_seq <= SHORT_PREFILL_ROWS and is_cuda
     dense = rows_per_seq > SHORT_PREFILL_ROWS and elem_size == 2 and is_cuda and _has_tma(device.index or 0)
-    warp_specialize = False
+    block_m, tile_n, num_warps, num_stages = _generic_tiles(rows_per_seq, head_dim, is_rotary, short, elem_size)
+    # -- measured exceptions (their tiles fit: they ran), set after the generic shrinking --
+    short_read = short and head_dim == 128
+    if short_read:
+        # NOTE: measured on the H200 (gpu_short_prefill_f557ac8_h200_sweep.json), 17 new tokens over 16k / 32k:
+        # 0.0425 / 0.0714 ms, against 0.0527 / 0.0884 for 32-key tiles, 8 warps capped at 128 registers, 2 programs
+        # an SM and the block ids read in the tile's own iteration (then Triton's pipelining waits for every copy
+        # at each iteration's top: no memory overlaps the math; bench/ptxas_stats.py). Faster at every short case.
+        tile_n, num_warps, num_stages = 64, 8, 3
+    warp_specialize = dense and head_dim == 128 and rows_per_seq >= LONG_PREFILL_ROWS
+    if dense and head_dim == 128:  # measured on the H200: bench/results/gpu_ops_cd5f0ee_h200*
+        block_m, tile_n, num_warps, num_stages = (128, 128, 8, 3) if warp_specialize else (64, 64, 4, 3)
+    block_m = max(block_m, _next_pow2(group))
+    num_splits = 1
+    if is_cuda and (rows_per_seq <= 16 or short):
+        num_splits = _num_splits(num_seqs, num_kv_heads, max_context, short_read, device.index or 0)
+    bf16_decode = rows_per_seq <= 16 and is_rotary and head_dim == 128 and elem_size == 2 and table_elem_size <= 2
+    if bf16_decode:
+        # NOTE: measured on the H200 (read_profile_316494b_h200_ahead4), the block ids read a tile ahead with 32-key
+        # tiles, 2 stages when split, else 3, against 128-key tiles without: 1 x 576 keys 8.8 us / 11.9, 64 x 576
+        # 0.0476 / 0.0573 ms (in 8k-wide tables, as the engine's graphs have them), 1 x 8k 19.2 / 19.3 us, 64 x 8k
+        # 0.546 / 0.535 ms. The engine's graph tables are max_model_len wide: one config serves every context.
+        num_stages = 2 if num_splits > 1 else 3
+    return dict(
+        BLOCK_M=block_m,
+        TILE_N=tile_n,
+        num_warps=num_warps,
+        num_stages=num_stages,
+        NUM_SPLITS=num_splits,
+        PRE_ROTATE=is_rotary and rows_per_seq > 16 and not short,
+        DENSE=dense,
+        WARP_SPECIALIZE=warp_specialize,
+        MAX_REGS=None,
+        TABLE_AHEAD=bf16_decode or short_read,
+    )
+
+
+def _generic_tiles(rows_per_seq: int, head_dim: int, is_rotary: bool, short: bool, elem_size: int) -> tuple:
+    """(BLOCK_M, TILE_N, num_warps, num_stages) by the batch's shape, shrunk until they fit in shared memory."""
     if rows_per_seq <= 16:  # decode: memory bound
         block_m, tile_n, num_warps, num_stages = 16, 128, 4, 2
         if is_rotary and head_dim >= 128:  # in-kernel rotation (bench/results/gpu_ops_*_short_decode*, *_ecd1644_*)
@@ -719,56 +757,24 @@ def pick_config(
             num_stages -= 1
         else:
             block_m //= 2
-    # -- measured exceptions (their tiles fit: they ran), set after the generic shrinking above --
-    bf16_decode = rows_per_seq <= 16 and is_rotary and head_dim == 128 and elem_size == 2 and table_elem_size <= 2
-    short_read = short and head_dim == 128
-    table_ahead = bf16_decode or short_read
-    if bf16_decode:
-        # NOTE: measured on the H200 (read_profile_316494b_h200_ahead4), the block ids read a tile ahead with 32-key
-        # tiles, 2 stages when split, else 3 (below), against 128-key tiles without: 1 x 576 keys 8.8 us / 11.9,
-        # 64 x 576 0.0476 / 0.0573 ms (in 8k-wide tables, as the engine's graphs have them), 1 x 8k 19.2 / 19.3 us,
-        # 64 x 8k 0.546 / 0.535 ms. The engine's graph tables are max_model_len wide: one config serves every context.
-        tile_n = 32
+    return block_m, tile_n, num_warps, num_stages
+
+
+def _num_splits(num_seqs: int, num_kv_heads: int, max_context: int, short_read: bool, device_index: int) -> int:
+    """Split-KV programs per query tile (flash-decoding): a few programs per SM, each split keeping at least
+    MIN_KEYS_PER_SPLIT keys, a power of two.
+
+    NOTE: one working query tile per sequence (a short prefill's tokens fit in one), whatever the grid holds:
+    counting its empty tiles halved the splits of a CUDA graph's padded (2, 32) bucket. A graph's prefill bucket
+    also holds a padding sequence (one key): one prompt runs as (2, 32), and counting it halved the short read's
+    splits (H200, 17 tokens over 16k: 8 splits 0.0715 ms against 16 splits' 0.0425), so the short read leaves one
+    sequence out; two real sequences in a bucket without padding then take 16 splits (~1.1x slower)."""
+    per_sm, seqs = DECODE_PROGRAMS_PER_SM, num_seqs
     if short_read:
-        # NOTE: measured on the H200 (gpu_short_prefill_f557ac8_h200_sweep.json), 17 new tokens over 16k / 32k:
-        # 0.0425 / 0.0714 ms, against 0.0527 / 0.0884 for 32-key tiles, 8 warps capped at 128 registers, 2 programs
-        # an SM and the block ids read in the tile's own iteration (then Triton's pipelining waits for every copy
-        # at each iteration's top: no memory overlaps the math; bench/ptxas_stats.py). Faster at every short case.
-        tile_n, num_warps, num_stages = 64, 8, 3
-    if dense and head_dim == 128:  # measured on the H200: bench/results/gpu_ops_cd5f0ee_h200*
-        block_m, tile_n, num_warps, num_stages = (
-            (128, 128, 8, 3) if rows_per_seq >= LONG_PREFILL_ROWS else (64, 64, 4, 3)
-        )
-        warp_specialize = rows_per_seq >= LONG_PREFILL_ROWS
-    block_m = max(block_m, _next_pow2(group))
-    num_splits = 1
-    if is_cuda and (rows_per_seq <= 16 or short):
-        # flash-decoding: aim at a few programs per SM, each split keeping >= MIN_KEYS_PER_SPLIT keys.
-        # NOTE: one working query tile per sequence (a short prefill's tokens fit in one), whatever the grid
-        # holds: counting its empty tiles halved the splits of a CUDA graph's padded (2, 32) bucket.
-        per_sm, seqs = DECODE_PROGRAMS_PER_SM, num_seqs
-        if short_read:
-            # NOTE: a CUDA graph's prefill bucket holds a padding sequence (one key): one prompt runs as (2, 32),
-            # and counting the padding halved its splits (H200, 17 tokens over 16k: 8 splits 0.0715 ms against
-            # 16 splits' 0.0425). Two real sequences in a bucket without padding then take 16 splits (~1.1x slower).
-            per_sm, seqs = SHORT_READ_PROGRAMS_PER_SM, max(num_seqs - 1, 1)
-        want = per_sm * _num_sms(device.index or 0) // (seqs * num_kv_heads)
-        want = min(want, max_context // MIN_KEYS_PER_SPLIT, MAX_SPLITS)
-        num_splits = 1 << (max(want, 1).bit_length() - 1)  # largest power of two <= want
-    if bf16_decode:
-        num_stages = 2 if num_splits > 1 else 3
-    return dict(
-        BLOCK_M=block_m,
-        TILE_N=tile_n,
-        num_warps=num_warps,
-        num_stages=num_stages,
-        NUM_SPLITS=num_splits,
-        PRE_ROTATE=is_rotary and rows_per_seq > 16 and not short,
-        DENSE=dense,
-        WARP_SPECIALIZE=warp_specialize,
-        MAX_REGS=None,
-        TABLE_AHEAD=table_ahead,
-    )
+        per_sm, seqs = SHORT_READ_PROGRAMS_PER_SM, max(num_seqs - 1, 1)
+    want = per_sm * _num_sms(device_index) // (seqs * num_kv_heads)
+    want = min(want, max_context // MIN_KEYS_PER_SPLIT, MAX_SPLITS)
+    return 1 << (max(want, 1).bit_length() - 1)  # largest power of two <= want
 
 
 def config_for_args(
