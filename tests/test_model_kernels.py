@@ -33,6 +33,34 @@ def test_add_rms_norm_is_the_residual_add_then_norm():
     torch.testing.assert_close(silu_and_mul(torch.cat([gate, up], -1)), gate * torch.sigmoid(gate) * up)
 
 
+def test_write_kv_puts_each_key_and_value_in_its_slot_of_one_layer_only():
+    """One copy writes a step's keys and values (a view of the qkv projection's output, as the Llama layer passes
+    it) into the layer's K and V caches at slot_mapping; other slots and other layers stay as they were."""
+    from types import SimpleNamespace
+
+    from minipic_lite.models.llama import write_kv
+
+    torch.manual_seed(0)
+    layers, blocks, B, kvh, d, T = 3, 5, 4, 2, 8, 6
+    kv_cache = torch.randn(2, layers, blocks, B, kvh, d)
+    before = kv_cache.clone()
+    qkv = torch.randn(T, 16 + 2 * kvh * d)
+    kv = qkv[:, 16:].view(T, 2, kvh, d)  # (T, 2, KVH, D): a strided view, keys then values
+    slots = torch.tensor([19, 0, 7, 8, 13, 2])  # block * B + offset, in any order
+    write_kv(kv, SimpleNamespace(slot_mapping=slots), kv_cache[:, 1])
+    for t, slot in enumerate(slots.tolist()):
+        block, offset = divmod(slot, B)
+        assert torch.equal(kv_cache[0, 1, block, offset], kv[t, 0]) and torch.equal(
+            kv_cache[1, 1, block, offset], kv[t, 1]
+        )
+    untouched = torch.ones(blocks * B, dtype=torch.bool)
+    untouched[slots] = False
+    assert torch.equal(
+        kv_cache[:, 1].reshape(2, -1, kvh, d)[:, untouched], before[:, 1].reshape(2, -1, kvh, d)[:, untouched]
+    )
+    assert torch.equal(kv_cache[:, [0, 2]], before[:, [0, 2]])
+
+
 @pytest.mark.parametrize("position_free", [True, False])
 def test_the_runner_warms_up_the_attention_variants_of_its_own_model(tmp_path, monkeypatch, position_free):
     """The engine's start-up call (CUDA only; called here directly on a CPU runner, the kernels in the interpreter):

@@ -91,11 +91,11 @@ class RMSNorm(nn.Module):
         return self.fn(x, self.weight, self.eps)
 
 
-def write_kv(k: torch.Tensor, v: torch.Tensor, meta: StepMetadata, k_cache, v_cache) -> None:
-    """This step's keys and values into their slots; before attention reads the cache (DESIGN §2)."""
-    num_kv_heads, head_dim = k.shape[1], k.shape[2]
-    k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, k)
-    v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, v.reshape(k.shape))
+def write_kv(kv: torch.Tensor, meta: StepMetadata, kv_layer: torch.Tensor) -> None:
+    """This step's keys and values, kv [T, 2, KVH, D], into their slots of one layer's caches kv_layer
+    [2, blocks, B, KVH, D], in one copy; before attention reads the cache (DESIGN §2)."""
+    slots = kv_layer.view(2, -1, *kv.shape[2:])  # (2, blocks * B, KVH, D)
+    slots.index_copy_(1, meta.slot_mapping, kv.transpose(0, 1))
 
 
 def paged_attention(q, meta: StepMetadata, k_cache, v_cache, cos_sin, scale: float) -> torch.Tensor:
@@ -118,24 +118,29 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.position_free = position_free
+        # NOTE: position-free keys with no norm are stored as the projection made them, beside the values in its
+        # output: one copy writes both
+        self.keys_as_projected = position_free and not cfg.qk_norm
         self.scale = self.head_dim**-0.5
 
-    def forward(self, x, meta: StepMetadata, k_cache, v_cache, cos_sin) -> torch.Tensor:
+    def forward(self, x, meta: StepMetadata, kv_layer: torch.Tensor, cos_sin) -> torch.Tensor:
+        """kv_layer: this layer's K and V caches, [2, blocks, B, KVH, D]."""
         num_tokens = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q, kv = self.qkv_proj(x).split([self.q_size, 2 * self.kv_size], dim=-1)
         q = q.view(num_tokens, self.num_heads, self.head_dim)  # (T, H, D)
-        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)  # (T, KVH, D)
-        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)  # (T, KVH, D)
+        kv = kv.view(num_tokens, 2, self.num_kv_heads, self.head_dim)  # (T, 2, KVH, D): keys, then values
+        k, v = kv.unbind(1)  # (T, KVH, D) each
         if self.q_norm is not None:
             q = self.kernels.rms_norm(q, self.q_norm.weight, self.q_norm.eps)
             k = self.kernels.rms_norm(k, self.k_norm.weight, self.k_norm.eps)
         q = self.kernels.apply_rope(q, meta.positions, cos_sin)
         if not self.position_free:
             k = self.kernels.apply_rope(k, meta.positions, cos_sin)  # the vanilla baseline: keys stored rotated
-        write_kv(k, v, meta, k_cache, v_cache)
+        write_kv(kv if self.keys_as_projected else torch.stack((k, v), dim=1), meta, kv_layer)
         if meta.decode_mirror is not None:
             out = meta.decode_mirror.attend(self.layer_idx, q, k, v, self.scale)  # (T, H, D)
         else:
+            k_cache, v_cache = kv_layer.unbind(0)
             out = paged_attention(q, meta, k_cache, v_cache, cos_sin if self.position_free else None, self.scale)
         return self.o_proj(out.reshape(num_tokens, self.q_size))
 
@@ -160,10 +165,10 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg, kernels)
 
-    def forward(self, x, normed, meta, k_cache, v_cache, cos_sin):
+    def forward(self, x, normed, meta, kv_layer, cos_sin):
         """x: the residual stream; normed: input_layernorm(x). Returns (x + attn + mlp, the pre-MLP stream)."""
         norm = self.post_attention_layernorm
-        attn = self.self_attn(normed, meta, k_cache, v_cache, cos_sin)
+        attn = self.self_attn(normed, meta, kv_layer, cos_sin)
         x, h = self.kernels.add_rms_norm(x, attn, norm.weight, norm.eps)
         return x, self.mlp(h)
 
@@ -212,7 +217,7 @@ class LlamaForCausalLM(CausalLM):
         first = self.layers[0].input_layernorm
         normed = self.kernels.rms_norm(x, first.weight, first.eps)
         for i, layer in enumerate(self.layers):
-            x, mlp_out = layer(x, normed, meta, kv_cache[0, i], kv_cache[1, i], self.cos_sin)
+            x, mlp_out = layer(x, normed, meta, kv_cache[:, i], self.cos_sin)
             norm = self.layers[i + 1].input_layernorm if i + 1 < len(self.layers) else self.norm
             x, normed = self.kernels.add_rms_norm(x, mlp_out, norm.weight, norm.eps)
         return normed
