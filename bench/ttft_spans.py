@@ -99,6 +99,9 @@ def measure(llm: mp.LLM, setup, prompt, repeats: int) -> dict:
     return {"ttft_s": min(times), "ttft_all_s": times, "num_cached_tokens": cached, "num_tokens": len(prompt)}
 
 
+TOP_KERNELS = 32  # kernels kept in a result, by device time: every small one a step runs, for reading what to fuse
+
+
 def device_time(llm: mp.LLM, setup, prompt, fresh: bool = True) -> dict:
     """One more cached run under the profiler: the GPU's busy time (kernels and copies summed) beside the TTFT,
     so `ttft / device` says how much of the TTFT is host time. The top kernels go in the result. `fresh=False`:
@@ -119,7 +122,7 @@ def device_time(llm: mp.LLM, setup, prompt, fresh: bool = True) -> dict:
     # so it also holds the gaps between a replayed graph's ~550 kernels, which the device spends on the step too
     ranges = [e.time_range for e in prof.events() if e.device_type == DeviceType.CUDA]
     span_us = max(r.end for r in ranges) - min(r.start for r in ranges) if ranges else float("nan")
-    top = sorted(events, key=lambda e: -e.self_device_time_total)[:8]
+    top = sorted(events, key=lambda e: -e.self_device_time_total)[:TOP_KERNELS]
     host = sorted(averages, key=lambda e: -e.self_cpu_time_total)[:12]  # where the rest goes (syncs, copies)
     return {
         "device_s": busy_us / 1e6,
