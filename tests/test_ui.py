@@ -116,7 +116,8 @@ def doc_hashes(blocks, label: str) -> list[str]:
 
 def test_reordered_documents_hit_with_the_same_hashes(handlers):
     docs = compose.join_documents(unique_documents())
-    first = list(handlers.generate("block_attention", texts.DEFAULT_SYSTEM, docs, "What is common?", 6, "s-grid"))
+    system = f"{texts.DEFAULT_SYSTEM} ({uuid.uuid4().hex[:8]})"  # NOTE: uncached whichever test ran before
+    first = list(handlers.generate("block_attention", system, docs, "What is common?", 6, "s-grid"))
     answer, summary, grid, status = first[-1]
     assert answer and "length" in status and "0 cached" in summary
     assert len({a for a, *_ in first}) > 2, "the answer streams in, token by token"
@@ -124,9 +125,7 @@ def test_reordered_documents_hit_with_the_same_hashes(handlers):
     assert before and all(status == "computed" for _, status, _, _ in before)
 
     moved = compose.rotate_documents(docs)  # doc i of the new prompt was doc i - 1
-    *_, (_, summary, grid, status) = handlers.generate(
-        "block_attention", texts.DEFAULT_SYSTEM, moved, "What is common?", 6, "s-grid"
-    )
+    *_, (_, summary, grid, status) = handlers.generate("block_attention", system, moved, "What is common?", 6, "s-grid")
     after = grid_blocks(grid)
     for i in range(3):
         assert doc_hashes(after, f"doc {i}") == doc_hashes(before, f"doc {(i - 1) % 3}")  # same blocks, new offsets
