@@ -63,9 +63,8 @@ def with_splits(config: dict, num_seqs: int, context: int, device) -> dict:
     that many programs per SM in place of its 4."""
     per_sm = config.pop("PROGRAMS_PER_SM", None)
     if per_sm is not None:
-        want = per_sm * triton_kernel._num_sms(device.index or 0) // (num_seqs * HEADS["num_kv_heads"])
-        want = min(want, context // triton_kernel.MIN_KEYS_PER_SPLIT, triton_kernel.MAX_SPLITS)
-        config["NUM_SPLITS"] = 1 << (max(want, 1).bit_length() - 1)
+        num_programs = per_sm * triton_kernel._num_sms(device.index or 0)
+        config["NUM_SPLITS"] = triton_kernel.splits_to_fill(num_programs, num_seqs * HEADS["num_kv_heads"], context)
     return config
 
 

@@ -772,9 +772,14 @@ def _num_splits(num_seqs: int, num_kv_heads: int, max_context: int, short_read: 
     per_sm, seqs = DECODE_PROGRAMS_PER_SM, num_seqs
     if short_read:
         per_sm, seqs = SHORT_READ_PROGRAMS_PER_SM, max(num_seqs - 1, 1)
-    want = per_sm * _num_sms(device_index) // (seqs * num_kv_heads)
-    want = min(want, max_context // MIN_KEYS_PER_SPLIT, MAX_SPLITS)
-    return 1 << (max(want, 1).bit_length() - 1)  # largest power of two <= want
+    return splits_to_fill(per_sm * _num_sms(device_index), seqs * num_kv_heads, max_context)
+
+
+def splits_to_fill(num_programs: int, num_query_tiles: int, max_context: int) -> int:
+    """The largest power of two of splits per query tile (and kv head) with num_query_tiles x splits <=
+    num_programs, each split keeping >= MIN_KEYS_PER_SPLIT keys, at most MAX_SPLITS; 1 at least."""
+    want = min(num_programs // num_query_tiles, max_context // MIN_KEYS_PER_SPLIT, MAX_SPLITS)
+    return 1 << (max(want, 1).bit_length() - 1)
 
 
 def config_for_args(
