@@ -4,7 +4,7 @@
 # bench/data (the RAG datasets, built here with `python bench/rag.py --build-only --samples 64`) carried.
 #
 #   GIT_SHA=$(git rev-parse --short HEAD) bash bench/gpu_issue10.sh [part]   part: all (default), a, b, ops, ttft, host, hostdiag, offload, tests, splits, grid, rag, ragphase,
-#   rag0, read, readprof (with ncu), engineread, tileslast, final2, rag09, check17, diag18, check18, final18, warps18, bs32, rag32, tests, regs19, diag19, final19, tile16, w16, ahead, ahead2, final20, rag20, ahead4, next21, engine, pending, final, ttft1, probe or hybrid, or several joined by commas
+#   rag0, read, readprof (with ncu), engineread, tileslast, final2, rag09, check17, diag18, check18, final18, warps18, bs32, rag32, tests, regs19, diag19, final19, tile16, w16, ahead, ahead2, final20, rag20, ahead4, next21, engine21, engine, pending, final, ttft1, probe or hybrid, or several joined by commas
 set -u
 cd "$(dirname "$0")/.."
 export TRITON_INTERPRET=0 PYTHONUNBUFFERED=1 GIT_SHA=${GIT_SHA:-unknown}
@@ -254,16 +254,19 @@ if want ahead4; then  # decode's TABLE_AHEAD candidates at every decode case, lo
     step read_ahead4 150 env READ_SWEEP=ahead4 python3 bench/gpu_read_profile.py --out "$OUT" \
         --cases b1x8k,b64x8k,b1x576w8k,b64x576w8k
 fi
-if want next21; then  # next (not yet run): the GPU tests with decode's TABLE_AHEAD default (cc8892d; the op's sweeps
-    # checked its configs against the torch path, the engine's GPU tests have not run them), then the engine's decode
-    # b1 / b64 against the HBM roofline and HF (its batch-64 attention took 57 us a layer over 576 keys; the op bench
-    # now 47.6), then the cached 8 x 2048 TTFT at block sizes 16 and 32
-    step gpu_tests 150 python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider -p no:logging --tb=short
-    step gpu_engine 320 python3 bench/gpu_engine.py --out "$OUT/gpu_engine_${GIT_SHA}_h200.json"
+if want next21; then  # the GPU tests with decode's TABLE_AHEAD default (cc8892d) and K/V written in one copy
+    # (51f2f83), neither run on a GPU before, on a machine with no Triton cache (fla autotunes: 300 s); then the
+    # cached 8 x 2048 TTFT at block sizes 16 and 32 and the host sections of a next question at 32
+    step gpu_tests 300 python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider -p no:logging --tb=short
     for b in 16 32; do
-        step "ttft_b$b" 55 python3 bench/ttft_spans.py --device cuda --llama3-8b-shape --doc-tokens 2048 --ks 8 \
+        step "ttft_b$b" 70 python3 bench/ttft_spans.py --device cuda --llama3-8b-shape --doc-tokens 2048 --ks 8 \
             --repeats 3 --block-size $b
     done
+    step host_ttft_b32 60 python3 bench/host_ttft.py --device cuda --llama3-8b-shape --runs 20 --block-size 32
+fi
+if want engine21; then  # the engine's decode b1 / b64 against the HBM roofline and HF (its batch-64 attention took
+    # 57 us a layer over 576 keys before decode's TABLE_AHEAD; the op bench now 47.6), and prefill against HF
+    step gpu_engine 400 python3 bench/gpu_engine.py --out "$OUT/gpu_engine_${GIT_SHA}_h200.json"
 fi
 if want w16; then  # next (not yet run): 16 warps on one tile of the short read (gpu_read_profile READ_SWEEP=w16)
     step read_w16 150 env READ_SWEEP=w16 python3 bench/gpu_read_profile.py --out "$OUT" --cases short16k,short16k_cold
