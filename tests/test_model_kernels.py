@@ -34,11 +34,11 @@ def test_add_rms_norm_is_the_residual_add_then_norm():
 
 
 def test_write_kv_puts_each_key_and_value_in_its_slot_of_one_layer_only():
-    """One copy writes a step's keys and values (a view of the qkv projection's output, as the Llama layer passes
+    """One kernel writes a step's keys and values (a view of the qkv projection's output, as the Llama layer passes
     it) into the layer's K and V caches at slot_mapping; other slots and other layers stay as they were."""
     from types import SimpleNamespace
 
-    from minipic_lite.models.llama import write_kv
+    from minipic_lite.models.llama import KV_HALVES, write_kv
 
     torch.manual_seed(0)
     layers, blocks, B, kvh, d, T = 3, 5, 4, 2, 8, 6
@@ -47,7 +47,7 @@ def test_write_kv_puts_each_key_and_value_in_its_slot_of_one_layer_only():
     qkv = torch.randn(T, 16 + 2 * kvh * d)
     kv = qkv[:, 16:].view(T, 2, kvh, d)  # (T, 2, KVH, D): a strided view, keys then values
     slots = torch.tensor([19, 0, 7, 8, 13, 2])  # block * B + offset, in any order
-    write_kv(kv, SimpleNamespace(slot_mapping=slots), kv_cache[:, 1])
+    write_kv(kv, SimpleNamespace(slot_mapping=slots), kv_cache[:, 1], torch.tensor(KV_HALVES))
     for t, slot in enumerate(slots.tolist()):
         block, offset = divmod(slot, B)
         assert torch.equal(kv_cache[0, 1, block, offset], kv[t, 0]) and torch.equal(

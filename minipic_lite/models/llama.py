@@ -91,11 +91,17 @@ class RMSNorm(nn.Module):
         return self.fn(x, self.weight, self.eps)
 
 
-def write_kv(kv: torch.Tensor, meta: StepMetadata, kv_layer: torch.Tensor) -> None:
+KV_HALVES = ((0, 1),)  # the index of the K and the V cache, [1, 2]: `CausalLM.kv_halves`, on the device
+
+
+def write_kv(kv: torch.Tensor, meta: StepMetadata, kv_layer: torch.Tensor, kv_halves: torch.Tensor) -> None:
     """This step's keys and values, kv [T, 2, KVH, D], into their slots of one layer's caches kv_layer
-    [2, blocks, B, KVH, D], in one copy; before attention reads the cache (DESIGN §2)."""
+    [2, blocks, B, KVH, D], in one kernel; before attention reads the cache (DESIGN §2). kv_halves: KV_HALVES."""
     slots = kv_layer.view(2, -1, *kv.shape[2:])  # (2, blocks * B, KVH, D)
-    slots.index_copy_(1, meta.slot_mapping, kv.transpose(0, 1))
+    # NOTE: both dims indexed ([1, 2] x [T, 1] -> [T, 2]): the gap between the K and the V cache (the whole
+    # cache's half, GBs) is added to 64-bit indices. `index_copy_(1, ...)` strides over it instead, and past
+    # 2 GiB the CUDA kernel splits in two launches (as many as two copies took: 64 a forward of the 8B shape).
+    slots.index_put_((kv_halves, meta.slot_mapping[:, None]), kv)
 
 
 def paged_attention(q, meta: StepMetadata, k_cache, v_cache, cos_sin, scale: float) -> torch.Tensor:
@@ -123,8 +129,8 @@ class Attention(nn.Module):
         self.keys_as_projected = position_free and not cfg.qk_norm
         self.scale = self.head_dim**-0.5
 
-    def forward(self, x, meta: StepMetadata, kv_layer: torch.Tensor, cos_sin) -> torch.Tensor:
-        """kv_layer: this layer's K and V caches, [2, blocks, B, KVH, D]."""
+    def forward(self, x, meta: StepMetadata, kv_layer: torch.Tensor, cos_sin, kv_halves) -> torch.Tensor:
+        """kv_layer: this layer's K and V caches, [2, blocks, B, KVH, D]; kv_halves: `CausalLM.kv_halves`."""
         num_tokens = x.shape[0]
         q, kv = self.qkv_proj(x).split([self.q_size, 2 * self.kv_size], dim=-1)
         q = q.view(num_tokens, self.num_heads, self.head_dim)  # (T, H, D)
@@ -136,7 +142,7 @@ class Attention(nn.Module):
         q = self.kernels.apply_rope(q, meta.positions, cos_sin)
         if not self.position_free:
             k = self.kernels.apply_rope(k, meta.positions, cos_sin)  # the vanilla baseline: keys stored rotated
-        write_kv(kv if self.keys_as_projected else torch.stack((k, v), dim=1), meta, kv_layer)
+        write_kv(kv if self.keys_as_projected else torch.stack((k, v), dim=1), meta, kv_layer, kv_halves)
         if meta.decode_mirror is not None:
             out = meta.decode_mirror.attend(self.layer_idx, q, k, v, self.scale)  # (T, H, D)
         else:
@@ -165,10 +171,10 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg, kernels)
 
-    def forward(self, x, normed, meta, kv_layer, cos_sin):
+    def forward(self, x, normed, meta, kv_layer, cos_sin, kv_halves):
         """x: the residual stream; normed: input_layernorm(x). Returns (x + attn + mlp, the pre-MLP stream)."""
         norm = self.post_attention_layernorm
-        attn = self.self_attn(normed, meta, kv_layer, cos_sin)
+        attn = self.self_attn(normed, meta, kv_layer, cos_sin, kv_halves)
         x, h = self.kernels.add_rms_norm(x, attn, norm.weight, norm.eps)
         return x, self.mlp(h)
 
@@ -189,6 +195,14 @@ class CausalLM(nn.Module):
         self.lm_head = nn.Linear(self.cfg.hidden_size, self.cfg.vocab_size, bias=False)
         self.tie_weights()
         self.register_buffer("cos_sin", rope_table(self.cfg), persistent=False)
+        self.register_buffer("kv_halves", torch.tensor(KV_HALVES), persistent=False)
+
+    def init_buffers(self, device, dtype: torch.dtype) -> None:
+        """The buffers computed, not loaded (again after `to_empty`, which leaves them uninitialized)."""
+        # NOTE: cos_sin in float32, then cast to the model dtype as transformers casts cos/sin before applying them
+        # (in bf16 that halves the table bytes the decode kernel reads)
+        self.cos_sin = rope_table(self.cfg, device).to(dtype)
+        self.kv_halves = torch.tensor(KV_HALVES, device=device)
 
     def tie_weights(self) -> None:
         """Share the embedding with the LM head where the config says so (again after `to_empty`, which unties)."""
@@ -217,7 +231,7 @@ class LlamaForCausalLM(CausalLM):
         first = self.layers[0].input_layernorm
         normed = self.kernels.rms_norm(x, first.weight, first.eps)
         for i, layer in enumerate(self.layers):
-            x, mlp_out = layer(x, normed, meta, kv_cache[:, i], self.cos_sin)
+            x, mlp_out = layer(x, normed, meta, kv_cache[:, i], self.cos_sin, self.kv_halves)
             norm = self.layers[i + 1].input_layernorm if i + 1 < len(self.layers) else self.norm
             x, normed = self.kernels.add_rms_norm(x, mlp_out, norm.weight, norm.eps)
         return normed
