@@ -6,6 +6,7 @@ small shapes; the vectorized torch implementation runs a wider grid at larger sh
 
 from __future__ import annotations
 
+import itertools
 import zlib
 
 import pytest
@@ -382,6 +383,25 @@ def test_check_false_reads_no_values(valid_args, monkeypatch):
 def test_valid_args_pass(valid_args):
     out = rope_paged_attention(**valid_args, impl="ref")
     assert torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("elem_size", [2, 4], ids=["16-bit", "float32"])
+def test_every_cuda_config_fits_in_shared_memory(monkeypatch, elem_size):
+    """Q and the pipelined K/V tiles of every config pick_config makes on an H200 fit its budget, measured
+    exceptions included (the short read's 64-key tiles at 3 stages, measured in bf16, once took float32 engines
+    too: 295 KB, and the 8B-width engine failed at warm-up)."""
+    from ops import triton_kernel as tk
+
+    monkeypatch.setattr(tk, "_num_sms", lambda index: 132)
+    monkeypatch.setattr(tk, "_has_tma", lambda index: True)
+    cuda = torch.device("cuda", 0)
+    for head_dim, group, seqs, tokens_per_seq, context, rotary, table in itertools.product(
+        (64, 128, 256), (1, 4, 8), (1, 2, 64), (1, 5, 17, 32, 129, 2048), (576, 16384), (True, False), (2, 4)
+    ):
+        cfg = tk.pick_config(seqs * tokens_per_seq, seqs, 8, group, head_dim, context, rotary, cuda,
+                             elem_size=elem_size, table_elem_size=table)  # fmt: skip
+        tiles = cfg["BLOCK_M"] + 2 * cfg["num_stages"] * cfg["TILE_N"]
+        assert elem_size * head_dim * tiles <= tk.SHARED_MEMORY_BUDGET, (head_dim, group, seqs, tokens_per_seq, cfg)
 
 
 def test_pick_config_reads_a_short_prefill_over_a_long_context_like_a_decode(monkeypatch):
