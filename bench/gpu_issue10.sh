@@ -4,7 +4,7 @@
 # bench/data (the RAG datasets, built here with `python bench/rag.py --build-only --samples 64`) carried.
 #
 #   GIT_SHA=$(git rev-parse --short HEAD) bash bench/gpu_issue10.sh [part]   part: all (default), a, b, ops, ttft, host, hostdiag, offload, tests, splits, grid, rag, ragphase,
-#   rag0, read, readprof (with ncu), engineread, tileslast, final2, rag09, check17, diag18, check18, final18, warps18, bs32, rag32, tests, regs19, diag19, final19, tile16, w16, ahead, ahead2, final20, rag20, ahead4, next21, check22, engine21, engine, pending, final, ttft1, probe or hybrid, or several joined by commas
+#   rag0, read, readprof (with ncu), engineread, tileslast, final2, rag09, check17, diag18, check18, final18, warps18, bs32, rag32, tests, regs19, diag19, final19, tile16, w16, ahead, ahead2, final20, rag20, ahead4, next21, check22, check22b, engine21, engine, pending, final, ttft1, probe or hybrid, or several joined by commas
 set -u
 cd "$(dirname "$0")/.."
 export TRITON_INTERPRET=0 PYTHONUNBUFFERED=1 GIT_SHA=${GIT_SHA:-unknown}
@@ -275,6 +275,16 @@ if want check22; then  # K and V written by one kernel (index_put_, e047702) in 
     done
     step host_ttft_b32 45 python3 bench/host_ttft.py --device cuda --llama3-8b-shape --runs 20 --block-size 32
     step gpu_engine 190 python3 bench/gpu_engine.py --out "$OUT/gpu_engine_${GIT_SHA}_h200.json"
+fi
+if want check22b; then  # K and V written by one compiled kernel (Kernels.write_kv: Inductor's index_put in place),
+    # after check22 found index_put_'s eager path at 1 + 2 launches a layer (0.22 ms a prompt against index_copy's
+    # 0.18); the float32 engine's warm-up fixed (the short read's tiles were too big in float32): the engine bench
+    step gpu_tests 150 python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider -p no:logging --tb=short \
+        -k "not bfloat16"
+    step ttft_b32 70 python3 bench/ttft_spans.py --device cuda --llama3-8b-shape --doc-tokens 2048 --ks 8 \
+        --repeats 3 --block-size 32
+    step host_ttft_b32 45 python3 bench/host_ttft.py --device cuda --llama3-8b-shape --runs 20 --block-size 32
+    step gpu_engine 300 python3 bench/gpu_engine.py --out "$OUT/gpu_engine_${GIT_SHA}_h200.json"
 fi
 if want engine21; then  # the engine's decode b1 / b64 against the HBM roofline and HF (its batch-64 attention took
     # 57 us a layer over 576 keys before decode's TABLE_AHEAD; the op bench now 47.6), and prefill against HF

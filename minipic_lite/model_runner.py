@@ -25,6 +25,7 @@ from minipic_lite.config import (
 )
 from minipic_lite.decode_mirror import DecodeMirror
 from minipic_lite.kv_cache_manager import Rerotate
+from minipic_lite.models.llama import rope_table
 from minipic_lite.models.packed_linear import can_pack, drop_packed_weights, pack_linears, packed_min_rows
 from minipic_lite.models.registry import model_class
 from minipic_lite.models.step import HostStep, RecurrentStep, StepInputs, StepMetadata, host_tensor
@@ -88,7 +89,9 @@ def build_model(config: EngineConfig) -> torch.nn.Module:
         torch.set_default_dtype(default_dtype)
     model = model.to_empty(device=config.device)
     model.tie_weights()
-    model.init_buffers(config.device, getattr(torch, config.dtype))
+    # NOTE: a buffer, not a weight: computed again, in float32, then cast to the model dtype as transformers
+    # casts cos/sin before applying them (in bf16 that halves the table bytes the decode kernel reads).
+    model.cos_sin = rope_table(config.model, config.device).to(getattr(torch, config.dtype))
     if config.load_format == "dummy":
         model.init_dummy_weights()
     else:

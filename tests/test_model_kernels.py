@@ -1,5 +1,7 @@
 """The model's fused pieces: torch.compile'd versions equal the eager ones (the GPU path uses them)."""
 
+import re
+
 import pytest
 import torch
 
@@ -33,32 +35,37 @@ def test_add_rms_norm_is_the_residual_add_then_norm():
     torch.testing.assert_close(silu_and_mul(torch.cat([gate, up], -1)), gate * torch.sigmoid(gate) * up)
 
 
-def test_write_kv_puts_each_key_and_value_in_its_slot_of_one_layer_only():
-    """One kernel writes a step's keys and values (a view of the qkv projection's output, as the Llama layer passes
-    it) into the layer's K and V caches at slot_mapping; other slots and other layers stay as they were."""
-    from types import SimpleNamespace
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_write_kv_puts_each_key_and_value_in_its_slot_of_one_layer_only(compiled):
+    """A step's keys and values (views of the qkv projection's output, as the Llama layer passes them) go into the
+    layer's K and V caches at slot_mapping; other slots and other layers stay as they were. Compiled (as on CUDA),
+    the caches are written in place: no buffer the size of a layer's cache in the generated code."""
+    from torch._inductor.utils import run_and_get_code
 
-    from minipic_lite.models.llama import KV_HALVES, write_kv
+    from minipic_lite.models.llama import Kernels, write_kv
 
     torch.manual_seed(0)
     layers, blocks, B, kvh, d, T = 3, 5, 4, 2, 8, 6
     kv_cache = torch.randn(2, layers, blocks, B, kvh, d)
     before = kv_cache.clone()
     qkv = torch.randn(T, 16 + 2 * kvh * d)
-    kv = qkv[:, 16:].view(T, 2, kvh, d)  # (T, 2, KVH, D): a strided view, keys then values
+    k, v = qkv[:, 16:].view(T, 2, kvh, d).unbind(1)  # (T, KVH, D) each: strided views
     slots = torch.tensor([19, 0, 7, 8, 13, 2])  # block * B + offset, in any order
-    write_kv(kv, SimpleNamespace(slot_mapping=slots), kv_cache[:, 1], torch.tensor(KV_HALVES))
-    for t, slot in enumerate(slots.tolist()):
-        block, offset = divmod(slot, B)
-        assert torch.equal(kv_cache[0, 1, block, offset], kv[t, 0]) and torch.equal(
-            kv_cache[1, 1, block, offset], kv[t, 1]
-        )
+    fn = Kernels.compiled().write_kv if compiled else write_kv
+    for layer in (1, 2) if compiled else (1,):  # NOTE: compiled, a second layer's views reuse the compiled code
+        k_rows, v_rows = kv_cache[0, layer].flatten(0, 1), kv_cache[1, layer].flatten(0, 1)
+        code = run_and_get_code(fn, k, v, slots, k_rows, v_rows)[1] if compiled else fn(k, v, slots, k_rows, v_rows)
+        buffers = re.findall(r"\bbuf\d+ = empty_strided", "".join(code or []))
+        assert not buffers, "the compiled write copies a cache instead of writing it"
     untouched = torch.ones(blocks * B, dtype=torch.bool)
     untouched[slots] = False
-    assert torch.equal(
-        kv_cache[:, 1].reshape(2, -1, kvh, d)[:, untouched], before[:, 1].reshape(2, -1, kvh, d)[:, untouched]
-    )
-    assert torch.equal(kv_cache[:, [0, 2]], before[:, [0, 2]])
+    for layer in range(layers):
+        written, was = kv_cache[:, layer].reshape(2, -1, kvh, d), before[:, layer].reshape(2, -1, kvh, d)
+        if layer == 1 or (compiled and layer == 2):
+            assert torch.equal(written[0, slots], k) and torch.equal(written[1, slots], v)
+            assert torch.equal(written[:, untouched], was[:, untouched])
+        else:
+            assert torch.equal(written, was)
 
 
 @pytest.mark.parametrize("position_free", [True, False])

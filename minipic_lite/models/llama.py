@@ -52,6 +52,16 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
+def write_kv(k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor, k_rows, v_rows) -> None:
+    """This step's keys and values, k and v [T, KVH, D], into their slots of one layer's caches, k_rows and v_rows
+    [blocks * B, KVH, D] (views); before attention reads the cache (DESIGN §2). Compiled on CUDA, it is one kernel
+    for both."""
+    # NOTE: the caches come in as the views that are written, not as kv_layer [2, ...] viewed here: Inductor writes
+    # a mutated input in place, but a view it takes of one is written through a copy of the whole layer's cache
+    k_rows.index_copy_(0, slot_mapping, k)
+    v_rows.index_copy_(0, slot_mapping, v)
+
+
 @dataclass(frozen=True)
 class Kernels:
     """The elementwise functions the model calls: eager, or compiled by torch.compile (dynamic shapes)."""
@@ -60,10 +70,11 @@ class Kernels:
     add_rms_norm: object = add_rms_norm
     silu_and_mul: object = silu_and_mul
     apply_rope: object = apply_rope
+    write_kv: object = write_kv
 
     @classmethod
     def compiled(cls) -> Kernels:
-        return cls(*(compile_kernel(fn) for fn in (rms_norm, add_rms_norm, silu_and_mul, apply_rope)))
+        return cls(*(compile_kernel(fn) for fn in (rms_norm, add_rms_norm, silu_and_mul, apply_rope, write_kv)))
 
 
 RECOMPILE_LIMIT = 64  # compiled entries per function, across every engine of the process
@@ -91,19 +102,6 @@ class RMSNorm(nn.Module):
         return self.fn(x, self.weight, self.eps)
 
 
-KV_HALVES = ((0, 1),)  # the index of the K and the V cache, [1, 2]: `CausalLM.kv_halves`, on the device
-
-
-def write_kv(kv: torch.Tensor, meta: StepMetadata, kv_layer: torch.Tensor, kv_halves: torch.Tensor) -> None:
-    """This step's keys and values, kv [T, 2, KVH, D], into their slots of one layer's caches kv_layer
-    [2, blocks, B, KVH, D], in one kernel; before attention reads the cache (DESIGN §2). kv_halves: KV_HALVES."""
-    slots = kv_layer.view(2, -1, *kv.shape[2:])  # (2, blocks * B, KVH, D)
-    # NOTE: both dims indexed ([1, 2] x [T, 1] -> [T, 2]): the gap between the K and the V cache (the whole
-    # cache's half, GBs) is added to 64-bit indices. `index_copy_(1, ...)` strides over it instead, and past
-    # 2 GiB the CUDA kernel splits in two launches (as many as two copies took: 64 a forward of the 8B shape).
-    slots.index_put_((kv_halves, meta.slot_mapping[:, None]), kv)
-
-
 def paged_attention(q, meta: StepMetadata, k_cache, v_cache, cos_sin, scale: float) -> torch.Tensor:
     """The op over the paged cache; `cos_sin` None: the keys are stored rotated (the vanilla mode)."""
     return rope_paged_attention(
@@ -124,13 +122,10 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.position_free = position_free
-        # NOTE: position-free keys with no norm are stored as the projection made them, beside the values in its
-        # output: one copy writes both
-        self.keys_as_projected = position_free and not cfg.qk_norm
         self.scale = self.head_dim**-0.5
 
-    def forward(self, x, meta: StepMetadata, kv_layer: torch.Tensor, cos_sin, kv_halves) -> torch.Tensor:
-        """kv_layer: this layer's K and V caches, [2, blocks, B, KVH, D]; kv_halves: `CausalLM.kv_halves`."""
+    def forward(self, x, meta: StepMetadata, kv_layer: torch.Tensor, cos_sin) -> torch.Tensor:
+        """kv_layer: this layer's K and V caches, [2, blocks, B, KVH, D]."""
         num_tokens = x.shape[0]
         q, kv = self.qkv_proj(x).split([self.q_size, 2 * self.kv_size], dim=-1)
         q = q.view(num_tokens, self.num_heads, self.head_dim)  # (T, H, D)
@@ -142,11 +137,11 @@ class Attention(nn.Module):
         q = self.kernels.apply_rope(q, meta.positions, cos_sin)
         if not self.position_free:
             k = self.kernels.apply_rope(k, meta.positions, cos_sin)  # the vanilla baseline: keys stored rotated
-        write_kv(kv if self.keys_as_projected else torch.stack((k, v), dim=1), meta, kv_layer, kv_halves)
+        k_cache, v_cache = kv_layer.unbind(0)  # (blocks, B, KVH, D) each
+        self.kernels.write_kv(k, v, meta.slot_mapping, k_cache.flatten(0, 1), v_cache.flatten(0, 1))
         if meta.decode_mirror is not None:
             out = meta.decode_mirror.attend(self.layer_idx, q, k, v, self.scale)  # (T, H, D)
         else:
-            k_cache, v_cache = kv_layer.unbind(0)
             out = paged_attention(q, meta, k_cache, v_cache, cos_sin if self.position_free else None, self.scale)
         return self.o_proj(out.reshape(num_tokens, self.q_size))
 
@@ -171,10 +166,10 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg, kernels)
 
-    def forward(self, x, normed, meta, kv_layer, cos_sin, kv_halves):
+    def forward(self, x, normed, meta, kv_layer, cos_sin):
         """x: the residual stream; normed: input_layernorm(x). Returns (x + attn + mlp, the pre-MLP stream)."""
         norm = self.post_attention_layernorm
-        attn = self.self_attn(normed, meta, kv_layer, cos_sin, kv_halves)
+        attn = self.self_attn(normed, meta, kv_layer, cos_sin)
         x, h = self.kernels.add_rms_norm(x, attn, norm.weight, norm.eps)
         return x, self.mlp(h)
 
@@ -195,14 +190,6 @@ class CausalLM(nn.Module):
         self.lm_head = nn.Linear(self.cfg.hidden_size, self.cfg.vocab_size, bias=False)
         self.tie_weights()
         self.register_buffer("cos_sin", rope_table(self.cfg), persistent=False)
-        self.register_buffer("kv_halves", torch.tensor(KV_HALVES), persistent=False)
-
-    def init_buffers(self, device, dtype: torch.dtype) -> None:
-        """The buffers computed, not loaded (again after `to_empty`, which leaves them uninitialized)."""
-        # NOTE: cos_sin in float32, then cast to the model dtype as transformers casts cos/sin before applying them
-        # (in bf16 that halves the table bytes the decode kernel reads)
-        self.cos_sin = rope_table(self.cfg, device).to(dtype)
-        self.kv_halves = torch.tensor(KV_HALVES, device=device)
 
     def tie_weights(self) -> None:
         """Share the embedding with the LM head where the config says so (again after `to_empty`, which unties)."""
@@ -231,7 +218,7 @@ class LlamaForCausalLM(CausalLM):
         first = self.layers[0].input_layernorm
         normed = self.kernels.rms_norm(x, first.weight, first.eps)
         for i, layer in enumerate(self.layers):
-            x, mlp_out = layer(x, normed, meta, kv_cache[:, i], self.cos_sin, self.kv_halves)
+            x, mlp_out = layer(x, normed, meta, kv_cache[:, i], self.cos_sin)
             norm = self.layers[i + 1].input_layernorm if i + 1 < len(self.layers) else self.norm
             x, normed = self.kernels.add_rms_norm(x, mlp_out, norm.weight, norm.eps)
         return normed

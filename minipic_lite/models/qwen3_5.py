@@ -27,7 +27,7 @@ from torch.nn import functional as F
 
 from minipic_lite.config import ModelConfig, cdiv
 from minipic_lite.models import gated_delta_rule as gdr
-from minipic_lite.models.llama import MLP, CausalLM, Kernels, RMSNorm, compile_kernel, paged_attention, write_kv
+from minipic_lite.models.llama import MLP, CausalLM, Kernels, RMSNorm, compile_kernel, paged_attention
 from minipic_lite.models.step import RecurrentStep, StepMetadata, host_tensor
 
 
@@ -146,8 +146,8 @@ class GatedAttention(nn.Module):
         self.position_free = position_free
         self.scale = self.head_dim**-0.5
 
-    def forward(self, x, meta: StepMetadata, kv_layer: torch.Tensor, cos_sin, kv_halves) -> torch.Tensor:
-        """kv_layer: this layer's K and V caches, [2, blocks, B, KVH, D]; kv_halves: `CausalLM.kv_halves`."""
+    def forward(self, x, meta: StepMetadata, kv_layer: torch.Tensor, cos_sin) -> torch.Tensor:
+        """kv_layer: this layer's K and V caches, [2, blocks, B, KVH, D]."""
         num_tokens = x.shape[0]
         q_gate, k, v = self.qkv_proj(x).split([2 * self.q_size, self.kv_size, self.kv_size], dim=-1)
         q, gate = q_gate.view(num_tokens, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)  # (T, H, D) each
@@ -155,8 +155,8 @@ class GatedAttention(nn.Module):
         k = self.k_norm(k.view(num_tokens, self.num_kv_heads, self.head_dim))  # (T, KVH, D)
         if not self.position_free:
             k = self.kernels.apply_rope(k, meta.positions, cos_sin)
-        write_kv(torch.stack((k, v.view_as(k)), dim=1), meta, kv_layer, kv_halves)
-        k_cache, v_cache = kv_layer.unbind(0)
+        k_cache, v_cache = kv_layer.unbind(0)  # (blocks, B, KVH, D) each
+        self.kernels.write_kv(k, v.view_as(k), meta.slot_mapping, k_cache.flatten(0, 1), v_cache.flatten(0, 1))
         out = paged_attention(q, meta, k_cache, v_cache, cos_sin if self.position_free else None, self.scale)
         out = out.reshape(num_tokens, self.q_size) * torch.sigmoid(gate.reshape(num_tokens, self.q_size))
         return self.o_proj(out)
@@ -277,12 +277,12 @@ class HybridLayer(nn.Module):
         self.post_attention_layernorm = Norm1p(cfg.hidden_size, cfg.rms_norm_eps, hybrid.rms_norm_1p)
         self.mlp = MLP(cfg, kernels)
 
-    def forward(self, x, meta: StepMetadata, kv_cache: torch.Tensor, cos_sin, kv_halves) -> torch.Tensor:
+    def forward(self, x, meta: StepMetadata, kv_cache: torch.Tensor, cos_sin) -> torch.Tensor:
         h = self.input_layernorm(x)
         if self.layer_type == "linear_attention":
             h = self.linear_attn(h, meta)
         else:
-            h = self.self_attn(h, meta, kv_cache[:, self.index], cos_sin, kv_halves)
+            h = self.self_attn(h, meta, kv_cache[:, self.index], cos_sin)
         x = x + h
         return x + self.mlp(self.post_attention_layernorm(x))
 
@@ -320,7 +320,7 @@ class Qwen3_5ForCausalLM(CausalLM):
             meta.recurrent.fla = _fla_kernels(meta.positions.device)
         x = self.embed_tokens(input_ids)  # (T, hidden)
         for layer in self.layers:
-            x = layer(x, meta, kv_cache, self.cos_sin, self.kv_halves)
+            x = layer(x, meta, kv_cache, self.cos_sin)
         return self.norm(x)
 
     @torch.no_grad()
