@@ -4,7 +4,7 @@
 # bench/data (the RAG datasets, built here with `python bench/rag.py --build-only --samples 64`) carried.
 #
 #   GIT_SHA=$(git rev-parse --short HEAD) bash bench/gpu_issue10.sh [part]   part: all (default), a, b, ops, ttft, host, hostdiag, offload, tests, splits, grid, rag, ragphase,
-#   rag0, read, readprof (with ncu), engineread, tileslast, final2, rag09, check17, diag18, check18, final18, warps18, bs32, rag32, tests, regs19, diag19, final19, tile16, w16, ahead, ahead2, final20, rag20, ahead4, next21, check22, check22b, rag22, engine21, engine, pending, final, ttft1, probe or hybrid, or several joined by commas
+#   rag0, read, readprof (with ncu), engineread, tileslast, final2, rag09, check17, diag18, check18, final18, warps18, bs32, rag32, tests, regs19, diag19, final19, tile16, w16, ahead, ahead2, final20, rag20, ahead4, next21, check22, check22b, rag22, ttft22, engine21, engine, pending, final, ttft1, probe or hybrid, or several joined by commas
 set -u
 cd "$(dirname "$0")/.."
 export TRITON_INTERPRET=0 PYTHONUNBUFFERED=1 GIT_SHA=${GIT_SHA:-unknown}
@@ -290,6 +290,14 @@ if want rag22; then  # the RAG table's span policies at reuse 0 and 0.5 after de
     # K/V write (last run at 366e681)
     step rag22 280 $RAG --reuse 0,0.5 --systems vanilla_prefix,barrier,inline,isps --max-num-seqs 32 \
         --max-num-batched-tokens 8192 --tag=-rag22
+fi
+if want ttft22; then  # the cached 8 x 2048 TTFT at block sizes 32 and 16 with ttft_spans' new column: 7 next
+    # questions through generate, unprofiled (the first prompt straight after its documents' prefill runs on a GPU
+    # the prefill left power-capped: bench/HISTORY.md, diag19)
+    for b in 32 16; do
+        step "ttft_b$b" 90 python3 bench/ttft_spans.py --device cuda --llama3-8b-shape --doc-tokens 2048 --ks 8 \
+            --repeats 3 --block-size $b
+    done
 fi
 if want engine21; then  # the engine's decode b1 / b64 against the HBM roofline and HF (its batch-64 attention took
     # 57 us a layer over 576 keys before decode's TABLE_AHEAD; the op bench now 47.6), and prefill against HF
