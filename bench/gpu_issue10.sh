@@ -4,7 +4,7 @@
 # bench/data (the RAG datasets, built here with `python bench/rag.py --build-only --samples 64`) carried.
 #
 #   GIT_SHA=$(git rev-parse --short HEAD) bash bench/gpu_issue10.sh [part]   part: all (default), a, b, ops, ttft, host, hostdiag, offload, tests, splits, grid, rag, ragphase,
-#   rag0, read, readprof (with ncu), engineread, tileslast, final2, rag09, check17, diag18, check18, final18, warps18, bs32, rag32, tests, regs19, diag19, final19, tile16, w16, ahead, ahead2, final20, rag20, ahead4, next21, check22, check22b, rag22, ttft22, engine21, engine, pending, final, ttft1, probe or hybrid, or several joined by commas
+#   rag0, read, readprof (with ncu), engineread, tileslast, final2, rag09, check17, diag18, check18, final18, warps18, bs32, rag32, tests, regs19, diag19, final19, tile16, w16, ahead, ahead2, final20, rag20, ahead4, next21, check22, check22b, rag22, ttft22, ncu22, engine21, engine, pending, final, ttft1, probe or hybrid, or several joined by commas
 set -u
 cd "$(dirname "$0")/.."
 export TRITON_INTERPRET=0 PYTHONUNBUFFERED=1 GIT_SHA=${GIT_SHA:-unknown}
@@ -298,6 +298,14 @@ if want ttft22; then  # the cached 8 x 2048 TTFT at block sizes 32 and 16 with t
         step "ttft_b$b" 90 python3 bench/ttft_spans.py --device cuda --llama3-8b-shape --doc-tokens 2048 --ks 8 \
             --repeats 3 --block-size $b
     done
+fi
+if want ncu22; then  # the short read and decode 1 x 8k at their defaults (TABLE_AHEAD) under ncu's full set (warp
+    # states, source counters): where the short read's 42 us go against K and V read once at the copy rate (25 us)
+    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
+    step ncu_short16k 80 "$NCU" --clock-control none --set full --profile-from-start off --launch-count 2 \
+        -k regex:_rope_paged_attention_kernel python3 bench/gpu_read_profile.py --case short16k --calls 2
+    step ncu_b1x8k 70 "$NCU" --clock-control none --set full --profile-from-start off --launch-count 2 \
+        -k regex:_rope_paged_attention_kernel python3 bench/gpu_read_profile.py --case b1x8k --calls 2
 fi
 if want engine21; then  # the engine's decode b1 / b64 against the HBM roofline and HF (its batch-64 attention took
     # 57 us a layer over 576 keys before decode's TABLE_AHEAD; the op bench now 47.6), and prefill against HF
