@@ -4,7 +4,7 @@
 # bench/data (the RAG datasets, built here with `python bench/rag.py --build-only --samples 64`) carried.
 #
 #   GIT_SHA=$(git rev-parse --short HEAD) bash bench/gpu_issue10.sh [part]   part: all (default), a, b, ops, ttft, host, hostdiag, offload, tests, splits, grid, rag, ragphase,
-#   rag0, read, readprof (with ncu), engineread, tileslast, final2, rag09, check17, diag18, check18, final18, warps18, bs32, rag32, tests, regs19, diag19, final19, tile16, w16, ahead, ahead2, final20, rag20, ahead4, next21, check22, check22b, rag22, ttft22, ncu22, engine21, engine, pending, final, ttft1, probe or hybrid, or several joined by commas
+#   rag0, read, readprof (with ncu), engineread, tileslast, final2, rag09, check17, diag18, check18, final18, warps18, bs32, rag32, tests, regs19, diag19, final19, tile16, w16, ahead, ahead2, final20, rag20, ahead4, next21, check22, check22b, rag22, ttft22, ncu22, next23, engine21, engine, pending, final, ttft1, probe or hybrid, or several joined by commas
 set -u
 cd "$(dirname "$0")/.."
 export TRITON_INTERPRET=0 PYTHONUNBUFFERED=1 GIT_SHA=${GIT_SHA:-unknown}
@@ -306,6 +306,21 @@ if want ncu22; then  # the short read and decode 1 x 8k at their defaults (TABLE
         -k regex:_rope_paged_attention_kernel python3 bench/gpu_read_profile.py --case short16k --calls 2
     step ncu_b1x8k 70 "$NCU" --clock-control none --set full --profile-from-start off --launch-count 2 \
         -k regex:_rope_paged_attention_kernel python3 bench/gpu_read_profile.py --case b1x8k --calls 2
+fi
+if want next23; then  # next (not yet run): the key loop with fewer instructions (a key's offset within its block
+    # and its table entry computed once where tiles start on a block, no bounds checks in the unmasked body, the
+    # scale fused with the max's subtraction, unsplit decode capped at 128 registers; bench/ptxas_stats.py: the
+    # short read's body 667 -> 511 SASS instructions an iteration, decode's 413 -> 286). Compare with the defaults
+    # before (read_profile_{f557ac8,316494b}: short16k 0.0430 ms; b1x8k 19.3 us, b64x8k 0.535 ms, b1x576w8k 8.8 us,
+    # b64x576w8k 47.6 us) and the TTFT of check22b / ttft22. If a case is slower, the register cap is the first
+    # suspect (DECODE_MAX_REGS), then the body's unchecked loads (IS_WHOLE)
+    step gpu_tests 150 python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider -p no:logging --tb=short \
+        -k "not bfloat16"
+    step read_defaults 120 env READ_SWEEP=0 python3 bench/gpu_read_profile.py --out "$OUT"
+    step ttft_b32 90 python3 bench/ttft_spans.py --device cuda --llama3-8b-shape --doc-tokens 2048 --ks 8 \
+        --repeats 3 --block-size 32
+    step host_ttft_b32 45 python3 bench/host_ttft.py --device cuda --llama3-8b-shape --runs 20 --block-size 32
+    step gpu_engine 200 python3 bench/gpu_engine.py --out "$OUT/gpu_engine_${GIT_SHA}_h200.json"
 fi
 if want engine21; then  # the engine's decode b1 / b64 against the HBM roofline and HF (its batch-64 attention took
     # 57 us a layer over 576 keys before decode's TABLE_AHEAD; the op bench now 47.6), and prefill against HF

@@ -55,9 +55,10 @@ def compile_read(block_m: int, tile_n: int, num_warps: int, num_stages: int, max
     kernel = triton_kernel._rope_paged_attention_kernel
     names = kernel.arg_names
     constexprs = {p.name: p.default for p in kernel.params if p.is_constexpr and p.has_default}
-    constexprs.update(BLOCK_SIZE=16, GROUP=4, HEAD_DIM=128, ROTARY_DIM=128, HALF_PAD=64, BLOCK_M=block_m,
-                      BLOCK_Q=block_m // 4, TILE_N=tile_n, SPLIT_KV=True, TILES_LAST=True, DOT_PRECISION="tf32",
-                      **extra)  # fmt: skip
+    short_read = dict(BLOCK_SIZE=16, GROUP=4, HEAD_DIM=128, ROTARY_DIM=128, HALF_PAD=64, BLOCK_M=block_m,
+                      BLOCK_Q=block_m // 4, TILE_N=tile_n, SPLIT_KV=True, TILES_LAST=True,
+                      DOT_PRECISION="tf32")  # fmt: skip
+    constexprs.update({**short_read, **extra})
     signature = {n: POINTERS.get(n, "constexpr" if n in constexprs else "fp32" if n == "qk_scale" else "i32")
                  for n in names}  # fmt: skip
     aligned = [n for n in names if n in POINTERS or (n.startswith("stride_") and n not in UNSPECIALIZED)]
@@ -72,17 +73,38 @@ def compile_read(block_m: int, tile_n: int, num_warps: int, num_stages: int, max
     return triton.compile(source, target=HOPPER, options=options)
 
 
-def resource_usage(cubin: bytes) -> dict:
-    """Registers, stack (spill) bytes of the cubin's kernel, read by cuobjdump."""
+def cuobjdump(cubin: bytes, *flags: str) -> str:
+    """What the cuobjdump of Triton's wheel prints for the cubin."""
     tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
         f.write(cubin)
     try:
-        text = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
+        return subprocess.run([tool, *flags, f.name], capture_output=True, text=True).stdout
     finally:
         os.unlink(f.name)
-    regs, stack = re.search(r"REG:(\d+).*?STACK:(\d+)", text).groups()
+
+
+def resource_usage(cubin: bytes) -> dict:
+    """Registers, stack (spill) bytes of the cubin's kernel, read by cuobjdump."""
+    regs, stack = re.search(r"REG:(\d+).*?STACK:(\d+)", cuobjdump(cubin, "--dump-resource-usage")).groups()
     return {"registers": int(regs), "stack_bytes": int(stack)}
+
+
+MIN_LOOP_BYTES = 0x400  # a back edge farther than this (64 instructions) closes a key loop, not a small inner one
+
+
+def loop_instructions(cubin: bytes) -> list[int]:
+    """SASS instructions per iteration of each long loop, in code order: the key loop's masked head, unmasked body
+    and masked tail (`_rope_paged_attention_kernel`'s three parts). On the H200 the short read is bound by the
+    latency between dependent instructions, not by bytes (ncu_87b1122_h200_short16k_full.log): fewer
+    instructions a tile is what makes it faster."""
+    code = [(int(a, 16), text) for a, text in re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", cuobjdump(cubin, "-sass"))]
+    counts = []
+    for address, text in code:
+        target = re.search(r"BRA\s+0x([0-9a-f]+)", text)
+        if target and 0 < address - int(target.group(1), 16) > MIN_LOOP_BYTES:
+            counts.append(sum(int(target.group(1), 16) <= a <= address for a, _ in code))
+    return counts
 
 
 def main() -> None:
@@ -93,18 +115,19 @@ def main() -> None:
     configs = [tuple(int(x) for x in c.split(",")) for c in args.config] if args.config else DEFAULT_CONFIGS
     print(
         "| BLOCK_M | TILE_N | warps | stages | maxnreg | registers | stack (spills) B | shared B | cp.async | wgmma "
-        "| copy groups in flight at a wait |"
+        "| copy groups in flight at a wait | SASS instructions an iteration (key loop's head / body / tail) |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for block_m, tile_n, warps, stages, maxnreg in configs:
         options = dict(TABLE_AHEAD=args.table_ahead)
         compiled = compile_read(block_m, tile_n, warps, stages, maxnreg or None, **options)
         usage, ptx = resource_usage(compiled.asm["cubin"]), compiled.asm["ptx"]
+        loops = " / ".join(map(str, loop_instructions(compiled.asm["cubin"])))
         # NOTE: copies a loop leaves in flight while it computes (cp.async groups): 0 means no overlap
         waits = sorted({int(n) for n in re.findall(r"async_wait[^{]*[{]num = (\d+)", compiled.asm["ttgir"])})
         print(f"| {block_m} | {tile_n} | {warps} | {stages} | {maxnreg or '-'} | {usage['registers']} | "
               f"{usage['stack_bytes']} | {compiled.metadata.shared} | {ptx.count('cp.async.')} | "
-              f"{ptx.count('wgmma.mma_async')} | {waits} |", flush=True)  # fmt: skip
+              f"{ptx.count('wgmma.mma_async')} | {waits} | {loops} |", flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":

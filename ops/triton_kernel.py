@@ -60,6 +60,7 @@ SHORT_PREFILL_ROWS = 128
 # ahead; H200: 1 x 17 over 16k 0.0425 ms against 0.0507 with 2 per SM, gpu_short_prefill_f557ac8_h200_sweep.json)
 DECODE_PROGRAMS_PER_SM = 4
 SHORT_READ_PROGRAMS_PER_SM = 1
+DECODE_MAX_REGS = 128  # registers a thread of an unsplit decode (4 programs of 4 warps an SM)
 
 
 @triton.jit
@@ -80,8 +81,11 @@ def _find_seq(cu_seqlens_q_ptr, tile_id, num_seqs, BLOCK_Q: tl.constexpr):
 @triton.jit
 def _block_ids(table_ptr, tile, key_end, BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr):
     """The physical block of each key of tile `tile` (0 past key_end): `table_ptr` is a sequence's table row."""
-    key_pos = tile * TILE_N + tl.arange(0, TILE_N)
-    return tl.load(table_ptr + key_pos // BLOCK_SIZE, mask=key_pos < key_end, other=0)  # [TILE_N]
+    offs_n = tl.arange(0, TILE_N)
+    key_pos = tile * TILE_N + offs_n
+    # NOTE: where tiles start on a block, a key's entry is the tile's first plus one computed once, out of the loop
+    entry = tile * (TILE_N // BLOCK_SIZE) + offs_n // BLOCK_SIZE if TILE_N % BLOCK_SIZE == 0 else key_pos // BLOCK_SIZE
+    return tl.load(table_ptr + entry, mask=key_pos < key_end, other=0)  # [TILE_N]
 
 
 @triton.jit
@@ -105,6 +109,7 @@ def _load_keys(
     ROTARY_DIM: tl.constexpr,
     HALF_PAD: tl.constexpr,
     TILE_N: tl.constexpr,
+    IS_WHOLE: tl.constexpr,  # every key of the tile is < key_end (the loop's unmasked body): no bounds checks
 ):
     """Key tile `tile` as stored: (K^T's first rotary half, second half, cos, sin, K^T past rotary_dim, the values'
     row offsets, which keys exist); with ROTARY_DIM == 0, K^T whole in the first slot (the next four repeat it)."""
@@ -116,11 +121,13 @@ def _load_keys(
     offs_d = tl.arange(0, HEAD_DIM)
     offs_h = tl.arange(0, HALF_PAD)
     key_pos = tile * TILE_N + offs_n  # [TILE_N] logical key positions
-    key_ok = key_pos < key_end
-    # -- address keys through their blocks (int64: num_blocks * B * heads * d may exceed 2^31) --
-    slots = (key_pos % BLOCK_SIZE).to(tl.int64)
-    k_base = k_blocks.to(tl.int64) * stride_k_blk + slots * stride_k_slot + kv_head * stride_k_head  # [TILE_N]
-    v_base = v_blocks.to(tl.int64) * stride_v_blk + slots * stride_v_slot + kv_head * stride_v_head  # [TILE_N]
+    key_ok = tl.full([TILE_N], 1, tl.int1) if IS_WHOLE else key_pos < key_end
+    # -- address keys through their blocks: the block's offset in int64 (num_blocks * B * heads * d may exceed
+    #    2^31), the key's offset within its block in int32 --
+    # NOTE: where tiles start on a block, a key's slot is the same in every tile: computed once, out of the loop
+    slots = offs_n % BLOCK_SIZE if TILE_N % BLOCK_SIZE == 0 else key_pos % BLOCK_SIZE
+    k_base = k_blocks.to(tl.int64) * stride_k_blk + (slots * stride_k_slot + kv_head * stride_k_head)  # [TILE_N]
+    v_base = v_blocks.to(tl.int64) * stride_v_blk + (slots * stride_v_slot + kv_head * stride_v_head)  # [TILE_N]
     if ROTARY_DIM > 0:
         HALF: tl.constexpr = ROTARY_DIM // 2
         half_ok = key_ok[None, :] & (offs_h[:, None] < HALF)  # [HALF_PAD, TILE_N]
@@ -161,14 +168,14 @@ def _scores(
     row_pos,  # [BLOCK_M] query positions
     row_vis,  # [BLOCK_M] visible_start
     tile,
-    qk_scale,
     HEAD_DIM: tl.constexpr,
     ROTARY_DIM: tl.constexpr,
     TILE_N: tl.constexpr,
     APPLY_MASK: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    """Scaled (and masked) scores of the query tile against key tile `tile`, keys rotated at their positions."""
+    """Unscaled (and masked) scores of the query tile against key tile `tile`, keys rotated at their positions
+    (_online_softmax scales them)."""
     # -- compute qk --
     if ROTARY_DIM > 0:
         k1_rot = (k1 * cos - k2 * sin).to(q_lo.dtype)
@@ -179,7 +186,6 @@ def _scores(
             qk = tl.dot(q_pass, k_pass, qk, input_precision=DOT_PRECISION)
     else:
         qk = tl.dot(q_lo, k1, input_precision=DOT_PRECISION)  # [BLOCK_M, TILE_N]
-    qk = qk * qk_scale
     if APPLY_MASK:
         key_pos = tile * TILE_N + tl.arange(0, TILE_N)
         visible = (key_pos[None, :] >= row_vis[:, None]) & (key_pos[None, :] <= row_pos[:, None])
@@ -188,11 +194,14 @@ def _scores(
 
 
 @triton.jit
-def _online_softmax(qk, m_i, l_i):
-    """(p, alpha, m, l): base 2; rows with nothing visible yet keep m = -inf and contribute 0."""
-    m_new = tl.maximum(m_i, tl.max(qk, 1))
+def _online_softmax(qk, m_i, l_i, qk_scale):
+    """(p, alpha, m, l) of unscaled scores `qk` and qk_scale > 0: base 2, m scaled; rows with nothing visible yet
+    keep m = -inf and contribute 0."""
+    # NOTE: the row max taken before scaling (the scale is positive), so the scale and the max's subtraction are
+    # one fused multiply-add per score: 32 fewer instructions a thread in the short read's 64-key tile
+    m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    p = tl.math.exp2(qk - m_safe[:, None])  # [BLOCK_M, TILE_N]
+    p = tl.math.exp2(qk * qk_scale - m_safe[:, None])  # [BLOCK_M, TILE_N]
     alpha = tl.math.exp2(m_i - m_safe)  # [BLOCK_M]
     return p, alpha, m_new, l_i * alpha + tl.sum(p, 1)
 
@@ -254,11 +263,11 @@ def _attend_key_tiles(
         k1, k2, cos, sin, k_pass, v_base, key_ok = _load_keys(
             tile, key_end, k_blocks, v_blocks, k_cache_ptr, cos_sin_ptr, kv_head, stride_k_blk, stride_k_slot,
             stride_k_head, stride_v_blk, stride_v_slot, stride_v_head, stride_cs_pos, BLOCK_SIZE, HEAD_DIM,
-            ROTARY_DIM, HALF_PAD, TILE_N,
+            ROTARY_DIM, HALF_PAD, TILE_N, not APPLY_MASK,
         )  # fmt: skip
-        qk = _scores(q_lo, q_hi, q_pass, k1, k2, cos, sin, k_pass, row_pos, row_vis, tile, qk_scale, HEAD_DIM,
-                     ROTARY_DIM, TILE_N, APPLY_MASK, DOT_PRECISION)  # fmt: skip
-        p, alpha, m_i, l_i = _online_softmax(qk, m_i, l_i)
+        qk = _scores(q_lo, q_hi, q_pass, k1, k2, cos, sin, k_pass, row_pos, row_vis, tile, HEAD_DIM, ROTARY_DIM,
+                     TILE_N, APPLY_MASK, DOT_PRECISION)  # fmt: skip
+        p, alpha, m_i, l_i = _online_softmax(qk, m_i, l_i, qk_scale)
         # -- compute pv --
         v = _load_values(v_cache_ptr, v_base, key_ok, HEAD_DIM)
         acc = acc * alpha[:, None]
@@ -720,6 +729,11 @@ def pick_config(
         # 0.0476 / 0.0573 ms (in 8k-wide tables, as the engine's graphs have them), 1 x 8k 19.2 / 19.3 us, 64 x 8k
         # 0.546 / 0.535 ms. The engine's graph tables are max_model_len wide: one config serves every context.
         num_stages = 2 if num_splits > 1 else 3
+    # NOTE: a decode that is not split (large batches) runs as many programs an SM as registers allow: ptxas gives
+    # it 133 registers since the key loop computes offsets within a block once (102 before: 4 programs of 4 warps an
+    # SM, as many as shared memory allows; 3 at 133). Capped at 128 (118, no spill; bench/ptxas_stats.py) it keeps
+    # 4, at 315 instructions an iteration of the loop's body against 436 before. Not yet measured on the H200.
+    max_regs = DECODE_MAX_REGS if bf16_decode and num_splits == 1 else None
     return dict(
         BLOCK_M=block_m,
         TILE_N=tile_n,
@@ -729,7 +743,7 @@ def pick_config(
         PRE_ROTATE=is_rotary and rows_per_seq > 16 and not short,
         DENSE=dense,
         WARP_SPECIALIZE=warp_specialize,
-        MAX_REGS=None,
+        MAX_REGS=max_regs,
         TABLE_AHEAD=bf16_decode or short_read,
     )
 

@@ -106,6 +106,9 @@ TRITON_CASES = [
     ("mixed", "gqa4", 128, 64, 16, torch.bfloat16, True, {"share_span": True}, {**TABLE_AHEAD, "PRE_ROTATE": False}),
     ("mixed", "gqa4", 64, None, 16, torch.float32, False, {}, TABLE_AHEAD),
     ("mixed", "gqa3", 64, None, 16, torch.float32, True, {"repeat_block": True}, {**TABLE_AHEAD, "PRE_ROTATE": True}),
+    # tiles smaller than a block (16 keys in blocks of 32): a key's slot is not the same in every tile
+    ("short_over_long", "gqa4", 64, None, 32, torch.bfloat16, True, {}, {**SHORT, **TABLE_AHEAD, "NUM_SPLITS": 4}),
+    ("decode_only", "gqa4", 64, None, 32, torch.float32, True, {}, {**TABLE_AHEAD, "NUM_SPLITS": 2}),
     # the dense kernel (gathered K and V, tensor-descriptor loads; the default for 16-bit prefill on Hopper)
     ("mixed", "gqa4", 128, None, 16, torch.bfloat16, True, {"repeat_block": True}, {"DENSE": True}),
     ("mixed", "gqa3", 64, 32, 32, torch.float16, True, {"share_span": True}, {"DENSE": True, "TILE_N": 32}),
@@ -437,6 +440,7 @@ def test_pick_config_reads_a_short_prefill_over_a_long_context_like_a_decode(mon
     assert (decode_8k["TILE_N"], decode_8k["num_stages"], decode_8k["TABLE_AHEAD"]) == (32, 2, True)
     batch = tk.pick_config(64, 64, 8, 4, 128, 8192, True, cuda, table_elem_size=2)
     assert (batch["NUM_SPLITS"], batch["TILE_N"], batch["num_stages"], batch["TABLE_AHEAD"]) == (1, 32, 3, True)
+    assert batch["MAX_REGS"] == 128  # 4 programs of 4 warps an SM (ptxas, sm_90a: 126 registers, no spill)
     fp32_table = tk.pick_config(64, 64, 8, 4, 128, 8192, True, cuda, table_elem_size=4)  # not measured: as before
     assert (fp32_table["TILE_N"], fp32_table["num_stages"], fp32_table["TABLE_AHEAD"]) == (32, 3, False)
 
