@@ -52,7 +52,9 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
-def write_kv(k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor, k_rows: torch.Tensor, v_rows: torch.Tensor):
+def write_kv(
+    k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor, k_rows: torch.Tensor, v_rows: torch.Tensor
+) -> None:
     """This step's keys and values, k and v [T, KVH, D], into their slots of one layer's caches, k_rows and v_rows
     [blocks * B, KVH, D] (views); before attention reads the cache (DESIGN §2). Compiled on CUDA, Inductor writes
     both in place (on the H200: one kernel for a 17-token prefill, two of ~1 us for a decode step)."""
