@@ -4,7 +4,7 @@
 # bench/data (the RAG datasets, built here with `python bench/rag.py --build-only --samples 64`) carried.
 #
 #   GIT_SHA=$(git rev-parse --short HEAD) bash bench/gpu_issue10.sh [part]   part: all (default), a, b, ops, ttft, host, hostdiag, offload, tests, splits, grid, rag, ragphase,
-#   rag0, read, readprof (with ncu), engineread, tileslast, final2, rag09, check17, diag18, check18, final18, warps18, bs32, rag32, tests, regs19, diag19, final19, tile16, w16, ahead, ahead2, final20, rag20, ahead4, next21, check22, check22b, rag22, ttft22, ncu22, next23, engine21, engine, pending, final, ttft1, probe or hybrid, or several joined by commas
+#   rag0, read, readprof (with ncu), engineread, tileslast, final2, rag09, check17, diag18, check18, final18, warps18, bs32, rag32, tests, regs19, diag19, final19, tile16, w16, ahead, ahead2, final20, rag20, ahead4, next21, check22, check22b, rag22, ttft22, ncu22, next23, final23, engine21, engine, pending, final, ttft1, probe or hybrid, or several joined by commas
 set -u
 cd "$(dirname "$0")/.."
 export TRITON_INTERPRET=0 PYTHONUNBUFFERED=1 GIT_SHA=${GIT_SHA:-unknown}
@@ -62,9 +62,6 @@ fi
 HYBRID="python3 bench/hybrid_checkpoints.py --gpu --num-layers 8 --prefill-len 2048 --decode-tokens 32"
 if want splits; then  # the short-prefill read's split count past 32 (issue 10's cached TTFT: attention ~2.4 of 7.4 ms)
     step short_prefill_splits 200 python3 bench/gpu_short_prefill.py --splits
-fi
-if want tests; then  # every GPU test, alone
-    step gpu_tests 120 python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider -p no:logging --tb=short
 fi
 if want hybrid; then  # issue 11: the fla path's GPU test (fla autotunes ~35 s per dtype on a fresh machine),
     # then the side by side with its device and host profiles (where the prefill's host time goes)
@@ -321,6 +318,11 @@ if want next23; then  # next (not yet run): the key loop with fewer instructions
         --repeats 3 --block-size 32
     step host_ttft_b32 45 python3 bench/host_ttft.py --device cuda --llama3-8b-shape --runs 20 --block-size 32
 fi  # then engine21 in a call of its own: a machine without the carried cache compiles everything cold
+if want final23; then  # next23's GPU tests (cut at 150 s there, compiling cold: 5 passed), then the engine bench
+    step gpu_tests 220 python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider -p no:logging --tb=short \
+        -k "not bfloat16"
+    step gpu_engine 320 python3 bench/gpu_engine.py --out "$OUT/gpu_engine_${GIT_SHA}_h200.json"
+fi
 if want engine21; then  # the engine's decode b1 / b64 against the HBM roofline and HF (its batch-64 attention took
     # 57 us a layer over 576 keys before decode's TABLE_AHEAD; the op bench now 47.6), and prefill against HF
     step gpu_engine 400 python3 bench/gpu_engine.py --out "$OUT/gpu_engine_${GIT_SHA}_h200.json"
