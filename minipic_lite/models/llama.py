@@ -7,6 +7,7 @@ Weights are read from safetensors with q/k/v and gate/up fused into one matmul e
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -83,11 +84,17 @@ RECOMPILE_LIMIT = 64  # compiled entries per function, across every engine of th
 
 
 def compile_kernel(fn):
-    """`fn` compiled by torch.compile with dynamic shapes, as one graph. Dynamo keeps its compiled entries per
-    function, for every engine of the process: engines of other dtypes, head sizes or rotary dims in one process (a
-    notebook, the test suite) each add entries, and past the default limit of 8 a fullgraph function fails hard."""
+    """`fn` compiled by torch.compile as one graph, its shapes dynamic where they change: the first call compiles
+    for its exact shapes, and a call with another token count recompiles with only the sizes that changed left
+    symbolic (torch.compile's automatic dynamic shapes). The model's own sizes (hidden, heads, head_dim) stay
+    constants, so Inductor can reduce over the hidden size in one pass and vectorize its loads.
+    `MINIPIC_COMPILE_DYNAMIC=all` makes every size symbolic from the first call (the behaviour before).
+    Dynamo keeps its compiled entries per function, for every engine of the process: engines of other dtypes, head
+    sizes or rotary dims in one process (a notebook, the test suite) each add entries, and past the default limit
+    of 8 a fullgraph function fails hard."""
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
-    return torch.compile(fn, dynamic=True, fullgraph=True)
+    dynamic = True if os.environ.get("MINIPIC_COMPILE_DYNAMIC") == "all" else None
+    return torch.compile(fn, dynamic=dynamic, fullgraph=True)
 
 
 class RMSNorm(nn.Module):
