@@ -83,7 +83,7 @@ class Kernels:
 RECOMPILE_LIMIT = 64  # compiled entries per function, across every engine of the process
 
 
-def compile_kernel(fn):
+def compile_kernel(fn, backend="inductor"):
     """`fn` compiled by torch.compile as one graph, its shapes dynamic where they change: the first call compiles
     for its exact shapes, and a call with another token count recompiles with only the sizes that changed left
     symbolic (torch.compile's automatic dynamic shapes). The model's own sizes (hidden, heads, head_dim) stay
@@ -94,7 +94,7 @@ def compile_kernel(fn):
     of 8 a fullgraph function fails hard."""
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
     dynamic = True if os.environ.get("MINIPIC_COMPILE_DYNAMIC") == "all" else None
-    return torch.compile(fn, dynamic=dynamic, fullgraph=True)
+    return torch.compile(fn, dynamic=dynamic, fullgraph=True, backend=backend)
 
 
 class RMSNorm(nn.Module):
