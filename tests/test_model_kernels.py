@@ -39,7 +39,9 @@ def test_add_rms_norm_is_the_residual_add_then_norm():
 def test_write_kv_puts_each_key_and_value_in_its_slot_of_one_layer_only(compiled):
     """A step's keys and values (views of the qkv projection's output, as the Llama layer passes them) go into the
     layer's K and V caches at slot_mapping; other slots and other layers stay as they were. Compiled (as on CUDA),
-    the caches are written in place: no buffer the size of a layer's cache in the generated code."""
+    the caches are written in place (no buffer the size of a layer's cache in the generated code), and the next
+    layer's row views run the same compiled graph."""
+    import torch._dynamo.utils
     from torch._inductor.utils import run_and_get_code
 
     from minipic_lite.models.llama import Kernels, write_kv
@@ -51,17 +53,29 @@ def test_write_kv_puts_each_key_and_value_in_its_slot_of_one_layer_only(compiled
     qkv = torch.randn(T, 16 + 2 * kvh * d)
     k, v = qkv[:, 16:].view(T, 2, kvh, d).unbind(1)  # (T, KVH, D) each: strided views
     slots = torch.tensor([19, 0, 7, 8, 13, 2])  # block * B + offset, in any order
-    fn = Kernels.compiled().write_kv if compiled else write_kv
-    for layer in (1, 2) if compiled else (1,):  # NOTE: compiled, a second layer's views reuse the compiled code
-        k_rows, v_rows = kv_cache[0, layer].flatten(0, 1), kv_cache[1, layer].flatten(0, 1)
-        code = run_and_get_code(fn, k, v, slots, k_rows, v_rows)[1] if compiled else fn(k, v, slots, k_rows, v_rows)
-        buffers = re.findall(r"\bbuf\d+ = empty_strided", "".join(code or []))
-        assert not buffers, "the compiled write copies a cache instead of writing it"
+
+    def rows(layer):  # the layer's K and V caches as the row views the model passes
+        return kv_cache[0, layer].flatten(0, 1), kv_cache[1, layer].flatten(0, 1)
+
+    written_layers = (1, 2) if compiled else (1,)
+    if compiled:
+        torch._dynamo.reset()
+        fn, graphs = Kernels.compiled().write_kv, torch._dynamo.utils.counters["stats"]
+        num_graphs = graphs["unique_graphs"]
+        code = "".join(run_and_get_code(fn, k, v, slots, *rows(1))[1])
+        assert "index" in code, "no generated code was read"
+        assert not re.findall(r"\bbuf\d+ = empty_strided", code), (
+            "the compiled write copies a cache instead of writing it"
+        )
+        fn(k, v, slots, *rows(2))
+        assert graphs["unique_graphs"] == num_graphs + 1, "the second layer's views compiled a graph of their own"
+    else:
+        write_kv(k, v, slots, *rows(1))
     untouched = torch.ones(blocks * B, dtype=torch.bool)
     untouched[slots] = False
     for layer in range(layers):
         written, was = kv_cache[:, layer].reshape(2, -1, kvh, d), before[:, layer].reshape(2, -1, kvh, d)
-        if layer == 1 or (compiled and layer == 2):
+        if layer in written_layers:
             assert torch.equal(written[0, slots], k) and torch.equal(written[1, slots], v)
             assert torch.equal(written[:, untouched], was[:, untouched])
         else:
