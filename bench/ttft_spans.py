@@ -266,7 +266,8 @@ def table(rows: list[dict], doc_tokens: int) -> str:
             f"| {1e3 * nq['ttft_median_s']:.1f} / {1e3 * nq['ttft_s']:.1f} | {r['cold_over_next']:.2f}x |"
         )
     return (f"Documents of {doc_tokens} tokens; TTFT = min over repeats (a first prompt straight after its "
-            f"documents' prefill); a next question: {NEXT_QUESTIONS} new questions after the same documents, one after "
+            f"documents' prefill); a next question: {len(rows[0]['next_question']['ttft_all_s']) if rows else 0} new "
+            "questions after the same documents, one after "
             "another.\n\n" + "\n".join(lines))  # fmt: skip
 
 
