@@ -1,0 +1,115 @@
+"""The decode step's matmuls on their own: how close cuBLAS reads the weights to the copy rate (issue 13).
+
+Decode at batch 1 reads every weight once a step, so its roofline is the weights over the copy bandwidth; the
+engine's batch-1 profile puts the four projections of a layer at 113 us against ~104 us of weights at that rate,
+and cuBLAS adds a split-K reduction kernel after two of them (`dyn24-*`). This times each projection of the
+Llama-3-8B shape (and the LM head) at the engine's decode and short-prefill row counts, as the engine calls it
+(`F.linear(x, W)`) beside the same product with the operands swapped (`(W @ x^T)^T`, which hands cuBLAS another
+shape to choose a kernel for) and, for one row, `torch.mv`; each with the kernels it launched. Weights rotate
+over enough copies that every call reads them from HBM, not from the 50 MB L2.
+
+    python bench/gpu_gemm_shapes.py --out bench/results/gpu_gemm_shapes_<sha>_h200.json   # on the H200
+    python bench/gpu_gemm_shapes.py --tiny                                                  # the CPU: runs
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+from torch.nn import functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+HIDDEN, INTERMEDIATE, VOCAB, Q, KV = 4096, 14336, 128256, 4096, 1024  # Llama-3-8B
+SHAPES = {  # name: (in_features, out_features)
+    "qkv": (HIDDEN, Q + 2 * KV), "o": (Q, HIDDEN), "gate_up": (HIDDEN, 2 * INTERMEDIATE),
+    "down": (INTERMEDIATE, HIDDEN), "lm_head": (HIDDEN, VOCAB),
+}  # fmt: skip
+ROWS = (1, 17, 32, 64)
+L2_BYTES = 50 << 20
+CALLS = 50
+
+
+def variants(rows: int) -> dict:
+    out = {"linear": lambda x, w: F.linear(x, w), "swapped": lambda x, w: (w @ x.t()).t()}
+    if rows == 1:
+        out["mv"] = lambda x, w: torch.mv(w, x[0])
+    return out
+
+
+def time_us(fn, xs, ws, device) -> float:
+    """Mean microseconds a call, the weights taken in turn from `ws` (more bytes than L2 holds)."""
+    for i in range(3):
+        fn(xs[i % len(xs)], ws[i % len(ws)])
+    if device != "cuda":
+        return float("nan")
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for i in range(CALLS):
+        fn(xs[i % len(xs)], ws[i % len(ws)])
+    end.record()
+    torch.cuda.synchronize()
+    return 1e3 * start.elapsed_time(end) / CALLS
+
+
+def kernels_of(fn, x, w) -> list[str]:
+    """Names of the kernels one call launches."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activity = ProfilerActivity.CUDA if x.is_cuda else ProfilerActivity.CPU
+    with profile(activities=[activity]) as prof:
+        fn(x, w)
+        if x.is_cuda:
+            torch.cuda.synchronize()
+    kind = "CUDA" if x.is_cuda else "CPU"
+    return [e.key[:60] for e in prof.key_averages() if e.device_type.name == kind and e.self_device_time_total >= 0]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tiny", action="store_true", help="small shapes on the CPU (checks the script runs)")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    device = "cpu" if args.tiny else "cuda"
+    dtype = torch.float32 if args.tiny else torch.bfloat16
+    scale = 64 if args.tiny else 1
+    from bench.gpu_engine import ceilings
+
+    copy_gbps = ceilings(device)["copy_gbps"]
+    results = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "copy_gbps": copy_gbps,
+               "rows": []}  # fmt: skip
+    print(f"copy {copy_gbps:.0f} GB/s (read + written)")
+    print(f"{'matmul':>8} {'rows':>4} {'variant':>8} {'us':>8} {'GB/s':>7} {'of copy':>7}  kernels")
+    for name, (k_in, n_out) in SHAPES.items():
+        k_in, n_out = k_in // scale, n_out // scale
+        weight_bytes = k_in * n_out * torch.finfo(dtype).bits // 8
+        copies = max(2, -(-2 * L2_BYTES // weight_bytes))
+        ws = [torch.randn(n_out, k_in, device=device, dtype=dtype) for _ in range(copies)]
+        for rows in ROWS:
+            xs = [torch.randn(rows, k_in, device=device, dtype=dtype) for _ in range(2)]
+            reference = F.linear(xs[0], ws[0]).float()
+            for variant, fn in variants(rows).items():
+                got = fn(xs[0], ws[0]).float().reshape(reference.shape)
+                torch.testing.assert_close(got, reference, atol=1e-1, rtol=2e-2)  # the same product
+                us = time_us(fn, xs, ws, device)
+                gbps = weight_bytes / us / 1e3
+                kernels = kernels_of(fn, xs[0], ws[0])
+                row = {"matmul": name, "rows": rows, "variant": variant, "us": us, "weight_gbps": gbps,
+                       "of_copy": gbps / copy_gbps, "kernels": kernels}  # fmt: skip
+                results["rows"].append(row)
+                print(f"{name:>8} {rows:>4} {variant:>8} {us:8.1f} {gbps:7.0f} {gbps / copy_gbps:7.2f}  "
+                      + ", ".join(kernels))  # fmt: skip
+        del ws
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(results, f, indent=1)
+        print(f"saved {args.out}")
+
+
+if __name__ == "__main__":
+    main()
