@@ -5,8 +5,10 @@ engine's batch-1 profile puts the four projections of a layer at 113 us against 
 and cuBLAS adds a split-K reduction kernel after two of them (`dyn24-*`). This times each projection of the
 Llama-3-8B shape (and the LM head) at the engine's decode and short-prefill row counts, as the engine calls it
 (`F.linear(x, W)`) beside the same product with the operands swapped (`(W @ x^T)^T`, which hands cuBLAS another
-shape to choose a kernel for) and, for one row, `torch.mv`; each with the kernels it launched. Weights rotate
-over enough copies that every call reads them from HBM, not from the 50 MB L2.
+shape to choose a kernel for) and, for one row, `torch.mv`; each timed by its kernels' device time (as in a CUDA
+graph, where the engine runs them) with the kernels it launched. Weights rotate over enough copies that every call
+reads them from HBM, not from the 50 MB L2. (At a687ea2 the timing was wall time of eager calls back to back:
+the small projections measured Python's launch time, not the GPU's.)
 
     python bench/gpu_gemm_shapes.py --out bench/results/gpu_gemm_shapes_<sha>_h200.json   # on the H200
     python bench/gpu_gemm_shapes.py --tiny                                                  # the CPU: runs
@@ -41,33 +43,25 @@ def variants(rows: int) -> dict:
     return out
 
 
-def time_us(fn, xs, ws, device) -> float:
-    """Mean microseconds a call, the weights taken in turn from `ws` (more bytes than L2 holds)."""
-    for i in range(3):
-        fn(xs[i % len(xs)], ws[i % len(ws)])
-    if device != "cuda":
-        return float("nan")
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for i in range(CALLS):
-        fn(xs[i % len(xs)], ws[i % len(ws)])
-    end.record()
-    torch.cuda.synchronize()
-    return 1e3 * start.elapsed_time(end) / CALLS
-
-
-def kernels_of(fn, x, w) -> list[str]:
-    """Names of the kernels one call launches."""
+def kernel_times(fn, xs, ws) -> tuple[float, list[str]]:
+    """Device microseconds a call (its kernels' time, summed: launch gaps left out, since back-to-back eager calls
+    of the small projections wait on Python, not on the GPU) and the names of the kernels a call launches; the
+    weights taken in turn from `ws` (more bytes than L2 holds)."""
     from torch.profiler import ProfilerActivity, profile
 
-    activity = ProfilerActivity.CUDA if x.is_cuda else ProfilerActivity.CPU
-    with profile(activities=[activity]) as prof:
-        fn(x, w)
-        if x.is_cuda:
+    for i in range(3):
+        fn(xs[i % len(xs)], ws[i % len(ws)])
+    is_cuda = xs[0].is_cuda
+    with profile(activities=[ProfilerActivity.CUDA if is_cuda else ProfilerActivity.CPU]) as prof:
+        for i in range(CALLS):
+            fn(xs[i % len(xs)], ws[i % len(ws)])
+        if is_cuda:
             torch.cuda.synchronize()
-    kind = "CUDA" if x.is_cuda else "CPU"
-    return [e.key[:60] for e in prof.key_averages() if e.device_type.name == kind and e.self_device_time_total >= 0]
+    kind = "CUDA" if is_cuda else "CPU"
+    events = [e for e in prof.key_averages() if e.device_type.name == kind]
+    if not is_cuda:
+        return float("nan"), [e.key[:60] for e in events]
+    return sum(e.self_device_time_total for e in events) / CALLS, [e.key[:60] for e in events if e.count >= CALLS]
 
 
 def main() -> None:
@@ -96,9 +90,8 @@ def main() -> None:
             for variant, fn in variants(rows).items():
                 got = fn(xs[0], ws[0]).float().reshape(reference.shape)
                 torch.testing.assert_close(got, reference, atol=2e-2 * reference.abs().max().item(), rtol=0)
-                us = time_us(fn, xs, ws, device)
+                us, kernels = kernel_times(fn, xs, ws)
                 gbps = weight_bytes / us / 1e3
-                kernels = kernels_of(fn, xs[0], ws[0])
                 row = {"matmul": name, "rows": rows, "variant": variant, "us": us, "weight_gbps": gbps,
                        "of_copy": gbps / copy_gbps, "kernels": kernels}  # fmt: skip
                 results["rows"].append(row)
