@@ -4,7 +4,7 @@
 # bench/data (the RAG datasets, built here with `python bench/rag.py --build-only --samples 64`) carried.
 #
 #   GIT_SHA=$(git rev-parse --short HEAD) bash bench/gpu_issue10.sh [part]   part: all (default), a, b, ops, ttft, host, hostdiag, offload, tests, splits, grid, rag, ragphase,
-#   rag0, read, readprof (with ncu), engineread, tileslast, final2, rag09, check17, diag18, check18, final18, warps18, bs32, rag32, tests, regs19, diag19, final19, tile16, w16, ahead, ahead2, final20, rag20, ahead4, next21, check22, check22b, rag22, ttft22, ncu22, next23, final23, dyn24, prefill24, final24, gemm24, engine21, engine, pending, final, ttft1, probe or hybrid, or several joined by commas
+#   rag0, read, readprof (with ncu), engineread, tileslast, final2, rag09, check17, diag18, check18, final18, warps18, bs32, rag32, tests, regs19, diag19, final19, tile16, w16, ahead, ahead2, final20, rag20, ahead4, next21, check22, check22b, rag22, ttft22, ncu22, next23, final23, dyn24, prefill24, final24, gemm24, next25, engine21, engine, pending, final, ttft1, probe or hybrid, or several joined by commas
 set -u
 cd "$(dirname "$0")/.."
 export TRITON_INTERPRET=0 PYTHONUNBUFFERED=1 GIT_SHA=${GIT_SHA:-unknown}
@@ -350,6 +350,16 @@ fi
 if want gemm24; then  # issue 13: the decode step's matmuls alone, as the engine calls them and with the operands
     # swapped (another shape for cuBLAS's choice; no split-K reduction kernel?), at 1 / 17 / 32 / 64 rows
     step gemm_shapes 150 python3 bench/gpu_gemm_shapes.py --out "$OUT/gpu_gemm_shapes_${GIT_SHA}_h200.json"
+fi
+if want next25; then  # next (not yet run): the split merge's loads issued together (_reduce_splits_kernel: the
+    # outputs no longer wait on the sums; 2.05 us a call at decode b1, 5.1 in the short read at f5b8bc5), the decode
+    # matmuls by their kernels' device time (gemm24 timed Python's launches for the small ones), and the TTFT; then
+    # engine21 in a call of its own
+    step gpu_tests 200 python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider -p no:logging --tb=short \
+        -k "not bfloat16"
+    step read_defaults 90 env READ_SWEEP=0 python3 bench/gpu_read_profile.py --out "$OUT"
+    step gemm_shapes 100 python3 bench/gpu_gemm_shapes.py --out "$OUT/gpu_gemm_shapes_${GIT_SHA}_h200.json"
+    step host_ttft_b32 60 python3 bench/host_ttft.py --device cuda --llama3-8b-shape --runs 20 --block-size 32
 fi
 if want engine21; then  # the engine's decode b1 / b64 against the HBM roofline and HF (its batch-64 attention took
     # 57 us a layer over 576 keys before decode's TABLE_AHEAD; the op bench now 47.6), and prefill against HF

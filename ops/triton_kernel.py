@@ -642,11 +642,13 @@ def _reduce_splits_kernel(
     split_ok = offs_s < num_splits
     m_part = tl.load(partial_m_ptr + row + offs_s, mask=split_ok, other=float("-inf"))  # [MAX_SPLITS]
     l_part = tl.load(partial_l_ptr + row + offs_s, mask=split_ok, other=0.0)  # [MAX_SPLITS]
-    m_max = tl.max(m_part, 0)
-    weight = tl.where(l_part > 0.0, l_part * tl.math.exp2(m_part - m_max), 0.0)  # empty splits weigh 0
-    # NOTE: a split with no key to read writes no partial output (only its max and sum): never read it
+    # NOTE: the outputs load beside the maxima and sums, not after them (no load waits on another)
     parts = tl.load(partial_out_ptr + (row + offs_s)[:, None] * HEAD_DIM + offs_d[None, :],
-                    mask=(split_ok & (l_part > 0.0))[:, None], other=0.0)  # fmt: skip
+                    mask=split_ok[:, None], other=0.0)  # [MAX_SPLITS, HEAD_DIM]  # fmt: skip
+    m_max = tl.max(m_part, 0)
+    is_read = l_part > 0.0  # a split with no key to read wrote no output (only its max and sum): never use it
+    weight = tl.where(is_read, l_part * tl.math.exp2(m_part - m_max), 0.0)  # empty splits weigh 0
+    parts = tl.where(is_read[:, None], parts, 0.0)  # NOTE: what it holds is whatever was allocated (0 x NaN is NaN)
     out = tl.sum(parts * weight[:, None], 0) / tl.sum(weight, 0)  # [HEAD_DIM]
     o_ptrs = out_ptr + token.to(tl.int64) * stride_o_tok + head * stride_o_head + offs_d
     tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty))
