@@ -27,7 +27,7 @@ Design (after vLLM's unified attention and Triton tutorial 06):
   merges them. The split count is a runtime argument (one compiled kernel for all of them: a new constexpr
   value would compile for seconds in the middle of serving). Split launches put the tiles on the grid's last axis
   (``TILES_LAST``), so every program of the real tiles is dispatched before a CUDA graph's padding tiles; and a split
-  with no key to read stores only its (max, sum), which the merge weighs 0 (it never reads that split's output).
+  with no key to read stores only its (max, sum), which the merge weighs 0 (it never uses that split's output).
 """
 
 from __future__ import annotations
