@@ -358,6 +358,8 @@ if want next25; then  # next (not yet run): the split merge's loads issued toget
     step gpu_tests 200 python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider -p no:logging --tb=short \
         -k "not bfloat16"
     step read_defaults 90 env READ_SWEEP=0 python3 bench/gpu_read_profile.py --out "$OUT"
+    step read_merge 100 env READ_SWEEP=merge python3 bench/gpu_read_profile.py --out "$OUT" \
+        --cases b1x8k,b1x576w8k,short16k  # MERGE_LAST beside the default (not a default yet)
     step gemm_shapes 100 python3 bench/gpu_gemm_shapes.py --out "$OUT/gpu_gemm_shapes_${GIT_SHA}_h200.json"
     step host_ttft_b32 60 python3 bench/host_ttft.py --device cuda --llama3-8b-shape --runs 20 --block-size 32
 fi
