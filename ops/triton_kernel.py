@@ -280,9 +280,6 @@ def _attend_key_tiles(
     return acc, m_i, l_i
 
 
-# NOTE: Triton compiles a kernel again for every constexpr value and for integer arguments equal to 1 or divisible
-# by 16. Counts and widths that change from step to step are left unspecialized: a compile takes seconds, and an
-# eager step with a new batch shape would otherwise pay it in the middle of serving.
 @triton.jit
 def _merge_if_last(
     out_ptr,
@@ -329,6 +326,9 @@ def _merge_if_last(
         tl.store(o_ptrs + offs_d[None, :], out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
 
 
+# NOTE: Triton compiles a kernel again for every constexpr value and for integer arguments equal to 1 or divisible
+# by 16. Counts and widths that change from step to step are left unspecialized: a compile takes seconds, and an
+# eager step with a new batch shape would otherwise pay it in the middle of serving.
 @triton.jit(do_not_specialize=["num_seqs", "num_splits", "stride_kbt_seq", "stride_vbt_seq"])
 def _rope_paged_attention_kernel(
     out_ptr,  # [num_tokens, num_heads, HEAD_DIM]
@@ -431,6 +431,7 @@ def _rope_paged_attention_kernel(
     tile_begin = key_begin // TILE_N
     tile_end = tl.cdiv(key_end, TILE_N)
     if SPLIT_KV:
+        count_ptr = merge_counts_ptr + tile_id * (num_heads // GROUP) + kv_head  # (MERGE_LAST) this tile's count
         tiles_per_split = tl.cdiv(tile_end - tile_begin, num_splits)
         tile_begin = tile_begin + split * tiles_per_split
         tile_end = tl.minimum(tile_end, tile_begin + tiles_per_split)
@@ -440,8 +441,7 @@ def _rope_paged_attention_kernel(
             tl.store(partial_m_ptr + row, tl.full([BLOCK_M], float("-inf"), tl.float32), mask=row_ok)
             tl.store(partial_l_ptr + row, tl.zeros([BLOCK_M], tl.float32), mask=row_ok)
             if MERGE_LAST:
-                _merge_if_last(out_ptr, partial_out_ptr, partial_m_ptr, partial_l_ptr,
-                               merge_counts_ptr + tile_id * (num_heads // GROUP) + kv_head, tokens, heads, row_ok,
+                _merge_if_last(out_ptr, partial_out_ptr, partial_m_ptr, partial_l_ptr, count_ptr, tokens, heads, row_ok,
                                num_heads, num_splits, stride_o_tok, stride_o_head, HEAD_DIM, BLOCK_M)  # fmt: skip
             return
     body_begin = tl.minimum(tl.maximum(tl.cdiv(full_begin, TILE_N), tile_begin), tile_end)
@@ -479,8 +479,7 @@ def _rope_paged_attention_kernel(
         tl.store(partial_m_ptr + row, m_i, mask=row_ok)
         tl.store(partial_l_ptr + row, l_i, mask=row_ok)
         if MERGE_LAST:
-            _merge_if_last(out_ptr, partial_out_ptr, partial_m_ptr, partial_l_ptr,
-                           merge_counts_ptr + tile_id * (num_heads // GROUP) + kv_head, tokens, heads, row_ok,
+            _merge_if_last(out_ptr, partial_out_ptr, partial_m_ptr, partial_l_ptr, count_ptr, tokens, heads, row_ok,
                            num_heads, num_splits, stride_o_tok, stride_o_head, HEAD_DIM, BLOCK_M)  # fmt: skip
 
 
