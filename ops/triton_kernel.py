@@ -281,6 +281,16 @@ def _attend_key_tiles(
 
 
 @triton.jit
+def _weighted_split(part, m_split, l_split, m_max):
+    """A split's share of the merged output: its output scaled by its sum rescaled to the common max, or 0 for a
+    split that read no key (it wrote only its max and sum: its output holds whatever was allocated, and 0 x NaN is
+    NaN). part [R, HEAD_DIM] (R: rows or splits), m_split and l_split [R]; returns (weighted part, weight)."""
+    is_read = l_split > 0.0
+    weight = tl.where(is_read, l_split * tl.math.exp2(m_split - m_max), 0.0)
+    return tl.where(is_read[:, None], part, 0.0) * weight[:, None], weight
+
+
+@triton.jit
 def _merge_if_last(
     out_ptr,
     partial_out_ptr,
@@ -317,9 +327,8 @@ def _merge_if_last(
             l_s = tl.load(partial_l_ptr + base + s, mask=row_ok, other=0.0, cache_modifier=".cg")
             part = tl.load(partial_out_ptr + (base + s)[:, None] * HEAD_DIM + offs_d[None, :], mask=row_ok[:, None],
                            other=0.0, cache_modifier=".cg")  # fmt: skip
-            is_read = l_s > 0.0  # a split with no key to read wrote no output (only its max and sum)
-            weight = tl.where(is_read, l_s * tl.math.exp2(m_s - m_max), 0.0)
-            acc += tl.where(is_read[:, None], part, 0.0) * weight[:, None]
+            weighted, weight = _weighted_split(part, m_s, l_s, m_max)
+            acc += weighted
             total += weight
         out = acc / tl.where(total == 0.0, 1.0, total)[:, None]
         o_ptrs = out_ptr + tokens.to(tl.int64)[:, None] * stride_o_tok + heads[:, None] * stride_o_head
@@ -706,10 +715,8 @@ def _reduce_splits_kernel(
     parts = tl.load(partial_out_ptr + (row + offs_s)[:, None] * HEAD_DIM + offs_d[None, :],
                     mask=split_ok[:, None], other=0.0)  # [MAX_SPLITS, HEAD_DIM]  # fmt: skip
     m_max = tl.max(m_part, 0)
-    is_read = l_part > 0.0  # a split with no key to read wrote no output (only its max and sum): never use it
-    weight = tl.where(is_read, l_part * tl.math.exp2(m_part - m_max), 0.0)  # empty splits weigh 0
-    parts = tl.where(is_read[:, None], parts, 0.0)  # NOTE: what it holds is whatever was allocated (0 x NaN is NaN)
-    out = tl.sum(parts * weight[:, None], 0) / tl.sum(weight, 0)  # [HEAD_DIM]
+    weighted, weight = _weighted_split(parts, m_part, l_part, m_max)  # [MAX_SPLITS, HEAD_DIM], [MAX_SPLITS]
+    out = tl.sum(weighted, 0) / tl.sum(weight, 0)  # [HEAD_DIM]
     o_ptrs = out_ptr + token.to(tl.int64) * stride_o_tok + head * stride_o_head + offs_d
     tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty))
 
