@@ -275,11 +275,35 @@ def profile_decode(llm, vocab, device, batch, prompt_len, steps=8):
     return {"host_ms_per_step": phases}, table
 
 
+def decode_alone(llm, cfg, dtype, device, results, out):
+    """`--decode-only`: the engine's decode at batch 1 and 64 against the roofline, and where a batch-1 step goes
+    (a quick side by side of one engine setting against another, each run in its own process)."""
+    model = llm.engine.runner.model
+    weight_bytes = sum(p.numel() for n, p in model.named_parameters() if "embed_tokens" not in n) * dtype.itemsize
+    kv_token_bytes = 2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * cfg["head_dim"] * dtype.itemsize
+    results["env"] = {k: v for k, v in os.environ.items() if k.startswith(("MINIPIC_", "TORCHINDUCTOR_"))}
+    for batch in (1, 64):
+        results[f"decode_b{batch}"] = r = bench_decode(llm, None, cfg["vocab_size"], device, batch, 512, 128,
+                                                       weight_bytes, kv_token_bytes, results["ceilings"]["copy_gbps"],
+                                                       False)  # fmt: skip
+        print(f"decode b{batch}", r, flush=True)
+    results["decode_b1_profile"], table = profile_decode(llm, cfg["vocab_size"], device, 1, 512)
+    print("decode b1 host phases (ms/step)", results["decode_b1_profile"], flush=True)
+    print(table, flush=True)
+    if out:
+        Path(out).write_text(json.dumps(results, indent=2))
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--tiny", action="store_true")
     parser.add_argument("--out", default=None)
     parser.add_argument("--check-only", action="store_true", help="the logits checks, no benchmarks")
+    parser.add_argument(
+        "--decode-only",
+        action="store_true",
+        help="decode b1 / b64 against the roofline and the batch-1 profile alone (no HF, no prefill)",
+    )
     args = parser.parse_args()
     import minipic_lite as mp
 
@@ -312,6 +336,9 @@ def main():
         if not position_free:
             break
         llm = engines[True]
+        if args.decode_only:
+            decode_alone(llm, cfg, dtype, device, results, args.out)
+            return
         hf = hf_from_engine(llm, cfg, device, dtype)
         results["logits_check"] = check_logits(llm, hf, cfg["vocab_size"], device)
         print("logits", results["logits_check"], flush=True)

@@ -74,6 +74,17 @@ def compile_read(block_m: int, tile_n: int, num_warps: int, num_stages: int, max
     return triton.compile(source, target=HOPPER, options=options)
 
 
+def compile_merge(use_pdl: bool):
+    """The split merge (`_reduce_splits_kernel`) compiled for sm_90a, as the short read launches it."""
+    kernel = triton_kernel._reduce_splits_kernel
+    names = kernel.arg_names
+    pointers = {"out_ptr": "*bf16", "partial_out_ptr": "*fp32", "partial_m_ptr": "*fp32", "partial_l_ptr": "*fp32"}
+    constexprs = {"HEAD_DIM": 128, "MAX_SPLITS": 32, "USE_PDL": use_pdl}
+    signature = {n: pointers.get(n, "constexpr" if n in constexprs else "i32") for n in names}
+    source = ASTSource(fn=kernel, signature=signature, constexprs={(names.index(n),): v for n, v in constexprs.items()})
+    return triton.compile(source, target=HOPPER, options=dict(num_warps=4, launch_pdl=use_pdl))
+
+
 def cuobjdump(cubin: bytes, *flags: str) -> str:
     """What the cuobjdump of Triton's wheel prints for the cubin."""
     tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"

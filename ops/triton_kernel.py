@@ -37,6 +37,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+import os
 
 import torch
 import triton
@@ -51,6 +52,9 @@ MAX_CONFIG_SPLITS = 128  # ... and that a given config may ask for (sweeps); the
 # MERGE_LAST's counters: one per (query tile, kv head) of a split launch, in one zeroed buffer per device that the
 # last split of each tile sets back to 0 (so CUDA graphs can replay it). NOTE: one stream at a time uses it.
 MAX_MERGE_COUNTS = 1 << 16
+# Programmatic dependent launch (sm_90+) for the paged read and its merge ("ops"), and for the engine's compiled
+# kernels too ("all", read by models/llama.compile_kernel); "0": none.
+PDL_MODE = os.environ.get("MINIPIC_PDL", "0")
 MAX_GRID_Z = 65535  # CUDA's limit on a grid's y and z (a TILES_LAST launch with more tiles takes them first)
 # NOTE: under CUDA graphs the engine's block tables are max_model_len wide, so max_context is that, not the context
 # in use: a config picked from it must serve short contexts too (bench/results/gpu_ops_ecd1644_h200*).
@@ -281,6 +285,18 @@ def _attend_key_tiles(
 
 
 @triton.jit
+def _wait_for_inputs(USE_PDL: tl.constexpr):
+    """With programmatic dependent launch (PDL, sm_90+), a kernel's programs may be placed on the GPU while the
+    kernel before it in the stream is still finishing, so that the launch overlaps that kernel's tail. Here they wait
+    for it to finish (its writes visible), then let the next kernel launch early in turn.
+    NOTE: called first, before any load: the step's metadata may come from the kernel just before (an `arange`)."""
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+        # NOTE: after the wait, so a kernel that starts early here finds every kernel before this one finished
+        tl.extra.cuda.gdc_launch_dependents()
+
+
+@triton.jit
 def _weighted_split(part, m_split, l_split, m_max):
     """A split's share of the merged output: its output scaled by its sum rescaled to the common max, or 0 for a
     split that read no key (it wrote only its max and sum: its output holds whatever was allocated, and 0 x NaN is
@@ -384,7 +400,9 @@ def _rope_paged_attention_kernel(
     DOT_PRECISION: tl.constexpr,
     TABLE_AHEAD: tl.constexpr = False,  # the next key tile's block ids read an iteration ahead
     MERGE_LAST: tl.constexpr = False,  # SPLIT_KV: the last split of a tile to finish merges them (no merge kernel)
+    USE_PDL: tl.constexpr = False,  # launched with programmatic dependent launch (Hopper): see _wait_for_inputs
 ):
+    _wait_for_inputs(USE_PDL)
     if TILES_LAST:
         # NOTE: every program of a tile is dispatched before any of the next tile's, so the real tiles start at
         # once and a CUDA-graph bucket's padding sequence (after them) cannot delay them: (tiles, heads, splits)
@@ -702,7 +720,9 @@ def _reduce_splits_kernel(
     stride_o_head,
     HEAD_DIM: tl.constexpr,
     MAX_SPLITS: tl.constexpr,  # >= num_splits, a power of two
+    USE_PDL: tl.constexpr = False,
 ):
+    _wait_for_inputs(USE_PDL)
     token = tl.program_id(0)
     head = tl.program_id(1)
     row = (token.to(tl.int64) * num_heads + head) * num_splits
@@ -741,6 +761,19 @@ def _num_sms(device_index: int) -> int:
 @functools.lru_cache(maxsize=8)
 def _has_tma(device_index: int) -> bool:
     return torch.cuda.get_device_capability(device_index)[0] >= 9  # Hopper and later: the tensor memory accelerator
+
+
+@functools.lru_cache(maxsize=8)
+def _pdl_launch(device_index: int) -> bool:
+    return PDL_MODE in ("ops", "all") and torch.cuda.get_device_capability(device_index)[0] >= 9
+
+
+def _pdl_options(device: torch.device) -> dict:
+    """The launch options of the paged read and its merge: programmatic dependent launch where `MINIPIC_PDL` asks
+    for it and the GPU has it (sm_90+); none on the CPU interpreter."""
+    if device.type != "cuda" or not _pdl_launch(device.index if device.index is not None else 0):
+        return {}
+    return {"USE_PDL": True, "launch_pdl": True}
 
 
 DENSE_DTYPES = (torch.float16, torch.bfloat16)
@@ -969,8 +1002,6 @@ def check_triton_support(q: torch.Tensor, k_cache: torch.Tensor, cos_sin: torch.
 
 
 def _interpreting() -> bool:
-    import os
-
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
@@ -1107,10 +1138,11 @@ def rope_paged_attention_triton(
         TILE_N=cfg["TILE_N"], SPLIT_KV=num_splits > 1, TILES_LAST=tiles_last,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", TABLE_AHEAD=cfg.get("TABLE_AHEAD", False),
         MERGE_LAST=merge_last, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], maxnreg=cfg.get("MAX_REGS"),
+        **_pdl_options(q.device),
     )  # fmt: skip
     if num_splits > 1 and not merge_last:
         _reduce_splits_kernel[(num_tokens, num_heads)](
             out, partial_out, partial_m, partial_l, num_heads, num_splits, out.stride(0), out.stride(1),
-            HEAD_DIM=head_dim, MAX_SPLITS=max(MAX_SPLITS, _next_pow2(num_splits)),
+            HEAD_DIM=head_dim, MAX_SPLITS=max(MAX_SPLITS, _next_pow2(num_splits)), **_pdl_options(q.device),
         )  # fmt: skip
     return out
