@@ -4,7 +4,7 @@
 # bench/data (the RAG datasets, built here with `python bench/rag.py --build-only --samples 64`) carried.
 #
 #   GIT_SHA=$(git rev-parse --short HEAD) bash bench/gpu_issue10.sh [part]   part: all (default), a, b, ops, ttft, host, hostdiag, offload, tests, splits, grid, rag, ragphase,
-#   rag0, read, readprof (with ncu), engineread, tileslast, final2, rag09, check17, diag18, check18, final18, warps18, bs32, rag32, tests, regs19, diag19, final19, tile16, w16, ahead, ahead2, final20, rag20, ahead4, next21, check22, check22b, rag22, ttft22, ncu22, next23, final23, dyn24, prefill24, final24, gemm24, next25, pdl26, engine21, engine, pending, final, ttft1, probe or hybrid, or several joined by commas
+#   rag0, read, readprof (with ncu), engineread, tileslast, final2, rag09, check17, diag18, check18, final18, warps18, bs32, rag32, tests, regs19, diag19, final19, tile16, w16, ahead, ahead2, final20, rag20, ahead4, next21, check22, check22b, rag22, ttft22, ncu22, next23, final23, dyn24, prefill24, final24, gemm24, next25, engine21, engine, pending, final, ttft1, probe or hybrid, or several joined by commas
 set -u
 cd "$(dirname "$0")/.."
 export TRITON_INTERPRET=0 PYTHONUNBUFFERED=1 GIT_SHA=${GIT_SHA:-unknown}
@@ -351,27 +351,13 @@ if want gemm24; then  # issue 13: the decode step's matmuls alone, as the engine
     # swapped (another shape for cuBLAS's choice; no split-K reduction kernel?), at 1 / 17 / 32 / 64 rows
     step gemm_shapes 150 python3 bench/gpu_gemm_shapes.py --out "$OUT/gpu_gemm_shapes_${GIT_SHA}_h200.json"
 fi
-if want next25; then  # next (not yet run): the split merge's loads issued together (_reduce_splits_kernel: the
-    # outputs no longer wait on the sums; 2.05 us a call at decode b1, 5.1 in the short read at f5b8bc5), the decode
-    # matmuls by their kernels' device time (gemm24 timed Python's launches for the small ones), and the TTFT; then
-    # engine21 in a call of its own
+if want next25; then  # run at 6e5cb77: the GPU tests, the read defaults, the decode matmuls by their kernels' device
+    # time, the TTFT (its MERGE_LAST sweep and part pdl26 ran options removed after they measured slower)
     step gpu_tests 200 python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider -p no:logging --tb=short \
         -k "not bfloat16"
     step read_defaults 90 env READ_SWEEP=0 python3 bench/gpu_read_profile.py --out "$OUT"
-    step read_merge 100 env READ_SWEEP=merge python3 bench/gpu_read_profile.py --out "$OUT" \
-        --cases b1x8k,b1x576w8k,short16k  # MERGE_LAST beside the default (not a default yet)
     step gemm_shapes 100 python3 bench/gpu_gemm_shapes.py --out "$OUT/gpu_gemm_shapes_${GIT_SHA}_h200.json"
     step host_ttft_b32 60 python3 bench/host_ttft.py --device cuda --llama3-8b-shape --runs 20 --block-size 32
-fi
-if want pdl26; then  # programmatic dependent launch (MINIPIC_PDL): the op's read and merge under PDL ("ops") beside none,
-    # then the engine's decode with none and with every kernel under PDL ("all"), each in its own process
-    CASES="--cases b1x8k,b1x576w8k,short16k,b64x8k"
-    step read_pdl0 45 env READ_SWEEP=0 python3 bench/gpu_read_profile.py --out "$OUT" $CASES
-    mkdir -p "$OUT/pdl"
-    step read_pdl_ops 80 env READ_SWEEP=0 MINIPIC_PDL=ops python3 bench/gpu_read_profile.py --out "$OUT/pdl" $CASES
-    step decode_pdl0 120 python3 bench/gpu_engine.py --decode-only --out "$OUT/gpu_decode_${GIT_SHA}_pdl0.json"
-    step decode_pdl_all 250 env MINIPIC_PDL=all python3 bench/gpu_engine.py --decode-only \
-        --out "$OUT/gpu_decode_${GIT_SHA}_pdl_all.json"
 fi
 if want engine21; then  # the engine's decode b1 / b64 against the HBM roofline and HF (its batch-64 attention took
     # 57 us a layer over 576 keys before decode's TABLE_AHEAD; the op bench now 47.6), and prefill against HF

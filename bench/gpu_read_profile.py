@@ -145,11 +145,6 @@ def sweep_for(name: str) -> list[dict]:
         if name.startswith(("b1x", "b64x")):
             return grid(TABLE_AHEAD=(True,), TILE_N=(32,), num_stages=(2, 3), num_warps=(4,))
         return []
-    if MODE == "merge":  # the last split of a tile merges them (MERGE_LAST) instead of _reduce_splits_kernel,
-        # beside the default: split launches only (decode at batch 1, the short read)
-        if name.startswith(("b1x", "short16k")):
-            return grid(MERGE_LAST=(True,))
-        return []
     if MODE == "w16":  # 16 warps (4 warpgroups) on one tile, fewer iterations (ptxas: 32-key tiles at 126
         # registers without spilling, 64-key tiles spill 80-88 bytes at 128), not yet run
         if name.startswith("short16k"):
@@ -197,7 +192,7 @@ def kernel_times(fn, calls: int = 20) -> dict:
 
 # READ_SWEEP: 1 (the default) each case's sweep below, 0 each case's defaults only, or one of the named sweeps
 MODE = os.environ.get("READ_SWEEP", "1")
-SWEEP = MODE in ("1", "warps", "regs", "tile16", "w16", "ahead", "ahead2", "ahead3", "ahead4", "merge")
+SWEEP = MODE in ("1", "warps", "regs", "tile16", "w16", "ahead", "ahead2", "ahead3", "ahead4")
 COLD_COPIES = 6  # `_cold` cases: each call reads the next of this many copies, so K and V come from DRAM, not L2
 
 

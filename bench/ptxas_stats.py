@@ -12,7 +12,6 @@ for the 4-warp short read, as ncu read it on the H200).
     python bench/ptxas_stats.py                              # the short read's default and a few neighbours
     python bench/ptxas_stats.py --config 128,32,8,2,128      # BLOCK_M,TILE_N,num_warps,num_stages,maxnreg (0: none)
     python bench/ptxas_stats.py --table-ahead --config 128,64,8,3,0   # the short read's default (pick_config)
-    python bench/ptxas_stats.py --table-ahead --merge-last --config 16,32,4,2,0   # split decode, merged in-kernel
 """
 
 from __future__ import annotations
@@ -37,7 +36,7 @@ POINTERS = {  # argument -> element type, as the engine passes them
     "out_ptr": "*bf16", "q_ptr": "*bf16", "k_cache_ptr": "*bf16", "v_cache_ptr": "*bf16",
     "k_block_tables_ptr": "*i32", "v_block_tables_ptr": "*i32", "cu_seqlens_q_ptr": "*i32",
     "q_positions_ptr": "*i64", "visible_start_ptr": "*i32", "cos_sin_ptr": "*bf16",
-    "partial_out_ptr": "*fp32", "partial_m_ptr": "*fp32", "partial_l_ptr": "*fp32", "merge_counts_ptr": "*i32",
+    "partial_out_ptr": "*fp32", "partial_m_ptr": "*fp32", "partial_l_ptr": "*fp32",
 }  # fmt: skip
 UNSPECIALIZED = ("stride_kbt_seq", "stride_vbt_seq")  # the kernel's do_not_specialize strides
 DEFAULT_CONFIGS = [  # BLOCK_M, TILE_N, num_warps, num_stages, maxnreg
@@ -72,17 +71,6 @@ def compile_read(block_m: int, tile_n: int, num_warps: int, num_stages: int, max
     )
     options = dict(num_warps=num_warps, num_stages=num_stages, maxnreg=maxnreg)
     return triton.compile(source, target=HOPPER, options=options)
-
-
-def compile_merge(use_pdl: bool):
-    """The split merge (`_reduce_splits_kernel`) compiled for sm_90a, as the short read launches it."""
-    kernel = triton_kernel._reduce_splits_kernel
-    names = kernel.arg_names
-    pointers = {"out_ptr": "*bf16", "partial_out_ptr": "*fp32", "partial_m_ptr": "*fp32", "partial_l_ptr": "*fp32"}
-    constexprs = {"HEAD_DIM": 128, "MAX_SPLITS": 32, "USE_PDL": use_pdl}
-    signature = {n: pointers.get(n, "constexpr" if n in constexprs else "i32") for n in names}
-    source = ASTSource(fn=kernel, signature=signature, constexprs={(names.index(n),): v for n, v in constexprs.items()})
-    return triton.compile(source, target=HOPPER, options=dict(num_warps=4, launch_pdl=use_pdl))
 
 
 def cuobjdump(cubin: bytes, *flags: str) -> str:
@@ -123,7 +111,6 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", action="append", help="BLOCK_M,TILE_N,num_warps,num_stages,maxnreg (0: none)")
     parser.add_argument("--table-ahead", action="store_true", help="the TABLE_AHEAD option")
-    parser.add_argument("--merge-last", action="store_true", help="the MERGE_LAST option (the last split merges)")
     args = parser.parse_args()
     configs = [tuple(int(x) for x in c.split(",")) for c in args.config] if args.config else DEFAULT_CONFIGS
     print(
@@ -132,7 +119,7 @@ def main() -> None:
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for block_m, tile_n, warps, stages, maxnreg in configs:
-        options = dict(TABLE_AHEAD=args.table_ahead, MERGE_LAST=args.merge_last)
+        options = dict(TABLE_AHEAD=args.table_ahead)
         compiled = compile_read(block_m, tile_n, warps, stages, maxnreg or None, **options)
         usage, ptx = resource_usage(compiled.asm["cubin"]), compiled.asm["ptx"]
         loops = " / ".join(map(str, loop_instructions(compiled.asm["cubin"])))

@@ -28,8 +28,6 @@ Design (after vLLM's unified attention and Triton tutorial 06):
   value would compile for seconds in the middle of serving). Split launches put the tiles on the grid's last axis
   (``TILES_LAST``), so every program of the real tiles is dispatched before a CUDA graph's padding tiles; and a split
   with no key to read stores only its (max, sum), which the merge weighs 0 (it never uses that split's output).
-  With ``MERGE_LAST`` (a config option, not yet a default) there is no merge kernel: each split counts itself done
-  with an atomic, and the last split of a tile to finish merges them all (``_merge_if_last``).
 """
 
 from __future__ import annotations
@@ -37,7 +35,6 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-import os
 
 import torch
 import triton
@@ -49,12 +46,6 @@ LOG2E = 1.4426950408889634
 MIN_KEYS_PER_SPLIT = 256
 MAX_SPLITS = 32  # split-KV programs per query tile that pick_config chooses at most
 MAX_CONFIG_SPLITS = 128  # ... and that a given config may ask for (sweeps); the reduce kernel widens to fit
-# MERGE_LAST's counters: one per (query tile, kv head) of a split launch, in one zeroed buffer per device that the
-# last split of each tile sets back to 0 (so CUDA graphs can replay it). NOTE: one stream at a time uses it.
-MAX_MERGE_COUNTS = 1 << 16
-# Programmatic dependent launch (sm_90+) for the paged read and its merge ("ops"), and for the engine's compiled
-# kernels too ("all", read by models/llama.compile_kernel); "0": none.
-PDL_MODE = os.environ.get("MINIPIC_PDL", "0")
 MAX_GRID_Z = 65535  # CUDA's limit on a grid's y and z (a TILES_LAST launch with more tiles takes them first)
 # NOTE: under CUDA graphs the engine's block tables are max_model_len wide, so max_context is that, not the context
 # in use: a config picked from it must serve short contexts too (bench/results/gpu_ops_ecd1644_h200*).
@@ -284,73 +275,6 @@ def _attend_key_tiles(
     return acc, m_i, l_i
 
 
-@triton.jit
-def _wait_for_inputs(USE_PDL: tl.constexpr):
-    """With programmatic dependent launch (PDL, sm_90+), a kernel's programs may be placed on the GPU while the
-    kernel before it in the stream is still finishing, so that the launch overlaps that kernel's tail. Here they wait
-    for it to finish (its writes visible), then let the next kernel launch early in turn.
-    NOTE: called first, before any load: the step's metadata may come from the kernel just before (an `arange`)."""
-    if USE_PDL:
-        tl.extra.cuda.gdc_wait()
-        # NOTE: after the wait, so a kernel that starts early here finds every kernel before this one finished
-        tl.extra.cuda.gdc_launch_dependents()
-
-
-@triton.jit
-def _weighted_split(part, m_split, l_split, m_max):
-    """A split's share of the merged output: its output scaled by its sum rescaled to the common max, or 0 for a
-    split that read no key (it wrote only its max and sum: its output holds whatever was allocated, and 0 x NaN is
-    NaN). part [R, HEAD_DIM] (R: rows or splits), m_split and l_split [R]; returns (weighted part, weight)."""
-    is_read = l_split > 0.0
-    weight = tl.where(is_read, l_split * tl.math.exp2(m_split - m_max), 0.0)
-    return tl.where(is_read[:, None], part, 0.0) * weight[:, None], weight
-
-
-@triton.jit
-def _merge_if_last(
-    out_ptr,
-    partial_out_ptr,
-    partial_m_ptr,
-    partial_l_ptr,
-    count_ptr,
-    tokens,
-    heads,
-    row_ok,
-    num_heads,
-    num_splits,
-    stride_o_tok,
-    stride_o_head,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-):
-    """Count this split as done; the last split of the tile to finish merges every split's (out, max, sum) of the
-    tile's rows into the output, as _reduce_splits_kernel does, and sets the count back to 0."""
-    # NOTE: Triton puts a CTA barrier before a scalar atomic, which thread 0 issues: every thread's partial stores
-    # are ordered before its release, and its acquire orders the other splits' stores before the loads below.
-    count = tl.atomic_add(count_ptr, 1, sem="acq_rel", scope="gpu")
-    if count == num_splits - 1:
-        tl.store(count_ptr, 0)  # NOTE: zero again for the next launch (a CUDA graph replays the same buffer)
-        base = (tokens.to(tl.int64) * num_heads + heads) * num_splits  # [BLOCK_M] first split's row
-        offs_d = tl.arange(0, HEAD_DIM)
-        m_max = tl.full([BLOCK_M], float("-inf"), tl.float32)
-        for s in range(num_splits):  # NOTE: .cg: other SMs wrote these; read them from L2, not a stale L1
-            m_max = tl.maximum(m_max, tl.load(partial_m_ptr + base + s, mask=row_ok, other=float("-inf"),
-                                              cache_modifier=".cg"))  # fmt: skip
-        acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-        total = tl.zeros([BLOCK_M], dtype=tl.float32)
-        for s in range(num_splits):
-            m_s = tl.load(partial_m_ptr + base + s, mask=row_ok, other=float("-inf"), cache_modifier=".cg")
-            l_s = tl.load(partial_l_ptr + base + s, mask=row_ok, other=0.0, cache_modifier=".cg")
-            part = tl.load(partial_out_ptr + (base + s)[:, None] * HEAD_DIM + offs_d[None, :], mask=row_ok[:, None],
-                           other=0.0, cache_modifier=".cg")  # fmt: skip
-            weighted, weight = _weighted_split(part, m_s, l_s, m_max)
-            acc += weighted
-            total += weight
-        out = acc / tl.where(total == 0.0, 1.0, total)[:, None]
-        o_ptrs = out_ptr + tokens.to(tl.int64)[:, None] * stride_o_tok + heads[:, None] * stride_o_head
-        tl.store(o_ptrs + offs_d[None, :], out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
-
-
 # NOTE: Triton compiles a kernel again for every constexpr value and for integer arguments equal to 1 or divisible
 # by 16. Counts and widths that change from step to step are left unspecialized: a compile takes seconds, and an
 # eager step with a new batch shape would otherwise pay it in the middle of serving.
@@ -369,7 +293,6 @@ def _rope_paged_attention_kernel(
     partial_out_ptr,  # [num_tokens, num_heads, num_splits, HEAD_DIM] fp32 (SPLIT_KV only)
     partial_m_ptr,  # [num_tokens, num_heads, num_splits] fp32
     partial_l_ptr,  # [num_tokens, num_heads, num_splits] fp32
-    merge_counts_ptr,  # [num_tiles * num_kv_heads] int32, zero between launches (MERGE_LAST only)
     qk_scale,  # softmax scale * log2(e)
     num_seqs,
     num_heads,
@@ -399,10 +322,7 @@ def _rope_paged_attention_kernel(
     TILES_LAST: tl.constexpr,  # grid (kv heads, splits, tiles) instead of (tiles, kv heads, splits)
     DOT_PRECISION: tl.constexpr,
     TABLE_AHEAD: tl.constexpr = False,  # the next key tile's block ids read an iteration ahead
-    MERGE_LAST: tl.constexpr = False,  # SPLIT_KV: the last split of a tile to finish merges them (no merge kernel)
-    USE_PDL: tl.constexpr = False,  # launched with programmatic dependent launch (Hopper): see _wait_for_inputs
 ):
-    _wait_for_inputs(USE_PDL)
     if TILES_LAST:
         # NOTE: every program of a tile is dispatched before any of the next tile's, so the real tiles start at
         # once and a CUDA-graph bucket's padding sequence (after them) cannot delay them: (tiles, heads, splits)
@@ -458,7 +378,6 @@ def _rope_paged_attention_kernel(
     tile_begin = key_begin // TILE_N
     tile_end = tl.cdiv(key_end, TILE_N)
     if SPLIT_KV:
-        count_ptr = merge_counts_ptr + tile_id * (num_heads // GROUP) + kv_head  # (MERGE_LAST) this tile's count
         tiles_per_split = tl.cdiv(tile_end - tile_begin, num_splits)
         tile_begin = tile_begin + split * tiles_per_split
         tile_end = tl.minimum(tile_end, tile_begin + tiles_per_split)
@@ -467,9 +386,6 @@ def _rope_paged_attention_kernel(
             row = (tokens.to(tl.int64) * num_heads + heads) * num_splits + split  # [BLOCK_M]
             tl.store(partial_m_ptr + row, tl.full([BLOCK_M], float("-inf"), tl.float32), mask=row_ok)
             tl.store(partial_l_ptr + row, tl.zeros([BLOCK_M], tl.float32), mask=row_ok)
-            if MERGE_LAST:
-                _merge_if_last(out_ptr, partial_out_ptr, partial_m_ptr, partial_l_ptr, count_ptr, tokens, heads, row_ok,
-                               num_heads, num_splits, stride_o_tok, stride_o_head, HEAD_DIM, BLOCK_M)  # fmt: skip
             return
     body_begin = tl.minimum(tl.maximum(tl.cdiv(full_begin, TILE_N), tile_begin), tile_end)
     body_end = tl.maximum(tl.minimum(full_end // TILE_N, tile_end), body_begin)
@@ -505,9 +421,6 @@ def _rope_paged_attention_kernel(
         tl.store(partial_out_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], out, mask=row_ok[:, None])
         tl.store(partial_m_ptr + row, m_i, mask=row_ok)
         tl.store(partial_l_ptr + row, l_i, mask=row_ok)
-        if MERGE_LAST:
-            _merge_if_last(out_ptr, partial_out_ptr, partial_m_ptr, partial_l_ptr, count_ptr, tokens, heads, row_ok,
-                           num_heads, num_splits, stride_o_tok, stride_o_head, HEAD_DIM, BLOCK_M)  # fmt: skip
 
 
 @triton.jit(do_not_specialize=["max_blocks", "stride_bt_seq"])
@@ -720,9 +633,7 @@ def _reduce_splits_kernel(
     stride_o_head,
     HEAD_DIM: tl.constexpr,
     MAX_SPLITS: tl.constexpr,  # >= num_splits, a power of two
-    USE_PDL: tl.constexpr = False,
 ):
-    _wait_for_inputs(USE_PDL)
     token = tl.program_id(0)
     head = tl.program_id(1)
     row = (token.to(tl.int64) * num_heads + head) * num_splits
@@ -735,8 +646,10 @@ def _reduce_splits_kernel(
     parts = tl.load(partial_out_ptr + (row + offs_s)[:, None] * HEAD_DIM + offs_d[None, :],
                     mask=split_ok[:, None], other=0.0)  # [MAX_SPLITS, HEAD_DIM]  # fmt: skip
     m_max = tl.max(m_part, 0)
-    weighted, weight = _weighted_split(parts, m_part, l_part, m_max)  # [MAX_SPLITS, HEAD_DIM], [MAX_SPLITS]
-    out = tl.sum(weighted, 0) / tl.sum(weight, 0)  # [HEAD_DIM]
+    is_read = l_part > 0.0  # a split with no key to read wrote no output (only its max and sum): never use it
+    weight = tl.where(is_read, l_part * tl.math.exp2(m_part - m_max), 0.0)  # empty splits weigh 0
+    parts = tl.where(is_read[:, None], parts, 0.0)  # NOTE: what it holds is whatever was allocated (0 x NaN is NaN)
+    out = tl.sum(parts * weight[:, None], 0) / tl.sum(weight, 0)  # [HEAD_DIM]
     o_ptrs = out_ptr + token.to(tl.int64) * stride_o_tok + head * stride_o_head + offs_d
     tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty))
 
@@ -747,13 +660,6 @@ def _reduce_splits_kernel(
 
 
 @functools.lru_cache(maxsize=8)
-def _merge_counts(device: torch.device) -> torch.Tensor:
-    """MERGE_LAST's counters on `device` (allocated at the first split launch, which the engine's warm-up makes
-    before any CUDA graph is captured)."""
-    return torch.zeros(MAX_MERGE_COUNTS, dtype=torch.int32, device=device)
-
-
-@functools.lru_cache(maxsize=8)
 def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
@@ -761,19 +667,6 @@ def _num_sms(device_index: int) -> int:
 @functools.lru_cache(maxsize=8)
 def _has_tma(device_index: int) -> bool:
     return torch.cuda.get_device_capability(device_index)[0] >= 9  # Hopper and later: the tensor memory accelerator
-
-
-@functools.lru_cache(maxsize=8)
-def _pdl_launch(device_index: int) -> bool:
-    return PDL_MODE in ("ops", "all") and torch.cuda.get_device_capability(device_index)[0] >= 9
-
-
-def _pdl_options(device: torch.device) -> dict:
-    """The launch options of the paged read and its merge: programmatic dependent launch where `MINIPIC_PDL` asks
-    for it and the GPU has it (sm_90+); none on the CPU interpreter."""
-    if device.type != "cuda" or not _pdl_launch(device.index if device.index is not None else 0):
-        return {}
-    return {"USE_PDL": True, "launch_pdl": True}
 
 
 DENSE_DTYPES = (torch.float16, torch.bfloat16)
@@ -841,8 +734,7 @@ def pick_config(
     # NOTE: a decode that is not split (large batches) runs as many programs an SM as registers allow: ptxas gives
     # it 133 registers since the key loop computes offsets within a block once (102 before: 4 programs of 4 warps an
     # SM, as many as shared memory allows; 3 at 133). Capped at 128 (118, no spill; bench/ptxas_stats.py) it keeps
-    # 4, at 315 instructions an iteration of the loop's body against 436 before. H200 at 6f23a31: 64 x 576 keys
-    # 45.3 us against 47.6, 64 x 8k 0.498 ms against 0.535 (next23-6f23a31-cuda-read_defaults.log).
+    # 4, at 315 instructions an iteration of the loop's body against 436 before. Not yet measured on the H200.
     max_regs = DECODE_MAX_REGS if bf16_decode and num_splits == 1 else None
     return dict(
         BLOCK_M=block_m,
@@ -924,8 +816,7 @@ def compile_key(cfg: dict) -> tuple:
     """What a launch with config `cfg` compiles: two configs with the same key run the same kernels."""
     split = cfg["NUM_SPLITS"] > 1
     return (cfg["BLOCK_M"], cfg["TILE_N"], cfg["num_warps"], cfg["num_stages"], split, cfg["PRE_ROTATE"],
-            cfg["DENSE"], cfg["WARP_SPECIALIZE"], cfg.get("MAX_REGS"), cfg.get("TABLE_AHEAD", False),
-            split and cfg.get("MERGE_LAST", False))  # fmt: skip
+            cfg["DENSE"], cfg["WARP_SPECIALIZE"], cfg.get("MAX_REGS"), cfg.get("TABLE_AHEAD", False))  # fmt: skip
 
 
 # Step shapes that `variant_shapes` tries: sequences, query tokens per sequence (around pick_config's thresholds of
@@ -1002,6 +893,8 @@ def check_triton_support(q: torch.Tensor, k_cache: torch.Tensor, cos_sin: torch.
 
 
 def _interpreting() -> bool:
+    import os
+
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
@@ -1122,12 +1015,10 @@ def rope_paged_attention_triton(
         partial_out = partial_m = partial_l = out  # unused
     num_tiles = num_tokens // block_q + num_seqs
     tiles_last = cfg.get("TILES_LAST", num_splits > 1) and num_tiles <= MAX_GRID_Z  # split launches: tiles last
-    merge_last = num_splits > 1 and cfg.get("MERGE_LAST", False) and num_tiles * num_kv_heads <= MAX_MERGE_COUNTS
-    merge_counts = _merge_counts(q.device) if merge_last else partial_m  # (unused without MERGE_LAST)
     grid = (num_kv_heads, num_splits, num_tiles) if tiles_last else (num_tiles, num_kv_heads, num_splits)
     _rope_paged_attention_kernel[grid](
         out, q, k_cache, v_cache, k_tables, block_tables, cu_seqlens_q, q_positions, visible_start,
-        q if cos_sin is None else cos_sin, partial_out, partial_m, partial_l, merge_counts,
+        q if cos_sin is None else cos_sin, partial_out, partial_m, partial_l,
         scale * LOG2E, num_seqs, num_heads, num_splits,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -1137,12 +1028,11 @@ def rope_paged_attention_triton(
         HALF_PAD=max(_next_pow2(rotary_dim // 2), 16), BLOCK_M=block_m, BLOCK_Q=block_q,
         TILE_N=cfg["TILE_N"], SPLIT_KV=num_splits > 1, TILES_LAST=tiles_last,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", TABLE_AHEAD=cfg.get("TABLE_AHEAD", False),
-        MERGE_LAST=merge_last, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], maxnreg=cfg.get("MAX_REGS"),
-        **_pdl_options(q.device),
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], maxnreg=cfg.get("MAX_REGS"),
     )  # fmt: skip
-    if num_splits > 1 and not merge_last:
+    if num_splits > 1:
         _reduce_splits_kernel[(num_tokens, num_heads)](
             out, partial_out, partial_m, partial_l, num_heads, num_splits, out.stride(0), out.stride(1),
-            HEAD_DIM=head_dim, MAX_SPLITS=max(MAX_SPLITS, _next_pow2(num_splits)), **_pdl_options(q.device),
+            HEAD_DIM=head_dim, MAX_SPLITS=max(MAX_SPLITS, _next_pow2(num_splits)),
         )  # fmt: skip
     return out

@@ -132,18 +132,3 @@ def test_hybrid_on_cuda_follows_transformers_and_resumes_from_checkpoints(hybrid
     assert max(gaps) <= tolerance, gaps
     assert sum(o.state_report.resume_position > 0 for o in again) >= 4
     llm.engine.kv.check_integrity()
-
-
-def test_pdl_all_compiles_the_models_kernels_with_grid_dependency_control(monkeypatch):
-    """`MINIPIC_PDL=all`: Inductor's kernels wait for the kernel before them (the op's side: tests/test_pdl.py)."""
-    from torch._inductor.utils import run_and_get_code
-
-    from minipic_lite.models.llama import compile_kernel
-
-    torch._dynamo.reset()
-    x = torch.randn(64, device="cuda")
-    for mode, expected in (("all", True), ("0", False)):
-        monkeypatch.setenv("MINIPIC_PDL", mode)
-        torch._dynamo.reset()
-        _, code = run_and_get_code(compile_kernel(lambda t: t * 2 + 1), x)
-        assert ("gdc_wait" in "".join(code)) is expected, mode

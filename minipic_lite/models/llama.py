@@ -94,16 +94,7 @@ def compile_kernel(fn, backend="inductor"):
     of 8 a fullgraph function fails hard."""
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
     dynamic = True if os.environ.get("MINIPIC_COMPILE_DYNAMIC") == "all" else None
-    options = {"triton.enable_pdl": True} if backend == "inductor" and _inductor_pdl() else None
-    return torch.compile(fn, dynamic=dynamic, fullgraph=True, backend=backend, options=options)
-
-
-def _inductor_pdl() -> bool:
-    """`MINIPIC_PDL=all`: Inductor's kernels launch with programmatic dependent launch too (where torch has the
-    option; it applies on sm_90+ only), as the op's kernels do from `MINIPIC_PDL=ops`."""
-    import torch._inductor.config as inductor_config
-
-    return os.environ.get("MINIPIC_PDL", "0") == "all" and hasattr(inductor_config.triton, "enable_pdl")
+    return torch.compile(fn, dynamic=dynamic, fullgraph=True, backend=backend)
 
 
 class RMSNorm(nn.Module):

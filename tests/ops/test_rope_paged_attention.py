@@ -109,33 +109,6 @@ TRITON_CASES = [
     # tiles smaller than a block (16 keys in blocks of 32): a key's slot is not the same in every tile
     ("short_over_long", "gqa4", 64, None, 32, torch.bfloat16, True, {}, {**SHORT, **TABLE_AHEAD, "NUM_SPLITS": 4}),
     ("decode_only", "gqa4", 64, None, 32, torch.float32, True, {}, {**TABLE_AHEAD, "NUM_SPLITS": 2}),
-    # the last split of a tile merges them (MERGE_LAST, no merge kernel): decode, more splits than keys (empty
-    # splits), a short read, SSEP segments, the grid's other axis order
-    (
-        "decode_only",
-        "gqa4",
-        64,
-        None,
-        16,
-        torch.float32,
-        True,
-        {},
-        {**TABLE_AHEAD, "NUM_SPLITS": 4, "MERGE_LAST": True},
-    ),
-    ("decode_only", "gqa3", 64, 32, 16, torch.bfloat16, True, {}, {"NUM_SPLITS": 16, "MERGE_LAST": True}),
-    ("short_over_long", "gqa4", 64, None, 16, torch.float32, True, {}, {**SHORT, "NUM_SPLITS": 8, "MERGE_LAST": True}),
-    ("ssep_segments", "mha4", 64, None, 16, torch.float32, True, {}, {**SHORT, "NUM_SPLITS": 4, "MERGE_LAST": True}),
-    (
-        "mixed",
-        "gqa4",
-        64,
-        None,
-        16,
-        torch.float32,
-        False,
-        {},
-        {"NUM_SPLITS": 3, "TILES_LAST": False, "MERGE_LAST": True},
-    ),
     # the dense kernel (gathered K and V, tensor-descriptor loads; the default for 16-bit prefill on Hopper)
     ("mixed", "gqa4", 128, None, 16, torch.bfloat16, True, {"repeat_block": True}, {"DENSE": True}),
     ("mixed", "gqa3", 64, 32, 32, torch.float16, True, {"share_span": True}, {"DENSE": True, "TILE_N": 32}),
@@ -489,31 +462,6 @@ def test_triton_merge_never_reads_the_output_of_a_split_with_no_keys(monkeypatch
         actual = triton_kernel.rope_paged_attention_triton(*problem.args(), config={"NUM_SPLITS": 64, "TILE_N": 16})
     expected = rope_paged_attention_ref(*problem.args())
     assert_close(actual, expected, atol=1e-4, rtol=1e-4, what="64 splits over short key ranges")
-
-
-def test_triton_merge_last_uses_no_empty_split_and_leaves_its_counters_at_zero(monkeypatch):
-    """MERGE_LAST: the last split of each tile merges, from partial buffers allocated as NaN (an empty split's output
-    is never used); its counters are back at 0 after the launch, so a second launch (a CUDA graph's replay) merges
-    again and gives the same output."""
-    import ops.triton_kernel as triton_kernel
-
-    problem = make_problem(SCENARIOS["decode_only"], 8, 2, 64, 16, seed=7)
-    real_empty = torch.empty
-
-    def nan_filled(*shape, **kwargs):
-        t = real_empty(*shape, **kwargs)
-        return t.fill_(float("nan")) if t.is_floating_point() else t
-
-    config = {"NUM_SPLITS": 64, "TILE_N": 16, "MERGE_LAST": True}
-    counts = triton_kernel._merge_counts(problem.q.device)
-    with monkeypatch.context() as patch:
-        patch.setattr(triton_kernel.torch, "empty", nan_filled)
-        first = triton_kernel.rope_paged_attention_triton(*problem.args(), config=config)
-        assert not counts.any(), "a count was left behind"
-        again = triton_kernel.rope_paged_attention_triton(*problem.args(), config=config)
-    assert_close(first, rope_paged_attention_ref(*problem.args()), atol=1e-4, rtol=1e-4, what="merged by the last")
-    assert torch.equal(first, again)
-    assert not counts.any()
 
 
 # (num_heads, num_kv_heads, head_dim, rotary, elem_size, table_elem_size): Llama-3-8B in bf16 as the engine runs it,
