@@ -6,9 +6,11 @@ and cuBLAS adds a split-K reduction kernel after two of them (`dyn24-*`). This t
 Llama-3-8B shape (and the LM head) at the engine's decode and short-prefill row counts, as the engine calls it
 (`F.linear(x, W)`) beside the same product with the operands swapped (`(W @ x^T)^T`, which hands cuBLAS another
 shape to choose a kernel for) and, for one row, `torch.mv`; each timed by its kernels' device time (as in a CUDA
-graph, where the engine runs them) with the kernels it launched. Weights rotate over enough copies that every call
-reads them from HBM, not from the 50 MB L2. (At a687ea2 the timing was wall time of eager calls back to back:
-the small projections measured Python's launch time, not the GPU's.)
+graph, where the engine runs them) with the kernels it launched. At one row also Inductor's code: the product
+written as a sum over K (a reduction kernel, one pass over the weights; for `gate_up` also with SiLU·up fused in),
+and `F.linear` under max-autotune (cuBLAS against Triton's matmul templates). Weights rotate over enough copies
+that every call reads them from HBM, not from the 50 MB L2. (At a687ea2 the timing was wall time of eager calls
+back to back: the small projections measured Python's launch time, not the GPU's.)
 
     python bench/gpu_gemm_shapes.py --out bench/results/gpu_gemm_shapes_<sha>_h200.json   # on the H200
     python bench/gpu_gemm_shapes.py --tiny                                                  # the CPU: runs
@@ -36,11 +38,38 @@ L2_BYTES = 50 << 20
 CALLS = 50
 
 
-def variants(rows: int) -> dict:
+def gemv_as_reduction(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x [1, K] @ w [N, K]^T written as a sum over K, so Inductor makes a reduction kernel of it (one pass over w)."""
+    return (x[:, None, :].float() * w.float()).sum(-1).to(x.dtype)  # (1, N)
+
+
+def gemv_silu_as_reduction(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """SiLU(x @ w_gate^T) * (x @ w_up^T) for w = [w_gate; w_up]: both sums in one reduction kernel, no [1, 2I]
+    intermediate and no SiLU kernel after it."""
+    half = w.shape[0] // 2
+    gate = (x[:, None, :].float() * w[:half].float()).sum(-1)
+    up = (x[:, None, :].float() * w[half:].float()).sum(-1)
+    return (F.silu(gate) * up).to(x.dtype)  # (1, I)
+
+
+def variants(name: str, rows: int) -> dict:
     out = {"linear": lambda x, w: F.linear(x, w), "swapped": lambda x, w: (w @ x.t()).t()}
     if rows == 1:
         out["mv"] = lambda x, w: torch.mv(w, x[0])
+        # NOTE: Inductor's code for one row: the product as a reduction, and cuBLAS against Triton's matmul templates
+        out["reduce"] = torch.compile(gemv_as_reduction, dynamic=False, fullgraph=True)
+        out["autotune"] = torch.compile(lambda x, w: F.linear(x, w), dynamic=False, mode="max-autotune-no-cudagraphs")
+        if name == "gate_up":
+            out["reduce_silu"] = torch.compile(gemv_silu_as_reduction, dynamic=False, fullgraph=True)
     return out
+
+
+def reference_for(variant: str, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    product = F.linear(x, w).float()
+    if variant == "reduce_silu":
+        gate, up = product.chunk(2, dim=-1)
+        return F.silu(gate) * up
+    return product
 
 
 def kernel_times(fn, xs, ws) -> tuple[float, list[str]]:
@@ -68,6 +97,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tiny", action="store_true", help="small shapes on the CPU (checks the script runs)")
     parser.add_argument("--out", default=None)
+    parser.add_argument("--rows", default=",".join(map(str, ROWS)), help="comma-separated row counts")
     args = parser.parse_args()
     device = "cpu" if args.tiny else "cuda"
     dtype = torch.float32 if args.tiny else torch.bfloat16
@@ -84,10 +114,10 @@ def main() -> None:
         weight_bytes = k_in * n_out * torch.finfo(dtype).bits // 8
         copies = max(2, -(-2 * L2_BYTES // weight_bytes))
         ws = [torch.randn(n_out, k_in, device=device, dtype=dtype) for _ in range(copies)]
-        for rows in ROWS:
+        for rows in map(int, args.rows.split(",")):
             xs = [torch.randn(rows, k_in, device=device, dtype=dtype) for _ in range(2)]
-            reference = F.linear(xs[0], ws[0]).float()
-            for variant, fn in variants(rows).items():
+            for variant, fn in variants(name, rows).items():
+                reference = reference_for(variant, xs[0], ws[0])
                 got = fn(xs[0], ws[0]).float().reshape(reference.shape)
                 torch.testing.assert_close(got, reference, atol=2e-2 * reference.abs().max().item(), rtol=0)
                 us, kernels = kernel_times(fn, xs, ws)
