@@ -336,6 +336,8 @@ def main():
         if not position_free:
             break
         llm = engines[True]
+        results["one_row_timings"] = {str(k): v for k, v in llm.engine.runner.one_row_timings.items()}
+        print("one-row projections (in, out, bias): cuBLAS / reduction", results["one_row_timings"], flush=True)
         if args.decode_only:
             decode_alone(llm, cfg, dtype, device, results, args.out)
             return

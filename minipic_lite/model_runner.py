@@ -25,7 +25,8 @@ from minipic_lite.config import (
 )
 from minipic_lite.decode_mirror import DecodeMirror
 from minipic_lite.kv_cache_manager import Rerotate
-from minipic_lite.models.llama import rope_table
+from minipic_lite.models.llama import compile_kernel, rope_table
+from minipic_lite.models.one_row_linear import one_row_matmul, route_one_row_linears
 from minipic_lite.models.packed_linear import can_pack, drop_packed_weights, pack_linears, packed_min_rows
 from minipic_lite.models.registry import model_class
 from minipic_lite.models.step import HostStep, RecurrentStep, StepInputs, StepMetadata, host_tensor
@@ -120,6 +121,12 @@ class ModelRunner:
             self.packed_min_rows = packed_min_rows(self.model)
             if self.packed_min_rows is None:
                 drop_packed_weights(self.model)
+        # CUDA: one-row steps (batch-1 decode) take Inductor's reduction for the projections where it beats cuBLAS
+        # (timed here; models/one_row_linear.py)
+        self.one_row_timings = {}
+        if self.device.type == "cuda" and not config.enforce_eager:
+            one_row = compile_kernel(one_row_matmul, options={"coordinate_descent_tuning": True}, dynamic=False)
+            self.one_row_timings = route_one_row_linears(self.model, one_row)
         self.state_tensors = None  # hybrid models: live state slots and checkpoints (state_cache.py)
         if config.model.is_hybrid:
             budget, num_slots = config.cache.state_cache_gib * GIB, config.scheduler.max_num_seqs

@@ -132,3 +132,28 @@ def test_hybrid_on_cuda_follows_transformers_and_resumes_from_checkpoints(hybrid
     assert max(gaps) <= tolerance, gaps
     assert sum(o.state_report.resume_position > 0 for o in again) >= 4
     llm.engine.kv.check_integrity()
+
+
+def test_one_row_steps_through_inductors_reduction_give_the_eager_tokens(tiny_dir, monkeypatch):
+    """Batch-1 decode with every projection routed to the reduction (models/one_row_linear.py), won or not, gives
+    the tokens of the eager engine (cuBLAS); the routed function is one Triton reduction kernel, not a matmul."""
+    from torch._inductor.utils import run_and_get_code
+
+    from minipic_lite.models import one_row_linear
+
+    monkeypatch.setattr(one_row_linear, "MIN_GAIN", -1e9)  # take it wherever it was timed
+    kwargs = dict(device="cuda", dtype="float32", max_model_len=256, max_num_seqs=8, num_blocks=256)
+    routed = mp.LLM(str(tiny_dir), **kwargs)
+    timings = routed.engine.runner.one_row_timings
+    assert timings and all(t["use_reduction"] for t in timings.values()), timings
+    eager = mp.LLM(str(tiny_dir), enforce_eager=True, **kwargs)
+    gen = torch.Generator().manual_seed(3)
+    params = mp.SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+    for n in (5, 40):  # one request at a time: every decode step has one row
+        prompt = torch.randint(6, 512, (n,), generator=gen).tolist()
+        ours, theirs = (llm.generate([prompt], params, use_tqdm=False)[0] for llm in (routed, eager))
+        assert ours.token_ids == theirs.token_ids
+    o_proj = routed.engine.runner.model.layers[0].self_attn.o_proj
+    x = torch.randn(1, o_proj.weight.shape[1], device="cuda")
+    _, code = run_and_get_code(o_proj.one_row, x, o_proj.weight, o_proj.bias)
+    assert "triton_red" in "".join(code) and "extern_kernels.mm" not in "".join(code)

@@ -83,7 +83,7 @@ class Kernels:
 RECOMPILE_LIMIT = 64  # compiled entries per function, across every engine of the process
 
 
-def compile_kernel(fn, backend="inductor"):
+def compile_kernel(fn, backend="inductor", options: dict | None = None, dynamic: bool | None = None):
     """`fn` compiled by torch.compile as one graph, its shapes dynamic where they change: the first call compiles
     for its exact shapes, and a call with another token count recompiles with only the sizes that changed left
     symbolic (torch.compile's automatic dynamic shapes). The model's own sizes (hidden, heads, head_dim) stay
@@ -91,10 +91,12 @@ def compile_kernel(fn, backend="inductor"):
     `MINIPIC_COMPILE_DYNAMIC=all` makes every size symbolic from the first call (the behaviour before).
     Dynamo keeps its compiled entries per function, for every engine of the process: engines of other dtypes, head
     sizes or rotary dims in one process (a notebook, the test suite) each add entries, and past the default limit
-    of 8 a fullgraph function fails hard."""
+    of 8 a fullgraph function fails hard. `options`: Inductor settings for this function; `dynamic=False`: every
+    shape exact (a new shape compiles again)."""
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
-    dynamic = True if os.environ.get("MINIPIC_COMPILE_DYNAMIC") == "all" else None
-    return torch.compile(fn, dynamic=dynamic, fullgraph=True, backend=backend)
+    if dynamic is None and os.environ.get("MINIPIC_COMPILE_DYNAMIC") == "all":
+        dynamic = True
+    return torch.compile(fn, dynamic=dynamic, fullgraph=True, backend=backend, options=options)
 
 
 class RMSNorm(nn.Module):

@@ -1,0 +1,101 @@
+"""Linear layers that, for one row on CUDA, may take Inductor's reduction kernel instead of cuBLAS's matmul.
+
+At batch-1 decode each projection reads its weights once, so it should run at the copy rate. cuBLAS does not
+always: on the H200 with Llama-3-8B's shapes it read `qkv` at 0.82 of the copy rate (its 64-column tiles leave SMs
+idle) and `o` at 0.66 (split-K plus a reduction kernel). With coordinate-descent tuning on, Inductor writes a
+one-row matmul as a sum over the input features, a reduction kernel whose block sizes it tunes at its first call:
+`qkv` 13.6 µs against cuBLAS's 15.0, `o` 10.2 against 12.4, but `gate_up` 57.0 against 54.6
+(`bench/results/gemv27-cf99e20-*`). Which wins depends on the shape and the GPU, so `route_one_row_linears` times
+both at start-up on each group of same-shaped projections (every layer's weights in turn, so they come from memory
+as in a decode step, not from L2) and keeps the faster. Steps of more rows always take `F.linear`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+MIN_GAIN = 0.02  # the reduction must be at least this much faster than cuBLAS to be taken
+PROBE_PASSES = 3  # timed passes over a group's weights, after a warm-up pass (which also compiles and tunes)
+
+
+def one_row_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """F.linear, compiled with coordinate-descent tuning: for x [1, in] Inductor decomposes it into a reduction."""
+    return F.linear(x, weight, bias)
+
+
+class OneRowLinear(nn.Module):
+    """`nn.Linear`'s weight and bias, multiplied by `one_row` when the input has one row and `use_reduction` is
+    set (by `route_one_row_linears`), by `F.linear` otherwise."""
+
+    def __init__(self, linear: nn.Linear, one_row):
+        super().__init__()
+        self.weight = linear.weight
+        self.bias = linear.bias
+        self.one_row = one_row
+        self.use_reduction = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # NOTE: x.shape[0] is fixed within a CUDA graph's bucket, so a captured step holds one branch
+        if self.use_reduction and x.dim() == 2 and x.shape[0] == 1:
+            return self.one_row(x, self.weight, self.bias)
+        return F.linear(x, self.weight, self.bias)
+
+
+def wrap_linears(model: nn.Module, one_row) -> list[OneRowLinear]:
+    """Replace every `nn.Linear` of `model` by a OneRowLinear sharing its parameters (state dict unchanged)."""
+    wrapped = []
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, nn.Linear):
+                wrapped.append(OneRowLinear(child, one_row))
+                setattr(parent, name, wrapped[-1])
+    return wrapped
+
+
+def group_by_shape(linears: list[OneRowLinear]) -> dict[tuple, list[OneRowLinear]]:
+    """Projections that share a kernel: same (in, out) features and whether they have a bias."""
+    groups = defaultdict(list)
+    for m in linears:
+        groups[(*m.weight.shape[::-1], m.bias is not None)].append(m)
+    return dict(groups)
+
+
+def _seconds(fn, group: list[OneRowLinear], x: torch.Tensor) -> float:
+    """GPU seconds of one pass of `fn` over every weight of `group`: the least of PROBE_PASSES, after a warm-up."""
+    for m in group:  # warm-up: compiles (and tunes) the reduction at its first call
+        fn(x, m.weight, m.bias)
+    best = float("inf")
+    for _ in range(PROBE_PASSES):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for m in group:
+            fn(x, m.weight, m.bias)
+        end.record()
+        end.synchronize()
+        best = min(best, start.elapsed_time(end) / 1e3)
+    return best
+
+
+def route_one_row_linears(model: nn.Module, one_row) -> dict[tuple, dict]:
+    """Wrap `model`'s linears (CUDA, weights loaded) and time, per shape group, cuBLAS against `one_row` on one row;
+    sets `use_reduction` where the reduction wins by MIN_GAIN. `MINIPIC_ONE_ROW_MATMUL=0` keeps cuBLAS everywhere.
+    Returns {(in, out, bias): {"cublas_s", "reduction_s", "use_reduction"}} (empty when off)."""
+    linears = wrap_linears(model, one_row)
+    if os.environ.get("MINIPIC_ONE_ROW_MATMUL", "1") == "0":
+        return {}
+    timings = {}
+    with torch.inference_mode():
+        for key, group in group_by_shape(linears).items():
+            w = group[0].weight
+            x = torch.randn(1, w.shape[1], device=w.device, dtype=w.dtype)
+            cublas, reduction = _seconds(F.linear, group, x), _seconds(one_row, group, x)
+            use = reduction < (1 - MIN_GAIN) * cublas
+            for m in group:
+                m.use_reduction = use
+            timings[key] = {"cublas_s": cublas, "reduction_s": reduction, "use_reduction": use}
+    return timings

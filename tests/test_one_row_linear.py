@@ -1,0 +1,73 @@
+"""models/one_row_linear.py on the CPU: the wrapping keeps the model's parameters, one-row inputs take the routed
+function only where the route says so, and the compiled one-row matmul equals F.linear. (The timing that sets the
+route needs CUDA: tests/test_gpu.py.)"""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from minipic_lite.models.llama import compile_kernel
+from minipic_lite.models.one_row_linear import OneRowLinear, group_by_shape, one_row_matmul, wrap_linears
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.qkv_proj = nn.Linear(8, 12, bias=True)
+        self.o_proj = nn.Linear(4, 8, bias=False)
+        self.inner = nn.Sequential(nn.Linear(8, 12, bias=True), nn.ReLU())
+
+
+def recording(calls: list):
+    def one_row(x, weight, bias):
+        calls.append(tuple(x.shape))
+        return F.linear(x, weight, bias) + 1000.0  # marked, so the test sees which path ran
+
+    return one_row
+
+
+def test_wrapping_keeps_every_parameter_and_output():
+    torch.manual_seed(0)
+    model = Block()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    x = torch.randn(3, 8)
+    expected = model.qkv_proj(x)
+    wrapped = wrap_linears(model, recording([]))
+    assert len(wrapped) == 3 and all(isinstance(m, OneRowLinear) for m in wrapped)
+    assert isinstance(model.inner[0], OneRowLinear)
+    assert model.state_dict().keys() == before.keys()
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, before[key]), key
+    torch.testing.assert_close(model.qkv_proj(x), expected)
+
+
+def test_only_one_row_inputs_of_routed_projections_take_the_reduction():
+    torch.manual_seed(0)
+    model, calls = Block(), []
+    wrap_linears(model, recording(calls))
+    one, three = torch.randn(1, 8), torch.randn(3, 8)
+    model.qkv_proj(one)  # not routed yet
+    assert calls == []
+    model.qkv_proj.use_reduction = True
+    torch.testing.assert_close(model.qkv_proj(three), F.linear(three, model.qkv_proj.weight, model.qkv_proj.bias))
+    assert calls == []
+    routed = model.qkv_proj(one)
+    assert calls == [(1, 8)]
+    torch.testing.assert_close(routed, F.linear(one, model.qkv_proj.weight, model.qkv_proj.bias) + 1000.0)
+    model.inner[0](one)  # same shape, another module: its own flag
+    assert calls == [(1, 8)]
+
+
+def test_groups_are_projections_of_one_shape_and_bias():
+    model = Block()
+    wrapped = wrap_linears(model, recording([]))
+    groups = group_by_shape(wrapped)
+    assert groups == {(8, 12, True): [wrapped[0], wrapped[2]], (4, 8, False): [wrapped[1]]}
+
+
+def test_compiled_one_row_matmul_with_coordinate_descent_equals_f_linear():
+    torch.manual_seed(0)
+    fn = compile_kernel(one_row_matmul, options={"coordinate_descent_tuning": True}, dynamic=False)
+    for bias in (None, torch.randn(24)):
+        x, w = torch.randn(1, 40), torch.randn(24, 40)
+        torch.testing.assert_close(fn(x, w, bias), F.linear(x, w, bias))
