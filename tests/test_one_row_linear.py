@@ -7,7 +7,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from minipic_lite.models.llama import compile_kernel
-from minipic_lite.models.one_row_linear import OneRowLinear, group_by_shape, one_row_matmul, wrap_linears
+from minipic_lite.models.one_row_linear import (
+    ONE_ROW_OPTIONS,
+    OneRowLinear,
+    group_by_shape,
+    one_row_matmul,
+    wrap_linears,
+)
 
 
 class Block(nn.Module):
@@ -65,9 +71,9 @@ def test_groups_are_projections_of_one_shape_and_bias():
     assert groups == {(8, 12, True): [wrapped[0], wrapped[2]], (4, 8, False): [wrapped[1]]}
 
 
-def test_compiled_one_row_matmul_with_coordinate_descent_equals_f_linear():
+def test_compiled_one_row_matmul_with_its_inductor_options_equals_f_linear():
     torch.manual_seed(0)
-    fn = compile_kernel(one_row_matmul, options={"coordinate_descent_tuning": True}, dynamic=False)
+    fn = compile_kernel(one_row_matmul, options=ONE_ROW_OPTIONS, dynamic=False)
     for bias in (None, torch.randn(24)):
         x, w = torch.randn(1, 40), torch.randn(24, 40)
         torch.testing.assert_close(fn(x, w, bias), F.linear(x, w, bias))

@@ -3,7 +3,8 @@
 At batch-1 decode each projection reads its weights once, so it should run at the copy rate. cuBLAS does not
 always: on the H200 with Llama-3-8B's shapes it read `qkv` at 0.82 of the copy rate (its 64-column tiles leave SMs
 idle) and `o` at 0.66 (split-K plus a reduction kernel). With coordinate-descent tuning on, Inductor writes a
-one-row matmul as a sum over the input features, a reduction kernel whose block sizes it tunes at its first call:
+one-row matmul as a sum over the input features, a reduction kernel whose block sizes it tunes at its first call
+(with max-autotune's settings, as measured):
 `qkv` 13.6 µs against cuBLAS's 15.0, `o` 10.2 against 12.4, but `gate_up` 57.0 against 54.6
 (`bench/results/gemv27-cf99e20-*`). Which wins depends on the shape and the GPU, so `route_one_row_linears` times
 both at start-up on each group of same-shaped projections (every layer's weights in turn, so they come from memory
@@ -19,12 +20,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+# Inductor's settings for `one_row_matmul` (max-autotune's, without its CUDA graphs): coordinate-descent tuning is
+# what makes Inductor write a one-row matmul as a reduction; max-autotune tries every reduction config first
+ONE_ROW_OPTIONS = {"max_autotune": True, "coordinate_descent_tuning": True}
 MIN_GAIN = 0.02  # the reduction must be at least this much faster than cuBLAS to be taken
 PROBE_PASSES = 3  # timed passes over a group's weights, after a warm-up pass (which also compiles and tunes)
 
 
 def one_row_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """F.linear, compiled with coordinate-descent tuning: for x [1, in] Inductor decomposes it into a reduction."""
+    """F.linear; compiled with ONE_ROW_OPTIONS, Inductor decomposes it for x [1, in] into a tuned reduction."""
     return F.linear(x, weight, bias)
 
 
@@ -66,15 +70,22 @@ def group_by_shape(linears: list[OneRowLinear]) -> dict[tuple, list[OneRowLinear
 
 
 def _seconds(fn, group: list[OneRowLinear], x: torch.Tensor) -> float:
-    """GPU seconds of one pass of `fn` over every weight of `group`: the least of PROBE_PASSES, after a warm-up."""
+    """GPU seconds of one pass of `fn` over every weight of `group`, replayed as a CUDA graph (as a decode step runs
+    it: eager launches of a compiled function would time Python's dispatch, ~50 µs a call, not the GPU): the least
+    of PROBE_PASSES replays."""
     for m in group:  # warm-up: compiles (and tunes) the reduction at its first call
         fn(x, m.weight, m.bias)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for m in group:
+            fn(x, m.weight, m.bias)
+    graph.replay()
     best = float("inf")
     for _ in range(PROBE_PASSES):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        for m in group:
-            fn(x, m.weight, m.bias)
+        graph.replay()
         end.record()
         end.synchronize()
         best = min(best, start.elapsed_time(end) / 1e3)
