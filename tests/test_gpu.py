@@ -1,6 +1,7 @@
 """GPU-only checks (`pytest -m gpu` on the GPU machine; skipped with the reason elsewhere)."""
 
 import os
+import re
 
 import pytest
 import torch
@@ -157,4 +158,6 @@ def test_one_row_steps_through_inductors_reduction_give_the_eager_tokens(tiny_di
     x = torch.randn(1, o_proj.weight.shape[1], device="cuda")
     with torch.inference_mode():  # as the engine calls it
         _, code = run_and_get_code(o_proj.one_row, x, o_proj.weight, o_proj.bias)
-    assert "triton_red" in "".join(code) and "extern_kernels.mm" not in "".join(code)
+    code = "".join(code)
+    # NOTE: a reduction over 128 features is a persistent one (triton_per_*), a longer one looped (triton_red_*)
+    assert re.search(r"def triton_(per|red)_", code) and not re.search(r"extern_kernels\.(add)?mm\(", code), code
