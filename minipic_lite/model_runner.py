@@ -26,7 +26,7 @@ from minipic_lite.config import (
 from minipic_lite.decode_mirror import DecodeMirror
 from minipic_lite.kv_cache_manager import Rerotate
 from minipic_lite.models.llama import compile_kernel, rope_table
-from minipic_lite.models.one_row_linear import ONE_ROW_OPTIONS, one_row_matmul, route_one_row_linears
+from minipic_lite.models.one_row_linear import one_row_candidates, route_one_row_linears
 from minipic_lite.models.packed_linear import can_pack, drop_packed_weights, pack_linears, packed_min_rows
 from minipic_lite.models.registry import model_class
 from minipic_lite.models.step import HostStep, RecurrentStep, StepInputs, StepMetadata, host_tensor
@@ -125,8 +125,7 @@ class ModelRunner:
         # (timed here; models/one_row_linear.py)
         self.one_row_timings = {}
         if self.device.type == "cuda" and not config.enforce_eager:
-            one_row = compile_kernel(one_row_matmul, options=ONE_ROW_OPTIONS, dynamic=False)
-            self.one_row_timings = route_one_row_linears(self.model, one_row)
+            self.one_row_timings = route_one_row_linears(self.model, one_row_candidates(compile_kernel))
         self.state_tensors = None  # hybrid models: live state slots and checkpoints (state_cache.py)
         if config.model.is_hybrid:
             budget, num_slots = config.cache.state_cache_gib * GIB, config.scheduler.max_num_seqs

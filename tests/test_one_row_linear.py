@@ -8,10 +8,10 @@ from torch import nn
 
 from minipic_lite.models.llama import compile_kernel
 from minipic_lite.models.one_row_linear import (
-    ONE_ROW_OPTIONS,
     OneRowLinear,
+    choose_route,
     group_by_shape,
-    one_row_matmul,
+    one_row_candidates,
     wrap_linears,
 )
 
@@ -38,7 +38,7 @@ def test_wrapping_keeps_every_parameter_and_output():
     before = {k: v.clone() for k, v in model.state_dict().items()}
     x = torch.randn(3, 8)
     expected = model.qkv_proj(x)
-    wrapped = wrap_linears(model, recording([]))
+    wrapped = wrap_linears(model)
     assert len(wrapped) == 3 and all(isinstance(m, OneRowLinear) for m in wrapped)
     assert isinstance(model.inner[0], OneRowLinear)
     assert model.state_dict().keys() == before.keys()
@@ -50,30 +50,39 @@ def test_wrapping_keeps_every_parameter_and_output():
 def test_only_one_row_inputs_of_routed_projections_take_the_reduction():
     torch.manual_seed(0)
     model, calls = Block(), []
-    wrap_linears(model, recording(calls))
+    wrap_linears(model)
     one, three = torch.randn(1, 8), torch.randn(3, 8)
     model.qkv_proj(one)  # not routed yet
     assert calls == []
-    model.qkv_proj.use_reduction = True
+    model.qkv_proj.one_row = recording(calls)
     torch.testing.assert_close(model.qkv_proj(three), F.linear(three, model.qkv_proj.weight, model.qkv_proj.bias))
     assert calls == []
     routed = model.qkv_proj(one)
     assert calls == [(1, 8)]
     torch.testing.assert_close(routed, F.linear(one, model.qkv_proj.weight, model.qkv_proj.bias) + 1000.0)
-    model.inner[0](one)  # same shape, another module: its own flag
+    model.inner[0](one)  # same shape, another module: its own route
     assert calls == [(1, 8)]
 
 
 def test_groups_are_projections_of_one_shape_and_bias():
     model = Block()
-    wrapped = wrap_linears(model, recording([]))
+    wrapped = wrap_linears(model)
     groups = group_by_shape(wrapped)
     assert groups == {(8, 12, True): [wrapped[0], wrapped[2]], (4, 8, False): [wrapped[1]]}
 
 
-def test_compiled_one_row_matmul_with_its_inductor_options_equals_f_linear():
+def test_compiled_candidates_equal_f_linear():
     torch.manual_seed(0)
-    fn = compile_kernel(one_row_matmul, options=ONE_ROW_OPTIONS, dynamic=False)
+    candidates = one_row_candidates(compile_kernel)
+    assert set(candidates) == {"tuned_reduction", "reduction"}
     for bias in (None, torch.randn(24)):
         x, w = torch.randn(1, 40), torch.randn(24, 40)
-        torch.testing.assert_close(fn(x, w, bias), F.linear(x, w, bias))
+        for name, fn in candidates.items():
+            torch.testing.assert_close(fn(x, w, bias), F.linear(x, w, bias), msg=name)
+
+
+def test_the_route_is_the_fastest_candidate_only_past_the_margin():
+    assert choose_route({"cublas": 1.0, "tuned_reduction": 0.8, "reduction": 0.9}) == "tuned_reduction"
+    assert choose_route({"cublas": 1.0, "tuned_reduction": 0.99, "reduction": 0.97}) == "reduction"
+    assert choose_route({"cublas": 1.0, "tuned_reduction": 0.985, "reduction": 1.2}) == "cublas"  # under 2%
+    assert choose_route({"cublas": 1.0, "tuned_reduction": 1.5, "reduction": 1.1}) == "cublas"

@@ -6,9 +6,11 @@ idle) and `o` at 0.66 (split-K plus a reduction kernel). With coordinate-descent
 one-row matmul as a sum over the input features, a reduction kernel whose block sizes it tunes at its first call
 (with max-autotune's settings, as measured):
 `qkv` 13.6 µs against cuBLAS's 15.0, `o` 10.2 against 12.4, but `gate_up` 57.0 against 54.6
-(`bench/results/gemv27-cf99e20-*`). Which wins depends on the shape and the GPU, so `route_one_row_linears` times
-both at start-up on each group of same-shaped projections (every layer's weights in turn, so they come from memory
-as in a decode step, not from L2) and keeps the faster. Steps of more rows always take `F.linear`.
+(`bench/results/gemv27-cf99e20-*`). The same sum written out (`sum_over_features`) with Inductor's default
+reduction settings read `down` at the copy rate, 28.3 µs against 30.1, and lost the others. Which wins depends on
+the shape and the GPU, so `route_one_row_linears` times cuBLAS and each candidate at start-up on each group of
+same-shaped projections (every layer's weights in turn, so they come from memory as in a decode step, not from L2)
+and keeps the fastest. Steps of more rows always take `F.linear`.
 """
 
 from __future__ import annotations
@@ -32,31 +34,44 @@ def one_row_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     return F.linear(x, weight, bias)
 
 
-class OneRowLinear(nn.Module):
-    """`nn.Linear`'s weight and bias, multiplied by `one_row` when the input has one row and `use_reduction` is
-    set (by `route_one_row_linears`), by `F.linear` otherwise."""
+def sum_over_features(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x [1, in] @ weight [out, in]^T (+ bias) as a float32 sum over `in`: a reduction kernel under any settings."""
+    out = (x[:, None, :].float() * weight.float()).sum(-1)  # (1, out)
+    return (out if bias is None else out + bias.float()).to(x.dtype)
 
-    def __init__(self, linear: nn.Linear, one_row):
+
+def one_row_candidates(compile_fn) -> dict:
+    """{name: fn(x, weight, bias)}: the compiled one-row matmuls the probe times against cuBLAS."""
+    return {
+        "tuned_reduction": compile_fn(one_row_matmul, options=ONE_ROW_OPTIONS, dynamic=False),
+        "reduction": compile_fn(sum_over_features, dynamic=False),
+    }
+
+
+class OneRowLinear(nn.Module):
+    """`nn.Linear`'s weight and bias, multiplied by `one_row` when the input has one row and the probe chose one
+    (`route_one_row_linears`), by `F.linear` otherwise."""
+
+    def __init__(self, linear: nn.Linear):
         super().__init__()
         self.weight = linear.weight
         self.bias = linear.bias
-        self.one_row = one_row
-        self.use_reduction = False
+        self.one_row = None  # fn(x, weight, bias), or None: cuBLAS
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # NOTE: x.shape[0] is fixed within a CUDA graph's bucket, so a captured step holds one branch
-        if self.use_reduction and x.dim() == 2 and x.shape[0] == 1:
+        if self.one_row is not None and x.dim() == 2 and x.shape[0] == 1:
             return self.one_row(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
 
 
-def wrap_linears(model: nn.Module, one_row) -> list[OneRowLinear]:
+def wrap_linears(model: nn.Module) -> list[OneRowLinear]:
     """Replace every `nn.Linear` of `model` by a OneRowLinear sharing its parameters (state dict unchanged)."""
     wrapped = []
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, nn.Linear):
-                wrapped.append(OneRowLinear(child, one_row))
+                wrapped.append(OneRowLinear(child))
                 setattr(parent, name, wrapped[-1])
     return wrapped
 
@@ -92,11 +107,19 @@ def _seconds(fn, group: list[OneRowLinear], x: torch.Tensor) -> float:
     return best
 
 
-def route_one_row_linears(model: nn.Module, one_row) -> dict[tuple, dict]:
-    """Wrap `model`'s linears (CUDA, weights loaded) and time, per shape group, cuBLAS against `one_row` on one row;
-    sets `use_reduction` where the reduction wins by MIN_GAIN. `MINIPIC_ONE_ROW_MATMUL=0` keeps cuBLAS everywhere.
-    Returns {(in, out, bias): {"cublas_s", "reduction_s", "use_reduction"}} (empty when off)."""
-    linears = wrap_linears(model, one_row)
+def choose_route(seconds: dict[str, float]) -> str:
+    """The fastest candidate of `seconds` ({"cublas": s, candidate: s, ...}) if it beats cuBLAS by MIN_GAIN, else
+    "cublas" (a tie is not worth a second code path)."""
+    best = min((name for name in seconds if name != "cublas"), key=seconds.get)
+    return best if seconds[best] < (1 - MIN_GAIN) * seconds["cublas"] else "cublas"
+
+
+def route_one_row_linears(model: nn.Module, candidates: dict) -> dict[tuple, dict]:
+    """Wrap `model`'s linears (CUDA, weights loaded) and time, per shape group, cuBLAS and each of `candidates`
+    ({name: fn(x, weight, bias)}) on one row; the fastest candidate is taken where it beats cuBLAS by MIN_GAIN.
+    `MINIPIC_ONE_ROW_MATMUL=0` keeps cuBLAS everywhere. Returns {(in, out, bias): {"cublas": s, name: s, ...,
+    "chosen": name or "cublas"}} (empty when off)."""
+    linears = wrap_linears(model)
     if os.environ.get("MINIPIC_ONE_ROW_MATMUL", "1") == "0":
         return {}
     timings = {}
@@ -104,9 +127,10 @@ def route_one_row_linears(model: nn.Module, one_row) -> dict[tuple, dict]:
         for key, group in group_by_shape(linears).items():
             w = group[0].weight
             x = torch.randn(1, w.shape[1], device=w.device, dtype=w.dtype)
-            cublas, reduction = _seconds(F.linear, group, x), _seconds(one_row, group, x)
-            use = reduction < (1 - MIN_GAIN) * cublas
+            seconds = {"cublas": _seconds(F.linear, group, x)}
+            seconds |= {name: _seconds(fn, group, x) for name, fn in candidates.items()}
+            chosen = choose_route(seconds)
             for m in group:
-                m.use_reduction = use
-            timings[key] = {"cublas_s": cublas, "reduction_s": reduction, "use_reduction": use}
+                m.one_row = candidates.get(chosen)
+            timings[key] = seconds | {"chosen": chosen}
     return timings
