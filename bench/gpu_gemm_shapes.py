@@ -6,11 +6,11 @@ and cuBLAS adds a split-K reduction kernel after two of them (`dyn24-*`). This t
 Llama-3-8B shape (and the LM head) at the engine's decode and short-prefill row counts, as the engine calls it
 (`F.linear(x, W)`) beside the same product with the operands swapped (`(W @ x^T)^T`, which hands cuBLAS another
 shape to choose a kernel for) and, for one row, `torch.mv`; each timed by its kernels' device time (as in a CUDA
-graph, where the engine runs them) with the kernels it launched. At one row also Inductor's code: the product
-written as a sum over K (a reduction kernel, one pass over the weights; for `gate_up` also with SiLU·up fused in),
-and `F.linear` under max-autotune (cuBLAS against Triton's matmul templates). Weights rotate over enough copies
-that every call reads them from HBM, not from the 50 MB L2. (At a687ea2 the timing was wall time of eager calls
-back to back: the small projections measured Python's launch time, not the GPU's.)
+graph, where the engine runs them) with the kernels it launched; and `F.linear` under max-autotune (at one row
+Inductor's tuned reduction, at more rows cuBLAS against Triton's matmul templates). At one row also the product
+written as a sum over K (a reduction kernel, one pass over the weights; for `gate_up` also with SiLU·up fused
+in). Weights rotate over enough copies that every call reads them from HBM, not from the 50 MB L2. (At a687ea2
+the timing was wall time of eager calls back to back: the small projections measured Python's launch time.)
 
     python bench/gpu_gemm_shapes.py --out bench/results/gpu_gemm_shapes_<sha>_h200.json   # on the H200
     python bench/gpu_gemm_shapes.py --tiny                                                  # the CPU: runs
@@ -54,11 +54,11 @@ def gemv_silu_as_reduction(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 def variants(name: str, rows: int) -> dict:
     out = {"linear": lambda x, w: F.linear(x, w), "swapped": lambda x, w: (w @ x.t()).t()}
+    # NOTE: max-autotune: for one row Inductor's tuned reduction; for more, cuBLAS against Triton's matmul templates
+    out["autotune"] = torch.compile(lambda x, w: F.linear(x, w), dynamic=False, mode="max-autotune-no-cudagraphs")
     if rows == 1:
         out["mv"] = lambda x, w: torch.mv(w, x[0])
-        # NOTE: Inductor's code for one row: the product as a reduction, and cuBLAS against Triton's matmul templates
         out["reduce"] = torch.compile(gemv_as_reduction, dynamic=False, fullgraph=True)
-        out["autotune"] = torch.compile(lambda x, w: F.linear(x, w), dynamic=False, mode="max-autotune-no-cudagraphs")
         if name == "gate_up":
             out["reduce_silu"] = torch.compile(gemv_silu_as_reduction, dynamic=False, fullgraph=True)
     return out
