@@ -99,6 +99,9 @@ def main() -> None:
     parser.add_argument("--out", default=None)
     parser.add_argument("--rows", default=",".join(map(str, ROWS)), help="comma-separated row counts")
     args = parser.parse_args()
+    # NOTE: every (matmul, rows) compiles the same functions again (dynamic=False): past the default limit of 8
+    # Dynamo would run them eagerly, and the table would time cuBLAS under another name
+    torch._dynamo.config.recompile_limit = 64
     device = "cpu" if args.tiny else "cuda"
     dtype = torch.float32 if args.tiny else torch.bfloat16
     scale = 64 if args.tiny else 1
