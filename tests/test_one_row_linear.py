@@ -12,6 +12,7 @@ from minipic_lite.models.one_row_linear import (
     choose_route,
     group_by_shape,
     one_row_candidates,
+    route_one_row_linears,
     wrap_linears,
 )
 
@@ -86,3 +87,34 @@ def test_the_route_is_the_fastest_candidate_only_past_the_margin():
     assert choose_route({"cublas": 1.0, "tuned_reduction": 0.99, "reduction": 0.97}) == "reduction"
     assert choose_route({"cublas": 1.0, "tuned_reduction": 0.985, "reduction": 1.2}) == "cublas"  # under 2%
     assert choose_route({"cublas": 1.0, "tuned_reduction": 1.5, "reduction": 1.1}) == "cublas"
+
+
+def test_routing_takes_each_groups_fastest_and_leaves_out_a_failing_candidate(caplog):
+    """The probe's bookkeeping with a stand-in timer (the real one replays CUDA graphs): per shape group the fastest
+    candidate past the margin, cuBLAS where none is; a candidate that raises is skipped with a warning."""
+    model = Block()
+    fast, broken = recording([]), recording([])
+    costs = {  # (in, out) -> seconds per route
+        (8, 12): {F.linear: 1.0, fast: 0.5, broken: None},
+        (4, 8): {F.linear: 1.0, fast: 0.99, broken: None},
+    }
+
+    def timer(fn, group, x):
+        assert x.shape == (1, group[0].weight.shape[1])
+        seconds = costs[tuple(group[0].weight.shape[::-1])][fn]
+        if seconds is None:
+            raise RuntimeError("no kernel for this GPU")
+        return seconds
+
+    timings = route_one_row_linears(model, {"fast": fast, "broken": broken}, timer=timer)
+    assert timings[(8, 12, True)] == {"cublas": 1.0, "fast": 0.5, "broken": float("inf"), "chosen": "fast"}
+    assert timings[(4, 8, False)]["chosen"] == "cublas"
+    assert model.qkv_proj.one_row is fast and model.inner[0].one_row is fast and model.o_proj.one_row is None
+    assert "one-row matmul broken left out" in caplog.text
+
+
+def test_routing_off_keeps_cublas_everywhere(monkeypatch):
+    monkeypatch.setenv("MINIPIC_ONE_ROW_MATMUL", "0")
+    model = Block()
+    assert route_one_row_linears(model, {"fast": recording([])}, timer=lambda *a: 0.0) == {}
+    assert all(m.one_row is None for m in model.modules() if isinstance(m, OneRowLinear))
