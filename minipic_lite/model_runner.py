@@ -74,6 +74,14 @@ def rerotate(keys: torch.Tensor, delta: int, cos_sin: torch.Tensor) -> torch.Ten
     return turned.to(keys.dtype)
 
 
+def compiles_kernels(config: EngineConfig) -> bool:
+    """torch.compile on CUDA unless `enforce_eager` or `MINIPIC_COMPILE=0`. On the CPU, Inductor's C++ compile
+    costs more than it saves for a 135M model on 2 cores, so the CPU path stays eager."""
+    return (
+        config.device.startswith("cuda") and not config.enforce_eager and os.environ.get("MINIPIC_COMPILE", "1") != "0"
+    )
+
+
 def build_model(config: EngineConfig) -> torch.nn.Module:
     """The model on its device: built on the meta device (no wasted random init), then filled with weights."""
     dtype = getattr(torch, config.dtype)
@@ -81,11 +89,9 @@ def build_model(config: EngineConfig) -> torch.nn.Module:
     torch.set_default_dtype(dtype)
     try:
         with torch.device("meta"):
-            # NOTE: torch.compile fuses the elementwise pieces on CUDA; on the CPU, Inductor's C++ compile
-            # costs more than it saves for a 135M model on 2 cores, so the CPU path stays eager.
-            compile_kernels = config.device.startswith("cuda") and not config.enforce_eager
-            compile_kernels &= os.environ.get("MINIPIC_COMPILE", "1") != "0"
-            model = model_class(config.model.architecture)(config.model, config.cache.position_free, compile_kernels)
+            model = model_class(config.model.architecture)(
+                config.model, config.cache.position_free, compiles_kernels(config)
+            )
     finally:
         torch.set_default_dtype(default_dtype)
     model = model.to_empty(device=config.device)
@@ -124,7 +130,7 @@ class ModelRunner:
         # CUDA: one-row steps (batch-1 decode) take Inductor's reduction for the projections where it beats cuBLAS
         # (timed here; models/one_row_linear.py)
         self.one_row_timings = {}
-        if self.device.type == "cuda" and not config.enforce_eager:
+        if compiles_kernels(config):
             self.one_row_timings = route_one_row_linears(self.model, one_row_candidates(compile_kernel))
         self.state_tensors = None  # hybrid models: live state slots and checkpoints (state_cache.py)
         if config.model.is_hybrid:
