@@ -79,3 +79,15 @@ def test_unsupported_family_is_refused_by_the_registry():
 def test_a_bad_checkpoint_turn_start_id_fails_naming_it(turn):
     with pytest.raises(ValueError, match="checkpoint_turn_start_id must be a token id >= 0 or None"):
         CacheConfig(checkpoint_turn_start_id=turn)
+
+
+def test_kernels_compile_on_cuda_unless_eager_or_turned_off(model_dir, monkeypatch):
+    from minipic_lite.model_runner import compiles_kernels
+
+    model = ModelConfig.from_dir(model_dir)
+    cpu = EngineConfig.from_options(model_dir, model, "cpu", ControlTokens())
+    cuda = EngineConfig.from_options(model_dir, model, "cuda", ControlTokens())
+    eager = EngineConfig.from_options(model_dir, model, "cuda", ControlTokens(), enforce_eager=True)
+    assert (compiles_kernels(cpu), compiles_kernels(cuda), compiles_kernels(eager)) == (False, True, False)
+    monkeypatch.setenv("MINIPIC_COMPILE", "0")
+    assert not compiles_kernels(cuda)
