@@ -378,8 +378,8 @@ if want gemv29; then  # gemv28 again in the other order (its GPU test's code che
     step decode_cublas 100 env MINIPIC_ONE_ROW_MATMUL=0 python3 bench/gpu_engine.py --decode-only \
         --out "$OUT/gpu_decode_${GIT_SHA}_cublas.json"
 fi
-if want gemm30; then  # next (not yet run): batch-64 decode's matmuls under max-autotune (Triton's matmul templates against
-    # cuBLAS: qkv read at 0.76 of the copy rate, o 0.69, down 0.80 at next25), before any route for the decode buckets
+if want gemm30; then  # run at abc65f6 (rows 64 alone, directly): batch-64 decode's matmuls under max-autotune
+    # (Triton's matmul templates against cuBLAS: qkv read at 0.76 of the copy rate, o 0.69, down 0.80 at next25)
     step gemm_rows64 400 python3 bench/gpu_gemm_shapes.py --rows 17,32,64 \
         --out "$OUT/gpu_gemm_shapes_${GIT_SHA}_rows64_h200.json"
 fi
