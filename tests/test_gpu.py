@@ -161,3 +161,22 @@ def test_one_row_steps_through_inductors_reduction_give_the_eager_tokens(tiny_di
     code = "".join(code)
     # NOTE: a reduction over 128 features is a persistent one (triton_per_*), a longer one looped (triton_red_*)
     assert re.search(r"def triton_(per|red)_", code) and not re.search(r"extern_kernels\.(add)?mm\(", code), code
+
+
+def test_the_compiled_kv_write_is_one_kernel_at_decode():
+    """A decode step's keys and values go into one layer's caches with one Triton kernel (two index copies took
+    two on the H200), in place."""
+    from torch._inductor.utils import run_and_get_code
+
+    from minipic_lite.models.llama import Kernels
+
+    kv_cache = torch.zeros(2, 3, 8, 16, 2, 64, device="cuda", dtype=torch.bfloat16)  # [2, layers, blocks, B, KVH, D]
+    qkv = torch.randn(1, 128 + 2 * 2 * 64, device="cuda", dtype=torch.bfloat16)
+    k, v = qkv[:, 128:].view(1, 2, 2, 64).unbind(1)  # (1, KVH, D) each: views, as the layer passes them
+    slot = torch.tensor([37], device="cuda")
+    torch._dynamo.reset()
+    code = "".join(run_and_get_code(Kernels.compiled().write_kv, k, v, slot, kv_cache[:, 1].flatten(1, 2))[1])
+    assert len(set(re.findall(r"def (triton_\w+)\(", code))) == 1, code
+    rows = kv_cache[:, 1].flatten(1, 2)
+    assert torch.equal(rows[0, 37], k[0]) and torch.equal(rows[1, 37], v[0])
+    assert int((kv_cache != 0).sum()) == 2 * 2 * 64  # nothing else written, no other layer

@@ -156,7 +156,7 @@ class GatedAttention(nn.Module):
         if not self.position_free:
             k = self.kernels.apply_rope(k, meta.positions, cos_sin)
         k_cache, v_cache = kv_layer.unbind(0)  # (blocks, B, KVH, D) each
-        self.kernels.write_kv(k, v.view_as(k), meta.slot_mapping, k_cache.flatten(0, 1), v_cache.flatten(0, 1))
+        self.kernels.write_kv(k, v.view_as(k), meta.slot_mapping, kv_layer.flatten(1, 2))
         out = paged_attention(q, meta, k_cache, v_cache, cos_sin if self.position_free else None, self.scale)
         out = out.reshape(num_tokens, self.q_size) * torch.sigmoid(gate.reshape(num_tokens, self.q_size))
         return self.o_proj(out)
