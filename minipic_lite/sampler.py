@@ -12,6 +12,23 @@ import torch
 
 from minipic_lite.sampling_params import SamplingParams
 
+ARGMAX_GROUP = 256  # logits per group in `argmax_rows`' first pass (at most; a power of two dividing the vocab)
+MIN_ARGMAX_GROUP = 32  # ... below this the vocab is read in one pass, as torch.argmax does
+
+
+def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
+    """logits [N, V] -> [N]: torch.argmax over the last dim (the first index of the maximum; NaN counts as the
+    maximum), in two passes. torch reduces each row in one thread block, so one row of a 128k vocabulary took 27 µs
+    on the H200 at batch 1; here the first pass takes the max of each group of ARGMAX_GROUP logits across the GPU,
+    the second the first group holding the row's max, and its index within that group says the rest."""
+    num_rows, vocab = logits.shape
+    width = min(vocab & -vocab, ARGMAX_GROUP)  # the largest power of two dividing the vocab, capped
+    if width < MIN_ARGMAX_GROUP:
+        return logits.argmax(dim=-1)
+    group_max, index_in_group = logits.reshape(num_rows, vocab // width, width).max(dim=-1)  # (N, G) each
+    group = group_max.argmax(dim=-1, keepdim=True)  # (N, 1): the first group that holds the maximum
+    return (group * width + index_in_group.gather(-1, group)).squeeze(-1)  # (N,)
+
 
 def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     """Mask (to -inf) what falls outside each row's top-k and top-p nucleus. logits [N, V], top_k/top_p [N]."""
@@ -78,12 +95,12 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         """logits [N, V] float32 -> token ids [N] (on the device)."""
-        greedy_tokens = logits.argmax(dim=-1)
+        greedy_tokens = argmax_rows(logits)
         if batch.is_all_greedy:
             return greedy_tokens
         logits = logits / batch.temperature[:, None]
         if batch.top_k is not None:
             logits = apply_top_k_top_p(logits, batch.top_k, batch.top_p)
         probs = logits.softmax(dim=-1)
-        sampled = (probs / self._noise(probs.shape, batch)).argmax(dim=-1)
+        sampled = argmax_rows(probs / self._noise(probs.shape, batch))
         return torch.where(batch.is_greedy, greedy_tokens, sampled)

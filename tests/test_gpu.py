@@ -180,3 +180,17 @@ def test_the_compiled_kv_write_is_one_kernel_at_decode():
     rows = kv_cache[:, 1].flatten(1, 2)
     assert torch.equal(rows[0, 37], k[0]) and torch.equal(rows[1, 37], v[0])
     assert int((kv_cache != 0).sum()) == 2 * 2 * 64  # nothing else written, no other layer
+
+
+def test_argmax_rows_on_cuda_takes_the_first_maximum_as_torch_argmax_does():
+    from minipic_lite.sampler import argmax_rows
+
+    logits = torch.randn(64, 128256, device="cuda")
+    top = logits.max() + 1
+    logits[0, [7, 128255]] = top  # across groups
+    logits[1, [300, 301]] = top  # inside one group
+    logits[2] = float("-inf")
+    logits[3, [9, 5000]] = float("nan")
+    logits[4] = logits[4].round()
+    assert torch.equal(argmax_rows(logits), logits.argmax(dim=-1))
+    assert torch.equal(argmax_rows(logits.bfloat16()), logits.bfloat16().argmax(dim=-1))
