@@ -12,9 +12,15 @@ export TRITON_INTERPRET=0 PYTHONUNBUFFERED=1 GIT_SHA=${GIT_SHA:-unknown}
 export PYTHONPATH=/tmp/site:$PWD
 # NOTE: compiled kernels and autotune results (Triton's cache; fla autotunes 35-55 s per dtype on a fresh machine)
 # and torch.compile's cache, kept in a carried folder: a machine given back after 30 s idle starts warm next call.
-# Back here: copy <files_at>/gpu_cache.tgz.* into .gpu_cache_tgz/ and carry it with .whl and bench/data (compressed,
-# it fits the 64 MiB a call carries); the logs and results come back as one results.tgz (8 files at most come back).
-[[ -d .gpu_cache_tgz ]] && cat .gpu_cache_tgz/gpu_cache.tgz.* | tar xz
+# Back here: copy <files_at>/gpu_cache.t?z.* (xz, or gzip where the machine has no xz) into an emptied .gpu_cache_tgz/
+# and carry it with .whl and bench/data (compressed, it fits the 64 MiB a call carries); the logs and results come back as one results.tgz (8 files at most come back).
+# NOTE: xz-compressed (gpu_cache.txz.*: 21 MB where gzip took 57), read through Python's lzma, which needs no xz tool;
+# gzip parts (gpu_cache.tgz.*) of earlier calls still read
+if compgen -G ".gpu_cache_tgz/gpu_cache.txz.*" >/dev/null; then
+    cat .gpu_cache_tgz/gpu_cache.txz.* | python3 -c "import sys, tarfile; tarfile.open(fileobj=sys.stdin.buffer, mode='r|xz').extractall()"
+elif compgen -G ".gpu_cache_tgz/gpu_cache.tgz.*" >/dev/null; then
+    cat .gpu_cache_tgz/gpu_cache.tgz.* | tar xz
+fi
 export TRITON_CACHE_DIR=$PWD/.gpu_cache/triton TORCHINDUCTOR_CACHE_DIR=$PWD/.gpu_cache/inductor
 export TRITON_CACHE_AUTOTUNING=1  # autotune results kept on disk with the kernels
 mkdir -p "$TRITON_CACHE_DIR" "$TORCHINDUCTOR_CACHE_DIR"
@@ -437,5 +443,9 @@ if want all || want b; then
 fi
 cp bench/results/*"$GIT_SHA"* "$OUT"/ 2>/dev/null
 (cd "$OUT" && tar czf results.tgz --remove-files ./*.*)
-tar czf - .gpu_cache | split -b 15000000 - "$OUT/gpu_cache.tgz."  # NOTE: 16 MiB at most per file back
+if command -v xz >/dev/null; then  # NOTE: 16 MiB at most per file back
+    tar cf - .gpu_cache | xz -T0 -6 | split -b 15000000 - "$OUT/gpu_cache.txz."
+else
+    tar czf - .gpu_cache | split -b 15000000 - "$OUT/gpu_cache.tgz."
+fi
 ls -l "$OUT"
