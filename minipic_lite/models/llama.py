@@ -55,8 +55,9 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 def write_kv(k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor, kv_rows: torch.Tensor) -> None:
     """This step's keys and values, k and v [T, KVH, D], into their slots of one layer's caches, kv_rows
-    [2, blocks * B, KVH, D] (a view: keys, then values); before attention reads the cache (DESIGN §2). Compiled on
-    CUDA, Inductor writes both in place with one scatter (two index copies took two kernels at decode on the H200)."""
+    [2, blocks * B, KVH, D] (a view: keys, then values); before attention reads the cache (DESIGN §2). Compiled,
+    Inductor writes both in place with one scatter: one kernel on the CPU; on CUDA not yet timed (two index copies,
+    the code before, took two kernels at decode on the H200; tests/test_gpu.py counts them)."""
     # NOTE: the caches come in as the view that is written, not as kv_layer [2, blocks, B, ...] viewed here:
     # Inductor writes a mutated input in place, but a view it takes of one is written through a copy of the layer
     kv_rows.index_copy_(1, slot_mapping, torch.stack([k, v]))
