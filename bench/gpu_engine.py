@@ -275,12 +275,17 @@ def profile_decode(llm, vocab, device, batch, prompt_len, steps=8):
     return {"host_ms_per_step": phases}, table
 
 
+def model_sizes(model, cfg, dtype) -> tuple[int, int, int]:
+    """(parameters read a step, their bytes, KV bytes a token): the embedding is looked up, not read whole."""
+    num_params = sum(p.numel() for n, p in model.named_parameters() if "embed_tokens" not in n)
+    kv_token_bytes = 2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * cfg["head_dim"] * dtype.itemsize
+    return num_params, num_params * dtype.itemsize, kv_token_bytes
+
+
 def decode_alone(llm, cfg, dtype, device, results, out):
     """`--decode-only`: the engine's decode at batch 1 and 64 against the roofline, and where a batch-1 step goes
     (a quick side by side of one engine setting against another, each run in its own process)."""
-    model = llm.engine.runner.model
-    weight_bytes = sum(p.numel() for n, p in model.named_parameters() if "embed_tokens" not in n) * dtype.itemsize
-    kv_token_bytes = 2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * cfg["head_dim"] * dtype.itemsize
+    _, weight_bytes, kv_token_bytes = model_sizes(llm.engine.runner.model, cfg, dtype)
     results["env"] = {k: v for k, v in os.environ.items() if k.startswith(("MINIPIC_", "TORCHINDUCTOR_"))}
     for batch in (1, 64):
         results[f"decode_b{batch}"] = r = bench_decode(llm, None, cfg["vocab_size"], device, batch, 512, 128,
@@ -349,9 +354,7 @@ def main():
                 Path(args.out).write_text(json.dumps(results, indent=2))
             return
         model = llm.engine.runner.model
-        num_params = sum(p.numel() for n, p in model.named_parameters() if "embed_tokens" not in n)
-        weight_bytes = num_params * dtype.itemsize
-        kv_token_bytes = 2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * cfg["head_dim"] * dtype.itemsize
+        num_params, weight_bytes, kv_token_bytes = model_sizes(model, cfg, dtype)
         pre = (1, 256) if small else (4, 2048)
         results["prefill"] = bench_prefill(llm, hf, cfg["vocab_size"], device, *pre, num_params, cfg,
                                            ceil["matmul_tflops"])  # fmt: skip
