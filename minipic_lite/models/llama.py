@@ -17,6 +17,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from minipic_lite.config import ModelConfig
+from minipic_lite.models.one_row_linear import OneRowLinear
 from minipic_lite.models.step import StepMetadata
 from ops import apply_rope, rope_paged_attention
 
@@ -63,6 +64,19 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor, kv_ro
     kv_rows.index_copy_(1, slot_mapping, torch.stack([k, v]))
 
 
+def rope_and_write_kv(q, k, v, positions, cos_sin, slot_mapping, kv_rows, rotate_keys: bool):
+    """(q, k) with q [T, H, D] rotated at `positions`, and k [T, KVH, D] too when `rotate_keys` (the vanilla mode);
+    k and v written with `write_kv`. One compiled function, so that Inductor can launch the rotation and the write as
+    one kernel (its combo kernels, CUDA: ROPE_WRITE_OPTIONS): a launch less a layer."""
+    if rotate_keys:
+        k = apply_rope(k, positions, cos_sin)
+    write_kv(k, v, slot_mapping, kv_rows)
+    return apply_rope(q, positions, cos_sin), k
+
+
+ROPE_WRITE_OPTIONS = {"combo_kernels": True}  # horizontal fusion of independent kernels (Triton only)
+
+
 @dataclass(frozen=True)
 class Kernels:
     """The elementwise functions the model calls: eager, or compiled by torch.compile (dynamic shapes)."""
@@ -72,10 +86,12 @@ class Kernels:
     silu_and_mul: object = silu_and_mul
     apply_rope: object = apply_rope
     write_kv: object = write_kv
+    rope_and_write_kv: object = rope_and_write_kv
 
     @classmethod
     def compiled(cls) -> Kernels:
-        return cls(*(compile_kernel(fn) for fn in (rms_norm, add_rms_norm, silu_and_mul, apply_rope, write_kv)))
+        fns = (rms_norm, add_rms_norm, silu_and_mul, apply_rope, write_kv)
+        return cls(*(compile_kernel(fn) for fn in fns), compile_kernel(rope_and_write_kv, options=ROPE_WRITE_OPTIONS))
 
 
 RECOMPILE_LIMIT = 64  # compiled entries per function, across every engine of the process
@@ -143,11 +159,11 @@ class Attention(nn.Module):
         if self.q_norm is not None:
             q = self.kernels.rms_norm(q, self.q_norm.weight, self.q_norm.eps)
             k = self.kernels.rms_norm(k, self.k_norm.weight, self.k_norm.eps)
-        q = self.kernels.apply_rope(q, meta.positions, cos_sin)
-        if not self.position_free:
-            k = self.kernels.apply_rope(k, meta.positions, cos_sin)  # the vanilla baseline: keys stored rotated
+        # NOTE: the vanilla baseline stores keys rotated; position-free keys are rotated by the op at read time
+        q, k = self.kernels.rope_and_write_kv(
+            q, k, v, meta.positions, cos_sin, meta.slot_mapping, kv_layer.flatten(1, 2), not self.position_free
+        )
         k_cache, v_cache = kv_layer.unbind(0)  # (blocks, B, KVH, D) each
-        self.kernels.write_kv(k, v, meta.slot_mapping, kv_layer.flatten(1, 2))
         if meta.decode_mirror is not None:
             out = meta.decode_mirror.attend(self.layer_idx, q, k, v, self.scale)  # (T, H, D)
         else:
@@ -163,7 +179,10 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.kernels.silu_and_mul(self.gate_up_proj(x)))
+        gate_up = self.gate_up_proj(x)
+        if isinstance(self.down_proj, OneRowLinear):  # CUDA: a routed one-row step runs SiLU·up inside down's kernel
+            return self.down_proj(gate_up, prologue=self.kernels.silu_and_mul)
+        return self.down_proj(self.kernels.silu_and_mul(gate_up))
 
 
 class DecoderLayer(nn.Module):

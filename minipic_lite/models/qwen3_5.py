@@ -151,12 +151,12 @@ class GatedAttention(nn.Module):
         num_tokens = x.shape[0]
         q_gate, k, v = self.qkv_proj(x).split([2 * self.q_size, self.kv_size, self.kv_size], dim=-1)
         q, gate = q_gate.view(num_tokens, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)  # (T, H, D) each
-        q = self.kernels.apply_rope(self.q_norm(q), meta.positions, cos_sin)
         k = self.k_norm(k.view(num_tokens, self.num_kv_heads, self.head_dim))  # (T, KVH, D)
-        if not self.position_free:
-            k = self.kernels.apply_rope(k, meta.positions, cos_sin)
+        q, k = self.kernels.rope_and_write_kv(
+            self.q_norm(q), k, v.view_as(k), meta.positions, cos_sin, meta.slot_mapping, kv_layer.flatten(1, 2),
+            not self.position_free,
+        )  # fmt: skip
         k_cache, v_cache = kv_layer.unbind(0)  # (blocks, B, KVH, D) each
-        self.kernels.write_kv(k, v.view_as(k), meta.slot_mapping, kv_layer.flatten(1, 2))
         out = paged_attention(q, meta, k_cache, v_cache, cos_sin if self.position_free else None, self.scale)
         out = out.reshape(num_tokens, self.q_size) * torch.sigmoid(gate.reshape(num_tokens, self.q_size))
         return self.o_proj(out)
