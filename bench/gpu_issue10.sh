@@ -350,7 +350,7 @@ if want final24; then  # this stop's last call: the GPU tests after compile_kern
     step gpu_tests 200 python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider -p no:logging --tb=short \
         -k "not bfloat16"
     step host_ttft_b32 60 python3 bench/host_ttft.py --device cuda --llama3-8b-shape --runs 20 --block-size 32
-    step ttft_b32 100 python3 bench/ttft_spans.py --device cuda --llama3-8b-shape --doc-tokens 2048 --ks 8 \
+    step ttft_b32 200 python3 bench/ttft_spans.py --device cuda --llama3-8b-shape --doc-tokens 2048 --ks 8 \
         --repeats 3 --block-size 32
 fi
 if want gemm24; then  # issue 13: the decode step's matmuls alone, as the engine calls them and with the operands
@@ -395,12 +395,12 @@ if want next31; then  # next (not yet run): the GPU tests (the one-kernel K/V wr
         -k "not bfloat16"
     step gpu_engine 380 python3 bench/gpu_engine.py --out "$OUT/gpu_engine_${GIT_SHA}_h200.json"
 fi
-if want next32; then  # the GPU tests (rope + K/V write as one combo kernel, SiLU·up inside down's reduction), decode
+if want next32; then  # the GPU tests (q-RoPE + the K/V write as one combo kernel), decode
     # b1 / b64 with the b1 profile (next31: 219 tok/s = 0.78, silu 1.43 us and q-RoPE 1.41 us a layer), the cached TTFT
     step gpu_tests 200 python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider -p no:logging --tb=short \
         -k "not bfloat16"
     step decode_routed 150 python3 bench/gpu_engine.py --decode-only --out "$OUT/gpu_decode_${GIT_SHA}_routed.json"
-    step ttft_b32 100 python3 bench/ttft_spans.py --device cuda --llama3-8b-shape --doc-tokens 2048 --ks 8 \
+    step ttft_b32 200 python3 bench/ttft_spans.py --device cuda --llama3-8b-shape --doc-tokens 2048 --ks 8 \
         --repeats 3 --block-size 32
 fi
 if want engine21; then  # the engine's decode b1 / b64 against the HBM roofline and HF (its batch-64 attention took

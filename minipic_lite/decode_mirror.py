@@ -138,10 +138,9 @@ class DecodeMirror:
     # -- in each layer ---------------------------------------------------------------------------------
 
     def attend(self, step: MirrorStep, layer: int, q, k, v, scale: float) -> torch.Tensor:
-        """q [n, H, D], this step's k/v [n, KVH, D] (keys unrotated in position-free mode) -> [n, H, D]."""
-        k = k.float()
-        if self.position_free:
-            k = rotate_with_rows(k, step.cos_sin[step.positions])
+        """q [n, H, D], this step's k/v [n, KVH, D] (keys unrotated in both modes: the model's rope_and_write_kv
+        rotates the vanilla mode's keys on their way into the cache only) -> [n, H, D]."""
+        k = rotate_with_rows(k.float(), step.cos_sin[step.positions])
         self.k[layer, step.slots, :, step.positions] = k  # (n, KVH, D)
         self.v[layer, step.slots, :, step.positions] = v.float()
         group = self.num_heads // self.num_kv_heads

@@ -2,16 +2,13 @@
 function only where the route says so, and the compiled one-row matmul equals F.linear. (The timing that sets the
 route needs CUDA: tests/test_gpu.py.)"""
 
-import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from minipic_lite.config import ModelConfig
-from minipic_lite.models.llama import MLP, Kernels, compile_kernel, silu_and_mul
+from minipic_lite.models.llama import compile_kernel
 from minipic_lite.models.one_row_linear import (
     OneRowLinear,
-    OneRowMatmul,
     choose_route,
     group_by_shape,
     one_row_candidates,
@@ -83,10 +80,6 @@ def test_compiled_candidates_equal_f_linear():
         x, w = torch.randn(1, 40), torch.randn(24, 40)
         for name, fn in candidates.items():
             torch.testing.assert_close(fn(x, w, bias), F.linear(x, w, bias), msg=name)
-            gate_up = torch.randn(1, 80)
-            fused = fn.with_prologue(silu_and_mul)
-            torch.testing.assert_close(fused(gate_up, w, bias), F.linear(silu_and_mul(gate_up), w, bias), msg=name)
-            assert fn.with_prologue(silu_and_mul) is fused, "compiled again for the same prologue"
 
 
 def test_the_route_is_the_fastest_candidate_only_past_the_margin():
@@ -125,38 +118,3 @@ def test_routing_off_keeps_cublas_everywhere(monkeypatch):
     model = Block()
     assert route_one_row_linears(model, {"fast": recording([])}, timer=lambda *a: 0.0) == {}
     assert all(m.one_row is None for m in model.modules() if isinstance(m, OneRowLinear))
-
-
-def test_a_prologue_runs_inside_the_routed_function_and_before_f_linear_elsewhere():
-    """`OneRowLinear(x, prologue=p)` projects p(x): one row on the route through the candidate compiled with p inside
-    (one function, so one kernel on CUDA), any other input through p then F.linear."""
-    torch.manual_seed(0)
-    compiled = []
-
-    def compile_fn(fn, **settings):  # records what is compiled, runs it eagerly
-        compiled.append(fn.__name__)
-        return fn
-
-    down = OneRowLinear(nn.Linear(8, 6, bias=False))
-    one, three = torch.randn(1, 16), torch.randn(3, 16)
-    expected = lambda x: F.linear(silu_and_mul(x), down.weight)  # noqa: E731
-    torch.testing.assert_close(down(three, prologue=silu_and_mul), expected(three))
-    down.one_row = OneRowMatmul(lambda x, w, b: F.linear(x, w, b) + 1000.0, compile_fn)  # marked: the route ran
-    assert compiled == ["<lambda>"]
-    torch.testing.assert_close(down(one, prologue=silu_and_mul), expected(one) + 1000.0)
-    assert compiled == ["<lambda>", "fused"]
-    torch.testing.assert_close(down(three, prologue=silu_and_mul), expected(three))
-    down(one, prologue=silu_and_mul)
-    assert compiled == ["<lambda>", "fused"], "the fused function was compiled again"
-
-
-@pytest.mark.parametrize("rows", [1, 3])
-def test_the_mlp_with_a_routed_down_projection_gives_the_plain_mlps_output(rows):
-    torch.manual_seed(0)
-    cfg = ModelConfig("llama", 64, 16, 40, 1, 2, 1, 8, 1e-6, 10000.0, 64, False)
-    mlp = MLP(cfg, Kernels())
-    x = torch.randn(rows, 16)
-    expected = mlp(x)
-    wrap_linears(mlp)
-    mlp.down_proj.one_row = one_row_candidates(lambda fn, **settings: fn)["reduction"]
-    torch.testing.assert_close(mlp(x), expected)

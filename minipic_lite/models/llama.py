@@ -17,7 +17,6 @@ from torch import nn
 from torch.nn import functional as F
 
 from minipic_lite.config import ModelConfig
-from minipic_lite.models.one_row_linear import OneRowLinear
 from minipic_lite.models.step import StepMetadata
 from ops import apply_rope, rope_paged_attention
 
@@ -64,14 +63,13 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor, kv_ro
     kv_rows.index_copy_(1, slot_mapping, torch.stack([k, v]))
 
 
-def rope_and_write_kv(q, k, v, positions, cos_sin, slot_mapping, kv_rows, rotate_keys: bool):
-    """(q, k) with q [T, H, D] rotated at `positions`, and k [T, KVH, D] too when `rotate_keys` (the vanilla mode);
-    k and v written with `write_kv`. One compiled function, so that Inductor can launch the rotation and the write as
-    one kernel (its combo kernels, CUDA: ROPE_WRITE_OPTIONS): a launch less a layer."""
-    if rotate_keys:
-        k = apply_rope(k, positions, cos_sin)
-    write_kv(k, v, slot_mapping, kv_rows)
-    return apply_rope(q, positions, cos_sin), k
+def rope_and_write_kv(q, k, v, positions, cos_sin, slot_mapping, kv_rows, rotate_keys: bool) -> torch.Tensor:
+    """q [T, H, D] rotated at `positions`; k [T, KVH, D] (rotated first when `rotate_keys`: the vanilla mode) and v
+    written with `write_kv`. One compiled function, so that Inductor launches the rotation and the write as one kernel
+    (its combo kernels, CUDA: ROPE_WRITE_OPTIONS): a launch less a layer."""
+    # NOTE: k's rotation is not returned: a second reader would make Inductor write it out and the write wait on it
+    write_kv(apply_rope(k, positions, cos_sin) if rotate_keys else k, v, slot_mapping, kv_rows)
+    return apply_rope(q, positions, cos_sin)
 
 
 ROPE_WRITE_OPTIONS = {"combo_kernels": True}  # horizontal fusion of independent kernels (Triton only)
@@ -160,12 +158,12 @@ class Attention(nn.Module):
             q = self.kernels.rms_norm(q, self.q_norm.weight, self.q_norm.eps)
             k = self.kernels.rms_norm(k, self.k_norm.weight, self.k_norm.eps)
         # NOTE: the vanilla baseline stores keys rotated; position-free keys are rotated by the op at read time
-        q, k = self.kernels.rope_and_write_kv(
+        q = self.kernels.rope_and_write_kv(
             q, k, v, meta.positions, cos_sin, meta.slot_mapping, kv_layer.flatten(1, 2), not self.position_free
         )
         k_cache, v_cache = kv_layer.unbind(0)  # (blocks, B, KVH, D) each
         if meta.decode_mirror is not None:
-            out = meta.decode_mirror.attend(self.layer_idx, q, k, v, self.scale)  # (T, H, D)
+            out = meta.decode_mirror.attend(self.layer_idx, q, k, v, self.scale)  # (T, H, D); k unrotated
         else:
             out = paged_attention(q, meta, k_cache, v_cache, cos_sin if self.position_free else None, self.scale)
         return self.o_proj(out.reshape(num_tokens, self.q_size))
@@ -179,10 +177,7 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate_up = self.gate_up_proj(x)
-        if isinstance(self.down_proj, OneRowLinear):  # CUDA: a routed one-row step runs SiLU·up inside down's kernel
-            return self.down_proj(gate_up, prologue=self.kernels.silu_and_mul)
-        return self.down_proj(self.kernels.silu_and_mul(gate_up))
+        return self.down_proj(self.kernels.silu_and_mul(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):

@@ -45,35 +45,11 @@ def sum_over_features(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
     return (out if bias is None else out + bias.float()).to(x.dtype)
 
 
-class OneRowMatmul:
-    """A candidate: `fn(x, weight, bias)` compiled with its settings, called like it; and `with_prologue(p)`, the
-    same with an elementwise `p` applied to x first, compiled as one function (Inductor inlines `p` into the
-    reduction's loads: SiLU·up inside `down`'s kernel, one launch less a layer)."""
-
-    def __init__(self, fn, compile_fn, **settings):
-        self.fn, self.compile_fn, self.settings = fn, compile_fn, settings
-        self.compiled = compile_fn(fn, **settings)
-        self._with_prologue = {}  # prologue -> compiled fn(x, weight, bias)
-
-    def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        return self.compiled(x, weight, bias)
-
-    def with_prologue(self, prologue):
-        if prologue not in self._with_prologue:
-            fn = self.fn
-
-            def fused(x, weight, bias):
-                return fn(prologue(x), weight, bias)
-
-            self._with_prologue[prologue] = self.compile_fn(fused, **self.settings)
-        return self._with_prologue[prologue]
-
-
-def one_row_candidates(compile_fn) -> dict[str, OneRowMatmul]:
-    """{name: OneRowMatmul}: the compiled one-row matmuls the probe times against cuBLAS."""
+def one_row_candidates(compile_fn) -> dict:
+    """{name: fn(x, weight, bias)}: the compiled one-row matmuls the probe times against cuBLAS."""
     return {
-        "tuned_reduction": OneRowMatmul(one_row_matmul, compile_fn, options=ONE_ROW_OPTIONS, dynamic=False),
-        "reduction": OneRowMatmul(sum_over_features, compile_fn, dynamic=False),
+        "tuned_reduction": compile_fn(one_row_matmul, options=ONE_ROW_OPTIONS, dynamic=False),
+        "reduction": compile_fn(sum_over_features, dynamic=False),
     }
 
 
@@ -85,19 +61,13 @@ class OneRowLinear(nn.Module):
         super().__init__()
         self.weight = linear.weight
         self.bias = linear.bias
-        self.one_row = None  # a OneRowMatmul (or any fn(x, weight, bias)), or None: cuBLAS
+        self.one_row = None  # fn(x, weight, bias), or None: cuBLAS
 
-    def forward(self, x: torch.Tensor, prologue=None) -> torch.Tensor:
-        """The projection of x, or of `prologue(x)` when given (elementwise, e.g. SiLU·up): on the route, inside the
-        routed kernel."""
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         # NOTE: x.shape[0] is fixed within a CUDA graph's bucket, so a captured step holds one branch
         if self.one_row is not None and x.dim() == 2 and x.shape[0] == 1:
-            if prologue is None:
-                return self.one_row(x, self.weight, self.bias)
-            if hasattr(self.one_row, "with_prologue"):
-                return self.one_row.with_prologue(prologue)(x, self.weight, self.bias)
-            return self.one_row(prologue(x), self.weight, self.bias)
-        return F.linear(x if prologue is None else prologue(x), self.weight, self.bias)
+            return self.one_row(x, self.weight, self.bias)
+        return F.linear(x, self.weight, self.bias)
 
 
 def wrap_linears(model: nn.Module) -> list[OneRowLinear]:

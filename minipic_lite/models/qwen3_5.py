@@ -152,7 +152,7 @@ class GatedAttention(nn.Module):
         q_gate, k, v = self.qkv_proj(x).split([2 * self.q_size, self.kv_size, self.kv_size], dim=-1)
         q, gate = q_gate.view(num_tokens, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)  # (T, H, D) each
         k = self.k_norm(k.view(num_tokens, self.num_kv_heads, self.head_dim))  # (T, KVH, D)
-        q, k = self.kernels.rope_and_write_kv(
+        q = self.kernels.rope_and_write_kv(
             self.q_norm(q), k, v.view_as(k), meta.positions, cos_sin, meta.slot_mapping, kv_layer.flatten(1, 2),
             not self.position_free,
         )  # fmt: skip
