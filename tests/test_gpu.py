@@ -168,14 +168,14 @@ def test_the_compiled_kv_write_is_one_kernel_at_decode():
     two on the H200), in place."""
     from torch._inductor.utils import run_and_get_code
 
-    from minipic_lite.models.llama import Kernels
+    from minipic_lite.models.llama import compile_kernel, write_kv
 
     kv_cache = torch.zeros(2, 3, 8, 16, 2, 64, device="cuda", dtype=torch.bfloat16)  # [2, layers, blocks, B, KVH, D]
     qkv = torch.randn(1, 128 + 2 * 2 * 64, device="cuda", dtype=torch.bfloat16)
     k, v = qkv[:, 128:].view(1, 2, 2, 64).unbind(1)  # (1, KVH, D) each: views, as the layer passes them
     slot = torch.tensor([37], device="cuda")
     torch._dynamo.reset()
-    code = "".join(run_and_get_code(Kernels.compiled().write_kv, k, v, slot, kv_cache[:, 1].flatten(1, 2))[1])
+    code = "".join(run_and_get_code(compile_kernel(write_kv), k, v, slot, kv_cache[:, 1].flatten(1, 2))[1])
     assert len(set(re.findall(r"def (triton_\w+)\(", code))) == 1, code
     rows = kv_cache[:, 1].flatten(1, 2)
     assert torch.equal(rows[0, 37], k[0]) and torch.equal(rows[1, 37], v[0])

@@ -82,13 +82,11 @@ class Kernels:
     rms_norm: object = rms_norm
     add_rms_norm: object = add_rms_norm
     silu_and_mul: object = silu_and_mul
-    apply_rope: object = apply_rope
-    write_kv: object = write_kv
     rope_and_write_kv: object = rope_and_write_kv
 
     @classmethod
     def compiled(cls) -> Kernels:
-        fns = (rms_norm, add_rms_norm, silu_and_mul, apply_rope, write_kv)
+        fns = (rms_norm, add_rms_norm, silu_and_mul)
         return cls(*(compile_kernel(fn) for fn in fns), compile_kernel(rope_and_write_kv, options=ROPE_WRITE_OPTIONS))
 
 
