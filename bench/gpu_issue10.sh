@@ -411,7 +411,8 @@ if want next33; then  # the GPU tests left unconfirmed at 99f00ed (cut by a cold
 fi
 if want next33b; then  # decode b1 / b64 with the wide-search candidate beside the tuned reduction (the probe's choice
     # flipped with the tuning at 99f00ed: qkv's reduction 511 us a pass against 413-427 in four earlier calls), then
-    # the offload table at HEAD
+    # the offload table at HEAD. Ran at 56207fd: both cut (220 s, 200 s): the wide search's cold tuning held the
+    # engine's start-up past 3.5 min, and the candidate was removed unmeasured
     step decode_routed 220 python3 bench/gpu_engine.py --decode-only --out "$OUT/gpu_decode_${GIT_SHA}_routed.json"
     step offload 200 $RAG --offload --reuse 0.9 --max-num-seqs 4 --max-num-batched-tokens 4096 --tag=-offload
 fi

@@ -8,8 +8,6 @@ from torch import nn
 
 from minipic_lite.models.llama import compile_kernel
 from minipic_lite.models.one_row_linear import (
-    ONE_ROW_OPTIONS,
-    WIDE_SEARCH,
     OneRowLinear,
     choose_route,
     group_by_shape,
@@ -77,26 +75,11 @@ def test_groups_are_projections_of_one_shape_and_bias():
 def test_compiled_candidates_equal_f_linear():
     torch.manual_seed(0)
     candidates = one_row_candidates(compile_kernel)
-    assert set(candidates) == {"tuned_reduction", "tuned_reduction_wide", "reduction"}
+    assert set(candidates) == {"tuned_reduction", "reduction"}
     for bias in (None, torch.randn(24)):
         x, w = torch.randn(1, 40), torch.randn(24, 40)
         for name, fn in candidates.items():
             torch.testing.assert_close(fn(x, w, bias), F.linear(x, w, bias), msg=name)
-
-
-def test_the_wide_candidate_is_a_function_of_its_own_tuned_under_the_wider_search():
-    calls = {}
-
-    def recording(fn, options=None, dynamic=None):
-        calls[fn.__name__] = options
-        return fn
-
-    one_row_candidates(recording)
-    assert calls["one_row_matmul"] == ONE_ROW_OPTIONS
-    assert calls["one_row_matmul_wide"] == ONE_ROW_OPTIONS | WIDE_SEARCH
-    assert (
-        WIDE_SEARCH["coordinate_descent_check_all_directions"] and WIDE_SEARCH["coordinate_descent_search_radius"] > 1
-    )
 
 
 def test_the_route_is_the_fastest_candidate_only_past_the_margin():

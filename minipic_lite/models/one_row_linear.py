@@ -1,11 +1,11 @@
 """Linear layers that, for one row on CUDA, may take an Inductor reduction kernel instead of cuBLAS's matmul.
 
-At batch-1 decode each projection reads its weights once, so it should run at the copy rate. cuBLAS does not always:
-on the H200 with Llama-3-8B's shapes it read `qkv` at 0.82 of the copy rate (its 64-column tiles leave SMs idle) and
-`o` at 0.66 (split-K plus a reduction kernel). With coordinate-descent tuning on, Inductor writes a one-row matmul
-as a sum over the input features, a reduction kernel whose block sizes it tunes at its first call (`one_row_matmul`
-under ONE_ROW_OPTIONS, and again under a wider search); the same sum written out (`sum_over_features`) gets
-Inductor's default reduction settings. Which one wins depends on the shape, the GPU and the tuning's outcome, so
+At batch-1 decode each projection reads its weights once, so it should run at the copy rate. cuBLAS does not
+always: on the H200 with Llama-3-8B's shapes it read `qkv` at 0.82 of the copy rate (its 64-column tiles leave SMs
+idle) and `o` at 0.66 (split-K plus a reduction kernel). With coordinate-descent tuning on, Inductor writes a
+one-row matmul as a sum over the input features, a reduction kernel whose block sizes it tunes at its first call
+(`one_row_matmul` under ONE_ROW_OPTIONS); the same sum written out (`sum_over_features`) gets Inductor's default
+reduction settings. Which one wins depends on the shape, the GPU and the tuning's outcome, so
 `route_one_row_linears` times cuBLAS and each candidate at start-up on each group of same-shaped projections (every
 layer's weights in turn, so they come from memory as in a decode step, not from L2) and keeps the fastest. On the
 H200 (`bench/results/gemv29-a7031d9-*`, a pass over 32 layers): `qkv` 418 µs against cuBLAS's 491, `o` 330 against
@@ -30,21 +30,12 @@ logger = logging.getLogger(__name__)
 # Inductor's settings for `one_row_matmul` (max-autotune's, without its CUDA graphs): coordinate-descent tuning is
 # what makes Inductor write a one-row matmul as a reduction; max-autotune tries every reduction config first
 ONE_ROW_OPTIONS = {"max_autotune": True, "coordinate_descent_tuning": True}
-# NOTE: the tuning's outcome varies from machine to machine: on the H200 `qkv`'s tuned reduction took 413-427 µs a
-# pass in four calls and 511 in a fifth (cuBLAS 491-526), where the probe then kept cuBLAS. A second candidate
-# searches wider (every direction, two steps at a time), so the probe picks from two tunings
-WIDE_SEARCH = {"coordinate_descent_check_all_directions": True, "coordinate_descent_search_radius": 2}
 MIN_GAIN = 0.02  # the reduction must be at least this much faster than cuBLAS to be taken
 PROBE_PASSES = 3  # timed passes over a group's weights, after a warm-up pass (which also compiles and tunes)
 
 
 def one_row_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """F.linear; compiled with ONE_ROW_OPTIONS, Inductor decomposes it for x [1, in] into a tuned reduction."""
-    return F.linear(x, weight, bias)
-
-
-def one_row_matmul_wide(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """`one_row_matmul` again, a function of its own so that Dynamo keeps its compile (under WIDE_SEARCH) apart."""
     return F.linear(x, weight, bias)
 
 
@@ -58,7 +49,6 @@ def one_row_candidates(compile_fn) -> dict:
     """{name: fn(x, weight, bias)}: the compiled one-row matmuls the probe times against cuBLAS."""
     return {
         "tuned_reduction": compile_fn(one_row_matmul, options=ONE_ROW_OPTIONS, dynamic=False),
-        "tuned_reduction_wide": compile_fn(one_row_matmul_wide, options=ONE_ROW_OPTIONS | WIDE_SEARCH, dynamic=False),
         "reduction": compile_fn(sum_over_features, dynamic=False),
     }
 
