@@ -222,7 +222,9 @@ class CausalLM(nn.Module):
             self.matmul_route.packed = meta.use_packed_weights  # the step contract picks the matmul route
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden).float()  # (N, vocab)
+        """(N, vocab) in the model's dtype: greedy sampling takes their argmax as they are (a cast to float32 keeps
+        their order exactly), and only sampling with a temperature casts them (the cast took a kernel a step)."""
+        return self.lm_head(hidden)
 
 
 class LlamaForCausalLM(CausalLM):
