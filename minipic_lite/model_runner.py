@@ -36,26 +36,23 @@ from minipic_lite.state_cache import StateTensors
 logger = logging.getLogger(__name__)
 
 
-def next_slots(positions: torch.Tensor, kv_lens: torch.Tensor, block_tables: torch.Tensor, block_size: int):
-    """(positions, kv_lens, slot_mapping) of the next decode step: one position further, in the block that the
-    table holds for it. Compiled on CUDA (`ModelRunner.next_slots`): one kernel where eager torch took eight."""
-    positions = positions + 1  # (num_seqs,)
-    blocks = block_tables.gather(1, (positions // block_size)[:, None]).squeeze(1).long()  # (num_seqs,)
-    return positions, kv_lens + 1, blocks * block_size + positions % block_size
-
-
-def advance_decode_inputs(inputs: StepInputs, sampled: torch.Tensor, block_size: int, slots=next_slots) -> StepInputs:
+def advance_decode_inputs(inputs: StepInputs, sampled: torch.Tensor, block_size: int) -> StepInputs:
     """The next decode step of the same requests, built on the device with no host sync.
 
     Each request feeds back the token it just sampled (`sampled` [num_seqs]) at the next position; its
     block table already holds the block of that position (the scheduler took a burst's blocks up front).
-    A decode token continues its segment, so visible_start stays. `slots`: `next_slots`, or its compiled form.
+    A decode token continues its segment, so visible_start stays.
     """
     meta = inputs.meta
-    positions, kv_lens, slot_mapping = slots(meta.positions, meta.kv_lens, meta.block_tables, block_size)
+    positions = meta.positions + 1  # (num_seqs,)
+    blocks = meta.block_tables.gather(1, (positions // block_size)[:, None]).squeeze(1).long()  # (num_seqs,)
     # NOTE: a burst's later steps leave the CPU mirror aside; its next step copies what it missed.
     meta = dataclasses.replace(
-        meta, positions=positions, kv_lens=kv_lens, slot_mapping=slot_mapping, decode_mirror=None
+        meta,
+        positions=positions,
+        kv_lens=meta.kv_lens + 1,
+        slot_mapping=blocks * block_size + positions % block_size,
+        decode_mirror=None,
     )
     return StepInputs(sampled, meta, inputs.logits_indices)
 
@@ -145,11 +142,7 @@ class ModelRunner:
         cfg = config.model
         self.kv_cache = allocate_kv_cache(cfg, self.num_blocks + 1, self.block_size, self.dtype, self.device)
         self.host_cache = self._allocate_host_tier(config.cache.host_cache_gib)
-        # CUDA: a step's small ops after the graph's replay (the greedy argmax, a burst's next positions) compiled, a
-        # kernel or two each where eager torch launched five and eight
-        compiles = compiles_kernels(config)
-        self.sampler = Sampler(self.device, compile_kernel if compiles else None)
-        self.next_slots = compile_kernel(next_slots) if compiles else next_slots
+        self.sampler = Sampler(self.device)
         self.decode_mirror = None
         if self.device.type == "cpu" and config.cache.cpu_decode_mirror and not cfg.is_hybrid:
             mirror_bytes = int(config.cache.cpu_kv_cache_gib * GIB)
@@ -165,8 +158,6 @@ class ModelRunner:
             self.graphs = StepGraphs(self, shapes)
         if self.device.type == "cuda":
             self._warm_up_attention()
-        if compiles:
-            self._warm_up_step_ops()
 
     def _warm_up_attention(self) -> None:
         """Compile every variant of the attention op that this engine's steps may pick, now: an isps step of a shape
@@ -179,17 +170,6 @@ class ModelRunner:
         max_context = cdiv(sched.max_model_len, self.block_size) * self.block_size
         warm_up(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, self.block_size, self.dtype, cos_sin, self.device,
                 sched.max_num_batched_tokens, max_context)  # fmt: skip
-
-    @torch.inference_mode()  # NOTE: as `execute` calls them (Dynamo guards on the grad mode)
-    def _warm_up_step_ops(self) -> None:
-        """Compile the sampler's argmax and a burst's `next_slots` now, for any count of rows and any table width, so
-        that no step compiles them while serving. Dynamo keeps a size of 1 apart, so `next_slots` takes three calls:
-        one row, then every size changed (now symbolic, for two rows or more), then one row at another width."""
-        self.sampler.warm_up(self.config.model.vocab_size, self.dtype)
-        for rows, width in ((1, 2), (2, 3), (1, 4)):
-            table = torch.zeros(rows, width, dtype=torch.int32, device=self.device)
-            zeros = torch.zeros(rows, dtype=torch.long, device=self.device)
-            self.next_slots(zeros, zeros.int(), table, self.block_size)
 
     @property
     def block_bytes(self) -> int:
@@ -319,7 +299,7 @@ class ModelRunner:
         steps = []  # [num_steps] of (num_sampling,) token ids on the device
         for step in range(out.num_steps):
             if step:
-                inputs = advance_decode_inputs(inputs, steps[-1], self.block_size, self.next_slots)
+                inputs = advance_decode_inputs(inputs, steps[-1], self.block_size)
             logits = self._logits(inputs, shape)
             steps.append(self.sampler(logits, batch))
         self._save_states(out)
@@ -344,4 +324,4 @@ class ModelRunner:
         inputs = self.prepare(out)
         logits = self.model.compute_logits(self.model(inputs.input_ids, inputs.meta, self.kv_cache))
         self._save_states(out)
-        return logits.float()
+        return logits

@@ -64,19 +64,9 @@ def _to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.
 
 
 class Sampler:
-    def __init__(self, device: torch.device, compile_fn=None):
-        """`compile_fn(fn)`: compiles `argmax_rows` (CUDA: one or two kernels a call where eager torch launched five);
-        None keeps it eager."""
+    def __init__(self, device: torch.device):
         self.device = device
         self.generators: dict[int, torch.Generator] = {}
-        self.argmax = argmax_rows if compile_fn is None else compile_fn(argmax_rows)
-
-    def warm_up(self, vocab: int, dtype: torch.dtype) -> None:
-        """Compile `argmax` now, for every row count (one row, then a symbolic count) and both dtypes it reads (the
-        logits' for greedy rows, float32 for sampled ones), so that no step compiles it while serving."""
-        for dt in dict.fromkeys((dtype, torch.float32)):
-            for rows in (1, 2):
-                self.argmax(torch.zeros(rows, vocab, dtype=dt, device=self.device))
 
     def forget(self, request_id: str) -> None:
         self.generators.pop(request_id, None)
@@ -104,14 +94,13 @@ class Sampler:
         return noise
 
     def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-        """logits [N, V] (the model's dtype; greedy rows take their argmax as they are) -> token ids [N] (on the
-        device). Sampled rows are drawn in float32."""
-        greedy_tokens = self.argmax(logits)
+        """logits [N, V] float32 -> token ids [N] (on the device)."""
+        greedy_tokens = argmax_rows(logits)
         if batch.is_all_greedy:
             return greedy_tokens
-        logits = logits.float() / batch.temperature[:, None]
+        logits = logits / batch.temperature[:, None]
         if batch.top_k is not None:
             logits = apply_top_k_top_p(logits, batch.top_k, batch.top_p)
         probs = logits.softmax(dim=-1)
-        sampled = self.argmax(probs / self._noise(probs.shape, batch))
+        sampled = argmax_rows(probs / self._noise(probs.shape, batch))
         return torch.where(batch.is_greedy, greedy_tokens, sampled)

@@ -79,29 +79,3 @@ def test_blocks_completed_by_a_final_burst_are_hit_by_the_next_request(burst_llm
     assert len(follow) == 49
     again = burst_llm.generate([follow], mp.SamplingParams(max_tokens=1), use_tqdm=False)[0]
     assert again.num_cached_tokens == 48
-
-
-def test_next_slots_is_the_advance_and_a_compiled_form_takes_its_place():
-    from minipic_lite.model_runner import next_slots
-
-    positions, kv_lens = torch.tensor([3, 8]), torch.tensor([4, 9], dtype=torch.int32)
-    tables = torch.tensor([[5, 6, 0], [7, 8, 9]], dtype=torch.int32)
-    pos, lens, slots = next_slots(positions, kv_lens, tables, 4)
-    assert pos.tolist() == [4, 9] and lens.tolist() == [5, 10] and slots.tolist() == [6 * 4 + 0, 9 * 4 + 1]
-    seen = []
-
-    def compiled(*args):  # stands in for the compiled form (ModelRunner.next_slots on CUDA)
-        seen.append(args[-1])
-        return next_slots(*args)
-
-    meta = StepMetadata(
-        slot_mapping=torch.tensor([5 * 4 + 3, 8 * 4 + 0]),
-        block_tables=tables,
-        cu_seqlens_q=torch.tensor([0, 1, 2], dtype=torch.int32),
-        positions=positions,
-        kv_lens=kv_lens,
-        visible_start=torch.tensor([0, 0], dtype=torch.int32),
-    )
-    inputs = StepInputs(torch.tensor([1, 2]), meta, torch.tensor([0, 1]))
-    nxt = advance_decode_inputs(inputs, torch.tensor([21, 22]), block_size=4, slots=compiled)
-    assert seen == [4] and nxt.meta.slot_mapping.tolist() == slots.tolist()

@@ -7,7 +7,6 @@ import pytest
 import torch
 
 import minipic_lite as mp
-from minipic_lite.models.llama import compile_kernel
 
 pytestmark = pytest.mark.gpu
 
@@ -225,34 +224,3 @@ def test_argmax_rows_on_cuda_takes_the_first_maximum_as_torch_argmax_does():
     logits[4] = logits[4].round()
     assert torch.equal(argmax_rows(logits), logits.argmax(dim=-1))
     assert torch.equal(argmax_rows(logits.bfloat16()), logits.bfloat16().argmax(dim=-1))
-    compiled = compile_kernel(argmax_rows)  # as the engine's sampler runs it on CUDA
-    for rows in (1, 2, 64):
-        assert torch.equal(compiled(logits[:rows]), logits[:rows].argmax(dim=-1)), rows
-        assert torch.equal(compiled(logits[:rows].bfloat16()), logits[:rows].bfloat16().argmax(dim=-1)), rows
-
-
-def test_the_step_ops_compiled_at_start_up_serve_every_batch_without_compiling_again(tiny_dir):
-    """The sampler's argmax and a burst's next_slots are compiled at start-up (models/model_runner.py): batches of
-    other sizes, greedy and sampled, in bursts, find them compiled (bf16 logits and float32); the tokens are the
-    eager engine's (float32, where eager and compiled kernels round alike)."""
-    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
-
-    from minipic_lite.model_runner import next_slots
-    from minipic_lite.sampler import argmax_rows
-
-    kwargs = dict(device="cuda", max_model_len=256, max_num_seqs=8, num_blocks=256, num_scheduler_steps=4)
-    engines = [mp.LLM(str(tiny_dir), dtype=dtype, **kwargs) for dtype in ("float32", "bfloat16")]
-    eager = mp.LLM(str(tiny_dir), dtype="float32", enforce_eager=True, **kwargs)
-    entries = {fn: len(_debug_get_cache_entry_list(fn.__code__)) for fn in (argmax_rows, next_slots)}
-    assert all(entries.values()), entries
-    gen = torch.Generator().manual_seed(2)
-    greedy = mp.SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
-    sampled = mp.SamplingParams(max_tokens=12, temperature=0.7, seed=3, ignore_eos=True)
-    for batch in (1, 3, 7):
-        prompts = [torch.randint(6, 512, (9 + 4 * i,), generator=gen).tolist() for i in range(batch)]
-        outs = engines[0].generate(prompts, greedy, use_tqdm=False)
-        assert [o.token_ids for o in outs] == [o.token_ids for o in eager.generate(prompts, greedy, use_tqdm=False)]
-        mixed = [sampled if i % 2 else greedy for i in range(batch)]
-        for llm in engines:
-            assert all(len(o.token_ids) == 12 for o in llm.generate(prompts, mixed, use_tqdm=False))
-    assert {fn: len(_debug_get_cache_entry_list(fn.__code__)) for fn in entries} == entries

@@ -25,39 +25,3 @@ def test_argmax_rows_equals_torch_argmax_with_ties_infinities_and_nans(vocab):
 def test_argmax_rows_reads_a_strided_view():
     logits = torch.randn(4, 2 * 512)[:, ::2]  # (4, 512), not contiguous
     torch.testing.assert_close(argmax_rows(logits), logits.argmax(dim=-1), rtol=0, atol=0)
-
-
-def test_greedy_rows_read_the_logits_dtype_as_it_is_and_sampled_rows_draw_in_float32():
-    from minipic_lite.sampler import Sampler
-    from minipic_lite.sampling_params import SamplingParams
-
-    logits = torch.randn(3, 4096, generator=torch.Generator().manual_seed(1)).bfloat16()
-    logits[0, [10, 4000]] = logits.max() + 1  # a tie: the first index, as in float32
-    sampler = Sampler(torch.device("cpu"))
-    greedy = sampler(logits, sampler.prepare(["a", "b", "c"], [SamplingParams(temperature=0.0)] * 3))
-    assert torch.equal(greedy, logits.float().argmax(dim=-1)) and greedy[0] == 10
-    params = [SamplingParams(temperature=0.0), SamplingParams(temperature=0.8, seed=5), SamplingParams(top_k=3, seed=5)]
-    mixed = sampler(logits, sampler.prepare(["a", "b", "c"], params))
-    assert mixed[0] == greedy[0] and mixed[2] in logits[2].float().topk(3).indices
-
-
-def test_a_compiled_argmax_serves_every_call_and_is_warmed_up_for_each_row_count_and_dtype():
-    from minipic_lite.sampler import Sampler
-    from minipic_lite.sampling_params import SamplingParams
-
-    calls = []
-
-    def recording(fn):
-        def wrapper(x):
-            calls.append((x.shape[0], x.dtype))
-            return fn(x)
-
-        return wrapper
-
-    sampler = Sampler(torch.device("cpu"), recording)
-    sampler.warm_up(64, torch.bfloat16)
-    assert calls == [(1, torch.bfloat16), (2, torch.bfloat16), (1, torch.float32), (2, torch.float32)]
-    calls.clear()
-    logits = torch.randn(2, 64).bfloat16()
-    sampler(logits, sampler.prepare(["a", "b"], [SamplingParams(temperature=0.0), SamplingParams(seed=1)]))
-    assert calls == [(2, torch.bfloat16), (2, torch.float32)]  # the greedy rows, then the sampled draw

@@ -222,9 +222,7 @@ class CausalLM(nn.Module):
             self.matmul_route.packed = meta.use_packed_weights  # the step contract picks the matmul route
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """(N, vocab) in the model's dtype: greedy sampling takes their argmax as they are (a cast to float32 keeps
-        their order exactly), and only sampling with a temperature casts them (the cast took a kernel a step)."""
-        return self.lm_head(hidden)
+        return self.lm_head(hidden).float()  # (N, vocab)
 
 
 class LlamaForCausalLM(CausalLM):
