@@ -4,7 +4,7 @@
 # bench/data (the RAG datasets, built here with `python bench/rag.py --build-only --samples 64`) carried.
 #
 #   GIT_SHA=$(git rev-parse --short HEAD) bash bench/gpu_issue10.sh [part]   part: all (default), a, b, ops, ttft, host, hostdiag, offload, tests, splits, grid, rag, ragphase,
-#   rag0, read, readprof (with ncu), engineread, tileslast, final2, rag09, check17, diag18, check18, final18, warps18, bs32, rag32, tests, regs19, diag19, final19, tile16, w16, ahead, ahead2, final20, rag20, ahead4, next21, check22, check22b, rag22, ttft22, ncu22, next23, final23, dyn24, prefill24, final24, gemm24, next25, gemv27, gemv28, gemv29, gemm30, next31, next32, next33, next33b, next33c, next33d, engine21, engine, pending, final, ttft1, probe or hybrid, or several joined by commas
+#   rag0, read, readprof (with ncu), engineread, tileslast, final2, rag09, check17, diag18, check18, final18, warps18, bs32, rag32, tests, regs19, diag19, final19, tile16, w16, ahead, ahead2, final20, rag20, ahead4, next21, check22, check22b, rag22, ttft22, ncu22, next23, final23, dyn24, prefill24, final24, gemm24, next25, gemv27, gemv28, gemv29, gemm30, next31, next32, next33, next33b, next33c, next33d, next33e, next34, engine21, engine, pending, final, ttft1, probe or hybrid, or several joined by commas
 set -u
 cd "$(dirname "$0")/.."
 export TRITON_INTERPRET=0 PYTHONUNBUFFERED=1 GIT_SHA=${GIT_SHA:-unknown}
@@ -428,6 +428,20 @@ fi
 if want next33d; then  # decode b1 / b64 at HEAD (the route's two tuned candidates as at 99f00ed), the offload table
     step decode_routed 180 python3 bench/gpu_engine.py --decode-only --out "$OUT/gpu_decode_${GIT_SHA}_routed.json"
     step offload 300 $RAG --offload --reuse 0.9 --max-num-seqs 4 --max-num-batched-tokens 4096 --tag=-offload
+fi
+if want next33e; then  # ran at 19a158b (reverted at f9ccd4c): the compiled greedy argmax and next slots, their GPU
+    # tests (one failed: struct.error staging a mixed greedy/sampled burst), then decode b1 / b64
+    step gpu_tests_step_ops 150 python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider -p no:logging \
+        --tb=short -k "argmax or step_ops or graph_replay"
+    step decode_routed 120 python3 bench/gpu_engine.py --decode-only --out "$OUT/gpu_decode_${GIT_SHA}_routed.json"
+fi
+if want next34; then  # next session's first call: the mixed greedy/sampled burst on a graph engine (is next33e's
+    # struct.error the eager sampler's too?), its trace, then every GPU test but the bf16 hybrid
+    step gpu_tests_mixed 90 python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider -p no:logging \
+        --tb=long -k "greedy_and_sampled"
+    step mixed_trace 60 python3 bench/debug/mixed_sampling.py float32
+    step gpu_tests 200 python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider -p no:logging --tb=short \
+        -k "not bfloat16 and not greedy_and_sampled"
 fi
 if want engine21; then  # the engine's decode b1 / b64 against the HBM roofline and HF (its batch-64 attention took
     # 57 us a layer over 576 keys before decode's TABLE_AHEAD; the op bench now 47.6), and prefill against HF
