@@ -1,16 +1,17 @@
 """Linear layers that, for one row on CUDA, may take an Inductor reduction kernel instead of cuBLAS's matmul.
 
-At batch-1 decode each projection reads its weights once, so it should run at the copy rate. cuBLAS does not
-always: on the H200 with Llama-3-8B's shapes it read `qkv` at 0.82 of the copy rate (its 64-column tiles leave SMs
-idle) and `o` at 0.66 (split-K plus a reduction kernel). With coordinate-descent tuning on, Inductor writes a
-one-row matmul as a sum over the input features, a reduction kernel whose block sizes it tunes at its first call
-(`one_row_matmul` under ONE_ROW_OPTIONS); the same sum written out (`sum_over_features`) gets Inductor's default
-reduction settings. Which one wins depends on the shape, the GPU and the tuning's outcome, so
-`route_one_row_linears` times cuBLAS and each candidate at start-up on each group of same-shaped projections (every
-layer's weights in turn, so they come from memory as in a decode step, not from L2) and keeps the fastest. On the
-H200 (`bench/results/gemv29-a7031d9-*`, a pass over 32 layers): `qkv` 418 µs against cuBLAS's 491, `o` 330 against
-402, `gate_up` 1,716 against 1,787, `down` 908 (the written-out sum) against 996, the LM head 243 against 252;
-batch-1 decode 225.7 tok/s against 203.3 with cuBLAS everywhere. Steps of more rows always take `F.linear`.
+At batch-1 decode each projection reads its weights once, so it should run at the copy rate. cuBLAS does not always:
+on the H200 with Llama-3-8B's shapes it read `qkv` at 0.82 of the copy rate (its 64-column tiles leave SMs idle) and
+`o` at 0.66 (split-K plus a reduction kernel). With coordinate-descent tuning on, Inductor writes a one-row matmul
+as a sum over the input features, a reduction kernel whose block sizes it tunes at its first call (`one_row_matmul`
+under ONE_ROW_OPTIONS); the same sum written out (`sum_over_features`) gets Inductor's default reduction settings.
+Which one wins depends on the shape, the GPU and the tuning's outcome, so `route_one_row_linears` times cuBLAS and
+each candidate at start-up on each group of same-shaped projections (every layer's weights in turn, so they come
+from memory as in a decode step, not from L2) and keeps the fastest candidate unless cuBLAS beats it by
+CUBLAS_MARGIN (the probe favours cuBLAS: see the note there). On the H200 (`bench/results/gemv29-a7031d9-*`, a pass
+over 32 layers): `qkv` 418 µs against cuBLAS's 491, `o` 330 against 402, `gate_up` 1,716 against 1,787, `down` 908
+(the written-out sum) against 996, the LM head 243 against 252; batch-1 decode 225.7 tok/s against 203.3 with cuBLAS
+everywhere. Steps of more rows always take `F.linear`.
 The probe adds to a CUDA engine's start-up: the 8B-shaped bench's engine started in 57 s against 39 s without it,
 with Inductor's cache carried from earlier runs (a fresh cache also tunes each shape once).
 """
@@ -30,7 +31,13 @@ logger = logging.getLogger(__name__)
 # Inductor's settings for `one_row_matmul` (max-autotune's, without its CUDA graphs): coordinate-descent tuning is
 # what makes Inductor write a one-row matmul as a reduction; max-autotune tries every reduction config first
 ONE_ROW_OPTIONS = {"max_autotune": True, "coordinate_descent_tuning": True}
-MIN_GAIN = 0.02  # the reduction must be at least this much faster than cuBLAS to be taken
+# NOTE: the probe's graph of one shape's calls times the reductions slower against cuBLAS than a decode step runs
+# them. H200, batch-1 decode profiles: `qkv` 12.9 µs a call routed (de9b6e7) against cuBLAS's 15.8 (99f00ed), where
+# the probe had 513 against 526 µs a pass (16.0 against 16.4 a call); `gate_up` 54.5 routed (de9b6e7) against 58.9
+# (19a158b), the probe 1,744 against 1,812 and 1,803 against 1,815. So the candidate is taken unless cuBLAS beats it
+# by this much (until 21d8bf9 a candidate had to beat cuBLAS by 2%, and near ties kept cuBLAS: b1 0.769 at 19a158b,
+# 0.798 with every projection routed at de9b6e7)
+CUBLAS_MARGIN = 0.02
 PROBE_PASSES = 3  # timed passes over a group's weights, after a warm-up pass (which also compiles and tunes)
 
 
@@ -113,15 +120,15 @@ def _seconds(fn, group: list[OneRowLinear], x: torch.Tensor) -> float:
 
 
 def choose_route(seconds: dict[str, float]) -> str:
-    """The fastest candidate of `seconds` ({"cublas": s, candidate: s, ...}) if it beats cuBLAS by MIN_GAIN, else
-    "cublas" (a tie is not worth a second code path)."""
+    """The fastest candidate of `seconds` ({"cublas": s, candidate: s, ...}), unless cuBLAS is faster than it by
+    CUBLAS_MARGIN: then "cublas"."""
     best = min((name for name in seconds if name != "cublas"), key=seconds.get)
-    return best if seconds[best] < (1 - MIN_GAIN) * seconds["cublas"] else "cublas"
+    return best if seconds[best] * (1 - CUBLAS_MARGIN) <= seconds["cublas"] else "cublas"
 
 
 def route_one_row_linears(model: nn.Module, candidates: dict, timer=None) -> dict[tuple, dict]:
     """Wrap `model`'s linears (CUDA, weights loaded) and time, per shape group, cuBLAS and each of `candidates`
-    ({name: fn(x, weight, bias)}) on one row; the fastest candidate is taken where it beats cuBLAS by MIN_GAIN.
+    ({name: fn(x, weight, bias)}) on one row; the fastest candidate is taken unless cuBLAS beats it by CUBLAS_MARGIN.
     A candidate that fails to compile or run is left out (with a warning). `MINIPIC_ONE_ROW_MATMUL=0` keeps cuBLAS
     everywhere. `timer(fn, group, x)` -> seconds (default: CUDA-graph replays). Returns {(in, out, bias):
     {"cublas": s, name: s, ..., "chosen": name or "cublas"}} (empty when off)."""
