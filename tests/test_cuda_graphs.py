@@ -118,11 +118,13 @@ class EagerReplay:
         self.graphs.logits[self.shape].copy_(self.graphs._forward(self.shape))
 
 
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "greedy-and-sampled"])
 @pytest.mark.parametrize("num_scheduler_steps", [1, 4], ids=["steps", "bursts"])
 def test_the_graph_path_gives_the_eager_tokens_for_prefill_mixed_and_decode_steps(
-    tiny_dir, monkeypatch, num_scheduler_steps
+    tiny_dir, monkeypatch, num_scheduler_steps, sampled
 ):
-    """Bursts: a burst's first step is staged on the host, its later ones are built on the device and copied in."""
+    """Bursts: a burst's first step is staged on the host, its later ones are built on the device and copied in.
+    Sampled requests (seeded, every other one) draw the same tokens as in the eager engine, beside greedy ones."""
     monkeypatch.setattr(StepGraphs, "_capture", lambda self, shape: (EagerReplay(self, shape), self._forward(shape)))
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     set_padding, paddings = StaticInputs.set_padding, []
@@ -170,9 +172,16 @@ def test_the_graph_path_gives_the_eager_tokens_for_prefill_mixed_and_decode_step
     bases = [torch.randint(6, 64, (n,), generator=gen).tolist() for n in (9, 14, 21, 30, 7, 17)]
     follow_ups = [b + torch.randint(6, 64, (2 + i,), generator=gen).tolist() for i, b in enumerate(bases)]
     params = [mp.SamplingParams(max_tokens=3 + 4 * i, temperature=0.0, ignore_eos=True) for i in range(6)]
+    if sampled:  # NOTE: seeded, so both engines draw alike; top-k on one, so its masking runs on the graph path too
+        params[1::2] = [mp.SamplingParams(max_tokens=3 + 4 * i, temperature=0.8, seed=i, top_k=8 * (i == 3),
+                                          ignore_eos=True) for i in (1, 3, 5)]  # fmt: skip
     for prompts in (bases, follow_ups):  # 6 requests, 4 at a time: later ones join running decodes
         outs = graphed.generate(prompts, params, use_tqdm=False)
         assert [o.token_ids for o in outs] == [o.token_ids for o in eager.generate(prompts, params, use_tqdm=False)]
+        if sampled:  # ... and they did sample: not all of their tokens are the greedy ones
+            greedy = [mp.SamplingParams(max_tokens=p.max_tokens, temperature=0.0, ignore_eos=True) for p in params]
+            argmax = eager.generate(prompts[1::2], greedy[1::2], use_tqdm=False)
+            assert [o.token_ids for o in outs[1::2]] != [o.token_ids for o in argmax]
     assert all(o.num_cached_tokens > 0 for o in outs)
     shapes = {shape for shape, _ in replayed}
     copied_in = [shape for shape, is_staged in replayed if not is_staged]
