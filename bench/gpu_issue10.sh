@@ -442,6 +442,8 @@ if want next34; then  # next session's first call: the mixed greedy/sampled burs
     step mixed_trace 60 python3 bench/debug/mixed_sampling.py float32
     step gpu_tests 200 python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider -p no:logging --tb=short \
         -k "not bfloat16 and not greedy_and_sampled"
+    # the one-row probe's new rule (a candidate unless cuBLAS wins by 2%, 3c5afae): decode b1 / b64
+    step decode_routed 150 python3 bench/gpu_engine.py --decode-only --out "$OUT/gpu_decode_${GIT_SHA}_routed.json"
 fi
 if want engine21; then  # the engine's decode b1 / b64 against the HBM roofline and HF (its batch-64 attention took
     # 57 us a layer over 576 keys before decode's TABLE_AHEAD; the op bench now 47.6), and prefill against HF
