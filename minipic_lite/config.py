@@ -238,6 +238,8 @@ class SchedulerConfig:
     num_scheduler_steps: int = 1
     # When SSEP spans of a waiting prompt are computed: "inline", "isps" or "barrier" (scheduler.py).
     span_policy: str = "inline"
+    # isps: tokens of span prefills computed ahead in a step where other requests run (scheduler.py)
+    span_ahead_tokens: int = 256
 
     def __post_init__(self):
         if self.span_policy not in SPAN_POLICIES:
@@ -245,6 +247,8 @@ class SchedulerConfig:
         for name in ("num_scheduler_steps", "max_num_seqs", "max_num_batched_tokens"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if not isinstance(self.span_ahead_tokens, int) or self.span_ahead_tokens < 0:
+            raise ValueError(f"span_ahead_tokens must be an integer >= 0, got {self.span_ahead_tokens!r}")
 
 
 @dataclass(frozen=True)

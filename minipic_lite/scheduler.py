@@ -36,12 +36,20 @@ class Scheduler:
       inline   inside the request's own prefill, once it is admitted (spans shared by requests in flight
                are still computed once: a later request waits for the blocks another one is computing);
       isps     ahead, as span prefills of their own (`Request.span_prefill`), for the next waiting prompts
-               that have no seat yet, in the budget that running requests and admissions leave; a prompt
+               that have no seat yet, in the budget that running requests and admissions leave, and at most
+               `span_ahead_tokens` of them in a step where other requests run (below); a prompt
                that gets a seat is admitted whole (as inline: what a span prefill of it computed ahead is a
                hit, what another request is computing it waits for); a span prefill never evicts a block its
                prompt or one ahead of it would hit (hit_guard.py): it waits;
       barrier  (SPNL) in batches: every missing span of the next waiting requests (up to max_num_seqs) first,
                then their finals, and the next batch's spans only once those finals are done.
+
+    Why isps caps its work ahead while others run: a waiting prompt takes a seat only when a running request
+    finishes, so spans computed ahead gain nothing by being early; what they can gain is the spare compute of the
+    running requests' memory-bound decode steps, a few hundred tokens a step on a GPU (a step reads every weight
+    once however few tokens it holds). Filling the whole budget instead made those decode steps compute-bound and
+    the running requests slower: in `bench/sched_replay.py --cost-model` (the H200's step times) at reuse 0.5, the
+    full budget gave 32.8 samples/s and a TTFT p50 of 1,353 ms, 256 tokens 35.0 and 948 (inline 32.6 and 983).
     """
 
     def __init__(self, config: SchedulerConfig, kv: KVCacheManager):
@@ -86,17 +94,30 @@ class Scheduler:
                 self.kv.keep_for(req)
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
-        for queue in (self.running, self.span_running):
-            index = 0
-            while index < len(queue) and budget > 0:
-                req = queue[index]
-                ranges, end = plan_chunk(req, budget)
-                if not self._make_room(req, end, out):
-                    break  # req itself was preempted: everything after it already was
-                self.kv.grow(req, end)
-                budget -= self._commit_chunk(req, ranges, end, out)
-                index += 1
+        budget = self._schedule_queue(self.running, out, budget)
+        room = self._span_room(out, budget)
+        return budget - room + self._schedule_queue(self.span_running, out, room)
+
+    def _schedule_queue(self, queue: list[Request], out: SchedulerOutput, budget: int) -> int:
+        """The next chunk of each request of `queue`, in order, while budget is left; returns the budget left."""
+        index = 0
+        while index < len(queue) and budget > 0:
+            req = queue[index]
+            ranges, end = plan_chunk(req, budget)
+            if not self._make_room(req, end, out):
+                break  # req itself was preempted: everything after it already was
+            self.kv.grow(req, end)
+            budget -= self._commit_chunk(req, ranges, end, out)
+            index += 1
         return budget
+
+    def _span_room(self, out: SchedulerOutput, budget: int) -> int:
+        """Tokens span prefills may take now: isps gives them at most `span_ahead_tokens` a step while other
+        requests run (the class doc says why), the budget otherwise."""
+        if self.config.span_policy != "isps" or not self.running:
+            return budget
+        taken = sum(s.num_query_tokens for s in out.scheduled if s.seq.is_span_prefill)
+        return max(0, min(budget, self.config.span_ahead_tokens - taken))
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
         policy = self.config.span_policy
@@ -132,8 +153,10 @@ class Scheduler:
         for req in lookahead if ahead else ():
             if not missing(req) and self.kv.num_losses == num_losses:
                 self.complete_ahead[req] = num_losses
-            budget = self._start_span_prefills(req, missing(req), out, budget, guard)
-            if budget <= 0:
+            room = self._span_room(out, budget)
+            room_left = self._start_span_prefills(req, missing(req), out, room, guard)
+            budget -= room - room_left
+            if room_left <= 0:
                 return
 
     def _nothing_ahead(self) -> bool:

@@ -29,8 +29,8 @@ def request(request_id, token_ids, max_tokens=2):
     return Request(request_id, list(token_ids), params, B, ROOT, span_layout(token_ids, CONTROL, B))
 
 
-def scheduler(num_blocks=32, budget=256, max_num_seqs=8, policy="inline", num_host_blocks=0):
-    config = SchedulerConfig(max_num_seqs, budget, 1024, span_policy=policy)
+def scheduler(num_blocks=32, budget=256, max_num_seqs=8, policy="inline", num_host_blocks=0, span_ahead_tokens=256):
+    config = SchedulerConfig(max_num_seqs, budget, 1024, span_policy=policy, span_ahead_tokens=span_ahead_tokens)
     return Scheduler(config, KVCacheManager(num_blocks, num_host_blocks=num_host_blocks))
 
 
@@ -153,6 +153,32 @@ def test_isps_overlaps_span_prefill_of_later_requests_with_decodes_and_then_admi
         14,
     ]
     assert b.num_output_tokens == 2
+
+
+def test_isps_computes_at_most_span_ahead_tokens_of_spans_a_step_while_others_run():
+    """The spans of a prompt waiting for a seat ride along in the running request's steps, a few tokens a step
+    (`span_ahead_tokens`: the spare compute of memory-bound decode steps), not the whole budget at once."""
+    sched = scheduler(max_num_seqs=1, policy="isps", span_ahead_tokens=5)
+    a = request("a", [20, 21, 22, PAD, P, 60, 61], max_tokens=6)  # no spans: it prefills, then decodes
+    b = request("b", [25, 26, 27, PAD] + DOC + DOC2 + [P, 60, 62])  # two spans of 8 tokens, waiting for the seat
+    sched.add(a)
+    sched.add(b)
+    span_tokens = []
+    while not a.is_finished:
+        out = step(sched)
+        assert [s.seq.request_id for s in out.scheduled][0] == "a"
+        span_tokens.append(sum(s.num_query_tokens for s in out.scheduled if s.seq.is_span_prefill))
+    assert span_tokens == [5, 5, 5, 1, 0, 0]  # both spans (16 tokens) computed while a ran, 5 a step at most
+    computed = []
+    run(sched, computed)
+    assert b.cached_block_ids == {1, 2, 3, 4} and b.num_output_tokens == 2  # its final hits both spans
+
+
+def test_span_ahead_tokens_must_be_an_integer_of_zero_or_more():
+    assert SchedulerConfig().span_ahead_tokens == 256
+    for bad in (-1, 2.5, None):
+        with pytest.raises(ValueError, match="span_ahead_tokens"):
+            SchedulerConfig(span_ahead_tokens=bad)
 
 
 def test_barrier_admits_no_final_while_a_waiting_prompt_misses_a_span():
