@@ -59,12 +59,14 @@ LLAMA3_8B = {"model_type": "llama", "vocab_size": 128256, "hidden_size": 4096, "
              "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
              "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "max_position_embeddings": 65536,
              "tie_word_embeddings": False}  # fmt: skip
-SYSTEMS = {  # name -> (LLM keywords, recipe, span policy)
+SYSTEMS = {  # name -> (LLM keywords, recipe, span policy or scheduler fields)
     "vanilla_prefix": ({"position_free": False}, "prefix", "inline"),
     "pic_disabled": ({}, "prefix", "inline"),
     "barrier": ({}, "block_attention", "barrier"),
     "inline": ({}, "block_attention", "inline"),
     "isps": ({}, "block_attention", "isps"),
+    # isps as it was until 290089e: spans computed ahead in the whole budget left, however many requests run
+    "isps_whole_budget": ({}, "block_attention", {"span_policy": "isps", "span_ahead_tokens": 1 << 30}),
     "copy_rerotate": ({"position_free": False, "rerotate_spans": True}, "block_attention", "inline"),
 }
 PHASES = ("schedule", "_report_admissions", "prepare", "execute", "postprocess")  # rag.phase_times
@@ -219,9 +221,12 @@ def phase_times(engine):
             delattr(owner, name)  # NOTE: back to the class's method
 
 
-def run_system(llm: mp.LLM, samples, recipe: str, policy: str, new_tokens: int = NEW_TOKENS) -> dict:
+def run_system(llm: mp.LLM, samples, recipe: str, policy: str | dict, new_tokens: int = NEW_TOKENS) -> dict:
+    """`policy`: a span policy, or scheduler fields to set (`{"span_policy": ..., ...}`); the other fields keep the
+    engine's own."""
     scheduler = llm.engine.scheduler
-    scheduler.config = dataclasses.replace(scheduler.config, span_policy=policy)
+    fields = {"span_policy": policy} if isinstance(policy, str) else policy
+    scheduler.config = dataclasses.replace(llm.config.scheduler, **fields)
     llm.engine.kv.reset_prefix_cache()
     composer = mp.PromptComposer(None, llm.config.control, llm.config.cache.block_size, chat=False)
     prompts = [compose(composer, s, recipe) for s in samples]
@@ -277,11 +282,12 @@ def schedule_ceiling(llm: mp.LLM, samples, barrier: dict) -> dict:
 
 
 def make_llm(args, model_dir, options: dict) -> mp.LLM:
+    ahead = {} if args.span_ahead_tokens is None else {"span_ahead_tokens": args.span_ahead_tokens}
     return mp.LLM(
         model_dir, device=args.device, dtype=args.dtype, control_tokens=CONTROL, load_format=args.load_format,
         max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens, num_blocks=args.num_blocks, block_size=args.block_size,
-        **{"host_cache_gib": args.host_cache_gib, **options},
+        **{"host_cache_gib": args.host_cache_gib, **ahead, **options},
     )  # fmt: skip
 
 
@@ -295,6 +301,7 @@ def main() -> None:
     parser.add_argument("--systems", default=",".join(SYSTEMS))
     parser.add_argument("--max-num-seqs", type=int, default=8)
     parser.add_argument("--max-num-batched-tokens", type=int, default=512)
+    parser.add_argument("--span-ahead-tokens", type=int, default=None, help="isps's cap (default: the engine's)")
     parser.add_argument("--max-model-len", type=int, default=None, help="default 4096 (--offload: the longest sample)")
     parser.add_argument("--num-blocks", type=int, default=None, help="device KV blocks (default: from memory)")
     parser.add_argument("--host-cache-gib", type=float, default=0.0, help="a host tier for evicted blocks")

@@ -20,9 +20,10 @@ prompts of 96 ids, a question of 20 ids.
 decodes takes DECODE_S + DECODE_SEQ_S a sequence (its burst's steps each), a step with prefill tokens the larger of
 that and its tokens at PREFILL_TOK_S (a GPU step reads every weight once however few tokens it holds, and turns
 compute-bound past a few hundred). It prints the samples/s and the TTFT p50 / p99 (all samples arrive at once) the
-schedules would give. On bench/rag.py's workload it matched the H200's TTFT p50 within 6% for every policy at
-reuse 0 and 0.5 (rag-d3699f1-cuda.md), its samples/s about 10% high. `--span-ahead-tokens` sets isps's cap (see
-scheduler.py).
+schedules would give. Against the H200's RAG table (rag-d3699f1-cuda.md, inline, isps and barrier): TTFT p50
+within 5% at reuse 0 and 0.5 and 11-15% low at 0.9; samples/s 5-11% high at reuse 0 and 0.5 and ~30% high at 0.9,
+where the steps are short and the host's time per step, which the model leaves out, weighs most.
+`--span-ahead-tokens` sets isps's cap (see scheduler.py).
 
 Prints a table; `--json PATH` also writes the figures. `decisions` is a digest of every step's decisions
 (scheduled requests, query ranges, kv_len, sampling, preemptions, block tables): equal digests, equal schedules.
