@@ -147,7 +147,7 @@ class Scheduler:
         # NOTE: with no budget left, or nothing missing ahead, no span prefill starts: the lookahead (a match per
         # request) is not asked
         ahead = budget > 0 and (policy == "isps" or (policy == "barrier" and not self.running))
-        ahead = ahead and not self._nothing_ahead()
+        ahead = ahead and self._span_room(out, budget) > 0 and not self._nothing_ahead()  # NOTE: room first: cheap
         if ahead and (lookahead is None or len(self.running) > num_running):
             lookahead = self._lookahead()  # NOTE: only an admission changes what it depends on since the first
         for req in lookahead if ahead else ():
