@@ -99,10 +99,10 @@ def load_samples(args) -> tuple[list[dict], str]:
     return list(datasets.load_from_disk(str(path))), str(path)
 
 
-def make_requests(samples: list[dict]) -> list[Request]:
+def make_requests(samples: list[dict], recipe: str = "block_attention") -> list[Request]:
     composer = mp.PromptComposer(None, CONTROL, BLOCK_SIZE, chat=False)
     params = mp.SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
-    prompts, memo = [compose(composer, s, "block_attention") for s in samples], SpanHashMemo()  # as the engine
+    prompts, memo = [compose(composer, s, recipe) for s in samples], SpanHashMemo()  # as the engine
     return [Request(str(i), list(p.token_ids), params, BLOCK_SIZE, ROOT, p.layout, hash_memo=memo)
             for i, p in enumerate(prompts)]  # fmt: skip
 
@@ -124,13 +124,13 @@ def count_computed(counts: dict, out: SchedulerOutput) -> None:
 
 def replay(samples: list[dict], policy: str, num_blocks: int, max_num_seqs: int = MAX_NUM_SEQS,
            budget: int = TOKEN_BUDGET, max_steps: int = 100_000,
-           span_ahead_tokens: int | None = None) -> dict:  # fmt: skip
+           span_ahead_tokens: int | None = None, recipe: str = "block_attention") -> dict:  # fmt: skip
     """Every sample through the scheduler; host seconds of each step's schedule() and postprocess(), and the cost
     model's seconds of each step and each request's first token."""
     ahead = {} if span_ahead_tokens is None else {"span_ahead_tokens": span_ahead_tokens}
     config = SchedulerConfig(max_num_seqs, budget, 65536, num_scheduler_steps=BURST, span_policy=policy, **ahead)
     sched = Scheduler(config, KVCacheManager(num_blocks))
-    for req in make_requests(samples):
+    for req in make_requests(samples, recipe):
         sched.add(req)
 
     def stops(req: Request) -> bool:
@@ -204,7 +204,8 @@ def main() -> None:
     )
     parser.add_argument("--max-num-seqs", type=int, default=MAX_NUM_SEQS)
     parser.add_argument("--budget", type=int, default=TOKEN_BUDGET, help="max_num_batched_tokens")
-    parser.add_argument("--policies", default="inline,isps,barrier")
+    parser.add_argument("--policies", default="inline,isps,barrier", help="span policies; `vanilla`: the prompts "
+                        "without markers (bench/rag.py's prefix recipe), inline")  # fmt: skip
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--cost-model", action="store_true", help="price the steps with the H200's step times")
     parser.add_argument("--span-ahead-tokens", default=None, help="isps's caps to replay, comma-separated (default: "
@@ -222,8 +223,9 @@ def main() -> None:
     caps = [None] if args.span_ahead_tokens is None else [int(c) for c in args.span_ahead_tokens.split(",")]
     for num_blocks in map(int, args.num_blocks.split(",")):
         for policy, cap in [(p, c) for p in args.policies.split(",") for c in (caps if p == "isps" else [None])]:
-            runs = [replay(samples, policy, num_blocks, args.max_num_seqs, args.budget, span_ahead_tokens=cap)
-                    for _ in range(args.repeats)]  # fmt: skip
+            recipe, span_policy = ("prefix", "inline") if policy == "vanilla" else ("block_attention", policy)
+            runs = [replay(samples, span_policy, num_blocks, args.max_num_seqs, args.budget, span_ahead_tokens=cap,
+                           recipe=recipe) for _ in range(args.repeats)]  # fmt: skip
             r = summarize(runs)
             name = policy if cap is None else f"{policy} (ahead {cap})"
             results.append({"num_blocks": num_blocks, "max_num_seqs": args.max_num_seqs, "budget": args.budget,
