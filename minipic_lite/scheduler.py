@@ -146,17 +146,16 @@ class Scheduler:
         # NOTE: barrier (SPNL) starts the spans of the next batch only once the finals of the last one are done
         # NOTE: with no budget left, or nothing missing ahead, no span prefill starts: the lookahead (a match per
         # request) is not asked
-        ahead = budget > 0 and (policy == "isps" or (policy == "barrier" and not self.running))
-        ahead = ahead and self._span_room(out, budget) > 0 and not self._nothing_ahead()  # NOTE: room first: cheap
+        room = self._span_room(out, budget)  # NOTE: span prefills take from both; room <= budget
+        ahead = room > 0 and (policy == "isps" or (policy == "barrier" and not self.running))
+        ahead = ahead and not self._nothing_ahead()
         if ahead and (lookahead is None or len(self.running) > num_running):
             lookahead = self._lookahead()  # NOTE: only an admission changes what it depends on since the first
         for req in lookahead if ahead else ():
             if not missing(req) and self.kv.num_losses == num_losses:
                 self.complete_ahead[req] = num_losses
-            room = self._span_room(out, budget)
-            room_left = self._start_span_prefills(req, missing(req), out, room, guard)
-            budget -= room - room_left
-            if room_left <= 0:
+            room = self._start_span_prefills(req, missing(req), out, room, guard)
+            if room <= 0:
                 return
 
     def _nothing_ahead(self) -> bool:
