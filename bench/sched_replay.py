@@ -17,12 +17,13 @@ prompts of 96 ids, a question of 20 ids.
         --budget 4096 --repeats 1                             # the offload bench's device cache (rag.py --offload)
 
 `--cost-model` also prices every step with the H200's step times (Llama-3-8B shape, bf16): a step that only
-decodes takes DECODE_S + DECODE_SEQ_S a sequence (its burst's steps each), a step with prefill tokens the larger of
-that and its tokens at PREFILL_TOK_S (a GPU step reads every weight once however few tokens it holds, and turns
-compute-bound past a few hundred). It prints the samples/s and the TTFT p50 / p99 (all samples arrive at once) the
-schedules would give. Against the H200's RAG table (rag-d3699f1-cuda.md, inline, isps and barrier): TTFT p50
-within 5% at reuse 0 and 0.5 and 11-15% low at 0.9; samples/s 5-11% high at reuse 0 and 0.5 and ~30% high at 0.9,
-where the steps are short and the host's time per step, which the model leaves out, weighs most.
+decodes takes DECODE_S, plus DECODE_SEQ_S a sequence and KV_READ_S a token of their contexts (its burst's steps
+each); a step with prefill tokens the larger of that and its tokens at PREFILL_TOK_S (a GPU step reads every weight
+once however few tokens it holds, and turns compute-bound past a few hundred). It prints the samples/s and the
+TTFT p50 / p99 (all samples arrive at once) the schedules would give. Against the H200's RAG table
+(rag-d3699f1-cuda.md: vanilla, inline, isps and barrier): TTFT p50 within 4% at reuse 0 and 0.5 and 6-9% low at
+0.9; samples/s 2-7% high at reuse 0 and 0.5 and 13-15% high at 0.9, where the steps are short and the host's time
+per step, which the model leaves out, weighs most.
 `--span-ahead-tokens` sets isps's cap (see scheduler.py).
 
 Prints a table; `--json PATH` also writes the figures. `decisions` is a digest of every step's decisions
@@ -63,14 +64,16 @@ from minipic_lite.scheduler import Scheduler
 from minipic_lite.spans import SpanHashMemo
 
 BLOCK_SIZE, MAX_NUM_SEQS, TOKEN_BUDGET, BURST = 16, 32, 8192, 8  # bench/rag.py's H200 run; CUDA's default burst
-# the H200's step times (next33d-de9b6e7: decode b1 4.46 ms, b64 7.0 ms; rag-d3699f1: prefill at 43,139 tok/s)
-DECODE_S, DECODE_SEQ_S, PREFILL_TOK_S = 4.4e-3, 0.04e-3, 1 / 43_000
+# the H200's step times (next33d-de9b6e7: decode b1 4.46 ms, b64 over ~576 keys 7.0 ms; rag-d3699f1: prefill at
+# 43,139 tok/s; a key of context costs its K and V of 32 layers, 131 KB, at ~4 TB/s)
+DECODE_S, DECODE_SEQ_S, KV_READ_S, PREFILL_TOK_S = 4.4e-3, 0.022e-3, 33e-9, 1 / 43_000
 
 
 def step_seconds(out: SchedulerOutput) -> float:
     """The cost model's seconds for a step (its burst's steps together)."""
     num_tokens, num_seqs = out.num_batched_tokens, len(out.scheduled)
-    floor = DECODE_S + DECODE_SEQ_S * num_seqs  # every weight read once
+    context = sum(s.kv_len for s in out.scheduled if s.num_query_tokens == 1)
+    floor = DECODE_S + DECODE_SEQ_S * num_seqs + KV_READ_S * context  # every weight read once, and the decodes' keys
     if all(s.num_query_tokens == 1 for s in out.scheduled):
         return out.num_steps * floor
     return max(floor, num_tokens * PREFILL_TOK_S)
