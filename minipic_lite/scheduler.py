@@ -49,7 +49,7 @@ class Scheduler:
     running requests' memory-bound decode steps, a few hundred tokens a step on a GPU (a step reads every weight
     once however few tokens it holds). Filling the whole budget instead made those decode steps compute-bound and
     the running requests slower: in `bench/sched_replay.py --cost-model` (the H200's step times) at reuse 0.5, the
-    full budget gave 32.8 samples/s and a TTFT p50 of 1,353 ms, 256 tokens 35.0 and 948 (inline 32.6 and 983).
+    full budget gave 31.2 samples/s and a TTFT p50 of 1,375 ms, 256 tokens 33.6 and 960 (inline 31.0 and 1,007).
     """
 
     def __init__(self, config: SchedulerConfig, kv: KVCacheManager):
