@@ -430,7 +430,7 @@ def table(result: dict) -> str:
             lines.append(
                 f"\nReuse {reuse}: the engine computes {c['tokens']:,} tokens in every schedule, at its prefill rate "
                 f"({c['prefill_tok_s']:,.0f} tok/s, the same prompts with one new token); with the last prompt's "
-                f"decode steps after them ({1e3 * c.get('decode_step_s', 0.0):.2f} ms each, one sample timed) no "
+                f"decode steps after them ({1e3 * c['decode_step_s']:.2f} ms each, one sample timed) no "
                 f"schedule takes less than {c['floor_s']:.2f} s, against barrier's {c['barrier_s']:.2f} s: none beats "
                 f"barrier by more than {c['max_gain_over_barrier']:.2f}x."
             )

@@ -169,8 +169,7 @@ def test_isps_computes_at_most_span_ahead_tokens_of_spans_a_step_while_others_ru
         assert [s.seq.request_id for s in out.scheduled][0] == "a"
         span_tokens.append(sum(s.num_query_tokens for s in out.scheduled if s.seq.is_span_prefill))
     assert span_tokens == [5, 5, 5, 1, 0, 0]  # both spans (16 tokens) computed while a ran, 5 a step at most
-    computed = []
-    run(sched, computed)
+    run(sched)
     assert b.cached_block_ids == {1, 2, 3, 4} and b.num_output_tokens == 2  # its final hits both spans
 
 

@@ -35,7 +35,7 @@ ONE_ROW_OPTIONS = {"max_autotune": True, "coordinate_descent_tuning": True}
 # them. H200, batch-1 decode profiles: `qkv` 12.9 µs a call routed (de9b6e7) against cuBLAS's 15.8 (99f00ed), where
 # the probe had 513 against 526 µs a pass (16.0 against 16.4 a call); `gate_up` 54.5 routed (de9b6e7) against 58.9
 # (19a158b), the probe 1,744 against 1,812 and 1,803 against 1,815. So the candidate is taken unless cuBLAS beats it
-# by this much (until 21d8bf9 a candidate had to beat cuBLAS by 2%, and near ties kept cuBLAS: b1 0.769 at 19a158b,
+# by this much (before 3c5afae a candidate had to beat cuBLAS by 2%, and near ties kept cuBLAS: b1 0.769 at 19a158b,
 # 0.798 with every projection routed at de9b6e7)
 CUBLAS_MARGIN = 0.02
 PROBE_PASSES = 3  # timed passes over a group's weights, after a warm-up pass (which also compiles and tunes)
