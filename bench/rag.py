@@ -65,8 +65,8 @@ SYSTEMS = {  # name -> (LLM keywords, recipe, span policy or scheduler fields)
     "barrier": ({}, "block_attention", "barrier"),
     "inline": ({}, "block_attention", "inline"),
     "isps": ({}, "block_attention", "isps"),
-    # isps as it was until 290089e: spans computed ahead in the whole budget left, however many requests run
-    "isps_whole_budget": ({}, "block_attention", {"span_policy": "isps", "span_ahead_tokens": 1 << 30}),
+    # isps's default from 290089e to c0b23ad: at most 256 span tokens ahead a step while others run (it lost)
+    "isps_ahead_256": ({}, "block_attention", {"span_policy": "isps", "span_ahead_tokens": 256}),
     "copy_rerotate": ({"position_free": False, "rerotate_spans": True}, "block_attention", "inline"),
 }
 PHASES = ("schedule", "_report_admissions", "prepare", "execute", "postprocess")  # rag.phase_times

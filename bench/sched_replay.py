@@ -19,11 +19,14 @@ prompts of 96 ids, a question of 20 ids.
 `--cost-model` also prices every step with the H200's step times (Llama-3-8B shape, bf16): a step that only
 decodes takes DECODE_S, plus DECODE_SEQ_S a sequence and KV_READ_S a token of their contexts (its burst's steps
 each); a step with prefill tokens the larger of that and its tokens at PREFILL_TOK_S (a GPU step reads every weight
-once however few tokens it holds, and turns compute-bound past a few hundred). It prints the samples/s and the
-TTFT p50 / p99 (all samples arrive at once) the schedules would give. Against the H200's RAG table
-(rag-d3699f1-cuda.md: vanilla, inline, isps and barrier): TTFT p50 within 4% at reuse 0 and 0.5 and 6-9% low at
-0.9; samples/s 2-7% high at reuse 0 and 0.5 and 13-15% high at 0.9, where the steps are short and the host's time
-per step, which the model leaves out, weighs most.
+once however few tokens it holds, and turns compute-bound past a few hundred). A step that a CUDA graph's bucket
+holds (the engine's buckets for these limits) computes the bucket's tokens, padding included; one that none holds
+runs eagerly and takes EAGER_STEP_S at least (the host dispatching 32 layers). It prints the samples/s and the
+TTFT p50 / p99 (all samples arrive at once) the schedules would give. Against the H200's RAG table at c0b23ad
+(rag-c0b23ad-cuda.md), samples/s at reuse 0.5: isps capped at 256 ahead 27.1 modeled against 24.4 measured, isps
+31.2 against 27.8, inline 31.0 against 28.6, barrier 30.5 against 28.6 (6-12% high: the host's time per step is
+left out); the cap's loss against the whole budget, 0.87x modeled, 0.88x measured. Without EAGER_STEP_S the model
+had the cap 8% ahead (290089e): its many small eager steps were priced as graphs.
 `--span-ahead-tokens` sets isps's cap (see scheduler.py).
 
 Prints a table; `--json PATH` also writes the figures. `decisions` is a digest of every step's decisions
@@ -56,7 +59,13 @@ from rag import (  # beside this file
 
 import minipic_lite as mp
 from minipic_lite.chunks import SchedulerOutput
-from minipic_lite.config import SchedulerConfig
+from minipic_lite.config import (
+    CUDA_GRAPH_BATCH_SIZES,
+    CUDA_GRAPH_MAX_TOKENS_PER_SEQ,
+    CUDA_GRAPH_TOKEN_SIZES,
+    SchedulerConfig,
+)
+from minipic_lite.cuda_graphs import graph_shapes, pick_shape
 from minipic_lite.hashing import root_hash
 from minipic_lite.kv_cache_manager import KVCacheManager
 from minipic_lite.request import Request
@@ -65,18 +74,24 @@ from minipic_lite.spans import SpanHashMemo
 
 BLOCK_SIZE, MAX_NUM_SEQS, TOKEN_BUDGET, BURST = 16, 32, 8192, 8  # bench/rag.py's H200 run; CUDA's default burst
 # the H200's step times (next33d-de9b6e7: decode b1 4.46 ms, b64 over ~576 keys 7.0 ms; rag-d3699f1: prefill at
-# 43,139 tok/s; a key of context costs its K and V of 32 layers, 131 KB, at ~4 TB/s)
-DECODE_S, DECODE_SEQ_S, KV_READ_S, PREFILL_TOK_S = 4.4e-3, 0.022e-3, 33e-9, 1 / 43_000
+# 43,139 tok/s; a key of context costs its K and V of 32 layers, 131 KB, at ~4 TB/s; rag-c0b23ad: capped isps's
+# ~25 small eager steps took ~17 ms more each than the model's 7.5 ms a step)
+DECODE_S, DECODE_SEQ_S, KV_READ_S, PREFILL_TOK_S, EAGER_STEP_S = 4.4e-3, 0.022e-3, 33e-9, 1 / 43_000, 24e-3
 
 
-def step_seconds(out: SchedulerOutput) -> float:
-    """The cost model's seconds for a step (its burst's steps together)."""
+def step_seconds(out: SchedulerOutput, shapes: list[tuple[int, int]] | None = None) -> float:
+    """The cost model's seconds for a step (its burst's steps together). With `shapes` (the engine's CUDA-graph
+    buckets), a step that a bucket holds computes the bucket's tokens, padding included, and one that none holds
+    takes EAGER_STEP_S at least."""
     num_tokens, num_seqs = out.num_batched_tokens, len(out.scheduled)
+    shape = pick_shape(shapes, num_seqs, num_tokens) if shapes else None
+    eager_s = EAGER_STEP_S if shapes and shape is None else 0.0
+    num_tokens = num_tokens if shape is None else shape[1]
     context = sum(s.kv_len for s in out.scheduled if s.num_query_tokens == 1)
     floor = DECODE_S + DECODE_SEQ_S * num_seqs + KV_READ_S * context  # every weight read once, and the decodes' keys
     if all(s.num_query_tokens == 1 for s in out.scheduled):
-        return out.num_steps * floor
-    return max(floor, num_tokens * PREFILL_TOK_S)
+        return out.num_steps * max(floor, eager_s)
+    return max(floor, num_tokens * PREFILL_TOK_S, eager_s)
 
 
 ROOT = root_hash("bench.sched_replay")
@@ -133,6 +148,8 @@ def replay(samples: list[dict], policy: str, num_blocks: int, max_num_seqs: int 
     ahead = {} if span_ahead_tokens is None else {"span_ahead_tokens": span_ahead_tokens}
     config = SchedulerConfig(max_num_seqs, budget, 65536, num_scheduler_steps=BURST, span_policy=policy, **ahead)
     sched = Scheduler(config, KVCacheManager(num_blocks))
+    token_sizes = tuple(t for t in CUDA_GRAPH_TOKEN_SIZES if t <= budget)  # as ModelRunner picks them
+    shapes = graph_shapes(CUDA_GRAPH_BATCH_SIZES, max_num_seqs, token_sizes, CUDA_GRAPH_MAX_TOKENS_PER_SEQ)
     for req in make_requests(samples, recipe):
         sched.add(req)
 
@@ -152,7 +169,7 @@ def replay(samples: list[dict], policy: str, num_blocks: int, max_num_seqs: int 
         t1 = time.perf_counter()
         digest_step(h, out)
         count_computed(counts, out)
-        modeled_s += step_seconds(out)
+        modeled_s += step_seconds(out, shapes)
         for s in out.scheduled:
             if s.do_sample:
                 first_token_s.setdefault(s.seq.request_id, modeled_s)

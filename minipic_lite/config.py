@@ -238,8 +238,9 @@ class SchedulerConfig:
     num_scheduler_steps: int = 1
     # When SSEP spans of a waiting prompt are computed: "inline", "isps" or "barrier" (scheduler.py).
     span_policy: str = "inline"
-    # isps: tokens of span prefills computed ahead in a step where other requests run (scheduler.py)
-    span_ahead_tokens: int = 256
+    # isps: at most this many tokens of span prefills computed ahead in a step where other requests run; None: the
+    # budget they leave (scheduler.py says why that is the default)
+    span_ahead_tokens: int | None = None
 
     def __post_init__(self):
         if self.span_policy not in SPAN_POLICIES:
@@ -247,8 +248,9 @@ class SchedulerConfig:
         for name in ("num_scheduler_steps", "max_num_seqs", "max_num_batched_tokens"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        if not isinstance(self.span_ahead_tokens, int) or self.span_ahead_tokens < 0:
-            raise ValueError(f"span_ahead_tokens must be an integer >= 0, got {self.span_ahead_tokens!r}")
+        ahead = self.span_ahead_tokens
+        if ahead is not None and (not isinstance(ahead, int) or isinstance(ahead, bool) or ahead < 0):
+            raise ValueError(f"span_ahead_tokens must be None or an integer >= 0, got {ahead!r}")
 
 
 @dataclass(frozen=True)

@@ -36,20 +36,21 @@ class Scheduler:
       inline   inside the request's own prefill, once it is admitted (spans shared by requests in flight
                are still computed once: a later request waits for the blocks another one is computing);
       isps     ahead, as span prefills of their own (`Request.span_prefill`), for the next waiting prompts
-               that have no seat yet, in the budget that running requests and admissions leave, and at most
-               `span_ahead_tokens` of them in a step where other requests run (below); a prompt
-               that gets a seat is admitted whole (as inline: what a span prefill of it computed ahead is a
-               hit, what another request is computing it waits for); a span prefill never evicts a block its
-               prompt or one ahead of it would hit (hit_guard.py): it waits;
+               that have no seat yet, in the budget that running requests and admissions leave (at most
+               `span_ahead_tokens` of it in a step where other requests run, when set); a prompt that gets a
+               seat is admitted whole (as inline: what a span prefill of it computed ahead is a hit, what another
+               request is computing it waits for); a span prefill never evicts a block its prompt or one ahead
+               of it would hit (hit_guard.py): it waits;
       barrier  (SPNL) in batches: every missing span of the next waiting requests (up to max_num_seqs) first,
                then their finals, and the next batch's spans only once those finals are done.
 
-    Why isps caps its work ahead while others run: a waiting prompt takes a seat only when a running request
-    finishes, so spans computed ahead gain nothing by being early; what they can gain is the spare compute of the
-    running requests' memory-bound decode steps, a few hundred tokens a step on a GPU (a step reads every weight
-    once however few tokens it holds). Filling the whole budget instead made those decode steps compute-bound and
-    the running requests slower: in `bench/sched_replay.py --cost-model` (the H200's step times) at reuse 0.5, the
-    full budget gave 31.2 samples/s and a TTFT p50 of 1,375 ms, 256 tokens 33.6 and 960 (inline 31.0 and 1,007).
+    Why isps does not cap its work ahead by default: a waiting prompt takes a seat only when a running request
+    finishes, so spans computed early gain only by riding in the spare compute of the running requests' decode
+    steps. A cap of 256 tokens lost on the H200 (rag-c0b23ad-cuda.md, reuse 0.5: 24.4 samples/s against the
+    whole budget's 27.8): each decode step with a few hundred span tokens beside it had more sequences than any
+    CUDA graph's bucket, and an eager step costs ~24 ms of host time against a graph's 5-8 ms. Shaping those steps
+    to fit a bucket would gain ~4% at most there: the first wave's 32 decode steps could carry ~7,000 span tokens
+    at about half the prefill's cost a token (`bench/sched_replay.py --cost-model`).
     """
 
     def __init__(self, config: SchedulerConfig, kv: KVCacheManager):
@@ -112,9 +113,9 @@ class Scheduler:
         return budget
 
     def _span_room(self, out: SchedulerOutput, budget: int) -> int:
-        """Tokens span prefills may take now: isps gives them at most `span_ahead_tokens` a step while other
-        requests run (the class doc says why), the budget otherwise."""
-        if self.config.span_policy != "isps" or not self.running:
+        """Tokens span prefills may take now: the budget, or under isps at most `span_ahead_tokens` (when set) in a
+        step where other requests run."""
+        if self.config.span_policy != "isps" or self.config.span_ahead_tokens is None or not self.running:
             return budget
         taken = sum(s.num_query_tokens for s in out.scheduled if s.seq.is_span_prefill)
         return max(0, min(budget, self.config.span_ahead_tokens - taken))

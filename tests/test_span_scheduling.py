@@ -29,7 +29,7 @@ def request(request_id, token_ids, max_tokens=2):
     return Request(request_id, list(token_ids), params, B, ROOT, span_layout(token_ids, CONTROL, B))
 
 
-def scheduler(num_blocks=32, budget=256, max_num_seqs=8, policy="inline", num_host_blocks=0, span_ahead_tokens=256):
+def scheduler(num_blocks=32, budget=256, max_num_seqs=8, policy="inline", num_host_blocks=0, span_ahead_tokens=None):
     config = SchedulerConfig(max_num_seqs, budget, 1024, span_policy=policy, span_ahead_tokens=span_ahead_tokens)
     return Scheduler(config, KVCacheManager(num_blocks, num_host_blocks=num_host_blocks))
 
@@ -155,12 +155,11 @@ def test_isps_overlaps_span_prefill_of_later_requests_with_decodes_and_then_admi
     assert b.num_output_tokens == 2
 
 
-def test_isps_computes_at_most_span_ahead_tokens_of_spans_a_step_while_others_run():
-    """The spans of a prompt waiting for a seat ride along in the running request's steps, a few tokens a step
-    (`span_ahead_tokens`: the spare compute of memory-bound decode steps), not the whole budget at once."""
-    sched = scheduler(max_num_seqs=1, policy="isps", span_ahead_tokens=5)
+def isps_span_tokens_while_a_runs(span_ahead_tokens):
+    """Span tokens of each step while "a" runs and "b" (two spans of 8 tokens) waits for the one seat."""
+    sched = scheduler(max_num_seqs=1, policy="isps", span_ahead_tokens=span_ahead_tokens)
     a = request("a", [20, 21, 22, PAD, P, 60, 61], max_tokens=6)  # no spans: it prefills, then decodes
-    b = request("b", [25, 26, 27, PAD] + DOC + DOC2 + [P, 60, 62])  # two spans of 8 tokens, waiting for the seat
+    b = request("b", [25, 26, 27, PAD] + DOC + DOC2 + [P, 60, 62])
     sched.add(a)
     sched.add(b)
     span_tokens = []
@@ -168,14 +167,25 @@ def test_isps_computes_at_most_span_ahead_tokens_of_spans_a_step_while_others_ru
         out = step(sched)
         assert [s.seq.request_id for s in out.scheduled][0] == "a"
         span_tokens.append(sum(s.num_query_tokens for s in out.scheduled if s.seq.is_span_prefill))
-    assert span_tokens == [5, 5, 5, 1, 0, 0]  # both spans (16 tokens) computed while a ran, 5 a step at most
     run(sched)
     assert b.cached_block_ids == {1, 2, 3, 4} and b.num_output_tokens == 2  # its final hits both spans
+    return span_tokens
 
 
-def test_span_ahead_tokens_must_be_an_integer_of_zero_or_more():
-    assert SchedulerConfig().span_ahead_tokens == 256
-    for bad in (-1, 2.5, None):
+def test_isps_computes_the_spans_ahead_in_the_budget_the_running_requests_leave():
+    """By default (no cap) both spans of the waiting prompt are computed in the first step, beside a's prefill."""
+    assert isps_span_tokens_while_a_runs(None) == [16, 0, 0, 0, 0, 0]
+
+
+def test_isps_computes_at_most_span_ahead_tokens_of_spans_a_step_while_others_run():
+    """With a cap, the spans ride along in the running request's steps, a few tokens a step."""
+    assert isps_span_tokens_while_a_runs(5) == [5, 5, 5, 1, 0, 0]
+
+
+def test_span_ahead_tokens_must_be_none_or_an_integer_of_zero_or_more():
+    assert SchedulerConfig().span_ahead_tokens is None
+    assert SchedulerConfig(span_ahead_tokens=0).span_ahead_tokens == 0
+    for bad in (-1, 2.5, "256", True):
         with pytest.raises(ValueError, match="span_ahead_tokens"):
             SchedulerConfig(span_ahead_tokens=bad)
 

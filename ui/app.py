@@ -27,7 +27,7 @@ DEFAULT_MAX_TOKENS = 48
 NUM_DEFAULT_DOCUMENTS = 3
 SPAN_POLICY_NOTES = {
     "inline": "a prompt's spans are prefilled in the same chunks as the rest of it",
-    "isps": "spans of waiting prompts are prefilled ahead, a few hundred tokens a step beside the running requests",
+    "isps": "spans of waiting prompts are prefilled ahead, in the budget the running requests leave",
     "barrier": "every missing span of the waiting prompts first, their final prefills after",
 }
 INTRO = (
