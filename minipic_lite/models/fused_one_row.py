@@ -4,8 +4,9 @@ A batch-1 decode step on the H200 spends ~2 µs a call on each `add_rms_norm` (6
 µs on each SiLU·up: kernels that move 8-56 KB and wait on the one before. Here the projection that follows a norm
 does the norm itself. Every program of the kernel reads the whole row (x + delta: 8 KB, from L2) as it streams its
 rows of the weight, multiplies them by norm_weight * (x + delta) and reduces the row's squares beside them; rstd
-scales the sums at the end. Program 0 also writes x + delta, the residual stream the layer carries on. For `gate_up`, each program takes the same rows of the gate and the up
-halves and writes SiLU(gate) · up: the MLP's activation needs no kernel of its own either.
+scales the sums at the end. Program 0 also writes x + delta, the residual stream the layer carries on. For
+`gate_up`, each program takes the same rows of the gate and the up halves and writes SiLU(gate) · up: the MLP's
+activation needs no kernel of its own either.
 
     y = W @ norm(x + delta)            norm(h) = weight * (h * rsqrt(mean(h^2) + eps))   (transformers' rounding)
     y = silu(W_gate @ n) * (W_up @ n)  (GATED)
@@ -56,8 +57,11 @@ if triton is not None:
                 (32, 256, 8, 3),
                 (4, 512, 4, 4),
                 (2, 1024, 4, 4),
+                (1, 2048, 4, 2),
+                (2, 2048, 8, 2),
+                (8, 256, 4, 4),
             ]
-        ],  # fmt: skip
+        ],
         key=["N", "K", "GATED"],
     )
     @triton.jit
