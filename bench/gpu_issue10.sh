@@ -445,7 +445,8 @@ if want next34; then  # next session's first call: the mixed greedy/sampled burs
     # the one-row probe's new rule (a candidate unless cuBLAS wins by 2%, 3c5afae): decode b1 / b64
     step decode_routed 150 python3 bench/gpu_engine.py --decode-only --out "$OUT/gpu_decode_${GIT_SHA}_routed.json"
 fi
-if want next35; then  # the fused add + RMSNorm + projection at batch 1 (models/fused_one_row.py): its GPU tests,
+if want next35; then  # (ran at 3dad8ca; the fused path removed at the next stop, kept at a008f36) the fused
+    # add + RMSNorm + projection at batch 1 (models/fused_one_row.py): its GPU tests,
     # every other GPU test but the bf16 hybrid, decode b1 / b64 with it and without it (MINIPIC_FUSED_ONE_ROW=0) in
     # one call, then the RAG table with isps's new default (no cap ahead) beside the 256 cap
     step gpu_tests 240 python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider -p no:logging --tb=short \
@@ -455,7 +456,7 @@ if want next35; then  # the fused add + RMSNorm + projection at batch 1 (models/
         --out "$OUT/gpu_decode_${GIT_SHA}_unfused.json"
     step rag 300 $RAG --max-num-seqs 32 --max-num-batched-tokens 8192
 fi
-if want next35b; then  # (ran at 7bfa47a, 43.3 µs a call) the fused kernel in one pass, decode b1 / b64
+if want next35b; then  # (ran at 7bfa47a, 43.3 µs a call; removed, see next35) the fused kernel in one pass
     # with it and without it
     step gpu_tests_fused 120 python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider -p no:logging \
         --tb=short -k "fused"
@@ -463,7 +464,7 @@ if want next35b; then  # (ran at 7bfa47a, 43.3 µs a call) the fused kernel in o
     step decode_unfused 150 env MINIPIC_FUSED_ONE_ROW=0 python3 bench/gpu_engine.py --decode-only \
         --out "$OUT/gpu_decode_${GIT_SHA}_unfused.json"
 fi
-if want next35c; then  # the fused kernel with one-stage configs and eviction hints (Inductor's choice for gate_up)
+if want next35c; then  # (ran at a008f36; removed, see next35) the fused kernel with one-stage configs and eviction hints
     step gpu_tests_fused 120 python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider -p no:logging \
         --tb=short -k "fused"
     step decode_fused 150 python3 bench/gpu_engine.py --decode-only --out "$OUT/gpu_decode_${GIT_SHA}_fused.json"

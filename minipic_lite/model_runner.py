@@ -25,7 +25,6 @@ from minipic_lite.config import (
 )
 from minipic_lite.decode_mirror import DecodeMirror
 from minipic_lite.kv_cache_manager import Rerotate
-from minipic_lite.models.fused_one_row import enable_fused_one_row
 from minipic_lite.models.llama import compile_kernel, rope_table
 from minipic_lite.models.one_row_linear import one_row_candidates, route_one_row_linears
 from minipic_lite.models.packed_linear import can_pack, drop_packed_weights, pack_linears, packed_min_rows
@@ -130,11 +129,9 @@ class ModelRunner:
                 drop_packed_weights(self.model)
         # CUDA: one-row steps (batch-1 decode) take Inductor's reduction for the projections where it beats cuBLAS
         # (timed here; models/one_row_linear.py)
-        self.one_row_timings, self.fused_one_row_shapes = {}, []
+        self.one_row_timings = {}
         if compiles_kernels(config):
             self.one_row_timings = route_one_row_linears(self.model, one_row_candidates(compile_kernel))
-            # and each add + RMSNorm runs inside the projection after it (models/fused_one_row.py)
-            self.fused_one_row_shapes = enable_fused_one_row(self.model)
         self.state_tensors = None  # hybrid models: live state slots and checkpoints (state_cache.py)
         if config.model.is_hybrid:
             budget, num_slots = config.cache.state_cache_gib * GIB, config.scheduler.max_num_seqs

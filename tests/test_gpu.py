@@ -246,38 +246,3 @@ def test_argmax_rows_on_cuda_takes_the_first_maximum_as_torch_argmax_does():
     logits[4] = logits[4].round()
     assert torch.equal(argmax_rows(logits), logits.argmax(dim=-1))
     assert torch.equal(argmax_rows(logits.bfloat16()), logits.bfloat16().argmax(dim=-1))
-
-
-@pytest.mark.parametrize("gated", [False, True], ids=["qkv", "gate_up"])
-def test_the_fused_add_norm_matmul_on_cuda_matches_its_reference_at_the_8b_shapes(gated):
-    """models/fused_one_row.py on the GPU (autotuned at its first call): x + delta exactly as the residual add
-    rounds it (round to nearest, where the interpreter truncates), y as the unfused norm and matmul."""
-    from minipic_lite.models.fused_one_row import add_norm_matmul, add_norm_matmul_reference
-
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    K, rows = 4096, 2 * 14336 if gated else 6144
-    x, delta = (torch.randn(1, K, device="cuda", generator=gen, dtype=torch.bfloat16) for _ in range(2))
-    norm_weight = (1 + 0.1 * torch.randn(K, device="cuda", generator=gen)).bfloat16()
-    weight = (0.02 * torch.randn(rows, K, device="cuda", generator=gen)).bfloat16()
-    for d in (delta, None):
-        y, h = add_norm_matmul(x, d, norm_weight, 1e-5, weight, gated)
-        y_ref, h_ref = add_norm_matmul_reference(x, d, norm_weight, 1e-5, weight, gated)
-        assert torch.equal(h, h_ref)
-        torch.testing.assert_close(y.float(), y_ref.float(), rtol=2e-2, atol=2e-2)
-
-
-def test_batch_1_decode_with_the_fused_layers_gives_the_unfused_tokens(tiny_dir, monkeypatch):
-    """A bf16 CUDA-graph engine at batch 1 with each add + norm inside the next projection, against the same engine
-    with MINIPIC_FUSED_ONE_ROW=0."""
-    kwargs = dict(device="cuda", dtype="bfloat16", max_model_len=256, max_num_seqs=8, num_blocks=256)
-    fused = mp.LLM(str(tiny_dir), **kwargs)
-    assert fused.engine.runner.fused_one_row_shapes and all(m.fused_one_row for m in fused.engine.runner.model.layers)
-    monkeypatch.setenv("MINIPIC_FUSED_ONE_ROW", "0")
-    unfused = mp.LLM(str(tiny_dir), **kwargs)
-    assert not any(m.fused_one_row for m in unfused.engine.runner.model.layers)
-    gen = torch.Generator().manual_seed(4)
-    params = mp.SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
-    for n in (5, 70):
-        prompt = torch.randint(6, 512, (n,), generator=gen).tolist()
-        ours, theirs = (llm.generate([prompt], params, use_tqdm=False)[0] for llm in (fused, unfused))
-        assert ours.token_ids == theirs.token_ids

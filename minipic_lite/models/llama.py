@@ -17,7 +17,6 @@ from torch import nn
 from torch.nn import functional as F
 
 from minipic_lite.config import ModelConfig
-from minipic_lite.models.fused_one_row import add_norm_matmul
 from minipic_lite.models.step import StepMetadata
 from ops import apply_rope, rope_paged_attention
 
@@ -148,12 +147,8 @@ class Attention(nn.Module):
 
     def forward(self, x, meta: StepMetadata, kv_layer: torch.Tensor, cos_sin) -> torch.Tensor:
         """kv_layer: this layer's K and V caches, [2, blocks, B, KVH, D]."""
-        return self.attend(self.qkv_proj(x), meta, kv_layer, cos_sin)
-
-    def attend(self, qkv, meta: StepMetadata, kv_layer: torch.Tensor, cos_sin) -> torch.Tensor:
-        """The rest of `forward` after the qkv projection: qkv [T, (H + 2 KVH) D] -> o_proj's output [T, hidden]."""
-        num_tokens = qkv.shape[0]
-        q, kv = qkv.split([self.q_size, 2 * self.kv_size], dim=-1)
+        num_tokens = x.shape[0]
+        q, kv = self.qkv_proj(x).split([self.q_size, 2 * self.kv_size], dim=-1)
         q = q.view(num_tokens, self.num_heads, self.head_dim)  # (T, H, D)
         kv = kv.view(num_tokens, 2, self.num_kv_heads, self.head_dim)  # (T, 2, KVH, D): keys, then values
         k, v = kv.unbind(1)  # (T, KVH, D) each
@@ -191,30 +186,13 @@ class DecoderLayer(nn.Module):
         self.self_attn = Attention(cfg, position_free, kernels, layer_idx)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg, kernels)
-        self.fused_one_row = False  # one-row steps: each norm inside the projection after it (`enable_fused_one_row`)
 
-    def forward(self, x, delta, meta, kv_layer, cos_sin):
-        """x: the residual stream; delta: what the layer before adds to it (None at the first layer). Returns
-        (x + delta + the attention's output, the MLP's output: the next layer's delta)."""
-        if self.fused_one_row and x.shape[0] == 1:  # NOTE: fixed within a CUDA graph's bucket
-            return self._forward_one_row(x, delta, meta, kv_layer, cos_sin)
-        norm, post = self.input_layernorm, self.post_attention_layernorm
-        if delta is None:
-            normed = self.kernels.rms_norm(x, norm.weight, norm.eps)
-        else:
-            x, normed = self.kernels.add_rms_norm(x, delta, norm.weight, norm.eps)
+    def forward(self, x, normed, meta, kv_layer, cos_sin):
+        """x: the residual stream; normed: input_layernorm(x). Returns (x + attn + mlp, the pre-MLP stream)."""
+        norm = self.post_attention_layernorm
         attn = self.self_attn(normed, meta, kv_layer, cos_sin)
-        x, h = self.kernels.add_rms_norm(x, attn, post.weight, post.eps)
+        x, h = self.kernels.add_rms_norm(x, attn, norm.weight, norm.eps)
         return x, self.mlp(h)
-
-    def _forward_one_row(self, x, delta, meta, kv_layer, cos_sin):
-        """`forward` for one token with each add + norm inside the projection after it, and SiLU·up inside gate_up
-        (models/fused_one_row.py): 3 kernels fewer a layer."""
-        norm, post, mlp = self.input_layernorm, self.post_attention_layernorm, self.mlp
-        qkv, x = add_norm_matmul(x, delta, norm.weight, norm.eps, self.self_attn.qkv_proj.weight)
-        attn = self.self_attn.attend(qkv, meta, kv_layer, cos_sin)
-        act, x = add_norm_matmul(x, attn, post.weight, post.eps, mlp.gate_up_proj.weight, gated=True)
-        return x, mlp.down_proj(act)
 
 
 class CausalLM(nn.Module):
@@ -257,10 +235,14 @@ class LlamaForCausalLM(CausalLM):
     def forward(self, input_ids, meta: StepMetadata, kv_cache: torch.Tensor) -> torch.Tensor:
         """input_ids [T] -> hidden states [T, hidden]; kv_cache [2, layers, blocks, B, KVH, D]."""
         self._follow_step(meta)
-        x, delta = self.embed_tokens(input_ids), None  # (T, hidden)
+        x = self.embed_tokens(input_ids)  # (T, hidden)
+        first = self.layers[0].input_layernorm
+        normed = self.kernels.rms_norm(x, first.weight, first.eps)
         for i, layer in enumerate(self.layers):
-            x, delta = layer(x, delta, meta, kv_cache[:, i], self.cos_sin)
-        return self.kernels.add_rms_norm(x, delta, self.norm.weight, self.norm.eps)[1]
+            x, mlp_out = layer(x, normed, meta, kv_cache[:, i], self.cos_sin)
+            norm = self.layers[i + 1].input_layernorm if i + 1 < len(self.layers) else self.norm
+            x, normed = self.kernels.add_rms_norm(x, mlp_out, norm.weight, norm.eps)
+        return normed
 
     @torch.no_grad()
     def init_dummy_weights(self, seed: int = 0, std: float = 0.02) -> None:
