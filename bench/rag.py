@@ -221,6 +221,38 @@ def phase_times(engine):
             delattr(owner, name)  # NOTE: back to the class's method
 
 
+STEP_KINDS = ("decode", "graph_prefill", "eager")  # rag.step_kinds
+
+
+@contextlib.contextmanager
+def step_kinds(engine):
+    """{kind: [steps, seconds]} of the runner's execute calls while inside (each waits for its sampled tokens), by
+    kind: a decode step (a burst counts its steps), a prefill or mixed step that a CUDA graph's bucket holds, and an
+    eager step (every step on the CPU)."""
+    runner, totals = engine.runner, {kind: [0, 0.0] for kind in STEP_KINDS}
+    execute = runner.execute
+
+    def timed(out):
+        eager = runner.graphs is None or runner.graphs.shape_for(out) is None
+        kind = "eager" if eager else "decode" if out.is_decode_only else "graph_prefill"
+        start = time.perf_counter()
+        try:
+            return execute(out)
+        finally:
+            totals[kind][0] += out.num_steps
+            totals[kind][1] += time.perf_counter() - start
+
+    wrapped = "execute" in vars(runner)  # NOTE: phase_times may have wrapped it first
+    runner.execute = timed
+    try:
+        yield totals
+    finally:
+        if wrapped:
+            runner.execute = execute
+        else:
+            del runner.execute  # NOTE: back to the class's method
+
+
 def run_system(llm: mp.LLM, samples, recipe: str, policy: str | dict, new_tokens: int = NEW_TOKENS) -> dict:
     """`policy`: a span policy, or scheduler fields to set (`{"span_policy": ..., ...}`); the other fields keep the
     engine's own."""
@@ -235,7 +267,7 @@ def run_system(llm: mp.LLM, samples, recipe: str, policy: str | dict, new_tokens
     steps_before, step_time_before = llm.engine.stats.num_steps, llm.engine.stats.total_step_time
     compiles_before, triton_before = num_compiles(), triton_compiles()
     start = time.perf_counter()
-    with phase_times(llm.engine) as phases:
+    with phase_times(llm.engine) as phases, step_kinds(llm.engine) as kinds:
         outputs = llm.generate(prompts, params, use_tqdm=False)
     elapsed = time.perf_counter() - start
     after = llm.stats()
@@ -261,6 +293,7 @@ def run_system(llm: mp.LLM, samples, recipe: str, policy: str | dict, new_tokens
         "compiles": num_compiles() - compiles_before,
         "triton_compiled": sorted(triton_compiles() - triton_before),
         "phase_ms_per_step": {name: 1e3 * phases[name] / num_steps for name in PHASES},
+        "step_kinds": {kind: {"steps": n, "ms": 1e3 * t} for kind, (n, t) in kinds.items()},
         "outputs": [o.token_ids for o in outputs],
     }
 
@@ -352,7 +385,9 @@ def main() -> None:
                       f"{r['cached_fraction']:.2f}  host hits {r['host_hit_blocks']}  {r['engine_steps']} steps of "
                       f"{r['step_ms']:.1f} ms, "
                       f"{r['compiles']} compiles; ms a step: "
-                      + ", ".join(f"{k.strip('_')} {v:.2f}" for k, v in r["phase_ms_per_step"].items()),
+                      + ", ".join(f"{k.strip('_')} {v:.2f}" for k, v in r["phase_ms_per_step"].items())
+                      + "; execute by kind: " + ", ".join(f"{k} {v['steps']} steps {v['ms']:.0f} ms"
+                                                         for k, v in r["step_kinds"].items()),
                       flush=True)  # fmt: skip
                 for kernel, key in r["triton_compiled"]:
                     print(f"   compiled in the run: {kernel} {key}", flush=True)
@@ -409,8 +444,9 @@ def table(result: dict) -> str:
         "",
         "| reuse | system | samples/s | vs vanilla (offload: vs recompute) | vs barrier | TTFT p50 (ms) "
         "| TTFT p99 (ms) | prompt cached "
-        "| host hit blocks | rerotated blocks | engine steps | ms / step | compiles in the run |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| host hit blocks | rerotated blocks | engine steps | ms / step | execute: decode / graph prefill / eager "
+        "(steps, ms) | compiles in the run |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for reuse, systems in result["rows"].items():
         base = systems.get("vanilla_prefix", systems.get("isps_recompute", {})).get("samples_per_s")
@@ -423,7 +459,7 @@ def table(result: dict) -> str:
                 f"| {reuse} | {name} | {r['samples_per_s']:.2f} | {vs(base)} | {vs(barrier)} "
                 f"| {1e3 * r['ttft_p50_s']:.0f} | {1e3 * r['ttft_p99_s']:.0f} | {r['cached_fraction']:.2f} "
                 f"| {r['host_hit_blocks']} | {r.get('rerotated_blocks', '-')} | {r['engine_steps']} "
-                f"| {r['step_ms']:.1f} | {r.get('compiles', '-')} |"
+                f"| {r['step_ms']:.1f} | {kinds_cell(r)} | {r.get('compiles', '-')} |"
             )
     for reuse, systems in result["rows"].items():
         if c := systems.get("ceiling"):
@@ -435,6 +471,15 @@ def table(result: dict) -> str:
                 f"barrier by more than {c['max_gain_over_barrier']:.2f}x."
             )
     return "\n".join(lines)
+
+
+def kinds_cell(row: dict) -> str:
+    """'64 / 0 / 8 steps, 410 / 0 / 1,520 ms': the execute calls of each step kind (rag.step_kinds)."""
+    kinds = row.get("step_kinds")
+    if not kinds:
+        return "-"
+    steps = " / ".join(str(kinds[k]["steps"]) for k in STEP_KINDS)
+    return f"{steps} steps, " + " / ".join(f"{kinds[k]['ms']:,.0f}" for k in STEP_KINDS) + " ms"
 
 
 if __name__ == "__main__":
