@@ -4,7 +4,7 @@
 # bench/data (the RAG datasets, built here with `python bench/rag.py --build-only --samples 64`) carried.
 #
 #   GIT_SHA=$(git rev-parse --short HEAD) bash bench/gpu_issue10.sh [part]   part: all (default), a, b, ops, ttft, host, hostdiag, offload, tests, splits, grid, rag, ragphase,
-#   rag0, read, readprof (with ncu), engineread, tileslast, final2, rag09, check17, diag18, check18, final18, warps18, bs32, rag32, tests, regs19, diag19, final19, tile16, w16, ahead, ahead2, final20, rag20, ahead4, next21, check22, check22b, rag22, ttft22, ncu22, next23, final23, dyn24, prefill24, final24, gemm24, next25, gemv27, gemv28, gemv29, gemm30, next31, next32, next33, next33b, next33c, next33d, next33e, next34, rag34, next35, next35b, next35c, next36, engine21, engine, pending, final, ttft1, probe or hybrid, or several joined by commas
+#   rag0, read, readprof (with ncu), engineread, tileslast, final2, rag09, check17, diag18, check18, final18, warps18, bs32, rag32, tests, regs19, diag19, final19, tile16, w16, ahead, ahead2, final20, rag20, ahead4, next21, check22, check22b, rag22, ttft22, ncu22, next23, final23, dyn24, prefill24, final24, gemm24, next25, gemv27, gemv28, gemv29, gemm30, next31, next32, next33, next33b, next33c, next33d, next33e, next34, rag34, next35, next35b, next35c, next36, next36a, engine21, engine, pending, final, ttft1, probe or hybrid, or several joined by commas
 set -u
 cd "$(dirname "$0")/.."
 export TRITON_INTERPRET=0 PYTHONUNBUFFERED=1 GIT_SHA=${GIT_SHA:-unknown}
@@ -474,6 +474,11 @@ fi
 if want next36; then  # next session's first call: the RAG table with each system's execute time by step kind (decode,
     # graph prefill, eager): where position-free loses its ~3% to vanilla at reuse 0 (pic_disabled, same tokens)
     step rag 450 $RAG --max-num-seqs 32 --max-num-batched-tokens 8192
+fi
+if want next36a; then  # with the session's last 190 s: vanilla against PIC disabled at reuse 0 (the same tokens),
+    # each step kind's execute time
+    step rag_reuse0 95 $RAG --reuse 0 --systems vanilla_prefix,pic_disabled --max-num-seqs 32 \
+        --max-num-batched-tokens 8192 --tag=-reuse0-kinds
 fi
 if want rag34; then  # next session's second call: the RAG table with isps capped ahead (290089e) beside
     # isps_whole_budget (the policy before), every other system as before
