@@ -472,7 +472,9 @@ if want next35c; then  # (ran at a008f36; removed, see next35) the fused kernel 
         --out "$OUT/gpu_decode_${GIT_SHA}_unfused.json"
 fi
 if want next36; then  # next session's first call: the RAG table with each system's execute time by step kind (decode,
-    # graph prefill, eager): where position-free loses its ~3% to vanilla at reuse 0 (pic_disabled, same tokens)
+    # graph prefill, eager): where position-free loses its ~3% to vanilla at reuse 0 (pic_disabled, same tokens),
+    # what an eager step costs, and isps capped at 1,024 tokens ahead (modeled 33.78 samples/s against 31.21 uncapped
+    # at reuse 0.5, sched_replay-0baf89c-cpu-cost-model-caps-*.json)
     step rag 450 $RAG --max-num-seqs 32 --max-num-batched-tokens 8192
 fi
 if want next36a; then  # with the session's last 190 s: vanilla against PIC disabled at reuse 0 (the same tokens),

@@ -65,8 +65,10 @@ SYSTEMS = {  # name -> (LLM keywords, recipe, span policy or scheduler fields)
     "barrier": ({}, "block_attention", "barrier"),
     "inline": ({}, "block_attention", "inline"),
     "isps": ({}, "block_attention", "isps"),
-    # isps's default from 290089e to c0b23ad: at most 256 span tokens ahead a step while others run (it lost)
-    "isps_ahead_256": ({}, "block_attention", {"span_policy": "isps", "span_ahead_tokens": 256}),
+    # at most 1,024 span tokens ahead a step while others run: steps long enough on the GPU to hide an eager step's
+    # host time (sched_replay's model with eager steps: 1.08x isps at reuse 0.5). The 256 of 290089e-c0b23ad lost,
+    # 0.89x isps at reuse 0.5 (rag-3dad8ca-cuda.md): its steps ran eagerly, host-bound
+    "isps_ahead_1024": ({}, "block_attention", {"span_policy": "isps", "span_ahead_tokens": 1024}),
     "copy_rerotate": ({"position_free": False, "rerotate_spans": True}, "block_attention", "inline"),
 }
 PHASES = ("schedule", "_report_admissions", "prepare", "execute", "postprocess")  # rag.phase_times
