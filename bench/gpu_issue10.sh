@@ -474,8 +474,9 @@ fi
 if want next36; then  # next session's first call: the RAG table with each system's execute time by step kind (decode,
     # graph prefill, eager): where position-free loses its ~3% to vanilla at reuse 0 (pic_disabled, same tokens),
     # what an eager step costs, and isps capped at 1,024 tokens ahead (modeled 33.78 samples/s against 31.21 uncapped
-    # at reuse 0.5, sched_replay-0baf89c-cpu-cost-model-caps-*.json)
+    # at reuse 0.5, sched_replay-0baf89c-cpu-cost-model-caps-*.json); then decode b1 / b64 under the probe's 5% margin
     step rag 450 $RAG --max-num-seqs 32 --max-num-batched-tokens 8192
+    step decode_routed 150 python3 bench/gpu_engine.py --decode-only --out "$OUT/gpu_decode_${GIT_SHA}_routed.json"
 fi
 if want next36a; then  # with the session's last 190 s: vanilla against PIC disabled at reuse 0 (the same tokens),
     # each step kind's execute time
