@@ -48,10 +48,11 @@ class Scheduler:
     finishes, so spans computed early gain only by riding in the spare compute of the running requests' decode
     steps. A cap of 256 tokens lost on the H200 (rag-c0b23ad-cuda.md, reuse 0.5: 24.4 samples/s against the
     whole budget's 27.8): each decode step with a few hundred span tokens beside it had more sequences than any
-    CUDA graph's bucket, and an eager step costs ~24 ms of host time against a graph's 5-8 ms. Shaping those steps
-    to fit a bucket would gain ~4% at most there: the first wave's 32 decode steps could carry ~7,000 span tokens
-    at about half the prefill's cost a token (`bench/sched_replay.py --cost-model`). A cap of 1,024, whose steps are
-    as long on the GPU as an eager step's host time, models 1.08x the whole budget at reuse 0.5 (to be measured).
+    CUDA graph's bucket, and an eager step costs ~24 ms (fitted from those runs, not profiled) against a graph's
+    5-8 ms. Shaping those steps to fit a bucket would gain ~4% at most there: the first wave's 32 decode steps could
+    carry ~7,000 span tokens at about half the prefill's cost a token (`bench/sched_replay.py --cost-model`). A cap
+    of 1,024, whose steps are as long on the GPU as an eager step's host time, models 1.08x the whole budget at
+    reuse 0.5 (to be measured).
     """
 
     def __init__(self, config: SchedulerConfig, kv: KVCacheManager):
