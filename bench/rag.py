@@ -67,7 +67,7 @@ SYSTEMS = {  # name -> (LLM keywords, recipe, span policy or scheduler fields)
     "isps": ({}, "block_attention", "isps"),
     # at most 1,024 span tokens ahead a step while others run: steps long enough on the GPU to hide an eager step's
     # host time (sched_replay's model with eager steps: 1.08x isps at reuse 0.5). The 256 of 290089e-c0b23ad lost,
-    # 0.89x isps at reuse 0.5 (rag-3dad8ca-cuda.md): its steps ran eagerly, host-bound
+    # 0.91x isps at reuse 0.5 (rag-3dad8ca-cuda.md; 0.88x at c0b23ad): its steps ran eagerly
     "isps_ahead_1024": ({}, "block_attention", {"span_policy": "isps", "span_ahead_tokens": 1024}),
     "copy_rerotate": ({"position_free": False, "rerotate_spans": True}, "block_attention", "inline"),
 }

@@ -79,13 +79,13 @@ BLOCK_SIZE, MAX_NUM_SEQS, TOKEN_BUDGET, BURST = 16, 32, 8192, 8  # bench/rag.py'
 DECODE_S, DECODE_SEQ_S, KV_READ_S, PREFILL_TOK_S, EAGER_STEP_S = 4.4e-3, 0.022e-3, 33e-9, 1 / 43_000, 24e-3
 
 
-def step_seconds(out: SchedulerOutput, shapes: list[tuple[int, int]] | None = None) -> float:
-    """The cost model's seconds for a step (its burst's steps together). With `shapes` (the engine's CUDA-graph
-    buckets), a step that a bucket holds computes the bucket's tokens, padding included, and one that none holds
+def step_seconds(out: SchedulerOutput, shapes: list[tuple[int, int]]) -> float:
+    """The cost model's seconds for a step (its burst's steps together). A step that one of `shapes` (the engine's
+    CUDA-graph buckets) holds computes the bucket's tokens, padding included; one that none holds runs eagerly and
     takes EAGER_STEP_S at least."""
     num_tokens, num_seqs = out.num_batched_tokens, len(out.scheduled)
-    shape = pick_shape(shapes, num_seqs, num_tokens) if shapes else None
-    eager_s = EAGER_STEP_S if shapes and shape is None else 0.0
+    shape = pick_shape(shapes, num_seqs, num_tokens)
+    eager_s = EAGER_STEP_S if shape is None else 0.0
     num_tokens = num_tokens if shape is None else shape[1]
     context = sum(s.kv_len for s in out.scheduled if s.num_query_tokens == 1)
     floor = DECODE_S + DECODE_SEQ_S * num_seqs + KV_READ_S * context  # every weight read once, and the decodes' keys
