@@ -59,16 +59,14 @@ LLAMA3_8B = {"model_type": "llama", "vocab_size": 128256, "hidden_size": 4096, "
              "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
              "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "max_position_embeddings": 65536,
              "tie_word_embeddings": False}  # fmt: skip
-SYSTEMS = {  # name -> (LLM keywords, recipe, span policy or scheduler fields)
+SYSTEMS = {  # name -> (LLM keywords, recipe, span policy)
     "vanilla_prefix": ({"position_free": False}, "prefix", "inline"),
     "pic_disabled": ({}, "prefix", "inline"),
     "barrier": ({}, "block_attention", "barrier"),
     "inline": ({}, "block_attention", "inline"),
     "isps": ({}, "block_attention", "isps"),
-    # at most 1,024 span tokens ahead a step while others run: steps long enough on the GPU to hide an eager step's
-    # host time (sched_replay's model with eager steps: 1.08x isps at reuse 0.5). The 256 of 290089e-c0b23ad lost,
-    # 0.91x isps at reuse 0.5 (rag-3dad8ca-cuda.md; 0.88x at c0b23ad): its steps ran eagerly
-    "isps_ahead_1024": ({}, "block_attention", {"span_policy": "isps", "span_ahead_tokens": 1024}),
+    # NOTE: isps capped at 256 or 1,024 span tokens ahead a step lost on the H200 (0.91x / 0.94x isps at reuse 0.5,
+    # rag-3dad8ca-cuda.md, rag-dbcc69c-cuda.md): its ride-along steps ran eagerly. --span-ahead-tokens still sets it
     "copy_rerotate": ({"position_free": False, "rerotate_spans": True}, "block_attention", "inline"),
 }
 PHASES = ("schedule", "_report_admissions", "prepare", "execute", "postprocess")  # rag.phase_times
@@ -255,12 +253,10 @@ def step_kinds(engine):
             del runner.execute  # NOTE: back to the class's method
 
 
-def run_system(llm: mp.LLM, samples, recipe: str, policy: str | dict, new_tokens: int = NEW_TOKENS) -> dict:
-    """`policy`: a span policy, or scheduler fields to set (`{"span_policy": ..., ...}`); the other fields keep the
-    engine's own."""
+def run_system(llm: mp.LLM, samples, recipe: str, policy: str, new_tokens: int = NEW_TOKENS) -> dict:
+    """`policy`: the span policy (the scheduler's other fields keep the engine's own)."""
     scheduler = llm.engine.scheduler
-    fields = {"span_policy": policy} if isinstance(policy, str) else policy
-    scheduler.config = dataclasses.replace(llm.config.scheduler, **fields)
+    scheduler.config = dataclasses.replace(llm.config.scheduler, span_policy=policy)
     llm.engine.kv.reset_prefix_cache()
     composer = mp.PromptComposer(None, llm.config.control, llm.config.cache.block_size, chat=False)
     prompts = [compose(composer, s, recipe) for s in samples]
