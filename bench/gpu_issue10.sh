@@ -480,8 +480,9 @@ if want next36; then  # next session's first call: the RAG table with each syste
 fi
 if want next37; then  # position-free decode at the RAG table's decode shape (32 x 2,200 keys in 8k-wide tables):
     # its decode steps took 8.9 ms against keys stored rotated's 7.7 (rag-dbcc69c-cuda.md, reuse 0); the op's
-    # defaults, keys as stored (its own config), SDPA, and a config sweep, warm and cold
-    step read_rag 300 python3 bench/gpu_read_profile.py --out "$OUT" --cases b32x2200w8k,b32x2200w8k_cold
+    # defaults, keys as stored (its own config), SDPA, and a sweep: REL_ROPE, the register cap, splits
+    step read_rag 400 env READ_SWEEP=rel37 python3 bench/gpu_read_profile.py --out "$OUT" \
+        --cases b32x2200w8k_cold,b64x576w8k,b1x8k,b64x8k
 fi
 if want next36a; then  # with the session's last 190 s: vanilla against PIC disabled at reuse 0 (the same tokens),
     # each step kind's execute time

@@ -150,6 +150,16 @@ def sweep_for(name: str) -> list[dict]:
         if name.startswith(("b1x", "b64x")):
             return grid(TABLE_AHEAD=(True,), TILE_N=(32,), num_stages=(2, 3), num_warps=(4,))
         return []
+    if MODE == "rel37":  # decode: keys rotated by their offset in a tile and queries by the tile's start (REL_ROPE:
+        # one table row a tile where it read TILE_N; ptxas: 311 instructions a body iteration against 286, 192
+        # registers against 134), and the register cap for split decode (uncapped 134 registers: 3 programs an SM,
+        # so 32 x 8 heads x 2 splits = 512 programs run in two waves on 132 SMs)
+        if name.startswith("b32x2200"):
+            return grid(REL_ROPE=(False, True), TILE_N=(32, 64), num_stages=(2, 3), NUM_SPLITS=(1, 2, 4),
+                        MAX_REGS=(None, 128))  # fmt: skip
+        if name.startswith(("b1x", "b64x")):
+            return grid(REL_ROPE=(False, True), TILE_N=(32,), num_stages=(2, 3), MAX_REGS=(None, 128))
+        return []
     if MODE == "w16":  # 16 warps (4 warpgroups) on one tile, fewer iterations (ptxas: 32-key tiles at 126
         # registers without spilling, 64-key tiles spill 80-88 bytes at 128), not yet run
         if name.startswith("short16k"):
@@ -199,7 +209,7 @@ def kernel_times(fn, calls: int = 20) -> dict:
 
 # READ_SWEEP: 1 (the default) each case's sweep below, 0 each case's defaults only, or one of the named sweeps
 MODE = os.environ.get("READ_SWEEP", "1")
-SWEEP = MODE in ("1", "warps", "regs", "tile16", "w16", "ahead", "ahead2", "ahead3", "ahead4")
+SWEEP = MODE in ("1", "warps", "regs", "tile16", "w16", "ahead", "ahead2", "ahead3", "ahead4", "rel37")
 COLD_COPIES = 6  # `_cold` cases: each call reads the next of this many copies, so K and V come from DRAM, not L2
 
 

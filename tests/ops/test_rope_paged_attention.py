@@ -69,6 +69,7 @@ def check_against_ref(problem: Problem, impl: str, what: str, **kwargs) -> None:
 
 SHORT = {"PRE_ROTATE": False, "BLOCK_M": 128, "TABLE_AHEAD": True}  # pick_config's short read on CUDA (head_dim 128)
 TABLE_AHEAD = {"TABLE_AHEAD": True, "num_stages": 3, "TILE_N": 16}
+REL_ROPE = {"REL_ROPE": True}
 TRITON_CASES = [
     # scenario, heads, head_dim, rotary_dim, block_size, dtype, position_free, extra, config
     ("prefill_T63", "gqa4", 64, None, 16, torch.float32, True, {}, None),
@@ -109,6 +110,26 @@ TRITON_CASES = [
     # tiles smaller than a block (16 keys in blocks of 32): a key's slot is not the same in every tile
     ("short_over_long", "gqa4", 64, None, 32, torch.bfloat16, True, {}, {**SHORT, **TABLE_AHEAD, "NUM_SPLITS": 4}),
     ("decode_only", "gqa4", 64, None, 32, torch.float32, True, {}, {**TABLE_AHEAD, "NUM_SPLITS": 2}),
+    # keys rotated by their offset in a tile, queries by the tile's start (REL_ROPE): decode, split decode in bf16,
+    # 128-key tiles past the table's 105 rows, partial rotary over mixed rows, SSEP segments in a short read, tiles
+    # smaller than a block, and keys as stored (the option then does nothing)
+    ("decode_only", "gqa4", 64, None, 16, torch.float32, True, {}, {**REL_ROPE, "TILE_N": 16}),
+    ("decode_only", "gqa4", 128, None, 16, torch.bfloat16, True, {}, {**REL_ROPE, **TABLE_AHEAD, "NUM_SPLITS": 2}),
+    ("decode_only", "gqa3", 64, None, 16, torch.float32, True, {}, {**REL_ROPE, "TILE_N": 128}),
+    ("mixed", "gqa3", 64, 32, 16, torch.float16, True, {"repeat_block": True}, {**REL_ROPE, "PRE_ROTATE": False}),
+    ("ssep_segments", "mha4", 64, 32, 16, torch.float32, True, {}, {**SHORT, **REL_ROPE, "NUM_SPLITS": 2}),
+    (
+        "short_over_long",
+        "gqa4",
+        64,
+        None,
+        32,
+        torch.bfloat16,
+        True,
+        {},
+        {**SHORT, **TABLE_AHEAD, **REL_ROPE, "NUM_SPLITS": 4},
+    ),  # fmt: skip
+    ("mixed", "gqa4", 64, None, 16, torch.float32, False, {}, REL_ROPE),
     # the dense kernel (gathered K and V, tensor-descriptor loads; the default for 16-bit prefill on Hopper)
     ("mixed", "gqa4", 128, None, 16, torch.bfloat16, True, {"repeat_block": True}, {"DENSE": True}),
     ("mixed", "gqa3", 64, 32, 32, torch.float16, True, {"share_span": True}, {"DENSE": True, "TILE_N": 32}),
