@@ -4,7 +4,7 @@
 # bench/data (the RAG datasets, built here with `python bench/rag.py --build-only --samples 64`) carried.
 #
 #   GIT_SHA=$(git rev-parse --short HEAD) bash bench/gpu_issue10.sh [part]   part: all (default), a, b, ops, ttft, host, hostdiag, offload, tests, splits, grid, rag, ragphase,
-#   rag0, read, readprof (with ncu), engineread, tileslast, final2, rag09, check17, diag18, check18, final18, warps18, bs32, rag32, tests, regs19, diag19, final19, tile16, w16, ahead, ahead2, final20, rag20, ahead4, next21, check22, check22b, rag22, ttft22, ncu22, next23, final23, dyn24, prefill24, final24, gemm24, next25, gemv27, gemv28, gemv29, gemm30, next31, next32, next33, next33b, next33c, next33d, next33e, next34, rag34, next35, next35b, next35c, next36, next36a, next37, engine21, engine, pending, final, ttft1, probe or hybrid, or several joined by commas
+#   rag0, read, readprof (with ncu), engineread, tileslast, final2, rag09, check17, diag18, check18, final18, warps18, bs32, rag32, tests, regs19, diag19, final19, tile16, w16, ahead, ahead2, final20, rag20, ahead4, next21, check22, check22b, rag22, ttft22, ncu22, next23, final23, dyn24, prefill24, final24, gemm24, next25, gemv27, gemv28, gemv29, gemm30, next31, next32, next33, next33b, next33c, next33d, next33e, next34, rag34, next35, next35b, next35c, next36, next36a, next37, next37b, engine21, engine, pending, final, ttft1, probe or hybrid, or several joined by commas
 set -u
 cd "$(dirname "$0")/.."
 export TRITON_INTERPRET=0 PYTHONUNBUFFERED=1 GIT_SHA=${GIT_SHA:-unknown}
@@ -483,6 +483,14 @@ if want next37; then  # position-free decode at the RAG table's decode shape (32
     # defaults, keys as stored (its own config), SDPA, and a sweep: REL_ROPE, the register cap, splits
     step read_rag 400 env READ_SWEEP=rel37 python3 bench/gpu_read_profile.py --out "$OUT" \
         --cases b32x2200w8k_cold,b64x576w8k,b1x8k,b64x8k
+fi
+if want next37b; then  # split decode at 3 stages up to 4 splits (the RAG table's decode step: 82.6 us a layer against
+    # 134.5 in next37): the op's defaults, the GPU tests, the RAG table, decode b1 / b64
+    step read_defaults 120 env READ_SWEEP=0 python3 bench/gpu_read_profile.py --out "$OUT" \
+        --cases b32x2200w8k_cold,b1x576w8k,b64x576w8k,b1x8k
+    step gpu_tests 200 python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider
+    step rag 300 $RAG --max-num-seqs 32 --max-num-batched-tokens 8192
+    step decode_routed 150 python3 bench/gpu_engine.py --decode-only --out "$OUT/gpu_decode_${GIT_SHA}_routed.json"
 fi
 if want next36a; then  # with the session's last 190 s: vanilla against PIC disabled at reuse 0 (the same tokens),
     # each step kind's execute time

@@ -150,15 +150,15 @@ def sweep_for(name: str) -> list[dict]:
         if name.startswith(("b1x", "b64x")):
             return grid(TABLE_AHEAD=(True,), TILE_N=(32,), num_stages=(2, 3), num_warps=(4,))
         return []
-    if MODE == "rel37":  # decode: keys rotated by their offset in a tile and queries by the tile's start (REL_ROPE:
-        # one table row a tile where it read TILE_N; ptxas: 311 instructions a body iteration against 286, 192
-        # registers against 134), and the register cap for split decode (uncapped 134 registers: 3 programs an SM,
-        # so 32 x 8 heads x 2 splits = 512 programs run in two waves on 132 SMs)
+    if MODE == "rel37":  # split decode's stages, tiles, register cap and splits at the RAG table's decode shape
+        # (32 x 2,200 keys: 2 splits, 2 stages by default then), and beside them REL_ROPE (7492bcd, removed after:
+        # keys rotated by their offset in a tile, queries by the tile's start, one table row a tile): 1.2-1.8x slower
+        # in every case (b32 best 83.4 us against 76.0, b64 x 8k 0.645 ms against 0.511; ptxas: 311 instructions a
+        # body iteration against 286, 192 registers against 134; read_profile_7492bcd_rel37.json)
         if name.startswith("b32x2200"):
-            return grid(REL_ROPE=(False, True), TILE_N=(32, 64), num_stages=(2, 3), NUM_SPLITS=(1, 2, 4),
-                        MAX_REGS=(None, 128))  # fmt: skip
+            return grid(TILE_N=(32, 64), num_stages=(2, 3), NUM_SPLITS=(1, 2, 4), MAX_REGS=(None, 128))
         if name.startswith(("b1x", "b64x")):
-            return grid(REL_ROPE=(False, True), TILE_N=(32,), num_stages=(2, 3), MAX_REGS=(None, 128))
+            return grid(TILE_N=(32,), num_stages=(2, 3), MAX_REGS=(None, 128))
         return []
     if MODE == "w16":  # 16 warps (4 warpgroups) on one tile, fewer iterations (ptxas: 32-key tiles at 126
         # registers without spilling, 64-key tiles spill 80-88 bytes at 128), not yet run

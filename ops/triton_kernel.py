@@ -60,6 +60,7 @@ SHORT_PREFILL_ROWS = 128
 # ahead; H200: 1 x 17 over 16k 0.0425 ms against 0.0507 with 2 per SM, gpu_short_prefill_f557ac8_h200_sweep.json)
 DECODE_PROGRAMS_PER_SM = 4
 SHORT_READ_PROGRAMS_PER_SM = 1
+DEEP_PIPELINE_MAX_SPLITS = 4  # bf16 decode: 3 stages up to this many splits, 2 past it (short splits)
 DECODE_MAX_REGS = 128  # registers a thread of an unsplit decode (4 programs of 4 warps an SM)
 
 
@@ -110,7 +111,6 @@ def _load_keys(
     HALF_PAD: tl.constexpr,
     TILE_N: tl.constexpr,
     IS_WHOLE: tl.constexpr,  # every key of the tile is < key_end (the loop's unmasked body): no bounds checks
-    LOAD_TABLE: tl.constexpr = True,  # False (REL_ROPE): cos and sin not read (the first half stands in for them)
 ):
     """Key tile `tile` as stored: (K^T's first rotary half, second half, cos, sin, K^T past rotary_dim, the values'
     row offsets, which keys exist); with ROTARY_DIM == 0, K^T whole in the first slot (the next four repeat it)."""
@@ -135,11 +135,9 @@ def _load_keys(
         k_ptrs = k_cache_ptr + k_base[None, :] + offs_h[:, None]  # K^T, first rotary half
         k1 = tl.load(k_ptrs, mask=half_ok, other=0.0).to(ROPE_DTYPE)  # [HALF_PAD, TILE_N]
         k2 = tl.load(k_ptrs + HALF, mask=half_ok, other=0.0).to(ROPE_DTYPE)  # [HALF_PAD, TILE_N]
-        cos, sin = k1, k1
-        if LOAD_TABLE:
-            cs_ptrs = cos_sin_ptr + key_pos[None, :].to(tl.int64) * stride_cs_pos + offs_h[:, None]
-            cos = tl.load(cs_ptrs, mask=half_ok, other=0.0).to(ROPE_DTYPE)  # [HALF_PAD, TILE_N]
-            sin = tl.load(cs_ptrs + HALF, mask=half_ok, other=0.0).to(ROPE_DTYPE)  # [HALF_PAD, TILE_N]
+        cs_ptrs = cos_sin_ptr + key_pos[None, :].to(tl.int64) * stride_cs_pos + offs_h[:, None]
+        cos = tl.load(cs_ptrs, mask=half_ok, other=0.0).to(ROPE_DTYPE)  # [HALF_PAD, TILE_N]
+        sin = tl.load(cs_ptrs + HALF, mask=half_ok, other=0.0).to(ROPE_DTYPE)  # [HALF_PAD, TILE_N]
         k_pass = k1
         if ROTARY_DIM < HEAD_DIM:  # dims past rotary_dim pass through unrotated
             pass_ok = key_ok[None, :] & (offs_d[:, None] >= ROTARY_DIM)
@@ -244,14 +242,8 @@ def _attend_key_tiles(
     APPLY_MASK: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     TABLE_AHEAD: tl.constexpr,
-    REL_ROPE: tl.constexpr = False,
 ):
     """Key tiles [tile_begin, tile_end) into the running (acc, m, l).
-
-    NOTE: with REL_ROPE (rotary mode) a key is rotated by its offset n in its tile, with the same [HALF_PAD, TILE_N]
-    cos and sin in every tile (read once, before the loop), and the query tile by minus the tile's first position
-    p0: rotations compose and are orthogonal, so (R_-p0 R_t q)^T (R_n k) = (R_t q)^T (R_p0+n k), the score of
-    position-free RoPE. A tile then reads one table row (p0's) where it read TILE_N, without their addresses.
 
     NOTE: with TABLE_AHEAD the next tile's block ids are read an iteration ahead, and Triton's pipelining
     (num_stages) then keeps that tile's copies in flight through this tile's math (`async_wait {num = 5}` at
@@ -261,16 +253,6 @@ def _attend_key_tiles(
     if TABLE_AHEAD:
         k_ids = _block_ids(k_table_ptr, tile_begin, key_end, BLOCK_SIZE, TILE_N)
         v_ids = _block_ids(v_table_ptr, tile_begin, key_end, BLOCK_SIZE, TILE_N)
-    if REL_ROPE:
-        HALF: tl.constexpr = ROTARY_DIM // 2
-        ROPE_DTYPE: tl.constexpr = k_cache_ptr.dtype.element_ty
-        offs_h = tl.arange(0, HALF_PAD)
-        offs_n = tl.arange(0, TILE_N)
-        # NOTE: rows n >= key_end may lie past the table's end: their keys are masked (key_end <= TILE_N there)
-        rel_ok = (offs_h[:, None] < HALF) & (offs_n[None, :] < key_end)  # [HALF_PAD, TILE_N]
-        rel_ptrs = cos_sin_ptr + offs_n[None, :] * stride_cs_pos + offs_h[:, None]
-        cos_rel = tl.load(rel_ptrs, mask=rel_ok, other=0.0).to(ROPE_DTYPE)  # [HALF_PAD, TILE_N] cos(n theta)
-        sin_rel = tl.load(rel_ptrs + HALF, mask=rel_ok, other=0.0).to(ROPE_DTYPE)  # [HALF_PAD, TILE_N]
     for tile in range(tile_begin, tile_end):
         if TABLE_AHEAD:  # this tile's blocks were read an iteration ago; read the next tile's now
             k_blocks, v_blocks = k_ids, v_ids
@@ -282,17 +264,9 @@ def _attend_key_tiles(
         k1, k2, cos, sin, k_pass, v_base, key_ok = _load_keys(
             tile, key_end, k_blocks, v_blocks, k_cache_ptr, cos_sin_ptr, kv_head, stride_k_blk, stride_k_slot,
             stride_k_head, stride_v_blk, stride_v_slot, stride_v_head, stride_cs_pos, BLOCK_SIZE, HEAD_DIM,
-            ROTARY_DIM, HALF_PAD, TILE_N, not APPLY_MASK, not REL_ROPE,
+            ROTARY_DIM, HALF_PAD, TILE_N, not APPLY_MASK,
         )  # fmt: skip
-        q1, q2 = q_lo, q_hi
-        if REL_ROPE:  # the query tile rotated by -p0: cos(-x) = cos(x), sin(-x) = -sin(x)
-            p0_row = cos_sin_ptr + tl.cast(tile, tl.int64) * TILE_N * stride_cs_pos + offs_h
-            cos0 = tl.load(p0_row, mask=offs_h < HALF, other=0.0)[None, :]  # [1, HALF_PAD]
-            sin0 = tl.load(p0_row + HALF, mask=offs_h < HALF, other=0.0)[None, :]  # [1, HALF_PAD]
-            q1 = (q_lo * cos0 + q_hi * sin0).to(q_lo.dtype)  # [BLOCK_M, HALF_PAD]
-            q2 = (q_hi * cos0 - q_lo * sin0).to(q_lo.dtype)  # [BLOCK_M, HALF_PAD]
-            cos, sin = cos_rel, sin_rel
-        qk = _scores(q1, q2, q_pass, k1, k2, cos, sin, k_pass, row_pos, row_vis, tile, HEAD_DIM, ROTARY_DIM,
+        qk = _scores(q_lo, q_hi, q_pass, k1, k2, cos, sin, k_pass, row_pos, row_vis, tile, HEAD_DIM, ROTARY_DIM,
                      TILE_N, APPLY_MASK, DOT_PRECISION)  # fmt: skip
         p, alpha, m_i, l_i = _online_softmax(qk, m_i, l_i, qk_scale)
         # -- compute pv --
@@ -349,7 +323,6 @@ def _rope_paged_attention_kernel(
     TILES_LAST: tl.constexpr,  # grid (kv heads, splits, tiles) instead of (tiles, kv heads, splits)
     DOT_PRECISION: tl.constexpr,
     TABLE_AHEAD: tl.constexpr = False,  # the next key tile's block ids read an iteration ahead
-    REL_ROPE: tl.constexpr = False,  # keys rotated by their offset in a tile, queries by the tile's start
 ):
     if TILES_LAST:
         # NOTE: every program of a tile is dispatched before any of the next tile's, so the real tiles start at
@@ -435,7 +408,7 @@ def _rope_paged_attention_kernel(
             k_cache_ptr, v_cache_ptr, k_table_ptr, v_table_ptr, cos_sin_ptr, kv_head, qk_scale,
             stride_k_blk, stride_k_slot, stride_k_head, stride_v_blk, stride_v_slot, stride_v_head,
             stride_cs_pos, BLOCK_SIZE, HEAD_DIM, ROTARY_DIM, HALF_PAD, TILE_N,
-            part != 1, DOT_PRECISION, TABLE_AHEAD, REL_ROPE,
+            part != 1, DOT_PRECISION, TABLE_AHEAD,
         )  # fmt: skip
 
     # -- epilogue --
@@ -758,7 +731,9 @@ def pick_config(
         # tiles, 2 stages when split, else 3, against 128-key tiles without: 1 x 576 keys 8.8 us / 11.9, 64 x 576
         # 0.0476 / 0.0573 ms (in 8k-wide tables, as the engine's graphs have them), 1 x 8k 19.2 / 19.3 us, 64 x 8k
         # 0.546 / 0.535 ms. The engine's graph tables are max_model_len wide: one config serves every context.
-        num_stages = 2 if num_splits > 1 else 3
+        # Few splits keep many keys each, and the third stage pays: 32 x 2,200 keys (the RAG table's decode step,
+        # 2 splits; read_profile_7492bcd_rel37) 82.6 us at 3 stages against 134.5 at 2 (keys as stored 89.1).
+        num_stages = 2 if num_splits > DEEP_PIPELINE_MAX_SPLITS else 3
     # NOTE: a decode that is not split (large batches) runs as many programs an SM as registers allow: ptxas gives
     # it 133 registers since the key loop computes offsets within a block once (102 before: 4 programs of 4 warps an
     # SM, as many as shared memory allows; 3 at 133). Capped at 128 (118, no spill; bench/ptxas_stats.py) it keeps
@@ -775,7 +750,6 @@ def pick_config(
         WARP_SPECIALIZE=warp_specialize,
         MAX_REGS=max_regs,
         TABLE_AHEAD=bf16_decode or short_read,
-        REL_ROPE=False,  # NOTE: measured in next37 (gpu_read_profile READ_SWEEP=rel37) before it becomes a default
     )
 
 
@@ -845,8 +819,7 @@ def compile_key(cfg: dict) -> tuple:
     """What a launch with config `cfg` compiles: two configs with the same key run the same kernels."""
     split = cfg["NUM_SPLITS"] > 1
     return (cfg["BLOCK_M"], cfg["TILE_N"], cfg["num_warps"], cfg["num_stages"], split, cfg["PRE_ROTATE"],
-            cfg["DENSE"], cfg["WARP_SPECIALIZE"], cfg.get("MAX_REGS"), cfg.get("TABLE_AHEAD", False),
-            cfg.get("REL_ROPE", False))  # fmt: skip
+            cfg["DENSE"], cfg["WARP_SPECIALIZE"], cfg.get("MAX_REGS"), cfg.get("TABLE_AHEAD", False))  # fmt: skip
 
 
 # Step shapes that `variant_shapes` tries: sequences, query tokens per sequence (around pick_config's thresholds of
@@ -1058,7 +1031,6 @@ def rope_paged_attention_triton(
         HALF_PAD=max(_next_pow2(rotary_dim // 2), 16), BLOCK_M=block_m, BLOCK_Q=block_q,
         TILE_N=cfg["TILE_N"], SPLIT_KV=num_splits > 1, TILES_LAST=tiles_last,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", TABLE_AHEAD=cfg.get("TABLE_AHEAD", False),
-        REL_ROPE=cfg.get("REL_ROPE", False) and rotary_dim > 0,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], maxnreg=cfg.get("MAX_REGS"),
     )  # fmt: skip
     if num_splits > 1:

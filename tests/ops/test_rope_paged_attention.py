@@ -69,7 +69,6 @@ def check_against_ref(problem: Problem, impl: str, what: str, **kwargs) -> None:
 
 SHORT = {"PRE_ROTATE": False, "BLOCK_M": 128, "TABLE_AHEAD": True}  # pick_config's short read on CUDA (head_dim 128)
 TABLE_AHEAD = {"TABLE_AHEAD": True, "num_stages": 3, "TILE_N": 16}
-REL_ROPE = {"REL_ROPE": True}
 TRITON_CASES = [
     # scenario, heads, head_dim, rotary_dim, block_size, dtype, position_free, extra, config
     ("prefill_T63", "gqa4", 64, None, 16, torch.float32, True, {}, None),
@@ -110,26 +109,6 @@ TRITON_CASES = [
     # tiles smaller than a block (16 keys in blocks of 32): a key's slot is not the same in every tile
     ("short_over_long", "gqa4", 64, None, 32, torch.bfloat16, True, {}, {**SHORT, **TABLE_AHEAD, "NUM_SPLITS": 4}),
     ("decode_only", "gqa4", 64, None, 32, torch.float32, True, {}, {**TABLE_AHEAD, "NUM_SPLITS": 2}),
-    # keys rotated by their offset in a tile, queries by the tile's start (REL_ROPE): decode, split decode in bf16,
-    # 128-key tiles past the table's 105 rows, partial rotary over mixed rows, SSEP segments in a short read, tiles
-    # smaller than a block, and keys as stored (the option then does nothing)
-    ("decode_only", "gqa4", 64, None, 16, torch.float32, True, {}, {**REL_ROPE, "TILE_N": 16}),
-    ("decode_only", "gqa4", 128, None, 16, torch.bfloat16, True, {}, {**REL_ROPE, **TABLE_AHEAD, "NUM_SPLITS": 2}),
-    ("decode_only", "gqa3", 64, None, 16, torch.float32, True, {}, {**REL_ROPE, "TILE_N": 128}),
-    ("mixed", "gqa3", 64, 32, 16, torch.float16, True, {"repeat_block": True}, {**REL_ROPE, "PRE_ROTATE": False}),
-    ("ssep_segments", "mha4", 64, 32, 16, torch.float32, True, {}, {**SHORT, **REL_ROPE, "NUM_SPLITS": 2}),
-    (
-        "short_over_long",
-        "gqa4",
-        64,
-        None,
-        32,
-        torch.bfloat16,
-        True,
-        {},
-        {**SHORT, **TABLE_AHEAD, **REL_ROPE, "NUM_SPLITS": 4},
-    ),  # fmt: skip
-    ("mixed", "gqa4", 64, None, 16, torch.float32, False, {}, REL_ROPE),
     # the dense kernel (gathered K and V, tensor-descriptor loads; the default for 16-bit prefill on Hopper)
     ("mixed", "gqa4", 128, None, 16, torch.bfloat16, True, {"repeat_block": True}, {"DENSE": True}),
     ("mixed", "gqa3", 64, 32, 32, torch.float16, True, {"share_span": True}, {"DENSE": True, "TILE_N": 32}),
@@ -457,8 +436,12 @@ def test_pick_config_reads_a_short_prefill_over_a_long_context_like_a_decode(mon
     decode_8k = tk.pick_config(1, 1, 8, 4, 128, 8192, True, cuda, table_elem_size=2)
     assert decode_8k["NUM_SPLITS"] == 32  # measured: 32 splits of 256 keys beat 16 of 512 at 1 x 8k
     assert decode_8k["MAX_REGS"] is None, "decode keeps ptxas' register choice (capped at 128 it spills)"
-    # measured: 32-key tiles with the block ids read ahead, 2 stages when split and 3 when not (bf16 table)
+    # measured: 32-key tiles with the block ids read ahead, 2 stages when split many ways and 3 otherwise (bf16 table)
     assert (decode_8k["TILE_N"], decode_8k["num_stages"], decode_8k["TABLE_AHEAD"]) == (32, 2, True)
+    rag = tk.pick_config(32, 32, 8, 4, 128, 8192, True, cuda, table_elem_size=2)  # the RAG table's decode step
+    assert (rag["NUM_SPLITS"], rag["TILE_N"], rag["num_stages"], rag["MAX_REGS"]) == (2, 32, 3, None)
+    eight = tk.pick_config(8, 8, 8, 4, 128, 8192, True, cuda, table_elem_size=2)
+    assert (eight["NUM_SPLITS"], eight["num_stages"]) == (8, 2)  # past DEEP_PIPELINE_MAX_SPLITS
     batch = tk.pick_config(64, 64, 8, 4, 128, 8192, True, cuda, table_elem_size=2)
     assert (batch["NUM_SPLITS"], batch["TILE_N"], batch["num_stages"], batch["TABLE_AHEAD"]) == (1, 32, 3, True)
     assert batch["MAX_REGS"] == 128  # 4 programs of 4 warps an SM (ptxas, sm_90a: 126 registers, no spill)
