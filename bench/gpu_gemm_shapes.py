@@ -14,6 +14,7 @@ the timing was wall time of eager calls back to back: the small projections meas
 
     python bench/gpu_gemm_shapes.py --out bench/results/gpu_gemm_shapes_<sha>_h200.json   # on the H200
     python bench/gpu_gemm_shapes.py --tiny                                                  # the CPU: runs
+    python bench/gpu_gemm_shapes.py --split-k --rows 64    # F.linear beside a Triton split-K matmul (16 configs)
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ import os
 import sys
 
 import torch
+import triton
+import triton.language as tl
 from torch.nn import functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -50,6 +53,68 @@ def gemv_silu_as_reduction(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     gate = (x[:, None, :].float() * w[:half].float()).sum(-1)
     up = (x[:, None, :].float() * w[half:].float()).sum(-1)
     return (F.silu(gate) * up).to(x.dtype)  # (1, I)
+
+
+@triton.jit
+def _split_k_matmul_kernel(
+    x_ptr,  # [M, K]
+    w_ptr,  # [N, K]
+    part_ptr,  # [SPLITS, M, N] fp32: each split's partial product
+    M,
+    N,
+    k_per_split,  # a multiple of BLOCK_K
+    stride_xm,
+    stride_wn,
+    stride_ps,
+    stride_pm,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """x @ w^T over one split of K for one BLOCK_N slice of N: every row of x at once (M <= BLOCK_M), so the
+    weights are read once, by (N / BLOCK_N) x SPLITS programs where cuBLAS's tiles give N / 128."""
+    pid_n, split = tl.program_id(0), tl.program_id(1)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = split * k_per_split + tl.arange(0, BLOCK_K)
+    x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :]  # [BLOCK_M, BLOCK_K]
+    w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :]  # [BLOCK_N, BLOCK_K]
+    row_ok, col_ok = offs_m[:, None] < M, offs_n[:, None] < N
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for _ in range(0, k_per_split, BLOCK_K):
+        x = tl.load(x_ptrs, mask=row_ok, other=0.0)
+        w = tl.load(w_ptrs, mask=col_ok, other=0.0)
+        acc = tl.dot(x, tl.trans(w), acc)
+        x_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+    out_ptrs = part_ptr + split * stride_ps + offs_m[:, None] * stride_pm + offs_n[None, :]
+    tl.store(out_ptrs, acc, mask=row_ok & (offs_n[None, :] < N))
+
+
+def split_k_linear(x: torch.Tensor, w: torch.Tensor, block_n: int, block_k: int, splits: int, stages: int):
+    """F.linear(x, w) as `_split_k_matmul_kernel` plus a sum over the splits (torch's reduction kernel)."""
+    (m, k), n = x.shape, w.shape[0]
+    part = torch.empty(splits, m, n, device=x.device, dtype=torch.float32)
+    grid = (triton.cdiv(n, block_n), splits)
+    _split_k_matmul_kernel[grid](
+        x, w, part, m, n, k // splits, x.stride(0), w.stride(0), part.stride(0), part.stride(1),
+        BLOCK_M=max(16, triton.next_power_of_2(m)), BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4, num_stages=stages,
+    )  # fmt: skip
+    return (part[0] if splits == 1 else part.sum(0)).to(x.dtype)
+
+
+# (BLOCK_N, BLOCK_K, splits, stages): programs = N / BLOCK_N x splits (qkv at 128: 48 x splits for 132 SMs)
+SPLIT_K_CONFIGS = [(bn, 128, s, st) for bn in (64, 128) for s in (1, 2, 4, 8) for st in (3, 4)]
+SPLIT_K_TINY = [(16, 16, s, 2) for s in (1, 2)]
+
+
+def split_k_variants(k_in: int, n_out: int, tiny: bool) -> dict:
+    """`--split-k`: one variant a config whose splits cut K into whole BLOCK_K steps."""
+    return {
+        f"splitk_{bn}_{bk}_{s}_{st}": (lambda x, w, c=(bn, bk, s, st): split_k_linear(x, w, *c))
+        for bn, bk, s, st in (SPLIT_K_TINY if tiny else SPLIT_K_CONFIGS)
+        if k_in % (s * bk) == 0
+    }
 
 
 def variants(name: str, rows: int) -> dict:
@@ -98,6 +163,7 @@ def main() -> None:
     parser.add_argument("--tiny", action="store_true", help="small shapes on the CPU (checks the script runs)")
     parser.add_argument("--out", default=None)
     parser.add_argument("--rows", default=",".join(map(str, ROWS)), help="comma-separated row counts")
+    parser.add_argument("--split-k", action="store_true", help="F.linear beside a Triton split-K matmul only")
     args = parser.parse_args()
     # NOTE: every (matmul, rows) compiles the same functions again (dynamic=False): past the default limit of 8
     # Dynamo would run them eagerly, and the table would time cuBLAS under another name
@@ -119,7 +185,9 @@ def main() -> None:
         ws = [torch.randn(n_out, k_in, device=device, dtype=dtype) for _ in range(copies)]
         for rows in map(int, args.rows.split(",")):
             xs = [torch.randn(rows, k_in, device=device, dtype=dtype) for _ in range(2)]
-            for variant, fn in variants(name, rows).items():
+            table = variants(name, rows) if not args.split_k else {
+                "linear": lambda x, w: F.linear(x, w), **split_k_variants(k_in, n_out, args.tiny)}  # fmt: skip
+            for variant, fn in table.items():
                 reference = reference_for(variant, xs[0], ws[0])
                 got = fn(xs[0], ws[0]).float().reshape(reference.shape)
                 torch.testing.assert_close(got, reference, atol=2e-2 * reference.abs().max().item(), rtol=0)

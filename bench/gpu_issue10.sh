@@ -491,6 +491,10 @@ if want next37b; then  # split decode at 3 stages up to 4 splits (the RAG table'
     step gpu_tests 200 python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider
     step rag 300 $RAG --max-num-seqs 32 --max-num-batched-tokens 8192
     step decode_routed 150 python3 bench/gpu_engine.py --decode-only --out "$OUT/gpu_decode_${GIT_SHA}_routed.json"
+    # batch-64 decode's matmuls (issue 13: 0.675 of the roofline): cuBLAS gives qkv / o 48 / 32 tiles of 128 columns
+    # for 132 SMs; a Triton split-K matmul beside it, 16 configs
+    step gemm_splitk 200 python3 bench/gpu_gemm_shapes.py --split-k --rows 32,64 \
+        --out "$OUT/gpu_gemm_splitk_${GIT_SHA}.json"
 fi
 if want next36a; then  # with the session's last 190 s: vanilla against PIC disabled at reuse 0 (the same tokens),
     # each step kind's execute time
