@@ -209,7 +209,12 @@ def test_rope_and_the_kv_write_are_one_kernel():
             assert len(kernels) <= most, f"{num_tokens} tokens, rotate_keys={rotate_keys}: {sorted(kernels)}"
             want = torch.zeros_like(kv_cache)
             torch.testing.assert_close(q_rot, rope_and_write_kv(*args, want[:, 1].flatten(1, 2), rotate_keys))
-            assert torch.equal(kv_cache, want)
+            assert torch.equal(kv_cache[1], want[1]) and not kv_cache[:, 0].any()  # values: copies, layer 1 only
+            if rotate_keys:  # NOTE: Inductor fuses the rotation's multiply-adds: a key may differ by one bf16 rounding
+                torch.testing.assert_close(kv_cache[0], want[0])
+                assert torch.equal(kv_cache[0] != 0, want[0] != 0)
+            else:
+                assert torch.equal(kv_cache[0], want[0])  # keys position-free: copies
 
 
 def test_a_graph_engine_serves_greedy_and_sampled_requests_in_one_burst(tiny_dir):
