@@ -209,7 +209,7 @@ def test_rope_and_the_kv_write_are_one_kernel():
             assert len(kernels) <= most, f"{num_tokens} tokens, rotate_keys={rotate_keys}: {sorted(kernels)}"
             want = torch.zeros_like(kv_cache)
             torch.testing.assert_close(q_rot, rope_and_write_kv(*args, want[:, 1].flatten(1, 2), rotate_keys))
-            assert torch.equal(kv_cache[1], want[1]) and not kv_cache[:, 0].any()  # values: copies, layer 1 only
+            assert torch.equal(kv_cache[1], want[1]) and not kv_cache[:, 0].any()  # values bit-exact; layer 0 untouched
             if rotate_keys:  # NOTE: Inductor fuses the rotation's multiply-adds: a key may differ by one bf16 rounding
                 torch.testing.assert_close(kv_cache[0], want[0])
                 assert torch.equal(kv_cache[0] != 0, want[0] != 0)
