@@ -154,8 +154,8 @@ def sweep_for(name: str) -> list[dict]:
         # (32 x 2,200 keys: 2 splits, 2 stages by default then), and beside them REL_ROPE (7492bcd, removed after:
         # keys rotated by their offset in a tile, queries by the tile's start, one table row a tile): slower in every
         # case, best config against best 1.06x (1 x 8k) to 1.30x (64 x 576) (b32 83.4 us against 76.0, 64 x 8k 0.645 ms
-        # against 0.511; ptxas: 311 instructions a
-        # body iteration against 286, 192 registers against 134; read_profile_7492bcd_rel37.json)
+        # against 0.511; ptxas: 311 instructions a body iteration against 286, 192 registers against 134;
+        # read_profile_7492bcd_rel37.json)
         if name.startswith("b32x2200"):
             return grid(TILE_N=(32, 64), num_stages=(2, 3), NUM_SPLITS=(1, 2, 4), MAX_REGS=(None, 128))
         if name.startswith(("b1x", "b64x")):
