@@ -282,6 +282,26 @@ def model_sizes(model, cfg, dtype) -> tuple[int, int, int]:
     return num_params, num_params * dtype.itemsize, kv_token_bytes
 
 
+# other schedules beside the default (8 steps a visit, async on CUDA): 1 = one scheduler visit per decode step; sync
+# = each burst's tokens read before the next is queued (async_scheduling=False)
+DECODE_SCHEDULES = {"one_step": (1, None), "16_steps": (16, None), "sync": (None, False), "one_step_sync": (1, False)}
+
+
+def decode_schedules(llm, cfg, device, batch, prompt_len, new_tokens, weight_bytes, kv_token_bytes, results):
+    """`bench_decode` under each of DECODE_SCHEDULES, in the same engine (results `decode_b{batch}_{name}`)."""
+    engine = llm.engine
+    default, is_async = engine.scheduler.config, engine.is_async
+    for name, (steps, asynchronous) in DECODE_SCHEDULES.items():
+        engine.scheduler.config = dataclasses.replace(default, num_scheduler_steps=steps or default.num_scheduler_steps)
+        engine.is_async = is_async if asynchronous is None else asynchronous
+        r = bench_decode(llm, None, cfg["vocab_size"], device, batch, prompt_len, new_tokens, weight_bytes,
+                         kv_token_bytes, results["ceilings"]["copy_gbps"], False)  # fmt: skip
+        results[f"decode_b{batch}_{name}"] = r
+        print(f"decode b{batch} {name} (steps {engine.scheduler.config.num_scheduler_steps}, async "
+              f"{engine.is_async})", r, flush=True)  # fmt: skip
+    engine.scheduler.config, engine.is_async = default, is_async
+
+
 def decode_alone(llm, cfg, dtype, device, results, out):
     """`--decode-only`: the engine's decode at batch 1 and 64 against the roofline, and where a batch-1 step goes
     (a quick side by side of one engine setting against another, each run in its own process)."""
@@ -292,6 +312,7 @@ def decode_alone(llm, cfg, dtype, device, results, out):
                                                        weight_bytes, kv_token_bytes, results["ceilings"]["copy_gbps"],
                                                        False)  # fmt: skip
         print(f"decode b{batch}", r, flush=True)
+        decode_schedules(llm, cfg, device, batch, 512, 128, weight_bytes, kv_token_bytes, results)
     results["decode_b1_profile"], table = profile_decode(llm, cfg["vocab_size"], device, 1, 512)
     print("decode b1 host phases (ms/step)", results["decode_b1_profile"], flush=True)
     print(table, flush=True)
@@ -365,16 +386,8 @@ def main():
                              True)  # fmt: skip
             results[f"decode_b{batch}"] = r
             print(f"decode b{batch}", r, flush=True)
-            # the same with other burst lengths: 1 = one scheduler visit (and host sync) per decode step
-            default = llm.engine.scheduler.config
-            for steps, name in ((1, "one_step"), (16, "16_steps")):
-                llm.engine.scheduler.config = dataclasses.replace(default, num_scheduler_steps=steps)
-                r1 = bench_decode(llm, None, cfg["vocab_size"], device, batch, 512 if not small else 64,
-                                  128 if not small else 8, weight_bytes, kv_token_bytes, ceil["copy_gbps"],
-                                  False)  # fmt: skip
-                results[f"decode_b{batch}_{name}_per_visit"] = r1
-                print(f"decode b{batch} {steps} steps per scheduler visit", r1, flush=True)
-            llm.engine.scheduler.config = default
+            decode_schedules(llm, cfg, device, batch, 512 if not small else 64, 128 if not small else 8,
+                             weight_bytes, kv_token_bytes, results)  # fmt: skip
         # the rotated-key engine needs the memory: free ours first (gc: runner <-> graphs is a cycle)
         results["decode_b64_profile"], table = profile_decode(llm, cfg["vocab_size"], device, 64,
                                                               512 if not small else 64)  # fmt: skip
@@ -411,12 +424,11 @@ def summary(r):
         f"{p['hf_tok_s']:.0f} tok/s (MFU {p['hf_mfu']:.2f}) | ours/HF {p['ratio_ours_over_hf']:.2f}",
     ]
     for name, d in (("b1", d1), ("b64", d64)):
-        one = r[f"decode_{name}_one_step_per_visit"]
+        others = ", ".join(f"{k} {r[f'decode_{name}_{k}']['ours_frac_roofline']:.3f}" for k in DECODE_SCHEDULES)
         lines.append(
-            f"decode {name}: ours {d['ours_tok_s']:.0f} tok/s = {d['ours_frac_roofline']:.2f} of roofline "
+            f"decode {name}: ours {d['ours_tok_s']:.0f} tok/s = {d['ours_frac_roofline']:.3f} of roofline "
             f"{d['roofline_tok_s']:.0f} | HF {d['hf_tok_s']:.0f} tok/s | ours/HF {d['ratio_ours_over_hf']:.2f} | "
-            f"one step per scheduler visit {one['ours_tok_s']:.0f} tok/s ({one['ours_frac_roofline']:.2f}), "
-            f"16 steps {r[f'decode_{name}_16_steps_per_visit']['ours_tok_s']:.0f} tok/s"
+            f"other schedules: {others}"
         )
     lines.append(f"position-free vs rotated keys, decode b64: rotated is {r['position_free_decode_overhead']:+.1%}")
     return "\n".join(lines)

@@ -236,6 +236,10 @@ class SchedulerConfig:
     # Decode steps per scheduler visit when every scheduled request decodes and none waits (vLLM's
     # multi-step scheduling); tokens sampled past a stop inside a burst are dropped.
     num_scheduler_steps: int = 1
+    # Plan and queue the next decode burst while the last one runs, before its tokens are read (as vLLM's async
+    # scheduling): the host's work between bursts overlaps the device's. On by default on CUDA; the CPU runs a
+    # step as it is queued, so there it would only add work (tokens computed past a stop).
+    async_scheduling: bool = False
     # When SSEP spans of a waiting prompt are computed: "inline", "isps" or "barrier" (scheduler.py).
     span_policy: str = "inline"
     # isps: at most this many tokens of span prefills computed ahead in a step where other requests run; None: the
@@ -298,13 +302,16 @@ class EngineConfig:
         **options,
     ) -> EngineConfig:
         """The one place where `LLM(...)` keywords become a config: each keyword is a field of CacheConfig,
-        SchedulerConfig or ENGINE_OPTIONS, defaulted there; None means the device's (dtype, num_scheduler_steps)
+        SchedulerConfig or ENGINE_OPTIONS, defaulted there; None means the device's (dtype, num_scheduler_steps,
+        async_scheduling)
         or the model's (max_model_len) default."""
         is_cuda = device.startswith("cuda")
         if options.get("max_model_len") is None:
             options["max_model_len"] = model.max_position
         if options.get("num_scheduler_steps") is None:
             options["num_scheduler_steps"] = DEFAULT_CUDA_SCHEDULER_STEPS if is_cuda else 1
+        if options.get("async_scheduling") is None:
+            options["async_scheduling"] = is_cuda
         cache = CacheConfig(**_pop_fields(options, CacheConfig))
         scheduler = SchedulerConfig(**_pop_fields(options, SchedulerConfig))
         engine = {k: options.pop(k) for k in ENGINE_OPTIONS & options.keys()}

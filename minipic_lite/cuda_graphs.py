@@ -118,9 +118,8 @@ class StaticInputs:
         pad_cu = [n + k for k in range(1, seqs - num_seqs)] + [tokens] if seqs > num_seqs else []
         pack(f"<{seqs + 1}i", b32, 4 * T, *host.cu_seqlens_q, *pad_cu)
         pack(f"<{seqs}i", b32, 4 * self.kv_lens_at, *host.kv_lens, *[1] * (seqs - num_seqs))
+        self._pack_tables(host.block_tables)
         rows_at = 4 * self.tables_at
-        for i, table in enumerate(host.block_tables):
-            pack(f"<{len(table)}i", b32, rows_at + 4 * W * i, *table)
         for i in range(num_seqs, seqs):  # NOTE: a padding sequence reads its first entry only (one key)
             b32[rows_at + 4 * W * i : rows_at + 4 * W * i + 4] = self.scratch_block_bytes
         self.device64.copy_(self.host64, non_blocking=True)
@@ -130,6 +129,22 @@ class StaticInputs:
             self.copied.record(self.stream)
         sampled_rows = self.logits_indices[:num_sampling]
         return StepInputs(self.input_ids[:n], self.meta(num_seqs, n), sampled_rows, is_staged=True)
+
+    def _pack_tables(self, tables: list[list[int]]) -> None:
+        rows_at, W = 4 * self.tables_at, self.max_blocks
+        for i, table in enumerate(tables):
+            struct.pack_into(f"<{len(table)}i", self.bytes32, rows_at + 4 * W * i, *table)
+
+    def stage_tables(self, tables: list[list[int]]) -> None:
+        """The first `len(tables)` rows of the block tables, written as `stage` writes them (a continuation whose
+        requests took blocks: async scheduling). The copy is queued behind the steps already on the device."""
+        if self.copied is not None:
+            self.copied.synchronize()  # NOTE: the staged step's copies left the mirrors before that step ran
+        self._pack_tables(tables)
+        start, end = self.tables_at, self.tables_at + len(tables) * self.max_blocks
+        self.device32[start:end].copy_(self.host32[start:end], non_blocking=True)
+        if self.copied is not None:
+            self.copied.record(self.stream)
 
     def meta(self, num_seqs: int, num_tokens: int) -> StepMetadata:
         """The buffers' first `num_seqs` sequences and `num_tokens` tokens, as a step's metadata (views)."""

@@ -24,7 +24,7 @@ from minipic_lite.chunks import SchedulerOutput
 from minipic_lite.config import EngineConfig, cdiv
 from minipic_lite.hashing import root_hash, token_bytes
 from minipic_lite.kv_cache_manager import KVCacheManager
-from minipic_lite.model_runner import ModelRunner
+from minipic_lite.model_runner import InFlight, ModelRunner
 from minipic_lite.outputs import RequestMetrics, RequestOutput
 from minipic_lite.request import Request
 from minipic_lite.sampling_params import SamplingParams
@@ -46,6 +46,7 @@ class EngineStats:
     num_hit_blocks: int = 0  # prompt blocks taken from the cache at admission (cache reports)
     num_computed_blocks: int = 0  # prompt blocks computed
     num_resumed_tokens: int = 0  # hybrids: prompt tokens skipped by loading a recurrent-state checkpoint
+    num_continuations: int = 0  # bursts queued before the tokens of the one before them were read (async)
     total_step_time: float = 0.0  # seconds, summed over steps (a list would grow without bound)
 
 
@@ -66,6 +67,10 @@ class LLMEngine:
         self.stats = EngineStats()
         self.step_log = StepLog()  # tokens of each kind per recent step (the web app's scheduler timeline)
         self.requests: dict[str, Request] = {}  # unfinished requests by id
+        # async scheduling (CUDA; not for hybrids, whose state slots are planned per step): the burst queued on
+        # the device ahead of the host, whose tokens the next step reads
+        self.is_async = config.scheduler.async_scheduling and not config.model.is_hybrid
+        self.in_flight: InFlight | None = None
         self._ids = count()
 
     @property
@@ -173,6 +178,7 @@ class LLMEngine:
         if req is None:
             return None
         self.scheduler.finish(req, "abort")
+        self._drop_finished_flight()
         self.stats.num_aborted += 1
         return self._output(req, time.perf_counter())
 
@@ -182,15 +188,32 @@ class LLMEngine:
     # -- the loop ----------------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        """One scheduler step. Returns an output for every finished request and every streaming one that got a token."""
+        """One scheduler step. Returns an output for every finished request and every streaming one that got a token.
+
+        With async scheduling a decode burst still on the device when a step ends is this step's work: the step
+        queues the burst that continues it (`Scheduler.plan_continuation`) before it waits for its tokens, so the
+        host's work on them (stops, outputs, the next plan) runs while the device computes the next burst:
+
+            host:    plan 1 | plan 2 | wait 1 | tokens 1 | plan 3 | wait 2 | tokens 2 | ...
+            device:  ....... burst 1 .......... burst 2 ................. burst 3 .......
+        """
         start = time.perf_counter()
-        out = self.scheduler.schedule()
-        if not out.scheduled:
-            return []
-        self._report_admissions(out)
+        flight, self.in_flight = self.in_flight, None
+        if flight is None:
+            out = self.scheduler.schedule()
+            if not out.scheduled:
+                return []
+            self._report_admissions(out)
+            flight = self.runner.launch(out)
+        out = flight.out
+        if self.is_async:
+            nxt = self.scheduler.plan_continuation(out)
+            if nxt is not None:
+                self.in_flight = self.runner.launch_continuation(flight, nxt)
+                self.stats.num_continuations += 1
         num_tokens_before = sum(len(s.seq) for s in out.scheduled)
-        sampled = self.runner.execute(out)
-        advanced = self.scheduler.postprocess(out, sampled, self._stops)
+        advanced = self.scheduler.postprocess(out, flight.tokens(), self._stops)
+        self._drop_finished_flight()
         now = time.perf_counter()
         self._count(out, advanced, sum(len(s.seq) for s in out.scheduled) - num_tokens_before, now - start)
         self.step_log.record(out, now)
@@ -201,6 +224,12 @@ class LLMEngine:
             if req.is_finished or req.stream:
                 outputs.append(self._output(req, now))
         return outputs
+
+    def _drop_finished_flight(self) -> None:
+        """Forget the burst queued ahead once every request in it has finished: none of its tokens would be kept.
+        The device still runs it, before anything queued later (one stream), so freed blocks are reused safely."""
+        if self.in_flight is not None and all(s.seq.is_finished for s in self.in_flight.out.scheduled):
+            self.in_flight = None
 
     def _count(self, out: SchedulerOutput, advanced: list[Request], num_new_tokens: int, elapsed: float) -> None:
         s = self.stats

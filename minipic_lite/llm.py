@@ -86,8 +86,10 @@ class LLM:
             position_free (False: the vanilla rotated-key cache), max_num_seqs, max_num_batched_tokens,
             max_model_len, num_blocks, memory_utilization, cpu_kv_cache_gib, enable_prefix_caching,
             enforce_eager, load_format, num_scheduler_steps (decode steps per scheduler visit when every
-            request decodes and none waits; None: 8 on CUDA, 1 on the CPU); hybrids: checkpoint_turn_start_id
-            (default: the tokenizer's `<|im_start|>`; None: the checkpoint prior ignores chat turns).
+            request decodes and none waits; None: 8 on CUDA, 1 on the CPU), async_scheduling (queue the next
+            decode burst before reading the last one's tokens; None: on for CUDA, off for the CPU); hybrids:
+            checkpoint_turn_start_id (default: the tokenizer's `<|im_start|>`; None: the checkpoint prior ignores
+            chat turns).
     """
 
     def __init__(

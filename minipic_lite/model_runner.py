@@ -10,6 +10,7 @@ import dataclasses
 import itertools
 import logging
 import os
+from dataclasses import dataclass, field
 
 import torch
 
@@ -30,7 +31,7 @@ from minipic_lite.models.one_row_linear import one_row_candidates, route_one_row
 from minipic_lite.models.packed_linear import can_pack, drop_packed_weights, pack_linears, packed_min_rows
 from minipic_lite.models.registry import model_class
 from minipic_lite.models.step import HostStep, RecurrentStep, StepInputs, StepMetadata, host_tensor
-from minipic_lite.sampler import Sampler
+from minipic_lite.sampler import Sampler, SamplingBatch
 from minipic_lite.state_cache import StateTensors
 
 logger = logging.getLogger(__name__)
@@ -55,6 +56,30 @@ def advance_decode_inputs(inputs: StepInputs, sampled: torch.Tensor, block_size:
         decode_mirror=None,
     )
     return StepInputs(sampled, meta, inputs.logits_indices)
+
+
+@dataclass(slots=True)
+class InFlight:
+    """A step (or burst) queued on the device whose sampled tokens the host has not read yet."""
+
+    out: SchedulerOutput
+    sampled: torch.Tensor | None = None  # (num_sampling, num_steps) on the host, filled once `ready`; None: no sampling
+    ready: torch.cuda.Event | None = None  # CUDA: recorded after the copy to the host
+    # what a continuation starts from: the last step's inputs and tokens, its sampling batch, its graph bucket
+    inputs: StepInputs | None = None
+    last_sampled: torch.Tensor | None = None  # (num_sampling,) on the device
+    batch: SamplingBatch | None = None
+    shape: tuple[int, int] | None = None
+    table_lens: list[int] = field(default_factory=list)  # each request's block table length when it was queued
+
+    def tokens(self) -> list[list[int]]:
+        """The tokens sampled for each scheduled request, one per step ([] where it only prefilled): the host sync."""
+        if self.sampled is None:
+            return [[] for _ in self.out.scheduled]
+        if self.ready is not None:
+            self.ready.synchronize()
+        rows = iter(self.sampled.tolist())
+        return [next(rows) if s.do_sample else [] for s in self.out.scheduled]
 
 
 def allocate_kv_cache(cfg: ModelConfig, num_blocks: int, block_size: int, dtype, device) -> torch.Tensor:
@@ -280,13 +305,17 @@ class ModelRunner:
         put = lambda values: host_tensor(values, torch.long).to(self.device, non_blocking=True)  # noqa: E731
         return StepInputs(put(host.input_ids), meta, put(host.logits_indices))
 
-    @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> list[list[int]]:
         """Run the step (or burst); return the tokens sampled for each scheduled request, one per step.
 
         A request that only prefilled this step gets []. A burst (`out.num_steps > 1`, decodes only) feeds
         each sampled token back on the device, so the whole burst has one host sync, at the end.
         """
+        return self.launch(out).tokens()
+
+    @torch.inference_mode()
+    def launch(self, out: SchedulerOutput) -> InFlight:
+        """Queue the step (or burst) on the device and return at once; `InFlight.tokens()` waits for its tokens."""
         self.copy_blocks(out.copies)
         shape = None if self.graphs is None else self.graphs.shape_for(out)
         inputs = self.prepare(out, shape)
@@ -294,17 +323,50 @@ class ModelRunner:
         if not sampling:
             self._logits(inputs, shape)  # K/V written, nothing to sample
             self._save_states(out)
-            return [[] for _ in out.scheduled]
+            return InFlight(out)
         batch = self.sampler.prepare([s.seq.request_id for s in sampling], [s.seq.sampling_params for s in sampling])
+        return self._run_steps(out, inputs, shape, batch, None)
+
+    @torch.inference_mode()
+    def launch_continuation(self, last: InFlight, out: SchedulerOutput) -> InFlight:
+        """Queue the burst `out` that continues `last` (the same requests, decoding; `last` may still be running):
+        its first step feeds back `last`'s final tokens on the device, as a burst's later steps do, so it is
+        built with no host sync and runs right behind `last` (async scheduling)."""
+        inputs = last.inputs
+        tables = [s.seq.block_table for s in out.scheduled]
+        if any(len(t) > n for t, n in zip(tables, last.table_lens, strict=True)):  # the scheduler took new blocks
+            inputs = self._with_tables(inputs, tables, last.shape)
+        return self._run_steps(out, inputs, last.shape, last.batch, last.last_sampled)
+
+    def _with_tables(self, inputs: StepInputs, tables: list[list[int]], shape) -> StepInputs:
+        """`inputs` reading the requests' block tables as they are now."""
+        if shape is not None:
+            self.graphs.static.stage_tables(tables)  # NOTE: the tables of `inputs` are views of these buffers
+            return inputs
+        host = HostStep(block_tables=tables)
+        staged = StepMetadata.table_tensor(host)
+        staged = staged.pin_memory() if self.device.type == "cuda" else staged  # NOTE: pageable would wait for the GPU
+        meta = dataclasses.replace(inputs.meta, block_tables=staged.to(self.device, non_blocking=True))
+        return dataclasses.replace(inputs, meta=meta)
+
+    def _run_steps(self, out: SchedulerOutput, inputs: StepInputs, shape, batch, sampled) -> InFlight:
+        """The step, or each step of the burst, on the device; `sampled`: the tokens the first step feeds back
+        (a continuation), or None (its inputs are prepared)."""
         steps = []  # [num_steps] of (num_sampling,) token ids on the device
         for step in range(out.num_steps):
-            if step:
-                inputs = advance_decode_inputs(inputs, steps[-1], self.block_size)
+            if step or sampled is not None:
+                inputs = advance_decode_inputs(inputs, steps[-1] if step else sampled, self.block_size)
             logits = self._logits(inputs, shape)
             steps.append(self.sampler(logits, batch))
         self._save_states(out)
-        rows = iter(torch.stack(steps, dim=1).tolist())  # (num_sampling, num_steps): the one host sync
-        return [next(rows) if s.do_sample else [] for s in out.scheduled]
+        tokens = torch.stack(steps, dim=1)  # (num_sampling, num_steps)
+        ready = None
+        if tokens.is_cuda:  # NOTE: copied into pinned memory now, behind this step: a continuation queued after it
+            tokens = tokens.to("cpu", non_blocking=True)  # is not waited for by tokens()
+            ready = torch.cuda.Event()
+            ready.record()
+        table_lens = [len(s.seq.block_table) for s in out.scheduled]
+        return InFlight(out, tokens, ready, inputs, steps[-1], batch, shape, table_lens)
 
     def _save_states(self, out: SchedulerOutput) -> None:
         if self.state_tensors is not None:

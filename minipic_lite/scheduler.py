@@ -243,6 +243,38 @@ class Scheduler:
             self.kv.grow(s.seq, end)
         return steps
 
+    def plan_continuation(self, last: SchedulerOutput) -> SchedulerOutput | None:
+        """A burst that continues `last` before its tokens are known (async scheduling: the host plans it while
+        `last` runs), or None where it cannot: `last` did not decode every running request, a request waits or
+        would end by length during `last`, or blocks are short. A request that stops on a token or a string during
+        `last` is not known yet: its tokens of the continuation are dropped (postprocess skips it).
+
+            last:  kv_len L (per request), k steps: computes positions L-1 .. L+k-2, samples tokens L .. L+k-1
+            next:  kv_len L+k, n steps:           computes positions L+k-1 .. L+k+n-2
+        """
+        if self.waiting or self.span_running or last.preempted or not last.is_decode_only:
+            return None
+        if len(last.scheduled) != len(self.running) or any(
+            s.seq is not req for s, req in zip(last.scheduled, self.running, strict=False)
+        ):
+            return None  # one finished or was aborted since (its row would be wasted work), or one joined
+        k, steps = last.num_steps, self.config.num_scheduler_steps
+        for s in last.scheduled:  # never past max_tokens nor the context, counting `last`'s tokens in
+            length = s.kv_len + k  # its tokens once `last`'s are in
+            num_output = length - s.seq.num_prompt_tokens
+            steps = min(steps, s.seq.sampling_params.max_tokens - num_output, self.config.max_model_len - length)
+        if steps < 1:
+            return None
+        ends = [s.kv_len + k + steps - 1 for s in last.scheduled]  # NOTE: as _plan_burst, from the new length
+        need = sum(self.kv.num_missing_blocks(s.seq, end) for s, end in zip(last.scheduled, ends, strict=True))
+        if not self.kv.can_allocate(need):
+            return None
+        for s, end in zip(last.scheduled, ends, strict=True):
+            self.kv.grow(s.seq, end)
+        lengths = [s.kv_len + k for s in last.scheduled]
+        scheduled = [ScheduledSeq(s.seq, [(n - 1, n)], n, True) for s, n in zip(last.scheduled, lengths, strict=True)]
+        return SchedulerOutput(scheduled, num_steps=steps)
+
     # -- preemption and finishing ------------------------------------------------------------------------
 
     def _make_room(self, req: Request, end: int, out: SchedulerOutput) -> bool:

@@ -30,6 +30,9 @@ def test_from_options_applies_the_device_defaults(model_dir):
     cuda = EngineConfig.from_options(model_dir, model, "cuda", ControlTokens())
     assert (cpu.dtype, cpu.scheduler.num_scheduler_steps) == ("float32", 1)
     assert (cuda.dtype, cuda.scheduler.num_scheduler_steps) == ("bfloat16", DEFAULT_CUDA_SCHEDULER_STEPS)
+    assert (cpu.scheduler.async_scheduling, cuda.scheduler.async_scheduling) == (False, True)
+    forced = EngineConfig.from_options(model_dir, model, "cpu", ControlTokens(), async_scheduling=True)
+    assert forced.scheduler.async_scheduling
     assert cpu.scheduler.max_model_len == 128 and model.head_dim == 8 and model.num_kv_heads == 2
     small = EngineConfig.from_options(model_dir, model, "cpu", ControlTokens(), max_model_len=64, block_size=8)
     assert small.scheduler.max_model_len == 64 and small.cache.block_size == 8

@@ -26,12 +26,17 @@ def tiny_dir(tmp_path_factory):
     return path
 
 
-@pytest.mark.parametrize("num_scheduler_steps", [1, 8])
-def test_cuda_graph_replay_gives_the_eager_tokens(tiny_dir, num_scheduler_steps):
-    kwargs = dict(device="cuda", dtype="float32", max_model_len=256, max_num_seqs=8, num_blocks=256,
-                  num_scheduler_steps=num_scheduler_steps)  # fmt: skip
-    graphs = mp.LLM(str(tiny_dir), **kwargs)
-    eager = mp.LLM(str(tiny_dir), enforce_eager=True, **kwargs)
+@pytest.mark.parametrize(
+    ("num_scheduler_steps", "async_scheduling"), [(1, False), (8, False), (1, True), (8, True)],
+    ids=["steps", "bursts", "async_steps", "async_bursts"],
+)  # fmt: skip
+def test_cuda_graph_replay_gives_the_eager_tokens(tiny_dir, num_scheduler_steps, async_scheduling):
+    """Graph replays (bursts, and with async scheduling bursts queued behind the last, taking blocks as they cross
+    into them) against an eager engine with one step per visit; then stop tokens that end requests mid-burst."""
+    kwargs = dict(device="cuda", dtype="float32", max_model_len=256, max_num_seqs=8, num_blocks=256)
+    graphs = mp.LLM(str(tiny_dir), num_scheduler_steps=num_scheduler_steps, async_scheduling=async_scheduling,
+                    **kwargs)  # fmt: skip
+    eager = mp.LLM(str(tiny_dir), enforce_eager=True, num_scheduler_steps=1, async_scheduling=False, **kwargs)
     assert graphs.engine.runner.graphs is not None and eager.engine.runner.graphs is None
     if "OMP_NUM_THREADS" not in os.environ:  # engine_loop.fewer_cpu_threads
         assert graphs._loop.call(lambda engine: torch.get_num_threads()) == 1
@@ -42,6 +47,14 @@ def test_cuda_graph_replay_gives_the_eager_tokens(tiny_dir, num_scheduler_steps)
     reference = eager.generate(prompts, params, use_tqdm=False)
     assert [o.token_ids for o in replayed] == [o.token_ids for o in reference]
     assert all(len(o.token_ids) == 24 for o in replayed)
+    assert graphs.engine.stats.num_continuations > 0 if async_scheduling else graphs.engine.stats.num_continuations == 0
+    # each request stops on its own token, at output 4 + 3 i (mid-burst)
+    stops = [o.token_ids[4 + 3 * i] for i, o in enumerate(reference)]
+    cut = [o.token_ids[: o.token_ids.index(t) + 1] for o, t in zip(reference, stops, strict=True)]
+    stopping = [mp.SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True, stop_token_ids=[t]) for t in stops]
+    assert [o.token_ids for o in graphs.generate(prompts, stopping, use_tqdm=False)] == cut
+    graphs.engine.pool.check_integrity()
+    assert graphs.engine.in_flight is None and graphs.engine.pool.num_free_blocks == graphs.engine.pool.num_blocks
 
 
 def test_prefill_and_mixed_steps_replay_graphs_and_give_the_eager_tokens(tiny_dir):

@@ -269,3 +269,58 @@ def test_no_burst_while_a_request_waits_or_blocks_are_short():
     assert len(a.block_table) == 2 and len(b.block_table) == 2 and pool.num_free_blocks == 0
     out = run_burst(sched)  # a needs block 3 for position 8 at step 2: none free, so no burst (no preemption)
     assert out.num_steps == 1 and not out.preempted
+
+
+# -- continuations (async scheduling) --------------------------------------------------------------------
+
+
+def two_decoding(max_tokens=16, num_blocks=16):
+    """a (6 prompt tokens) and b (7) prefilled, each with its first token: a on blocks [0, 1], b on [2, 3]."""
+    sched, pool = make_burst_scheduler(num_blocks=num_blocks)
+    a, b = make_seq(0, range(6)), make_seq(1, range(10, 17))
+    for seq in (a, b):
+        seq.sampling_params = SamplingParams(max_tokens=max_tokens)
+        sched.add(seq)
+    run_burst(sched)
+    assert (a.block_table, b.block_table, len(a), len(b)) == ([0, 1], [2, 3], 7, 8)
+    return sched, pool, a, b
+
+
+def test_a_continuation_is_planned_before_the_last_bursts_tokens_are_in():
+    sched, pool, a, b = two_decoding()
+    last = sched.schedule()  # 4 steps: KV of a's positions 6..9 (blocks for 10 tokens), b's 7..10
+    assert last.num_steps == 4 and (a.block_table, b.block_table) == ([0, 1, 4], [2, 3, 5])
+    nxt = sched.plan_continuation(last)  # a will hold 11 tokens, b 12: KV of a's 10..13, b's 11..14
+    assert nxt.num_steps == 4 and nxt.is_decode_only
+    assert [(s.seq, s.query_ranges, s.kv_len) for s in nxt.scheduled] == [(a, [(10, 11)], 11), (b, [(11, 12)], 12)]
+    assert (a.block_table, b.block_table) == ([0, 1, 4, 6], [2, 3, 5, 7])
+    sched.postprocess(last, [[7, 8, 9, 10]] * 2, lambda seq: False)
+    sched.postprocess(nxt, [[11, 12, 13, 14]] * 2, lambda seq: False)
+    sched.kv.check_integrity()
+    assert a.output_token_ids == [7, 7, 8, 9, 10, 11, 12, 13, 14] and (len(a), a.num_computed_tokens) == (15, 14)
+    assert (len(b), b.num_computed_tokens) == (16, 15)
+    assert a.num_published_blocks == 3 and pool.lookup(a.block_hashes[2]) == a.block_table[2]
+
+
+def test_a_continuation_stops_at_max_tokens_counting_the_last_bursts_tokens():
+    sched, _, a, b = two_decoding(max_tokens=7)
+    last = sched.schedule()  # outputs 1 -> 5
+    assert last.num_steps == 4
+    assert sched.plan_continuation(last).num_steps == 2  # 2 left of 7
+    sched, _, a, b = two_decoding(max_tokens=5)
+    assert sched.plan_continuation(sched.schedule()) is None  # the burst ends them both
+
+
+def test_no_continuation_after_a_finish_an_arrival_or_with_blocks_short():
+    sched, pool, a, b = two_decoding()
+    last = sched.schedule()
+    sched.finish(b, "abort")  # an abort between the launch and the plan
+    assert sched.plan_continuation(last) is None
+    sched, pool, a, b = two_decoding()
+    last = sched.schedule()
+    sched.add(make_seq(2, range(30, 35)))  # it waits: the next step admits it
+    assert sched.plan_continuation(last) is None
+    sched, pool, a, b = two_decoding(num_blocks=7)  # the burst takes blocks 4 and 5; 6 is the last free one
+    last = sched.schedule()
+    assert sched.plan_continuation(last) is None and pool.num_free_blocks == 1
+    sched.kv.check_integrity()

@@ -127,21 +127,24 @@ class StepMetadata:
     # hybrid models: the state slots of the step's sequences (models/qwen3_5.py)
     recurrent: RecurrentStep | None = None
 
-    @classmethod
-    def build(cls, host: HostStep, device: torch.device) -> StepMetadata:
+    @staticmethod
+    def table_tensor(host: HostStep) -> torch.Tensor:
+        """[num_seqs, widest table] int32 on the host, each row padded with 0s."""
         width = max(len(t) for t in host.block_tables)
         flat = []  # NOTE: extended row by row (in C), each padded to the widest: no loop per block id
         for table in host.block_tables:
             flat += table
             flat += [0] * (width - len(table))
-        tables = host_tensor(flat, torch.int32)
+        return host_tensor(flat, torch.int32).view(len(host.block_tables), width)
 
+    @classmethod
+    def build(cls, host: HostStep, device: torch.device) -> StepMetadata:
         def put(values, dtype):
             return host_tensor(values, dtype).to(device, non_blocking=True)
 
         return cls(
             slot_mapping=put(host.slot_mapping, torch.long),
-            block_tables=tables.view(len(host.block_tables), width).to(device, non_blocking=True),
+            block_tables=cls.table_tensor(host).to(device, non_blocking=True),
             cu_seqlens_q=put(host.cu_seqlens_q, torch.int32),
             positions=put(host.positions, torch.long),
             kv_lens=put(host.kv_lens, torch.int32),

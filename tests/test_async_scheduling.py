@@ -1,0 +1,89 @@
+"""Async scheduling: the next decode burst queued before the last one's tokens are read gives the outputs of steps
+run one after another, drops what it computed past a stop, survives aborts and arrivals, and keeps the pool whole.
+
+On the CPU a step runs as it is queued, so nothing overlaps here; the logic is the same as on CUDA (test_gpu.py
+runs it there against the eager tokens).
+"""
+
+import pytest
+
+import minipic_lite as mp
+
+BURST = 4
+
+
+@pytest.fixture(scope="module")
+def async_llm(model_dir):
+    return mp.LLM(
+        str(model_dir), device="cpu", dtype="float32", max_model_len=512, num_scheduler_steps=BURST,
+        async_scheduling=True,
+    )  # fmt: skip
+
+
+def greedy(max_tokens: int, **kwargs) -> mp.SamplingParams:
+    return mp.SamplingParams(max_tokens=max_tokens, temperature=0.0, **kwargs)
+
+
+def assert_idle(engine) -> None:
+    """Nothing queued on the device, every block free, the pool's books whole."""
+    assert engine.in_flight is None
+    engine.pool.check_integrity()
+    assert engine.pool.num_free_blocks == engine.pool.num_blocks
+
+
+def test_async_bursts_give_the_outputs_of_single_steps(llm, async_llm):
+    prompts = ["1, 2, 3, 4, 5, 6,", "The capital of France is", "def fibonacci(n):", "Once upon a time"]
+    base = llm.generate(prompts[0], greedy(12), use_tqdm=False)[0]
+    params = [
+        greedy(13, stop=[base.text.split(",")[2]]),  # a stop string mid-burst
+        greedy(7),  # ends on a max_tokens that is no multiple of the burst
+        greedy(21, stop_token_ids=[base.token_ids[5]]),
+        mp.SamplingParams(max_tokens=18, temperature=0.9, top_p=0.9, seed=5),  # per-request generator
+    ]
+    expected = llm.generate(prompts, params, use_tqdm=False)
+    engine = async_llm.engine
+    stats_before = (engine.stats.num_continuations, engine.stats.num_generated_tokens)
+    outs = async_llm.generate(prompts, params, use_tqdm=False)
+    assert engine.stats.num_continuations > stats_before[0]  # bursts were queued ahead
+    for out, exp in zip(outs, expected, strict=True):
+        assert (out.token_ids, out.text, out.finish_reason, out.stop_reason) == (
+            exp.token_ids, exp.text, exp.finish_reason, exp.stop_reason,
+        )  # fmt: skip
+    assert engine.stats.num_generated_tokens - stats_before[1] == sum(len(o.token_ids) for o in outs)
+    assert_idle(engine)
+
+
+def test_a_stop_inside_a_burst_drops_the_continuation_queued_behind_it(llm, async_llm):
+    prompt = "The capital of France is"
+    full = llm.generate(prompt, greedy(12, ignore_eos=True), use_tqdm=False)[0].token_ids
+    # token 1 from the prefill; the burst of tokens 2-5 is queued with its continuation (6-9) behind it
+    stop = full[2]
+    assert stop not in full[:2]
+    engine = async_llm.engine
+    num_continuations = engine.stats.num_continuations
+    out = async_llm.generate(prompt, greedy(12, ignore_eos=True, stop_token_ids=[stop]), use_tqdm=False)[0]
+    assert out.token_ids == full[:3] and (out.finish_reason, out.stop_reason) == ("stop", stop)
+    assert engine.stats.num_continuations == num_continuations + 1
+    assert_idle(engine)
+
+
+def test_an_abort_and_an_arrival_while_a_burst_is_queued(llm, async_llm):
+    texts = ["Once upon a time", "def fibonacci(n):", "The capital of France is"]
+    ids = [llm.encode(text)[0] for text in texts]
+    params = greedy(14, ignore_eos=True)
+    expected = [llm.generate([p], params, use_tqdm=False)[0].token_ids for p in ids]
+    engine = async_llm.engine
+    a, b = (engine.add_request(p, params) for p in ids[:2])
+    outputs = {}
+    while engine.in_flight is None:
+        outputs |= {o.request_id: o for o in engine.step()}
+        engine.pool.check_integrity()
+    aborted = engine.abort(b)  # its blocks freed while the queued burst still writes them
+    assert aborted.finish_reason == "abort" and aborted.token_ids == expected[1][: len(aborted.token_ids)]
+    c = engine.add_request(ids[2], params)  # arrives while a burst is queued: admitted once it is read
+    while engine.has_unfinished():
+        outputs |= {o.request_id: o for o in engine.step()}
+        engine.pool.check_integrity()
+    assert outputs[a].token_ids == expected[0] and outputs[c].token_ids == expected[2]
+    assert b not in outputs and outputs[a].finished and outputs[c].finished
+    assert_idle(engine)
