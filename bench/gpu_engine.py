@@ -313,9 +313,10 @@ def decode_alone(llm, cfg, dtype, device, results, out):
                                                        False)  # fmt: skip
         print(f"decode b{batch}", r, flush=True)
         decode_schedules(llm, cfg, device, batch, 512, 128, weight_bytes, kv_token_bytes, results)
-    results["decode_b1_profile"], table = profile_decode(llm, cfg["vocab_size"], device, 1, 512)
-    print("decode b1 host phases (ms/step)", results["decode_b1_profile"], flush=True)
-    print(table, flush=True)
+    for batch in (1, 64):
+        results[f"decode_b{batch}_profile"], table = profile_decode(llm, cfg["vocab_size"], device, batch, 512)
+        print(f"decode b{batch} host phases (ms/step)", results[f"decode_b{batch}_profile"], flush=True)
+        print(table, flush=True)
     if out:
         Path(out).write_text(json.dumps(results, indent=2))
 

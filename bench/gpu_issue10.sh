@@ -500,9 +500,11 @@ if want next38; then  # async scheduling (the next decode burst queued before th
     step gpu_tests 300 python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider -p no:logging --tb=short
     step decode_async 200 python3 bench/gpu_engine.py --decode-only --out "$OUT/gpu_decode_${GIT_SHA}_async.json"
 fi
-if want next38b; then  # the RAG table and the cached 8 x 2048 TTFT through generate, with async scheduling on
+if want next38b; then  # the RAG table and the cached 8 x 2048 TTFT through generate, with async scheduling on; decode
+    # b1 / b64 again with the batch-64 profile (where its step goes now)
     step rag 330 $RAG --max-num-seqs 32 --max-num-batched-tokens 8192
     step ttft_8x2048 100 python3 bench/ttft_spans.py --device cuda --llama3-8b-shape --doc-tokens 2048 --ks 8 --repeats 3
+    step decode_async 120 python3 bench/gpu_engine.py --decode-only --out "$OUT/gpu_decode_${GIT_SHA}_async.json"
 fi
 if want next36a; then  # with the session's last 190 s: vanilla against PIC disabled at reuse 0 (the same tokens),
     # each step kind's execute time
