@@ -305,7 +305,8 @@ def mark_phases(engine) -> None:
     wrap(engine.scheduler, "schedule", "schedule")
     wrap(engine.runner, "prepare", "prepare")
     wrap(engine.runner.model, "forward", "forward")
-    wrap(engine.runner, "execute", "execute")
+    wrap(engine.runner, "launch", "launch")
+    wrap(engine.runner, "wait", "wait")
     wrap(engine.scheduler, "postprocess", "postprocess")
 
 

@@ -69,7 +69,7 @@ SYSTEMS = {  # name -> (LLM keywords, recipe, span policy)
     # rag-3dad8ca-cuda.md, rag-dbcc69c-cuda.md): its ride-along steps ran eagerly. --span-ahead-tokens still sets it
     "copy_rerotate": ({"position_free": False, "rerotate_spans": True}, "block_attention", "inline"),
 }
-PHASES = ("schedule", "_report_admissions", "prepare", "execute", "postprocess")  # rag.phase_times
+PHASES = ("schedule", "_report_admissions", "prepare", "launch", "launch_continuation", "wait", "postprocess")
 OFFLOAD_HOST_GIB = {"cuda": 16.0, "cpu": 1.0}  # --offload's host tier when --host-cache-gib is not given
 
 
@@ -205,12 +205,12 @@ def triton_compiles() -> set[tuple[str, str]]:
 @contextlib.contextmanager
 def phase_times(engine):
     """Seconds spent in each phase of the engine's steps while inside: the scheduler's schedule and postprocess,
-    the cache reports, the runner's prepare and execute (execute calls prepare, counted in both, and waits for the
-    device's sampled tokens)."""
+    the cache reports, the runner's prepare, launch (it calls prepare, counted in both, and queues the step),
+    launch_continuation (async scheduling) and wait (for the device's sampled tokens)."""
     from host_ttft import Timer  # beside this file
 
     scheduler, runner = engine.scheduler, engine.runner
-    owners = dict(zip(PHASES, (scheduler, engine, runner, runner, scheduler), strict=True))
+    owners = dict(zip(PHASES, (scheduler, engine, runner, runner, runner, runner, scheduler), strict=True))
     timer = Timer()
     for name, owner in owners.items():
         timer.wrap(owner, name, name)
@@ -226,31 +226,39 @@ STEP_KINDS = ("decode", "graph_prefill", "eager")  # rag.step_kinds
 
 @contextlib.contextmanager
 def step_kinds(engine):
-    """{kind: [steps, seconds]} of the runner's execute calls while inside (each waits for its sampled tokens), by
-    kind: a decode step (a burst counts its steps), a prefill or mixed step that a CUDA graph's bucket holds, and an
-    eager step (every step on the CPU)."""
+    """{kind: [steps, seconds]} of the runner's launches and waits while inside (a step is queued, then its sampled
+    tokens are waited for), by kind: a decode step (a burst counts its steps), a prefill or mixed step that a CUDA
+    graph's bucket holds, and an eager step (every step on the CPU). Under async scheduling a decode burst's wait
+    is shortened by the host work that overlapped it."""
     runner, totals = engine.runner, {kind: [0, 0.0] for kind in STEP_KINDS}
-    execute = runner.execute
 
-    def timed(out):
-        eager = runner.graphs is None or runner.graphs.shape_for(out) is None
-        kind = "eager" if eager else "decode" if out.is_decode_only else "graph_prefill"
-        start = time.perf_counter()
-        try:
-            return execute(out)
-        finally:
-            totals[kind][0] += out.num_steps
-            totals[kind][1] += time.perf_counter() - start
+    def kind(flight):
+        return "eager" if flight.shape is None else "decode" if flight.out.is_decode_only else "graph_prefill"
 
-    wrapped = "execute" in vars(runner)  # NOTE: phase_times may have wrapped it first
-    runner.execute = timed
+    def timed(fn, count_steps):
+        def wrapper(*args):
+            start = time.perf_counter()
+            result = fn(*args)
+            flight = result if count_steps else args[0]
+            totals[kind(flight)][0] += flight.out.num_steps if count_steps else 0
+            totals[kind(flight)][1] += time.perf_counter() - start
+            return result
+
+        return wrapper
+
+    names = {"launch": True, "launch_continuation": True, "wait": False}
+    originals = {name: getattr(runner, name) for name in names}
+    wrapped = {name for name in names if name in vars(runner)}  # NOTE: phase_times may have wrapped them first
+    for name, count_steps in names.items():
+        setattr(runner, name, timed(originals[name], count_steps))
     try:
         yield totals
     finally:
-        if wrapped:
-            runner.execute = execute
-        else:
-            del runner.execute  # NOTE: back to the class's method
+        for name in names:
+            if name in wrapped:
+                setattr(runner, name, originals[name])
+            else:
+                delattr(runner, name)  # NOTE: back to the class's method
 
 
 def run_system(llm: mp.LLM, samples, recipe: str, policy: str, new_tokens: int = NEW_TOKENS) -> dict:
@@ -384,7 +392,7 @@ def main() -> None:
                       f"{r['step_ms']:.1f} ms, "
                       f"{r['compiles']} compiles; ms a step: "
                       + ", ".join(f"{k.strip('_')} {v:.2f}" for k, v in r["phase_ms_per_step"].items())
-                      + "; execute by kind: " + ", ".join(f"{k} {v['steps']} steps {v['ms']:.0f} ms"
+                      + "; launch + wait by kind: " + ", ".join(f"{k} {v['steps']} steps {v['ms']:.0f} ms"
                                                          for k, v in r["step_kinds"].items()),
                       flush=True)  # fmt: skip
                 for kernel, key in r["triton_compiled"]:
@@ -442,7 +450,7 @@ def table(result: dict) -> str:
         "",
         "| reuse | system | samples/s | vs vanilla (offload: vs recompute) | vs barrier | TTFT p50 (ms) "
         "| TTFT p99 (ms) | prompt cached "
-        "| host hit blocks | rerotated blocks | engine steps | ms / step | execute: decode / graph prefill / eager "
+        "| host hit blocks | rerotated blocks | engine steps | ms / step | launch + wait: decode / graph prefill / eager "
         "(steps, ms) | compiles in the run |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -472,7 +480,7 @@ def table(result: dict) -> str:
 
 
 def kinds_cell(row: dict) -> str:
-    """'64 / 0 / 8 steps, 410 / 0 / 1,520 ms': the execute calls of each step kind (rag.step_kinds)."""
+    """'64 / 0 / 8 steps, 410 / 0 / 1,520 ms': the launches and waits of each step kind (rag.step_kinds)."""
     kinds = row.get("step_kinds")
     if not kinds:
         return "-"

@@ -212,7 +212,7 @@ class LLMEngine:
                 self.in_flight = self.runner.launch_continuation(flight, nxt)
                 self.stats.num_continuations += 1
         num_tokens_before = sum(len(s.seq) for s in out.scheduled)
-        advanced = self.scheduler.postprocess(out, flight.tokens(), self._stops)
+        advanced = self.scheduler.postprocess(out, self.runner.wait(flight), self._stops)
         self._drop_finished_flight()
         now = time.perf_counter()
         self._count(out, advanced, sum(len(s.seq) for s in out.scheduled) - num_tokens_before, now - start)

@@ -72,15 +72,6 @@ class InFlight:
     shape: tuple[int, int] | None = None
     table_lens: list[int] = field(default_factory=list)  # each request's block table length when it was queued
 
-    def tokens(self) -> list[list[int]]:
-        """The tokens sampled for each scheduled request, one per step ([] where it only prefilled): the host sync."""
-        if self.sampled is None:
-            return [[] for _ in self.out.scheduled]
-        if self.ready is not None:
-            self.ready.synchronize()
-        rows = iter(self.sampled.tolist())
-        return [next(rows) if s.do_sample else [] for s in self.out.scheduled]
-
 
 def allocate_kv_cache(cfg: ModelConfig, num_blocks: int, block_size: int, dtype, device) -> torch.Tensor:
     """The paged cache: [2 (k, v), layers, blocks, block_size, kv_heads, head_dim], zeroed."""
@@ -311,11 +302,11 @@ class ModelRunner:
         A request that only prefilled this step gets []. A burst (`out.num_steps > 1`, decodes only) feeds
         each sampled token back on the device, so the whole burst has one host sync, at the end.
         """
-        return self.launch(out).tokens()
+        return self.wait(self.launch(out))
 
     @torch.inference_mode()
     def launch(self, out: SchedulerOutput) -> InFlight:
-        """Queue the step (or burst) on the device and return at once; `InFlight.tokens()` waits for its tokens."""
+        """Queue the step (or burst) on the device and return at once; `wait` reads its tokens."""
         self.copy_blocks(out.copies)
         shape = None if self.graphs is None else self.graphs.shape_for(out)
         inputs = self.prepare(out, shape)
@@ -337,6 +328,16 @@ class ModelRunner:
         if any(len(t) > n for t, n in zip(tables, last.table_lens, strict=True)):  # the scheduler took new blocks
             inputs = self._with_tables(inputs, tables, last.shape)
         return self._run_steps(out, inputs, last.shape, last.batch, last.last_sampled)
+
+    def wait(self, flight: InFlight) -> list[list[int]]:
+        """The tokens `flight` sampled for each scheduled request, one per step ([] where it only prefilled): the
+        host sync (a continuation queued behind it is not waited for)."""
+        if flight.sampled is None:
+            return [[] for _ in flight.out.scheduled]
+        if flight.ready is not None:
+            flight.ready.synchronize()
+        rows = iter(flight.sampled.tolist())
+        return [next(rows) if s.do_sample else [] for s in flight.out.scheduled]
 
     def _with_tables(self, inputs: StepInputs, tables: list[list[int]], shape) -> StepInputs:
         """`inputs` reading the requests' block tables as they are now."""
@@ -361,8 +362,8 @@ class ModelRunner:
         self._save_states(out)
         tokens = torch.stack(steps, dim=1)  # (num_sampling, num_steps)
         ready = None
-        if tokens.is_cuda:  # NOTE: copied into pinned memory now, behind this step: a continuation queued after it
-            tokens = tokens.to("cpu", non_blocking=True)  # is not waited for by tokens()
+        if tokens.is_cuda:  # NOTE: copied to pinned memory now, so that `wait` waits for this step alone, not for
+            tokens = tokens.to("cpu", non_blocking=True)  # a continuation queued behind it
             ready = torch.cuda.Event()
             ready.record()
         table_lens = [len(s.seq.block_table) for s in out.scheduled]
