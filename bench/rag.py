@@ -450,8 +450,8 @@ def table(result: dict) -> str:
         "",
         "| reuse | system | samples/s | vs vanilla (offload: vs recompute) | vs barrier | TTFT p50 (ms) "
         "| TTFT p99 (ms) | prompt cached "
-        "| host hit blocks | rerotated blocks | engine steps | ms / step | launch + wait: decode / graph prefill / eager "
-        "(steps, ms) | compiles in the run |",
+        "| host hit blocks | rerotated blocks | engine steps | ms / step "
+        "| launch + wait: decode / graph prefill / eager (steps, ms) | compiles in the run |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for reuse, systems in result["rows"].items():

@@ -323,6 +323,7 @@ class ModelRunner:
         """Queue the burst `out` that continues `last` (the same requests, decoding; `last` may still be running):
         its first step feeds back `last`'s final tokens on the device, as a burst's later steps do, so it is
         built with no host sync and runs right behind `last` (async scheduling)."""
+        self.copy_blocks(out.copies)  # NOTE: evictions to the host tier, queued before the burst writes the blocks
         inputs = last.inputs
         tables = [s.seq.block_table for s in out.scheduled]
         if any(len(t) > n for t, n in zip(tables, last.table_lens, strict=True)):  # the scheduler took new blocks

@@ -273,7 +273,8 @@ class Scheduler:
             self.kv.grow(s.seq, end)
         lengths = [s.kv_len + k for s in last.scheduled]
         scheduled = [ScheduledSeq(s.seq, [(n - 1, n)], n, True) for s, n in zip(last.scheduled, lengths, strict=True)]
-        return SchedulerOutput(scheduled, num_steps=steps)
+        # NOTE: fresh blocks may evict cached ones to the host tier: those copies run before this burst writes them
+        return SchedulerOutput(scheduled, num_steps=steps, copies=self.kv.take_copies())
 
     # -- preemption and finishing ------------------------------------------------------------------------
 

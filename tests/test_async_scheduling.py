@@ -6,6 +6,7 @@ runs it there against the eager tokens).
 """
 
 import pytest
+import torch
 
 import minipic_lite as mp
 
@@ -87,3 +88,27 @@ def test_an_abort_and_an_arrival_while_a_burst_is_queued(llm, async_llm):
     assert outputs[a].token_ids == expected[0] and outputs[c].token_ids == expected[2]
     assert b not in outputs and outputs[a].finished and outputs[c].finished
     assert_idle(engine)
+
+
+def test_blocks_evicted_to_the_host_by_a_queued_burst_come_back_whole(tmp_path):
+    """A burst queued ahead takes fresh blocks and may evict cached ones to the host tier: those copies must run
+    before the burst writes the blocks, or later host hits load another request's keys."""
+    from tests.conftest import save_tiny_llama
+
+    tiny = save_tiny_llama(tmp_path, vocab_size=48, max_position_embeddings=128)
+    B, steps = 4, 2
+    kwargs = dict(device="cpu", dtype="float32", block_size=B, max_model_len=64, max_num_seqs=2)
+    roomy = mp.LLM(str(tiny), num_blocks=256, **kwargs)
+    block_bytes = roomy.engine.runner.block_bytes
+    small = mp.LLM(str(tiny), num_blocks=16, host_cache_gib=64 * block_bytes / 2**30, async_scheduling=True,
+                   num_scheduler_steps=steps, **kwargs)  # fmt: skip
+    gen = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(6, 48, (34,), generator=gen).tolist() for _ in range(5)]  # 9 blocks each
+    prompts += prompts[::-1]  # the second round hits the first's blocks, most of them on the host
+    params = greedy(16, ignore_eos=True)  # 4 more blocks, taken a burst at a time
+    expected = [o.token_ids for o in roomy.generate(prompts, params, use_tqdm=False)]
+    got = [o.token_ids for p in prompts for o in small.generate([p], params, use_tqdm=False)]
+    stats = small.stats()
+    assert stats["num_host_hit_blocks"] > 0 and small.engine.stats.num_continuations > 0
+    assert got == expected
+    small.engine.kv.check_integrity()
