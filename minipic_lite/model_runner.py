@@ -345,8 +345,7 @@ class ModelRunner:
         if shape is not None:
             self.graphs.static.stage_tables(tables)  # NOTE: the tables of `inputs` are views of these buffers
             return inputs
-        host = HostStep(block_tables=tables)
-        staged = StepMetadata.table_tensor(host)
+        staged = StepMetadata.table_tensor(tables)
         staged = staged.pin_memory() if self.device.type == "cuda" else staged  # NOTE: pageable would wait for the GPU
         meta = dataclasses.replace(inputs.meta, block_tables=staged.to(self.device, non_blocking=True))
         return dataclasses.replace(inputs, meta=meta)

@@ -226,20 +226,26 @@ class Scheduler:
 
     def _plan_burst(self, out: SchedulerOutput) -> int:
         """How many decode steps to run back to back (1: an ordinary step); takes the blocks they need."""
+        if self.config.num_scheduler_steps == 1 or self.waiting or out.preempted or not out.is_decode_only:
+            return 1
+        return self._take_burst(out.scheduled, [len(s.seq) for s in out.scheduled], min_steps=2) or 1
+
+    def _take_burst(self, scheduled: list[ScheduledSeq], lengths: list[int], min_steps: int) -> int:
+        """The decode steps (up to num_scheduler_steps) that `scheduled` can run from `lengths` (each request's
+        tokens when the burst starts) without passing max_tokens or the context, with their blocks taken; 0 when
+        fewer than `min_steps` fit or blocks are short (a burst never preempts anyone)."""
         steps = self.config.num_scheduler_steps
-        if steps == 1 or self.waiting or out.preempted or not out.is_decode_only:
-            return 1
-        for s in out.scheduled:  # never past max_tokens nor the context
-            params = s.seq.sampling_params
-            steps = min(steps, params.max_tokens - s.seq.num_output_tokens, self.config.max_model_len - len(s.seq))
-        if steps <= 1:
-            return 1
-        # NOTE: burst step i writes the KV of position len - 1 + i; the last one is len + steps - 2.
-        ends = [len(s.seq) + steps - 1 for s in out.scheduled]
-        need = sum(self.kv.num_missing_blocks(s.seq, end) for s, end in zip(out.scheduled, ends, strict=True))
+        for s, length in zip(scheduled, lengths, strict=True):
+            num_output = length - s.seq.num_prompt_tokens
+            steps = min(steps, s.seq.sampling_params.max_tokens - num_output, self.config.max_model_len - length)
+        if steps < min_steps:
+            return 0
+        # NOTE: burst step i writes the KV of position length - 1 + i; the last one is length + steps - 2.
+        ends = [length + steps - 1 for length in lengths]
+        need = sum(self.kv.num_missing_blocks(s.seq, end) for s, end in zip(scheduled, ends, strict=True))
         if not self.kv.can_allocate(need):
-            return 1  # lookahead never preempts anyone
-        for s, end in zip(out.scheduled, ends, strict=True):
+            return 0
+        for s, end in zip(scheduled, ends, strict=True):
             self.kv.grow(s.seq, end)
         return steps
 
@@ -258,20 +264,10 @@ class Scheduler:
             s.seq is not req for s, req in zip(last.scheduled, self.running, strict=False)
         ):
             return None  # one finished or was aborted since (its row would be wasted work), or one joined
-        k, steps = last.num_steps, self.config.num_scheduler_steps
-        for s in last.scheduled:  # never past max_tokens nor the context, counting `last`'s tokens in
-            length = s.kv_len + k  # its tokens once `last`'s are in
-            num_output = length - s.seq.num_prompt_tokens
-            steps = min(steps, s.seq.sampling_params.max_tokens - num_output, self.config.max_model_len - length)
-        if steps < 1:
+        lengths = [s.kv_len + last.num_steps for s in last.scheduled]  # their tokens once `last`'s are in
+        steps = self._take_burst(last.scheduled, lengths, min_steps=1)
+        if not steps:
             return None
-        ends = [s.kv_len + k + steps - 1 for s in last.scheduled]  # NOTE: as _plan_burst, from the new length
-        need = sum(self.kv.num_missing_blocks(s.seq, end) for s, end in zip(last.scheduled, ends, strict=True))
-        if not self.kv.can_allocate(need):
-            return None
-        for s, end in zip(last.scheduled, ends, strict=True):
-            self.kv.grow(s.seq, end)
-        lengths = [s.kv_len + k for s in last.scheduled]
         scheduled = [ScheduledSeq(s.seq, [(n - 1, n)], n, True) for s, n in zip(last.scheduled, lengths, strict=True)]
         # NOTE: fresh blocks may evict cached ones to the host tier: those copies run before this burst writes them
         return SchedulerOutput(scheduled, num_steps=steps, copies=self.kv.take_copies())

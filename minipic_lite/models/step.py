@@ -128,14 +128,14 @@ class StepMetadata:
     recurrent: RecurrentStep | None = None
 
     @staticmethod
-    def table_tensor(host: HostStep) -> torch.Tensor:
+    def table_tensor(block_tables: list[list[int]]) -> torch.Tensor:
         """[num_seqs, widest table] int32 on the host, each row padded with 0s."""
-        width = max(len(t) for t in host.block_tables)
+        width = max(len(t) for t in block_tables)
         flat = []  # NOTE: extended row by row (in C), each padded to the widest: no loop per block id
-        for table in host.block_tables:
+        for table in block_tables:
             flat += table
             flat += [0] * (width - len(table))
-        return host_tensor(flat, torch.int32).view(len(host.block_tables), width)
+        return host_tensor(flat, torch.int32).view(len(block_tables), width)
 
     @classmethod
     def build(cls, host: HostStep, device: torch.device) -> StepMetadata:
@@ -144,7 +144,7 @@ class StepMetadata:
 
         return cls(
             slot_mapping=put(host.slot_mapping, torch.long),
-            block_tables=cls.table_tensor(host).to(device, non_blocking=True),
+            block_tables=cls.table_tensor(host.block_tables).to(device, non_blocking=True),
             cu_seqlens_q=put(host.cu_seqlens_q, torch.int32),
             positions=put(host.positions, torch.long),
             kv_lens=put(host.kv_lens, torch.int32),
