@@ -2,8 +2,8 @@
 
 A step has a static shape once it is padded to a bucket: `num_tokens` query tokens in `num_seqs` sequences, and
 block tables as wide as `max_model_len` allows. We capture `model -> logits of the step's sampling rows` (its
-`logits_indices`, padded) for each bucket on static input buffers; a step copies its inputs into the buffers
-and replays. Decode steps are the
+`logits_indices`, padded) and their greedy tokens for each bucket on static input buffers; a step copies its
+inputs into the buffers and replays. Decode steps are the
 buckets with one token per sequence; a prefill or mixed step with few new tokens (a prompt whose documents are
 cached) takes a bucket with more tokens than sequences. Padding sequences write their K/V into a scratch block
 that no request owns, and attend only to it:
@@ -12,8 +12,8 @@ that no request owns, and attend only to it:
                                                          sequence 1 = 13 padding tokens on the scratch block
 
 A step's inputs and padding are written on the host into pinned mirrors of the static buffers and move in two
-copies (`StaticInputs.stage`); the steps of a burst after its first are built on the device, and only what they
-advance is copied in (`StaticInputs.copy_advanced`).
+copies (`StaticInputs.stage`); the steps of a burst after its first are advanced in the buffers on the device, in
+one launch (`StaticInputs.advance`).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import torch
 from minipic_lite.chunks import SchedulerOutput
 from minipic_lite.config import cdiv
 from minipic_lite.models.step import HostStep, StepInputs, StepMetadata
+from minipic_lite.sampler import argmax_rows
 
 
 def graph_shapes(
@@ -70,7 +71,7 @@ class StaticInputs:
 
     def __init__(self, max_seqs: int, max_tokens: int, max_blocks: int, scratch_block: int, block_size: int, device):
         T, S, W = max_tokens, max_seqs, max_blocks
-        self.max_tokens, self.max_blocks = T, W
+        self.max_tokens, self.max_blocks, self.block_size = T, W, block_size
         self.scratch_slot = scratch_block * block_size
         self.device64 = torch.zeros(3 * T + S, dtype=torch.long, device=device)
         self.device32 = torch.zeros(T + 2 * S + 1 + S * W, dtype=torch.int32, device=device)
@@ -170,15 +171,18 @@ class StaticInputs:
         self.block_tables[num_seqs:seqs].fill_(self.scratch_block)
         self.kv_lens[num_seqs:seqs].fill_(1)
 
-    def copy_advanced(self, inputs: StepInputs) -> None:
-        """A burst's later step (`advance_decode_inputs`, built on the device) into the buffers.
-        NOTE: it differs from the step before it, staged into these buffers for the same bucket, only in its tokens,
-        positions, slots and kv_lens: sequences, tables, visible_start, sampled rows and padding stay."""
-        meta, n = inputs.meta, inputs.input_ids.shape[0]
-        self.input_ids[:n].copy_(inputs.input_ids)
-        self.positions[:n].copy_(meta.positions)
-        self.slot_mapping[:n].copy_(meta.slot_mapping)
-        self.kv_lens[: meta.kv_lens.shape[0]].copy_(meta.kv_lens)
+    def advance(self, inputs: StepInputs, sampled: torch.Tensor) -> None:
+        """The decode step staged in the buffers (`inputs`, its views) becomes the next one, fed `sampled` [num_seqs]:
+        what `model_runner.advance_decode_inputs` builds, written in place in one launch (a burst's later steps).
+        NOTE: only the tokens, positions, slots and kv_lens change: sequences, tables, visible_start, sampled rows
+        and padding stay."""
+        from minipic_lite.advance_kernel import advance_decode_in_place  # NOTE: imports triton
+
+        meta = inputs.meta
+        advance_decode_in_place(
+            sampled, inputs.input_ids, meta.positions, meta.slot_mapping, meta.kv_lens, meta.block_tables,
+            self.block_size,
+        )  # fmt: skip
 
 
 class StepGraphs:
@@ -191,14 +195,16 @@ class StepGraphs:
             max_seqs, max_tokens, self.max_blocks, runner.scratch_block, runner.block_size, runner.device
         )
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
-        self.logits: dict[tuple[int, int], torch.Tensor] = {}
+        self.outputs: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}  # (logits, greedy tokens)
         self._capture_all()
 
-    def _forward(self, shape: tuple[int, int]) -> torch.Tensor:
-        """[num_seqs, vocab]: the logits of the rows in `logits_indices` (one per sequence at most)."""
+    def _forward(self, shape: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """([num_seqs, vocab], [num_seqs]): the logits of the rows in `logits_indices` (one per sequence at most)
+        and their argmax, inside the graph (a greedy step runs no sampling kernel of its own)."""
         model, static, (seqs, tokens) = self.runner.model, self.static, shape
         hidden = model(static.input_ids[:tokens], static.meta(seqs, tokens), self.runner.kv_cache)
-        return model.compute_logits(hidden[static.logits_indices[:seqs]])
+        logits = model.compute_logits(hidden[static.logits_indices[:seqs]])
+        return logits, argmax_rows(logits)
 
     @torch.inference_mode()
     def _capture_all(self) -> None:
@@ -206,15 +212,15 @@ class StepGraphs:
         for shape in reversed(self.shapes):  # largest first, so smaller graphs reuse its memory pool
             self.static.set_padding(0, 0, shape)
             self._forward(shape)  # warm-up (Triton autotune, JIT)
-            self.graphs[shape], self.logits[shape] = self._capture(shape)
+            self.graphs[shape], self.outputs[shape] = self._capture(shape)
         torch.cuda.synchronize()
 
-    def _capture(self, shape: tuple[int, int]) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    def _capture(self, shape: tuple[int, int]) -> tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, torch.Tensor]]:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
-            logits = self._forward(shape)
+            outputs = self._forward(shape)
         self.pool = self.pool or graph.pool()
-        return graph, logits
+        return graph, outputs
 
     def shape_for(self, out: SchedulerOutput) -> tuple[int, int] | None:
         if any(len(s.seq.block_table) > self.max_blocks for s in out.scheduled):
@@ -222,11 +228,12 @@ class StepGraphs:
         num_tokens = sum(s.num_query_tokens for s in out.scheduled)
         return pick_shape(self.shapes, len(out.scheduled), num_tokens)
 
-    def run(self, inputs: StepInputs, shape: tuple[int, int]) -> torch.Tensor:
-        """Replay the bucket's graph on the step's inputs (copied into the static buffers unless staged there);
-        [num_sampling, vocab] logits, the rows of `inputs.logits_indices` (as an eager step computes them)."""
+    def run(self, inputs: StepInputs, shape: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Replay the bucket's graph on the step's inputs (staged in the static buffers): [num_sampling, vocab]
+        logits, the rows of `inputs.logits_indices` (as an eager step computes them), and their argmax
+        [num_sampling]. NOTE: both are the graph's own outputs, overwritten by its next replay."""
+        assert inputs.is_staged, "a graph reads its static buffers: stage the step (or advance it) there"
         num_sampling = inputs.logits_indices.shape[0]
-        if not inputs.is_staged:
-            self.static.copy_advanced(inputs)
         self.graphs[shape].replay()
-        return self.logits[shape][:num_sampling]
+        logits, greedy = self.outputs[shape]
+        return logits[:num_sampling], greedy[:num_sampling]

@@ -353,38 +353,47 @@ class ModelRunner:
     def _run_steps(self, out: SchedulerOutput, inputs: StepInputs, shape, batch, sampled) -> InFlight:
         """The step, or each step of the burst, on the device; `sampled`: the tokens the first step feeds back
         (a continuation), or None (its inputs are prepared)."""
-        steps = []  # [num_steps] of (num_sampling,) token ids on the device
+        tokens = torch.empty(len(batch.request_ids), out.num_steps, dtype=torch.long, device=self.device)
         for step in range(out.num_steps):
-            if step or sampled is not None:
-                inputs = advance_decode_inputs(inputs, steps[-1] if step else sampled, self.block_size)
-            logits = self._logits(inputs, shape)
-            steps.append(self.sampler(logits, batch))
+            fed_back = tokens[:, step - 1] if step else sampled
+            if fed_back is not None:
+                inputs = self._advance(inputs, fed_back, shape)
+            logits, greedy = self._logits(inputs, shape)
+            tokens[:, step] = self.sampler(logits, batch, greedy)  # NOTE: a graph's outputs live until its next replay
         self._save_states(out)
-        tokens = torch.stack(steps, dim=1)  # (num_sampling, num_steps)
+        sampled = tokens[:, -1]  # (num_sampling,): what a continuation feeds back
         ready = None
         if tokens.is_cuda:  # NOTE: copied to pinned memory now, so that `wait` waits for this step alone, not for
             tokens = tokens.to("cpu", non_blocking=True)  # a continuation queued behind it
             ready = torch.cuda.Event()
             ready.record()
         table_lens = [len(s.seq.block_table) for s in out.scheduled]
-        return InFlight(out, tokens, ready, inputs, steps[-1], batch, shape, table_lens)
+        return InFlight(out, tokens, ready, inputs, sampled, batch, shape, table_lens)
 
     def _save_states(self, out: SchedulerOutput) -> None:
         if self.state_tensors is not None:
             self.state_tensors.after_forward(out.state_ops)
 
-    def _logits(self, inputs: StepInputs, shape: tuple[int, int] | None) -> torch.Tensor:
-        """[num_sampling, vocab]: eagerly, or by replaying the graph of `shape` (a bucket, or None)."""
+    def _advance(self, inputs: StepInputs, sampled: torch.Tensor, shape: tuple[int, int] | None) -> StepInputs:
+        """The next decode step of a burst, fed `sampled`: in the graph's buffers where `inputs` are staged there."""
+        if shape is None:
+            return advance_decode_inputs(inputs, sampled, self.block_size)
+        self.graphs.static.advance(inputs, sampled)
+        return inputs
+
+    def _logits(self, inputs: StepInputs, shape: tuple[int, int] | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """[num_sampling, vocab] in the model's dtype, and their greedy tokens where a graph computed them (else
+        None): eagerly, or by replaying the graph of `shape` (a bucket, or None)."""
         if shape is not None:
             return self.graphs.run(inputs, shape)
         hidden = self.model(inputs.input_ids, inputs.meta, self.kv_cache)
-        return self.model.compute_logits(hidden[inputs.logits_indices])
+        return self.model.compute_logits(hidden[inputs.logits_indices]), None
 
     @torch.inference_mode()
     def prompt_logits(self, out: SchedulerOutput) -> torch.Tensor:
-        """Logits of every query token of one step (tests compare them with transformers)."""
+        """float32 logits of every query token of one step (tests compare them with transformers)."""
         self.copy_blocks(out.copies)
         inputs = self.prepare(out)
         logits = self.model.compute_logits(self.model(inputs.input_ids, inputs.meta, self.kv_cache))
         self._save_states(out)
-        return logits
+        return logits.float()

@@ -93,12 +93,16 @@ class Sampler:
                 noise[row].exponential_(generator=gen)
         return noise
 
-    def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-        """logits [N, V] float32 -> token ids [N] (on the device)."""
-        greedy_tokens = argmax_rows(logits)
+    def __call__(
+        self, logits: torch.Tensor, batch: SamplingBatch, greedy_tokens: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """logits [N, V] (any float dtype; sampling runs in float32) -> token ids [N] (on the device).
+        `greedy_tokens` [N]: their argmax where the caller has it (a CUDA graph computes it with the logits)."""
+        if greedy_tokens is None:
+            greedy_tokens = argmax_rows(logits)
         if batch.is_all_greedy:
             return greedy_tokens
-        logits = logits / batch.temperature[:, None]
+        logits = logits.float() / batch.temperature[:, None]
         if batch.top_k is not None:
             logits = apply_top_k_top_p(logits, batch.top_k, batch.top_p)
         probs = logits.softmax(dim=-1)

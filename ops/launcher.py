@@ -156,6 +156,7 @@ def rope_paged_attention(
     scale: float,
     impl: str = "auto",
     check: bool = True,
+    num_decode_seqs: int = 0,
 ) -> torch.Tensor:
     """Paged attention over a block-table KV cache, with RoPE applied to keys at read time.
 
@@ -173,6 +174,9 @@ def rope_paged_attention(
         scale: softmax scale, normally ``head_dim ** -0.5``.
         impl: ``"triton"``, ``"torch"``, ``"ref"`` or ``"auto"`` (Triton on CUDA, torch otherwise).
         check: validate arguments (value checks sync the GPU); ``False`` skips every check.
+        num_decode_seqs: a hint, how many sequences at the start of the batch have one query token each (0:
+            unknown). The Triton path then reads them in a decode launch of their own where the batch would
+            otherwise take a prefill path that copies every sequence's keys (a mixed step's decodes).
 
     Returns:
         ``[num_tokens, num_heads, head_dim]`` in ``q``'s dtype (softmax and accumulation in float32).
@@ -193,6 +197,10 @@ def rope_paged_attention(
         raise ValueError(f"impl: must be one of {IMPLS}, got {impl!r}")
     if check:
         validate(*args)
+    if not 0 <= num_decode_seqs <= block_tables.shape[0]:
+        raise ValueError(f"num_decode_seqs: must lie in [0, num_seqs = {block_tables.shape[0]}], got {num_decode_seqs}")
+    if check and num_decode_seqs and int(cu_seqlens_q[num_decode_seqs]) != num_decode_seqs:
+        _fail("num_decode_seqs", f"the first {num_decode_seqs} sequences must have one query token each")
     if impl == "auto":
         impl = "triton" if q.is_cuda else "torch"
     if impl == "torch":
@@ -205,4 +213,4 @@ def rope_paged_attention(
         from ops.triton_kernel import check_triton_support
 
         check_triton_support(q, k_cache, cos_sin)
-    return rope_paged_attention_triton(*args)
+    return rope_paged_attention_triton(*args, num_decode_seqs=num_decode_seqs)

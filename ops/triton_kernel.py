@@ -939,6 +939,27 @@ def identity_tables(num_seqs: int, max_blocks: int, device: torch.device) -> tor
     return torch.arange(num_seqs * max_blocks, device=device, dtype=torch.int32).view(num_seqs, max_blocks)
 
 
+def is_split_worth_it(num_tokens: int, num_seqs: int, group: int, num_decode_seqs: int) -> bool:
+    """A batch whose first `num_decode_seqs` sequences decode and whose rest would make it prefill-like: read as
+    one, it would copy every sequence's keys (pre-rotation or the dense path's gather), the decodes' long
+    contexts too, to read each of them with one query row."""
+    rows_per_seq = math.ceil(num_tokens / num_seqs) * group
+    return 0 < num_decode_seqs < num_seqs and rows_per_seq > SHORT_PREFILL_ROWS
+
+
+def _launch_split(q, k_cache, v_cache, block_tables, cu_seqlens_q, q_positions, kv_lens, visible_start, cos_sin,
+                  scale, out, num_decode_seqs: int) -> torch.Tensor:  # fmt: skip
+    """The decodes (one query token each, first) as a decode launch, the rest as a prefill launch, into one output."""
+    out = torch.empty_like(q) if out is None else out
+    n = num_decode_seqs  # NOTE: as many tokens as sequences
+    caches = (k_cache, v_cache)
+    rope_paged_attention_triton(q[:n], *caches, block_tables[:n], cu_seqlens_q[: n + 1], q_positions[:n], kv_lens[:n],
+                                visible_start[:n], cos_sin, scale, out=out[:n])  # fmt: skip
+    rope_paged_attention_triton(q[n:], *caches, block_tables[n:], cu_seqlens_q[n:] - n, q_positions[n:], kv_lens[n:],
+                                visible_start[n:], cos_sin, scale, out=out[n:])  # fmt: skip
+    return out
+
+
 def _launch_dense(q, k_cache, v_cache, block_tables, cu_seqlens_q, q_positions, kv_lens, visible_start, cos_sin,
                   scale, cfg, out) -> None:  # fmt: skip
     """Gather K (rotated) and V into contiguous scratch, then one tensor-descriptor attention launch."""
@@ -979,6 +1000,7 @@ def rope_paged_attention_triton(
     scale: float,
     config: dict | None = None,
     out: torch.Tensor | None = None,
+    num_decode_seqs: int = 0,
 ) -> torch.Tensor:
     """Launch the kernel (arguments as ``ops.rope_paged_attention``).
 
@@ -989,6 +1011,9 @@ def rope_paged_attention_triton(
     num_blocks, block_size, num_kv_heads, _ = k_cache.shape
     num_seqs = block_tables.shape[0]
     group = num_heads // num_kv_heads
+    if config is None and is_split_worth_it(num_tokens, num_seqs, group, num_decode_seqs):
+        return _launch_split(q, k_cache, v_cache, block_tables, cu_seqlens_q, q_positions, kv_lens, visible_start,
+                             cos_sin, scale, out, num_decode_seqs)  # fmt: skip
     cfg = config_for_args(q, k_cache, block_tables, cos_sin)
     cfg.update(config or {})
     block_m, num_splits = cfg["BLOCK_M"], cfg["NUM_SPLITS"]

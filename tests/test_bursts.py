@@ -43,6 +43,31 @@ def test_advance_decode_inputs_feeds_back_tokens_at_the_next_slot():
     assert nxt.meta.visible_start.tolist() == [4, 0] and nxt.logits_indices.tolist() == [0, 1]
 
 
+def test_the_advance_kernel_writes_what_advance_decode_inputs_builds():
+    """The graphs' one-launch advance (Triton, interpreted here) against the torch reference, in place on buffers
+    shaped as a graph's: 300 sequences (three programs), tokens fed back from a burst's column (strided)."""
+    from minipic_lite.advance_kernel import advance_decode_in_place
+
+    gen = torch.Generator().manual_seed(0)
+    num_seqs, block_size, width = 300, 4, 9
+    kv_lens = torch.randint(1, block_size * (width - 1), (num_seqs,), generator=gen, dtype=torch.int32)
+    positions = kv_lens.long() - 1
+    tables = torch.randint(0, 1000, (num_seqs, width), generator=gen, dtype=torch.int32)
+    slots = tables.gather(1, (positions // block_size)[:, None]).squeeze(1).long() * block_size + positions % block_size
+    meta = StepMetadata(slots, tables, torch.arange(num_seqs + 1, dtype=torch.int32), positions, kv_lens,
+                        torch.zeros(num_seqs, dtype=torch.int32))  # fmt: skip
+    inputs = StepInputs(torch.randint(0, 50, (num_seqs,), generator=gen), meta, torch.arange(num_seqs))
+    burst = torch.randint(0, 50, (num_seqs, 3), generator=gen)  # (num_seqs, num_steps): feed back column 1
+    expected = advance_decode_inputs(inputs, burst[:, 1], block_size)
+    buffers = [t.clone() for t in (inputs.input_ids, positions, slots, kv_lens, tables)]
+    advance_decode_in_place(burst[:, 1], *buffers, block_size)
+    input_ids, positions_after, slots_after, kv_lens_after, tables_after = buffers
+    assert torch.equal(input_ids, expected.input_ids) and torch.equal(positions_after, expected.meta.positions)
+    assert torch.equal(slots_after, expected.meta.slot_mapping) and torch.equal(kv_lens_after, expected.meta.kv_lens)
+    assert torch.equal(tables_after, tables), "the tables are read, not written"
+    assert (positions_after % block_size == 0).any(), "some sequence crossed into its next block"
+
+
 def test_bursts_give_the_same_outputs_as_single_steps(llm, burst_llm):
     prompts = ["1, 2, 3, 4, 5, 6,", "The capital of France is", "def fibonacci(n):", "Once upon a time"]
     base = llm.generate(prompts[0], mp.SamplingParams(max_tokens=12, temperature=0.0), use_tqdm=False)[0]

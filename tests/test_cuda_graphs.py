@@ -115,7 +115,8 @@ class EagerReplay:
         self.graphs, self.shape = graphs, shape
 
     def replay(self):
-        self.graphs.logits[self.shape].copy_(self.graphs._forward(self.shape))
+        for static, fresh in zip(self.graphs.outputs[self.shape], self.graphs._forward(self.shape), strict=True):
+            static.copy_(fresh)
 
 
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "greedy-and-sampled"])
@@ -123,7 +124,7 @@ class EagerReplay:
 def test_the_graph_path_gives_the_eager_tokens_for_prefill_mixed_and_decode_steps(
     tiny_dir, monkeypatch, num_scheduler_steps, sampled
 ):
-    """Bursts: a burst's first step is staged on the host, its later ones are built on the device and copied in.
+    """Bursts: a burst's first step is staged on the host, its later ones are advanced in the buffers on the device.
     Sampled requests (seeded, every other one) draw the same tokens as in the eager engine, beside greedy ones."""
     monkeypatch.setattr(StepGraphs, "_capture", lambda self, shape: (EagerReplay(self, shape), self._forward(shape)))
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
@@ -165,9 +166,10 @@ def test_the_graph_path_gives_the_eager_tokens_for_prefill_mixed_and_decode_step
     graphed, eager = mp.LLM(str(tiny_dir), **kwargs), mp.LLM(str(tiny_dir), **kwargs)
     runner = graphed.engine.runner
     runner.graphs = graphed._loop.call(lambda engine: StepGraphs(engine.runner, SHAPES_4))
-    replayed = []
-    run = runner.graphs.run
-    runner.graphs.run = lambda inputs, shape: (replayed.append((shape, inputs.is_staged)), run(inputs, shape))[1]
+    replayed, advanced = [], []
+    run, advance = runner.graphs.run, runner.graphs.static.advance
+    runner.graphs.run = lambda inputs, shape: (replayed.append(shape), run(inputs, shape))[1]
+    runner.graphs.static.advance = lambda inputs, sampled: (advanced.append(shape_of(inputs)), advance(inputs, sampled))
     gen = torch.Generator().manual_seed(3)
     bases = [torch.randint(6, 64, (n,), generator=gen).tolist() for n in (9, 14, 21, 30, 7, 17)]
     follow_ups = [b + torch.randint(6, 64, (2 + i,), generator=gen).tolist() for i, b in enumerate(bases)]
@@ -183,15 +185,18 @@ def test_the_graph_path_gives_the_eager_tokens_for_prefill_mixed_and_decode_step
             argmax = eager.generate(prompts[1::2], greedy[1::2], use_tqdm=False)
             assert [o.token_ids for o in outs[1::2]] != [o.token_ids for o in argmax]
     assert all(o.num_cached_tokens > 0 for o in outs)
-    shapes = {shape for shape, _ in replayed}
-    copied_in = [shape for shape, is_staged in replayed if not is_staged]
-    assert (copied_in != []) == (num_scheduler_steps > 1), "only a burst's later steps are copied in on the device"
-    assert all(s[0] == s[1] for s in copied_in), "... and they are decode steps"
+    shapes = set(replayed)
+    assert (advanced != []) == (num_scheduler_steps > 1), "only a burst's later steps are advanced on the device"
+    assert all(seqs == tokens for seqs, tokens in advanced), "... and they are decode steps"
     assert {(1, 1), (2, 2), (4, 4)} & shapes, "decode buckets"
     assert {s for s in shapes if s[0] < s[1]}, "prefill buckets"
     assert any(s[0] == 5 for s in shapes), "a full batch with a prefill (max_num_seqs + 1)"
     assert any(len(lens) > 1 for lens in paddings), "several padding sequences"
     graphed.engine.kv.check_integrity()
+
+
+def shape_of(inputs) -> tuple[int, int]:
+    return inputs.meta.kv_lens.shape[0], inputs.input_ids.shape[0]
 
 
 SHAPES_4 = graph_shapes((1, 2, 4), max_num_seqs=4, token_sizes=(8, 16, 32, 64), max_tokens_per_seq=16)

@@ -264,3 +264,22 @@ def test_argmax_rows_on_cuda_takes_the_first_maximum_as_torch_argmax_does():
     logits[4] = logits[4].round()
     assert torch.equal(argmax_rows(logits), logits.argmax(dim=-1))
     assert torch.equal(argmax_rows(logits.bfloat16()), logits.bfloat16().argmax(dim=-1))
+
+
+@pytest.mark.parametrize("position_free", [True, False], ids=["rope", "stored"])
+def test_a_mixed_steps_decodes_read_apart_from_its_dense_prefill_match_the_reference(position_free):
+    """The op's decode hint on the H200's paths: 24 decodes over 300-2,000 keys (a split decode launch), then two
+    prefill chunks over cached keys (the dense launch), bf16, the 8B model's heads; against the float32 reference."""
+    from ops import rope_paged_attention, rope_paged_attention_ref
+    from ops.testing import SeqSpec, assert_close, make_problem
+    from ops.triton_kernel import is_split_worth_it
+
+    seqs = [SeqSpec.decode(300 + 71 * i) for i in range(24)]
+    seqs += [SeqSpec(1500, ((900, 1500),)), SeqSpec(700, ((0, 700),), ((64, 320),))]
+    problem = make_problem(seqs, 32, 8, 128, 16, torch.bfloat16, None, position_free, seed=3, device="cuda")
+    args = problem.args()
+    assert is_split_worth_it(args[0].shape[0], len(seqs), 4, 24)
+    expected = rope_paged_attention_ref(*args)
+    for hint in (24, 0):
+        actual = rope_paged_attention(*args, num_decode_seqs=hint)
+        assert_close(actual, expected, atol=3e-2, rtol=3e-2, what=f"hint {hint}")

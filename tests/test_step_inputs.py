@@ -7,7 +7,7 @@ import random
 
 import torch
 
-from minipic_lite.models.step import HostStep, StepMetadata, host_tensor
+from minipic_lite.models.step import HostStep, StepMetadata, host_tensor, leading_decodes
 
 
 def slots_by_token(block_table: list[int], ranges, block_size: int) -> list[int]:
@@ -39,8 +39,14 @@ def test_step_tensors_hold_the_host_lists():
     assert meta.block_tables.tolist() == [[5, 2], [9, 0]] and meta.block_tables.dtype == torch.int32
     assert meta.cu_seqlens_q.tolist() == [0, 4, 5] and meta.positions.tolist() == [0, 1, 3, 4, 0]
     assert meta.visible_start.tolist() == [0, 0, 1, 3, 0] and meta.kv_lens.tolist() == [5, 1]
+    assert meta.num_decode_seqs == 0, "the decode comes after the prefill: no leading decodes"
     assert host_tensor([], torch.long).shape == (0,)
     assert host_tensor([2**40, -3], torch.long).tolist() == [2**40, -3]
+
+
+def test_leading_decodes_counts_the_one_token_sequences_at_the_start():
+    assert leading_decodes([0, 1, 2, 3, 20, 21]) == 3  # the decode after the prefill does not count
+    assert leading_decodes([0, 1, 2]) == 2 and leading_decodes([0, 5, 6]) == 0 and leading_decodes([0]) == 0
 
 
 # -- the host tier's copies, batched by runs (ModelRunner.copy_blocks) --------------------------------------------

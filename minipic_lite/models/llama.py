@@ -127,7 +127,7 @@ def paged_attention(q, meta: StepMetadata, k_cache, v_cache, cos_sin, scale: flo
     """The op over the paged cache; `cos_sin` None: the keys are stored rotated (the vanilla mode)."""
     return rope_paged_attention(
         q, k_cache, v_cache, meta.block_tables, meta.cu_seqlens_q, meta.positions, meta.kv_lens,
-        meta.visible_start, cos_sin, scale, check=False,
+        meta.visible_start, cos_sin, scale, check=False, num_decode_seqs=meta.num_decode_seqs,
     )  # (T, H, D)  # fmt: skip
 
 
@@ -222,7 +222,9 @@ class CausalLM(nn.Module):
             self.matmul_route.packed = meta.use_packed_weights  # the step contract picks the matmul route
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden).float()  # (N, vocab)
+        """(N, vocab) in the model's dtype: greedy decoding takes their argmax as they are (a float32 copy of a
+        64-row bf16 step's logits cost 22 µs of its 6.5 ms on the H200); the sampler upcasts where it samples."""
+        return self.lm_head(hidden)
 
 
 class LlamaForCausalLM(CausalLM):

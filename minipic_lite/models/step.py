@@ -110,6 +110,14 @@ class RecurrentStep:
         return cls.build(list(range(num_seqs)), cu, conv, ssm)
 
 
+def leading_decodes(cu_seqlens_q: list[int]) -> int:
+    """How many sequences at the start of a step have one query token each."""
+    num_seqs = 0
+    while num_seqs + 1 < len(cu_seqlens_q) and cu_seqlens_q[num_seqs + 1] - cu_seqlens_q[num_seqs] == 1:
+        num_seqs += 1
+    return num_seqs
+
+
 @dataclass(slots=True)
 class StepMetadata:
     """Per-step tensors on the device; shapes in the op's contract (ops/README.md)."""
@@ -126,6 +134,9 @@ class StepMetadata:
     decode_mirror: MirrorStep | None = None
     # hybrid models: the state slots of the step's sequences (models/qwen3_5.py)
     recurrent: RecurrentStep | None = None
+    # the leading sequences with one query token each (decodes), which the op may read in a launch of their own
+    # (`rope_paged_attention`'s hint); 0 in a CUDA graph's metadata, whose mix of steps varies per replay
+    num_decode_seqs: int = 0
 
     @staticmethod
     def table_tensor(block_tables: list[list[int]]) -> torch.Tensor:
@@ -149,6 +160,7 @@ class StepMetadata:
             positions=put(host.positions, torch.long),
             kv_lens=put(host.kv_lens, torch.int32),
             visible_start=put(host.visible_start, torch.int32),
+            num_decode_seqs=leading_decodes(host.cu_seqlens_q),
         )
 
     @classmethod

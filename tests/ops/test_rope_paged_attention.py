@@ -138,6 +138,32 @@ def test_triton_matches_reference(case):
     check_against_ref(problem, "triton", case_id(case), config=config)
 
 
+@pytest.mark.parametrize("position_free", [True, False], ids=["rope", "stored"])
+def test_triton_reads_a_mixed_steps_leading_decodes_in_a_launch_of_their_own(monkeypatch, position_free):
+    """Decodes first, then a prefill that makes the batch prefill-like (39 query tokens a sequence x 4 heads > 128
+    rows): with the hint the decodes take a decode launch and the prefill its own, into one output that matches
+    the reference; without it, one launch."""
+    from ops import triton_kernel
+
+    seqs = [SeqSpec.decode(40), SeqSpec.decode(1), SeqSpec.decode(100), SeqSpec(170, ((20, 170),), ((40, 90),))]
+    problem = make_problem(seqs, 8, 2, 64, 16, torch.float32, None, position_free, seed=5)
+    launches = []
+    kernel = triton_kernel.rope_paged_attention_triton
+
+    def recorded(q, *args, **kwargs):
+        launches.append((q.shape[0], args[2].shape[0]))  # (tokens, sequences)
+        return kernel(q, *args, **kwargs)
+
+    monkeypatch.setattr(triton_kernel, "rope_paged_attention_triton", recorded)
+    check_against_ref(problem, "triton", "split", num_decode_seqs=3)
+    assert launches == [(153, 4), (3, 3), (150, 1)]
+    launches.clear()
+    check_against_ref(problem, "triton", "unsplit", num_decode_seqs=0)
+    assert launches == [(153, 4)]
+    assert triton_kernel.is_split_worth_it(153, 4, 4, 3) and not triton_kernel.is_split_worth_it(153, 4, 4, 4)
+    assert not triton_kernel.is_split_worth_it(20, 4, 4, 3), "a short batch reads as one (decode-like configs)"
+
+
 def test_triton_runs_in_the_interpreter():
     """The CPU tests must exercise the real kernel, not silently skip it."""
     from triton.runtime.interpreter import InterpretedFunction
@@ -363,6 +389,12 @@ def test_launcher_rejects(valid_args, bad):
     name, change = BAD_ARGS[bad]
     with pytest.raises(ValueError, match=rf"^{name}\b"):
         rope_paged_attention(**change(valid_args))
+
+
+@pytest.mark.parametrize("num_decode_seqs", [-1, 1, 5], ids=["negative", "not-a-decode", "past-the-batch"])
+def test_launcher_rejects_a_wrong_decode_hint(valid_args, num_decode_seqs):
+    with pytest.raises(ValueError, match="^num_decode_seqs"):  # NOTE: "mixed" starts with a 31-token sequence
+        rope_paged_attention(**valid_args, num_decode_seqs=num_decode_seqs)
 
 
 def test_launcher_rejects_unknown_impl(valid_args):
