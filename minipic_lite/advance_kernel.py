@@ -15,7 +15,13 @@ import triton.language as tl
 SEQS_PER_PROGRAM = 128
 
 
-@triton.jit
+POINTERS = ["sampled_ptr", "input_ids_ptr", "positions_ptr", "slot_mapping_ptr", "kv_lens_ptr", "block_tables_ptr"]
+
+
+# NOTE: one compiled kernel for every launch: Triton would otherwise specialize on each int's value (== 1, a
+# multiple of 16) and each pointer's 16-byte alignment, and a burst's token columns differ in both (tokens[:, step]
+# of a (seqs, steps) tensor): on the H200 a run of 16-step bursts compiled a variant in the middle of serving.
+@triton.jit(do_not_specialize=["num_seqs", "stride_sampled", "stride_table"], do_not_specialize_on_alignment=POINTERS)
 def _advance_decode_kernel(
     sampled_ptr,  # [num_seqs] int64: the token each sequence sampled (any stride)
     input_ids_ptr,  # [num_seqs] int64: the next step's one token per sequence

@@ -147,6 +147,15 @@ class StaticInputs:
         if self.copied is not None:
             self.copied.record(self.stream)
 
+    def warm_up_advance(self) -> None:
+        """Compile `advance`'s kernel now (its one variant), not at the second step of the first burst."""
+        from minipic_lite.advance_kernel import advance_decode_in_place
+
+        device = self.device64.device
+        long, int32 = (torch.zeros(1, dtype=t, device=device) for t in (torch.long, torch.int32))
+        tables = torch.zeros(1, 2, dtype=torch.int32, device=device)  # NOTE: position 1 lies in block 0 or 1
+        advance_decode_in_place(long, long.clone(), long.clone(), long.clone(), int32, tables, self.block_size)
+
     def meta(self, num_seqs: int, num_tokens: int) -> StepMetadata:
         """The buffers' first `num_seqs` sequences and `num_tokens` tokens, as a step's metadata (views)."""
         return StepMetadata(
@@ -213,6 +222,7 @@ class StepGraphs:
             self.static.set_padding(0, 0, shape)
             self._forward(shape)  # warm-up (Triton autotune, JIT)
             self.graphs[shape], self.outputs[shape] = self._capture(shape)
+        self.static.warm_up_advance()
         torch.cuda.synchronize()
 
     def _capture(self, shape: tuple[int, int]) -> tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, torch.Tensor]]:

@@ -153,7 +153,7 @@ def test_the_graph_path_gives_the_eager_tokens_for_prefill_mixed_and_decode_step
     # NOTE: the op checks its arguments here (the engine passes check=False): the CPU path reads kv_lens only to size
     # its gather, so a burst step that kept the last step's kv_lens gave the same tokens; the contract rejects it.
     op = llama.rope_paged_attention
-    monkeypatch.setattr(llama, "rope_paged_attention", lambda *args, check: op(*args, check=True))
+    monkeypatch.setattr(llama, "rope_paged_attention", lambda *args, check, **hints: op(*args, check=True, **hints))
     kwargs = dict(
         max_model_len=256,
         max_num_seqs=4,
