@@ -77,3 +77,33 @@ def test_batched_host_copies_keep_the_order_of_a_step():
     assert torch.equal(runner.kv_cache[:, :, 4], kv[:, :, 1])  # loaded what the first eviction wrote to slot 0
     assert torch.equal(runner.kv_cache[:, :, 5], host[2])  # read slot 2 before block 4's eviction overwrote it
     assert torch.equal(runner.kv_cache[:, :, 0], kv[:, :, 1])  # slot 2 after it: block 4's, which held block 1's
+
+
+def test_a_mixed_steps_decodes_lead_so_the_op_gets_them_as_its_hint(tmp_path, monkeypatch):
+    """The scheduler puts running decodes before a newly admitted prompt, and the engine passes how many lead to the
+    op (`num_decode_seqs`): if the order changed, the hint would silently stop splitting mixed steps on the GPU."""
+    import minipic_lite as mp
+    from minipic_lite.models import llama
+    from tests.conftest import save_tiny_llama
+
+    llm = mp.LLM(str(save_tiny_llama(tmp_path / "tiny", vocab_size=64)), device="cpu", dtype="float32",
+                 max_model_len=256, num_blocks=64, block_size=4, cpu_decode_mirror=False)  # fmt: skip
+    hints, op = [], llama.rope_paged_attention
+
+    def recorded(*args, **kwargs):
+        hints.append((args[3].shape[0], kwargs["num_decode_seqs"]))  # (sequences, the hint)
+        return op(*args, **kwargs)
+
+    monkeypatch.setattr(llama, "rope_paged_attention", recorded)
+    params = mp.SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+
+    def scenario(engine) -> list:  # NOTE: on the loop thread, in one call: the loop steps nothing in between
+        for prompt in ([5, 6, 7, 8, 9], [10, 11, 12]):
+            engine.add(engine.make_request(prompt, params))
+        engine.step()  # both prompts prefill
+        engine.add(engine.make_request(list(range(13, 53)), params))
+        hints.clear()
+        engine.step()  # the two decode, the new prompt prefills after them
+        return list(hints)
+
+    assert set(llm._loop.call(scenario)) == {(3, 2)}
