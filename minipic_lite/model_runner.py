@@ -361,14 +361,14 @@ class ModelRunner:
             logits, greedy = self._logits(inputs, shape)
             tokens[:, step] = self.sampler(logits, batch, greedy)  # NOTE: a graph's outputs live until its next replay
         self._save_states(out)
-        sampled = tokens[:, -1]  # (num_sampling,): what a continuation feeds back
+        last_sampled = tokens[:, -1]  # (num_sampling,): what a continuation feeds back
         ready = None
         if tokens.is_cuda:  # NOTE: copied to pinned memory now, so that `wait` waits for this step alone, not for
             tokens = tokens.to("cpu", non_blocking=True)  # a continuation queued behind it
             ready = torch.cuda.Event()
             ready.record()
         table_lens = [len(s.seq.block_table) for s in out.scheduled]
-        return InFlight(out, tokens, ready, inputs, sampled, batch, shape, table_lens)
+        return InFlight(out, tokens, ready, inputs, last_sampled, batch, shape, table_lens)
 
     def _save_states(self, out: SchedulerOutput) -> None:
         if self.state_tensors is not None:

@@ -126,6 +126,13 @@ def _check_values(k_cache, block_tables, cu_seqlens_q, q_positions, kv_lens, vis
         _fail("cos_sin", f"has {cos_sin.shape[0]} rows, but keys reach position {int(lens.max()) - 1}")
 
 
+def _check_decode_hint(num_decode_seqs: int, cu_seqlens_q: torch.Tensor, num_seqs: int) -> None:
+    if not 0 <= num_decode_seqs <= num_seqs:
+        _fail("num_decode_seqs", f"must lie in [0, num_seqs = {num_seqs}], got {num_decode_seqs}")
+    if num_decode_seqs and int(cu_seqlens_q[num_decode_seqs]) != num_decode_seqs:
+        _fail("num_decode_seqs", f"the first {num_decode_seqs} sequences must have one query token each")
+
+
 def validate(q, k_cache, v_cache, block_tables, cu_seqlens_q, q_positions, kv_lens, visible_start, cos_sin, scale):
     """All launcher checks; raises ``ValueError`` naming the offending argument."""
     _check_shapes(q, k_cache, v_cache, block_tables, cu_seqlens_q, q_positions, kv_lens, visible_start, cos_sin)
@@ -197,10 +204,8 @@ def rope_paged_attention(
         raise ValueError(f"impl: must be one of {IMPLS}, got {impl!r}")
     if check:
         validate(*args)
-    if not 0 <= num_decode_seqs <= block_tables.shape[0]:
-        raise ValueError(f"num_decode_seqs: must lie in [0, num_seqs = {block_tables.shape[0]}], got {num_decode_seqs}")
-    if check and num_decode_seqs and int(cu_seqlens_q[num_decode_seqs]) != num_decode_seqs:
-        _fail("num_decode_seqs", f"the first {num_decode_seqs} sequences must have one query token each")
+    if check:
+        _check_decode_hint(num_decode_seqs, cu_seqlens_q, block_tables.shape[0])
     if impl == "auto":
         impl = "triton" if q.is_cuda else "torch"
     if impl == "torch":

@@ -680,6 +680,11 @@ def _next_pow2(x: int) -> int:
 SHARED_MEMORY_BUDGET = 160 * 1024  # bytes of tiles per program (H100/H200: 227 KB per block at most)
 
 
+def rows_per_sequence(num_tokens: int, num_seqs: int, group: int) -> int:
+    """Query rows (tokens x the GQA group) a sequence of the batch holds on average, rounded up: what picks a path."""
+    return math.ceil(num_tokens / num_seqs) * group
+
+
 def pick_config(
     num_tokens: int,
     num_seqs: int,
@@ -704,7 +709,7 @@ def pick_config(
     path: keys (rotated) and values gathered into contiguous scratch, read by tensor-descriptor (TMA) loads.
     ``table_elem_size`` is the cos/sin table's element size (the engine passes it in the model dtype).
     """
-    rows_per_seq = math.ceil(num_tokens / num_seqs) * group
+    rows_per_seq = rows_per_sequence(num_tokens, num_seqs, group)
     is_cuda = device.type == "cuda"
     short = 16 < rows_per_seq <= SHORT_PREFILL_ROWS and is_cuda
     dense = rows_per_seq > SHORT_PREFILL_ROWS and elem_size == 2 and is_cuda and _has_tma(device.index or 0)
@@ -943,8 +948,7 @@ def is_split_worth_it(num_tokens: int, num_seqs: int, group: int, num_decode_seq
     """A batch whose first `num_decode_seqs` sequences decode and whose rest would make it prefill-like: read as
     one, it would copy every sequence's keys (pre-rotation or the dense path's gather), the decodes' long
     contexts too, to read each of them with one query row."""
-    rows_per_seq = math.ceil(num_tokens / num_seqs) * group
-    return 0 < num_decode_seqs < num_seqs and rows_per_seq > SHORT_PREFILL_ROWS
+    return 0 < num_decode_seqs < num_seqs and rows_per_sequence(num_tokens, num_seqs, group) > SHORT_PREFILL_ROWS
 
 
 def _launch_split(q, k_cache, v_cache, block_tables, cu_seqlens_q, q_positions, kv_lens, visible_start, cos_sin,
