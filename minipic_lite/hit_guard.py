@@ -32,9 +32,9 @@ class HitGuard:
         self.block_ids: dict[int, None] = {}  # hits of the walked prompts, the head's first
         self.has_refused = False  # a span prefill was refused: the later ones wait too (spans start in queue order)
 
-    def lets(self, req: Request, unit: Request) -> bool:
-        """Whether span prefill `unit` of waiting prompt `req` may take its blocks now."""
-        pool, num_blocks = self.kv.pool, self.kv.num_fresh_blocks(unit)
+    def lets(self, req: Request, num_blocks: int) -> bool:
+        """Whether a span prefill of waiting prompt `req` may take `num_blocks` fresh blocks now."""
+        pool = self.kv.pool
         victims = pool.evicted_by_next(num_blocks)
         if not victims:
             return True  # NOTE: evicts nothing (a roomy cache): nothing walked, the queue's order untouched

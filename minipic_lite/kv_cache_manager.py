@@ -161,11 +161,6 @@ class KVCacheManager:
         num_held = kinds.count(PENDING) + kinds.count(HIT) - self.pool.num_free_among(hit_ids)
         return req.num_blocks_for(len(req.token_ids)) - num_held
 
-    def num_fresh_blocks(self, req: Request) -> int:
-        """Blocks that admitting `req` now would allocate: all of its prompt's blocks but hits and pending ones."""
-        kinds = self.match(req)
-        return req.num_blocks_for(len(req.token_ids)) - kinds.count(HIT) - kinds.count(PENDING)
-
     def allocate_prompt(self, req: Request) -> bool:
         """Give every block of the prompt (see the module doc). False, with nothing taken, if blocks are short."""
         kinds, found = self._match(req)

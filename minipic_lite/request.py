@@ -40,7 +40,7 @@ class Request:
     prompt: str | None = None  # the prompt's text, where there is one
     span_labels: tuple[str | None, ...] = ()  # names of the layout's segments in the cache report
     stream: bool = False  # True: an output after every step, with the text so far
-    is_span_prefill: bool = False  # an SSEP span of another request's prompt, computed ahead (ISPS); no output
+    is_span_prefill: bool = False  # SSEP spans of another request's prompt, computed ahead (ISPS); no output
     started_spans: set[int] = field(default_factory=set)  # segments whose span prefill was started (scheduler.py)
     hash_memo: SpanHashMemo | None = field(default=None, repr=False)  # the engine's memo of span hashes
     # the prompt in hashing.token_bytes form where validation packed it already: hashed from, then dropped
@@ -74,6 +74,7 @@ class Request:
     _prompt_token_ids: list[int] | None = field(default=None, init=False, repr=False)  # prompt_token_ids, once made
     visible_start: list[int] | None = field(init=False, repr=False)  # per token; None: all 0
     _hash_state: HashState | None = field(default=None, init=False, repr=False)
+    _span_segments: tuple[Segment, ...] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self):
         self.num_prompt_tokens = len(self.token_ids)
@@ -138,23 +139,36 @@ class Request:
         self.status = RequestStatus.WAITING
         self.num_preemptions += 1
 
-    def span_segments(self) -> list[Segment]:
+    def span_segments(self) -> tuple[Segment, ...]:
         """The SSEP spans of the prompt that can be computed ahead: whole blocks, before the last prompt token."""
-        segments = self.layout.segments if self.layout is not None else ()
-        B = self.block_size
-        return [s for s in segments if s.kind is SegmentKind.SSEP and s.end % B == 0 and s.end < self.num_prompt_tokens]
+        if self._span_segments is None:  # NOTE: the scheduler asks every step for each waiting prompt; it never changes
+            segments = self.layout.segments if self.layout is not None else ()
+            B, end = self.block_size, self.num_prompt_tokens
+            self._span_segments = tuple(
+                s for s in segments if s.kind is SegmentKind.SSEP and s.end % B == 0 and s.end < end
+            )
+        return self._span_segments
 
-    def span_prefill(self, segment: Segment) -> Request:
-        """One SSEP span of this prompt as a request of its own, whose blocks hash as they do inside this prompt
-        (an SSEP block restarts the chain: spans.py), so it takes this prompt's hashes of them instead of hashing
-        again; it samples nothing and ends when its blocks are cached."""
-        tokens = self.token_ids[segment.start : segment.end]
-        n, B = len(tokens), self.block_size
-        layout = SpanLayout((Segment(SegmentKind.SSEP, 0, n, 0),), (0,) * n, {0: SegmentKind.SSEP})
-        request_id = f"{self.request_id}/span{segment.index}"
-        params = SamplingParams(max_tokens=1)
-        hashes = self.block_hashes[segment.start // B : segment.end // B]  # NOTE: whole blocks (span_segments)
+    def span_prefill(self, segments: Sequence[Segment]) -> Request:
+        """SSEP spans of this prompt, back to back, as one request of its own. Each span sees only itself wherever it
+        sits (its visible_start), and its blocks hash as they do inside this prompt (an SSEP block restarts the
+        chain: spans.py), so it takes this prompt's hashes of them instead of hashing again; it samples nothing and
+        ends when its blocks are cached.
+
+            prompt:  [ system | SSEP doc1 | SSEP doc2 | SSEP doc3 | PDEP question ]    span_prefill([doc1, doc3])
+            unit:             [ SSEP doc1 | SSEP doc3 ]                             (whole blocks: span_segments)
+        """
+        B, tokens, hashes, unit_segments, visible = self.block_size, [], [], [], []
+        for segment in segments:
+            start = len(tokens)
+            tokens += self.token_ids[segment.start : segment.end]
+            hashes += self.block_hashes[segment.start // B : segment.end // B]  # NOTE: whole blocks (span_segments)
+            unit_segments.append(Segment(SegmentKind.SSEP, start, len(tokens), len(unit_segments)))
+            visible += [start] * (segment.end - segment.start)
+        markers = {s.start // B: SegmentKind.SSEP for s in unit_segments}
+        layout = SpanLayout(tuple(unit_segments), tuple(visible), markers)
+        request_id = f"{self.request_id}/span" + ",".join(str(s.index) for s in segments)
         return Request(
-            request_id, tokens, params, B, self.root, layout, is_span_prefill=True, hash_memo=self.hash_memo,
-            block_hashes=hashes,
+            request_id, tokens, SamplingParams(max_tokens=1), B, self.root, layout, is_span_prefill=True,
+            hash_memo=self.hash_memo, block_hashes=hashes,
         )  # fmt: skip

@@ -24,7 +24,7 @@ from itertools import islice
 from minipic_lite.chunks import ScheduledSeq, SchedulerOutput, plan_chunk
 from minipic_lite.config import SchedulerConfig
 from minipic_lite.hit_guard import HitGuard
-from minipic_lite.kv_cache_manager import MISS, KVCacheManager
+from minipic_lite.kv_cache_manager import HIT, MISS, PENDING, KVCacheManager
 from minipic_lite.request import Request, RequestStatus
 from minipic_lite.spans import Segment
 
@@ -171,8 +171,10 @@ class Scheduler:
         """The waiting requests whose spans are computed ahead: the next ones (at most max_num_seqs) whose whole
         prompts fit in the free blocks together. Not the whole queue: spans computed too early, or more than the
         cache holds at once, would be evicted before their final uses them, and be computed again."""
-        room, chosen = self.kv.num_free_blocks, []
-        for req in islice(self.waiting, self.config.max_num_seqs):
+        room, chosen, nxt = self.kv.num_free_blocks, [], list(islice(self.waiting, self.config.max_num_seqs))
+        if sum(req.num_blocks_for(len(req.token_ids)) for req in nxt) <= room:
+            return nxt  # NOTE: they fit whole (a GPU's roomy cache): no match of each needed to say so
+        for req in nxt:
             room -= self.kv.num_blocks_to_admit(req)
             if room < 0:
                 break
@@ -194,18 +196,32 @@ class Scheduler:
     def _start_span_prefills(
         self, req: Request, segments: list[Segment], out: SchedulerOutput, budget: int, guard: HitGuard
     ) -> int:
-        """Start a span prefill for each segment, in order, while budget is left and `guard` lets it take its
-        blocks; returns the budget left."""
+        """Start one span prefill of those of `segments` that are still missing, in order, while budget is left and
+        `guard` lets it take their blocks; returns the budget left.
+
+        NOTE: one unit for a prompt's spans, not one a span: the same tokens at a fifth of the units, whose host work
+        (admission, chunk plan, publish, a sequence of the step) is paid per unit (bench/sched_replay.py at reuse 0:
+        isps's schedule() took 3x inline's with a unit a span, README)."""
+        if not segments or budget <= 0 or guard.has_refused:
+            return budget
+        kinds, B = self.kv.match(req), req.block_size
+        chosen, num_fresh, num_tokens = [], 0, 0
         for segment in segments:
-            if budget <= 0 or guard.has_refused:
+            if num_tokens >= budget or guard.has_refused:
                 break  # NOTE: with no budget it would only hold blocks; after a refusal, spans wait in queue order
-            unit = req.span_prefill(segment)
-            is_missing = MISS in self.kv.match(unit)  # NOTE: if not, an earlier span prefill of this step computes it
-            if is_missing and not guard.lets(req, unit):
+            span = kinds[segment.start // B : segment.end // B]
+            if MISS not in span:  # an earlier span prefill of this step computes it (another prompt's, or a copy)
+                req.started_spans.add(segment.index)
+                continue
+            if PENDING in span:
+                continue  # NOTE: part of it is being computed: a unit with it would wait there, the spans after it too
+            fresh = len(span) - span.count(HIT)
+            if not guard.lets(req, num_fresh + fresh):
                 break  # it would evict a hit of req or of a prompt ahead of it: it waits for room
+            chosen.append(segment)
             req.started_spans.add(segment.index)
-            budget = self._start_span_prefill(unit, out, budget) if is_missing else budget
-        return budget
+            num_fresh, num_tokens = num_fresh + fresh, num_tokens + B * span.count(MISS)
+        return self._start_span_prefill(req.span_prefill(chosen), out, budget) if chosen else budget
 
     def _start_span_prefill(self, unit: Request, out: SchedulerOutput, budget: int) -> int:
         if not self.kv.allocate_prompt(unit):

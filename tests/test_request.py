@@ -54,19 +54,22 @@ def test_sampler_greedy_rows_and_per_request_seeds():
     assert len(set(draws)) > 1  # s2 keeps sampling from its own generator
 
 
-def test_a_span_prefill_takes_its_prompts_hashes_of_the_span_which_equal_the_span_hashed_alone():
+def test_a_span_prefill_takes_its_prompts_hashes_of_its_spans_which_equal_them_hashed_alone():
     from minipic_lite.config import ControlTokens
     from minipic_lite.spans import span_layout
 
     control = ControlTokens(ssep_id=1, pdep_id=2, pad_id=3)
-    doc = [1, 30, 31, 32, 33, 34, 35, 36]  # an SSEP span of two blocks of 4
-    prompt = [20, 21, 22, 3] + doc + [2, 60, 61]
+    doc1, doc2, doc3 = [1, 30, 31, 32, 33, 34, 35, 36], [1, 40, 41, 42], [1, 50, 51, 52]  # SSEP spans, blocks of 4
+    prompt = [20, 21, 22, 3] + doc1 + doc2 + doc3 + [2, 60, 61]
     req = Request("r", prompt, SamplingParams(), 4, ROOT, span_layout(prompt, control, 4))
-    (segment,) = req.span_segments()
-    unit = req.span_prefill(segment)
-    alone = Request("d", doc, SamplingParams(), 4, ROOT, unit.layout, is_span_prefill=True)
-    assert unit.block_hashes == req.block_hashes[1:3] == alone.block_hashes and unit.is_span_prefill
-    assert unit.block_hashes is not req.block_hashes and unit.token_ids == doc
+    first, second, third = req.span_segments()
+    unit = req.span_prefill([first, third])  # doc2 left out: cached, or computed by another unit
+    assert unit.token_ids == doc1 + doc3 and unit.request_id == "r/span1,3" and unit.is_span_prefill
+    assert unit.visible_start == [0] * 8 + [8] * 4  # each span sees only itself, wherever it sits in the unit
+    alone = Request("d", doc1 + doc3, SamplingParams(), 4, ROOT, span_layout(doc1 + doc3, control, 4))
+    assert unit.block_hashes == req.block_hashes[1:3] + req.block_hashes[4:5] == alone.block_hashes
+    assert unit.block_hashes is not req.block_hashes and unit.layout.marker_blocks == alone.layout.marker_blocks
+    assert unit.layout.segments == alone.layout.segments
 
 
 @pytest.mark.parametrize("num_tokens", [3, 9, 16], ids=["under-a-block", "a-block-and-more", "whole-blocks"])

@@ -155,6 +155,33 @@ def test_isps_overlaps_span_prefill_of_later_requests_with_decodes_and_then_admi
     assert b.num_output_tokens == 2
 
 
+def test_isps_computes_a_prompts_missing_spans_as_one_span_prefill_leaving_out_one_another_computes():
+    sched = scheduler(max_num_seqs=2, policy="isps")
+    doc3 = [S, 50, 51, 52, 53, 54, 55, 56]
+    a = request("a", [20, 21, 22, PAD, P, 60, 61], max_tokens=4)  # no spans: a and x take the two seats
+    x = request("x", [23, 21, 22, PAD, P, 60, 61], max_tokens=4)
+    b = request("b", [25, 26, 27, PAD] + DOC + DOC2 + [P, 60, 62])
+    c = request("c", [28, 29, 30, PAD] + doc3 + DOC2 + [P, 60, 63])  # DOC2 as b has it
+    for req in (a, x, b, c):
+        sched.add(req)
+    computed = []
+    first = step(sched, computed)
+    # b's two spans in one unit; c's DOC2 is being computed by b's unit: c's unit holds doc3 alone
+    assert [(s.seq.request_id, s.query_ranges) for s in first.scheduled] == [
+        ("a", [(0, 7)]),
+        ("x", [(0, 7)]),
+        ("b/span1,2", [(0, 16)]),
+        ("c/span1", [(0, 8)]),
+    ]
+    assert first.scheduled[2].seq.visible_start == [0] * 8 + [8] * 8  # each span sees only itself
+    run(sched, computed)
+    assert b.cached_block_ids == c.cached_block_ids == {1, 2, 3, 4}  # both finals hit both of their spans
+    assert [p for p in positions_of(computed, "b") + positions_of(computed, "c") if p < 20] == [
+        0, 1, 2, 3, 0, 1, 2, 3,
+    ]  # fmt: skip
+    assert b.num_output_tokens == c.num_output_tokens == 2
+
+
 def isps_span_tokens_while_a_runs(span_ahead_tokens):
     """Span tokens of each step while "a" runs and "b" (two spans of 8 tokens) waits for the one seat."""
     sched = scheduler(max_num_seqs=1, policy="isps", span_ahead_tokens=span_ahead_tokens)
