@@ -35,7 +35,8 @@ class Scheduler:
     `config.span_policy` says when the SSEP spans of a waiting prompt are computed:
       inline   inside the request's own prefill, once it is admitted (spans shared by requests in flight
                are still computed once: a later request waits for the blocks another one is computing);
-      isps     ahead, as span prefills of their own (`Request.span_prefill`), for the next waiting prompts
+      isps     ahead, as span prefills of their own (`Request.span_prefill`: one a prompt a step, holding its
+               missing spans back to back), for the next waiting prompts
                that have no seat yet, in the budget that running requests and admissions leave (at most
                `span_ahead_tokens` of it in a step where other requests run, when set); a prompt that gets a
                seat is admitted whole (as inline: what a span prefill of it computed ahead is a hit, what another
