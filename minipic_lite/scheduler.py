@@ -202,7 +202,7 @@ class Scheduler:
 
         NOTE: one unit for a prompt's spans, not one a span: the same tokens at a fifth of the units, whose host work
         (admission, chunk plan, publish, a sequence of the step) is paid per unit (bench/sched_replay.py at reuse 0:
-        isps's schedule() took 3x inline's with a unit a span, README)."""
+        isps's schedule() and postprocess took 2-3x inline's with a unit a span, README)."""
         if not segments or budget <= 0 or guard.has_refused:
             return budget
         kinds, B = self.kv.match(req), req.block_size
