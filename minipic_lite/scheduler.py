@@ -172,10 +172,11 @@ class Scheduler:
         """The waiting requests whose spans are computed ahead: the next ones (at most max_num_seqs) whose whole
         prompts fit in the free blocks together. Not the whole queue: spans computed too early, or more than the
         cache holds at once, would be evicted before their final uses them, and be computed again."""
-        room, chosen, nxt = self.kv.num_free_blocks, [], list(islice(self.waiting, self.config.max_num_seqs))
-        if sum(req.num_blocks_for(len(req.token_ids)) for req in nxt) <= room:
-            return nxt  # NOTE: they fit whole (a GPU's roomy cache): no match of each needed to say so
-        for req in nxt:
+        room, chosen = self.kv.num_free_blocks, []
+        candidates = list(islice(self.waiting, self.config.max_num_seqs))
+        if sum(req.num_blocks_for(len(req.token_ids)) for req in candidates) <= room:
+            return candidates  # NOTE: they fit whole (a GPU's roomy cache): no match of each needed to say so
+        for req in candidates:
             room -= self.kv.num_blocks_to_admit(req)
             if room < 0:
                 break
