@@ -75,6 +75,21 @@ def test_the_same_document_twice_in_one_prompt_is_computed_once():
     assert sched.kv.pool.num_free_blocks == 32 and not sched.kv.pending and not sched.kv.waiters
 
 
+@pytest.mark.parametrize("policy", ["isps", "barrier"])
+def test_a_document_twice_in_a_prompt_whose_spans_go_ahead_is_computed_once(policy):
+    sched = scheduler(max_num_seqs=1, policy=policy)
+    a = request("a", [20, 21, 22, PAD, P, 60, 61], max_tokens=4)  # no spans: it takes the only seat
+    b = request("b", [25, 26, 27, PAD] + DOC + DOC + [P, 60, 62])
+    sched.add(a)
+    sched.add(b)
+    computed = []
+    run(sched, computed)
+    # the span prefill holds the first copy alone (the second waits for it), and b's final hits both copies
+    assert [(r, p) for r, p in computed if r.startswith("b/")] == [("b/span1", p) for p in range(8)]
+    assert [p for p in positions_of(computed, "b") if p < 20] == [0, 1, 2, 3]
+    assert b.cached_block_ids == {1, 2, 3, 4} and b.block_table[3:5] == b.block_table[1:3]
+
+
 def test_a_request_admitted_while_another_computes_the_document_waits_for_its_blocks():
     kv = KVCacheManager(16)
     a = request("a", [20, 21, 22, PAD] + DOC + [P, 60, 61])
