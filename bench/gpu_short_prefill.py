@@ -111,6 +111,9 @@ def main() -> None:
                         "cap (the short read's default before MAX_REGS) only (..._regs.json)")  # fmt: skip
     parser.add_argument("--sweep-json", help="a JSON list of config overrides timed beside the default at every case "
                         "(..._sweep.json)")  # fmt: skip
+    parser.add_argument("--cases", help="SEQSxTOKENS,... in place of CASES, e.g. 1x16,1x17")
+    parser.add_argument("--contexts", help="keys,... in place of CONTEXTS, e.g. 16384")
+    parser.add_argument("--tag", default="", help="appended to the result file name")
     args_ = parser.parse_args()
     device = torch.device("cuda")
     clock = Clock(args_.smoke)
@@ -119,6 +122,10 @@ def main() -> None:
     rows = []
     cases = [(1, 17)] if args_.smoke else SPLIT_CASES if args_.splits else CASES
     contexts = [2048] if args_.smoke else SPLIT_CONTEXTS if args_.splits else CONTEXTS
+    if args_.cases:
+        cases = [tuple(int(x) for x in case.split("x")) for case in args_.cases.split(",")]
+    if args_.contexts:
+        contexts = [int(x) for x in args_.contexts.split(",")]
     for (num_seqs, new_tokens), context in itertools.product(cases, contexts):
         sweep = SWEEP if context in SWEEP_CONTEXTS and not args_.smoke else []
         sweep = SPLIT_SWEEP if args_.splits else [dict(num_warps=4, MAX_REGS=None)] if args_.regs else sweep
@@ -135,7 +142,7 @@ def main() -> None:
     sha = os.environ.get("GIT_SHA", "unknown")
     gpu = torch.cuda.get_device_name().split()[-1].lower()
     tag = "_splits" if args_.splits else "_regs" if args_.regs else "_sweep" if args_.sweep_json else ""
-    out = Path(__file__).parent / "results" / f"gpu_short_prefill_{sha}_{gpu}{tag}.json"
+    out = Path(__file__).parent / "results" / f"gpu_short_prefill_{sha}_{gpu}{tag}{args_.tag}.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(dict(git_sha=sha, device=torch.cuda.get_device_name(), copy_bandwidth=bandwidth,
                                    heads=HEADS, rows=rows), indent=2) + "\n")  # fmt: skip
