@@ -255,10 +255,12 @@ class KVCacheManager:
         # step reads it after this step's forward wrote it (K/V are written before attention reads them).
         # NOTE: only the blocks it computes: the others are published (hits, host loads) or will be by the request
         # that computes them, before this one's chunk passes them (a chunk stops at a block it waits for). A cached
-        # prompt's thousand hits are skipped in C.
+        # prompt's thousand hits are skipped in C. Copy-rerotate's copies are published too: their source may have
+        # been evicted since the admission (a copy is a block of its own, its keys rotated for this offset).
         first, num_full = req.num_published_blocks, num_tokens // req.block_size
         if self.enable_prefix_caching and first < num_full:
-            computed = list(filterfalse(req.cached_block_ids.__contains__, range(first, num_full)))
+            blocks = range(first, num_full)
+            computed = list(blocks if self.rerotate else filterfalse(req.cached_block_ids.__contains__, blocks))
             table, hashes = req.block_table, req.block_hashes
             self.changed += self.pool.cache_many([table[i] for i in computed], [hashes[i] for i in computed])
             for i in range(first, num_full) if self.rerotate else ():

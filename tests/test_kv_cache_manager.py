@@ -237,10 +237,24 @@ REROTATE_FALLBACK = (  # two spans cached at 0 and 4, asked at 4 and 0 on 3 bloc
 )
 
 
+REROTATE_PUBLISH = (  # spans copied (rotated) to new offsets, their source evicted before they are published
+    [
+        [1, 12, 12, 12, 1, 11, 11, 11, 20],
+        [1, 10, 10, 10],
+        [1, 10, 10, 10] * 4 + [20],
+        [1, 11, 11, 11] * 4 + [1, 10, 10, 10],
+    ],
+    [("admit", 1), ("admit", 3), ("publish", 3), ("free", 3), ("admit", 2), ("admit", 0), ("publish", 2)],
+    10,
+    "rerotate",
+)
+
+
 @settings(max_examples=400, deadline=None)
 @given(cache_scripts())
 @example(HOST_HITS)
 @example(REROTATE_FALLBACK)
+@example(REROTATE_PUBLISH)
 def test_fast_admission_publish_and_free_equal_the_plain_per_block_versions(script):
     prompts, ops, num_blocks, mode = script
     options = {"num_host_blocks": 6 if mode == "host" else 0, "rerotate": mode == "rerotate"}
