@@ -247,7 +247,7 @@ def main() -> None:
             profiler.disable()
         s = io.StringIO()
         stats = pstats.Stats(profiler, stream=s)
-        stats.sort_stats("tottime").print_stats(int(os.environ.get("HOST_TTFT_TOP", 40)))
+        stats.sort_stats("tottime").print_stats(40)
         stats.sort_stats("cumulative").print_callees(r"\((step|prepare|execute|stage|run|postprocess)\)")
         print(s.getvalue())
 
