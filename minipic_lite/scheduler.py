@@ -201,9 +201,9 @@ class Scheduler:
         """Start one span prefill of those of `segments` that are still missing, in order, while budget is left and
         `guard` lets it take their blocks; returns the budget left.
 
-        NOTE: one unit for a prompt's spans, not one a span: the same tokens at a fifth of the units, whose host work
-        (admission, chunk plan, publish, a sequence of the step) is paid per unit (bench/sched_replay.py at reuse 0:
-        isps's schedule() and postprocess took 2-3x inline's with a unit a span, README)."""
+        NOTE: one unit for a prompt's spans, not one a span: the same tokens in 39 units instead of 320 (isps,
+        bench/sched_replay.py at reuse 0), whose host work (admission, chunk plan, publish, a sequence of the step) is
+        paid per unit: with a unit a span, isps's schedule() and postprocess took 2-3x inline's (README)."""
         if not segments or budget <= 0 or guard.has_refused:
             return budget
         kinds, B = self.kv.match(req), req.block_size
