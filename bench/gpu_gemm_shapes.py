@@ -164,6 +164,9 @@ def main() -> None:
     parser.add_argument("--out", default=None)
     parser.add_argument("--rows", default=",".join(map(str, ROWS)), help="comma-separated row counts")
     parser.add_argument("--split-k", action="store_true", help="F.linear beside a Triton split-K matmul only")
+    parser.add_argument("--l2-warm", action="store_true", help="F.linear only, its weights read from HBM (cold) beside "
+                        "the same weight every call (warm: L2 holds those under its size), for what reading the next "
+                        "matmul's weights into L2 ahead could save")  # fmt: skip
     args = parser.parse_args()
     # NOTE: every (matmul, rows) compiles the same functions again (dynamic=False): past the default limit of 8
     # Dynamo would run them eagerly, and the table would time cuBLAS under another name
@@ -187,11 +190,13 @@ def main() -> None:
             xs = [torch.randn(rows, k_in, device=device, dtype=dtype) for _ in range(2)]
             table = variants(name, rows) if not args.split_k else {
                 "linear": lambda x, w: F.linear(x, w), **split_k_variants(k_in, n_out, args.tiny)}  # fmt: skip
+            if args.l2_warm:
+                table = {"cold": lambda x, w: F.linear(x, w), "l2_warm": lambda x, w: F.linear(x, w)}
             for variant, fn in table.items():
-                reference = reference_for(variant, xs[0], ws[0])
+                reference = reference_for("linear" if args.l2_warm else variant, xs[0], ws[0])
                 got = fn(xs[0], ws[0]).float().reshape(reference.shape)
                 torch.testing.assert_close(got, reference, atol=2e-2 * reference.abs().max().item(), rtol=0)
-                us, kernels = kernel_times(fn, xs, ws)
+                us, kernels = kernel_times(fn, xs, ws[:1] if variant == "l2_warm" else ws)
                 gbps = weight_bytes / us / 1e3
                 row = {"matmul": name, "rows": rows, "variant": variant, "us": us, "weight_gbps": gbps,
                        "of_copy": gbps / copy_gbps, "kernels": kernels}  # fmt: skip
