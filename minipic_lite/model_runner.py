@@ -79,15 +79,33 @@ def allocate_kv_cache(cfg: ModelConfig, num_blocks: int, block_size: int, dtype,
     return torch.zeros(shape, dtype=dtype, device=device)
 
 
-def rerotate(keys: torch.Tensor, delta: int, cos_sin: torch.Tensor) -> torch.Tensor:
-    """Keys rotated at positions p (neox style, first rotary_dim dims) turned to p + delta: R(p + d) = R(d) R(p)."""
-    row = cos_sin[abs(delta)].float()
-    half = row.shape[0] // 2
-    cos, sin = row[:half], row[half:] * (1 if delta >= 0 else -1)  # NOTE: cos is even in delta, sin odd
+def rerotate(keys: torch.Tensor, deltas: torch.Tensor, cos_sin: torch.Tensor) -> torch.Tensor:
+    """Keys rotated at positions p (neox style, first rotary_dim dims) turned to p + delta: R(p + d) = R(d) R(p).
+
+    keys: [N, ..., head_dim], one block's keys a row; deltas: [N] (long), one delta a row."""
+    rows = cos_sin[deltas.abs()].float()  # [N, rotary_dim]
+    half = rows.shape[1] // 2
+    sign = torch.where(deltas >= 0, 1.0, -1.0).to(rows.device)[:, None]  # NOTE: cos is even in delta, sin odd
+    shape = (len(deltas),) + (1,) * (keys.dim() - 2) + (half,)
+    cos, sin = rows[:, :half].reshape(shape), (rows[:, half:] * sign).reshape(shape)
     x = keys.float()
     x1, x2 = x[..., :half], x[..., half : 2 * half]
     turned = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin, x[..., 2 * half :]], dim=-1)
     return turned.to(keys.dtype)
+
+
+def independent_batches(copies: list[Rerotate]) -> list[list[Rerotate]]:
+    """Consecutive copies cut where one reads a block that an earlier one of its batch writes: a batch reads all its
+    sources, then writes all its destinations (a copy is published when its step is scheduled, so a later
+    admission of the same step may take it as the source of its own copy)."""
+    batches, written = [[]], set()
+    for copy in copies:
+        if copy.src in written:
+            batches.append([])
+            written = set()
+        batches[-1].append(copy)
+        written.add(copy.dst)
+    return batches
 
 
 def compiles_kernels(config: EngineConfig) -> bool:
@@ -219,10 +237,8 @@ class ModelRunner:
         for kind, run in itertools.groupby(copies, key=lambda c: "rerotate" if isinstance(c, Rerotate) else c.to_host):
             run = list(run)
             if kind == "rerotate":
-                for copy in run:
-                    self.kv_cache[1, :, copy.dst].copy_(self.kv_cache[1, :, copy.src])
-                    self.kv_cache[0, :, copy.dst] = rerotate(self.kv_cache[0, :, copy.src], copy.delta,
-                                                             self.model.cos_sin)  # fmt: skip
+                for batch in independent_batches(run):
+                    self._rerotate(batch)
                 continue
             block_ids = host_tensor([copy.block_id for copy in run], torch.long).to(self.device, non_blocking=True)
             if kind:  # to the host: evictions
@@ -234,6 +250,14 @@ class ModelRunner:
                 for copy, block in zip(run, staged, strict=True):
                     block.copy_(self.host_cache[copy.slot], non_blocking=True)
                 self.kv_cache[:, :, block_ids] = staged.movedim(0, 2)
+
+    def _rerotate(self, copies: list[Rerotate]) -> None:
+        """Copy-rerotate's copies as one gather, one rotation and one scatter (not a few kernels a block)."""
+        put = lambda values: host_tensor(values, torch.long).to(self.device, non_blocking=True)  # noqa: E731
+        src, dst, deltas = put([c.src for c in copies]), put([c.dst for c in copies]), put([c.delta for c in copies])
+        keys, values = self.kv_cache[0], self.kv_cache[1]  # [layers, blocks, B, H, D]
+        values[:, dst] = values[:, src]
+        keys[:, dst] = rerotate(keys[:, src].movedim(1, 0), deltas, self.model.cos_sin).movedim(0, 1)
 
     def _num_blocks_from_memory(self) -> int:
         cache = self.config.cache

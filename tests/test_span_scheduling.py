@@ -347,11 +347,24 @@ def test_rerotate_turns_keys_rotated_at_p_into_keys_rotated_at_p_plus_delta(rota
     from ops.rope import apply_rope, rope_cos_sin
 
     cos_sin = rope_cos_sin(512, rotary_dim, 10000.0)
-    keys = torch.randn(2, B, 3, 64, dtype=torch.float64).float()  # [layers, block tokens, heads, head dim]
+    deltas = torch.tensor([delta, -(abs(delta) % 90), 0])  # three blocks, each turned by its own delta
+    keys = torch.randn(3, 2, B, 3, 64, dtype=torch.float64).float()  # [copies, layers, block tokens, heads, head dim]
     positions = torch.arange(100, 100 + B)
-    at_p = torch.stack([apply_rope(layer, positions, cos_sin) for layer in keys])
-    at_p_delta = torch.stack([apply_rope(layer, positions + delta, cos_sin) for layer in keys])
-    assert (rerotate(at_p, delta, cos_sin) - at_p_delta).abs().max() < 1e-5
+    at_p = torch.stack([torch.stack([apply_rope(layer, positions, cos_sin) for layer in block]) for block in keys])
+    turned = [
+        [apply_rope(layer, positions + d, cos_sin) for layer in block] for block, d in zip(keys, deltas, strict=True)
+    ]
+    at_p_delta = torch.stack([torch.stack(block) for block in turned])
+    assert (rerotate(at_p, deltas, cos_sin) - at_p_delta).abs().max() < 1e-5
+
+
+def test_rerotate_copies_are_cut_into_batches_where_one_reads_what_an_earlier_one_writes():
+    from minipic_lite.model_runner import independent_batches
+
+    copies = [Rerotate(5, 6, 4), Rerotate(5, 7, 8), Rerotate(6, 8, 4), Rerotate(9, 5, 4), Rerotate(8, 10, 4)]
+    batches = independent_batches(copies)  # 6 is written by the first, read by the third; 8 likewise
+    assert batches == [copies[:2], copies[2:4], copies[4:]]
+    assert independent_batches([]) == [[]]
 
 
 def test_a_span_hit_at_another_offset_is_a_rotated_private_copy_and_at_the_same_offset_a_shared_block():
