@@ -20,6 +20,9 @@ DEFAULT_CPU_KV_CACHE_GIB = 2.0
 CUDA_GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256)
 CUDA_GRAPH_TOKEN_SIZES = (16, 32, 64, 128, 256, 512)
 CUDA_GRAPH_MAX_TOKENS_PER_SEQ = 32
+# The copy-rerotate baseline turns at most this many blocks' keys at once: its float32 temporaries are a few times
+# blocks x layers x block_size x kv_heads x head_dim x 4 bytes (Llama-3-8B: ~0.5 GB each at 256 blocks of 16).
+REROTATE_BATCH_BLOCKS = 256
 # Decode steps run back to back on a GPU between two visits of the scheduler (one host sync per burst):
 # the host's scheduling, input building and output handling then stop leaving the GPU idle every step.
 DEFAULT_CUDA_SCHEDULER_STEPS = 8

@@ -20,6 +20,7 @@ from minipic_lite.config import (
     CUDA_GRAPH_MAX_TOKENS_PER_SEQ,
     CUDA_GRAPH_TOKEN_SIZES,
     GIB,
+    REROTATE_BATCH_BLOCKS,
     EngineConfig,
     ModelConfig,
     cdiv,
@@ -94,13 +95,13 @@ def rerotate(keys: torch.Tensor, deltas: torch.Tensor, cos_sin: torch.Tensor) ->
     return turned.to(keys.dtype)
 
 
-def independent_batches(copies: list[Rerotate]) -> list[list[Rerotate]]:
-    """Consecutive copies cut where one reads a block that an earlier one of its batch writes: a batch reads all its
-    sources, then writes all its destinations (a copy is published when its step is scheduled, so a later
-    admission of the same step may take it as the source of its own copy)."""
-    batches, written = [[]], set()
+def independent_batches(copies: list[Rerotate], max_blocks: int = REROTATE_BATCH_BLOCKS) -> list[list[Rerotate]]:
+    """Consecutive copies cut where one reads a block that an earlier one of its batch writes (a batch reads all its
+    sources, then writes all its destinations; a copy is published when its step is scheduled, so a later
+    admission of the same step may take it as the source of its own copy), and at `max_blocks` copies a batch."""
+    batches, written = [], set()
     for copy in copies:
-        if copy.src in written:
+        if not batches or copy.src in written or len(batches[-1]) == max_blocks:
             batches.append([])
             written = set()
         batches[-1].append(copy)

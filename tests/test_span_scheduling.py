@@ -364,7 +364,9 @@ def test_rerotate_copies_are_cut_into_batches_where_one_reads_what_an_earlier_on
     copies = [Rerotate(5, 6, 4), Rerotate(5, 7, 8), Rerotate(6, 8, 4), Rerotate(9, 5, 4), Rerotate(8, 10, 4)]
     batches = independent_batches(copies)  # 6 is written by the first, read by the third; 8 likewise
     assert batches == [copies[:2], copies[2:4], copies[4:]]
-    assert independent_batches([]) == [[]]
+    assert independent_batches(copies, max_blocks=1) == [[copy] for copy in copies]
+    assert independent_batches(copies[:2] + copies[3:4], max_blocks=2) == [copies[:2], copies[3:4]]
+    assert independent_batches([]) == []
 
 
 def test_a_span_hit_at_another_offset_is_a_rotated_private_copy_and_at_the_same_offset_a_shared_block():
