@@ -7,6 +7,7 @@ it never touches queues or block ref counts.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import logging
 import os
@@ -86,13 +87,18 @@ def rerotate(keys: torch.Tensor, deltas: torch.Tensor, cos_sin: torch.Tensor) ->
     keys: [N, ..., head_dim], one block's keys a row; deltas: [N] (long), one delta a row."""
     rows = cos_sin[deltas.abs()].float()  # [N, rotary_dim]
     half = rows.shape[1] // 2
-    sign = torch.where(deltas >= 0, 1.0, -1.0).to(rows.device)[:, None]  # NOTE: cos is even in delta, sin odd
+    sign = torch.where(deltas >= 0, 1.0, -1.0)[:, None]  # NOTE: cos is even in delta, sin odd
     shape = (len(deltas),) + (1,) * (keys.dim() - 2) + (half,)
     cos, sin = rows[:, :half].reshape(shape), (rows[:, half:] * sign).reshape(shape)
     x = keys.float()
     x1, x2 = x[..., :half], x[..., half : 2 * half]
     turned = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin, x[..., 2 * half :]], dim=-1)
     return turned.to(keys.dtype)
+
+
+def device_longs(values: list[int], device: torch.device) -> torch.Tensor:
+    """Host ints as a long tensor on `device` (copied from pinned memory without a sync)."""
+    return host_tensor(values, torch.long).to(device, non_blocking=True)
 
 
 def independent_batches(copies: list[Rerotate], max_blocks: int = REROTATE_BATCH_BLOCKS) -> list[list[Rerotate]]:
@@ -241,7 +247,7 @@ class ModelRunner:
                 for batch in independent_batches(run):
                     self._rerotate(batch)
                 continue
-            block_ids = host_tensor([copy.block_id for copy in run], torch.long).to(self.device, non_blocking=True)
+            block_ids = device_longs([copy.block_id for copy in run], self.device)
             if kind:  # to the host: evictions
                 staged = self.kv_cache[:, :, block_ids].movedim(2, 0).contiguous()  # [N, 2, layers, B, H, D]
                 for copy, block in zip(run, staged, strict=True):
@@ -254,7 +260,7 @@ class ModelRunner:
 
     def _rerotate(self, copies: list[Rerotate]) -> None:
         """Copy-rerotate's copies as one gather, one rotation and one scatter (not a few kernels a block)."""
-        put = lambda values: host_tensor(values, torch.long).to(self.device, non_blocking=True)  # noqa: E731
+        put = functools.partial(device_longs, device=self.device)
         src, dst, deltas = put([c.src for c in copies]), put([c.dst for c in copies]), put([c.delta for c in copies])
         keys, values = self.kv_cache[0], self.kv_cache[1]  # [layers, blocks, B, H, D]
         values[:, dst] = values[:, src]
@@ -318,7 +324,7 @@ class ModelRunner:
             meta.recurrent = RecurrentStep.build(slots, host.cu_seqlens_q, st.conv, st.ssm)
         if self.decode_mirror is not None and out.is_decode_only:
             meta.decode_mirror = self.decode_mirror.prepare(out, self.kv_cache, self.model.cos_sin, meta.visible_start)
-        put = lambda values: host_tensor(values, torch.long).to(self.device, non_blocking=True)  # noqa: E731
+        put = functools.partial(device_longs, device=self.device)
         return StepInputs(put(host.input_ids), meta, put(host.logits_indices))
 
     def execute(self, out: SchedulerOutput) -> list[list[int]]:
