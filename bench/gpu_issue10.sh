@@ -555,7 +555,7 @@ if want next41e || want next41f; then  # the copy-rerotate baseline after its co
     step rag_rerotate 240 $RAG --max-num-seqs 32 --max-num-batched-tokens 8192 --systems vanilla_prefix,copy_rerotate \
         --tag=-rerotate
 fi
-if want next42; then  # issues 10 / 13: the skinny matmul (swapped operands, TMA, split-K finished in-kernel) against
+if want next42; then  # issues 10 / 13: a skinny Triton matmul (swapped operands, TMA, split-K finished in-kernel) against
     # cuBLAS at the 8B projections, 1 / 17 / 64 rows, a config sweep each
     step skinny_gemm 420 python3 bench/gpu_skinny_gemm.py --rows 1,17,64 --out "bench/results/gpu_skinny_gemm_${GIT_SHA}_h200.json"
 fi
