@@ -69,6 +69,7 @@ def check_against_ref(problem: Problem, impl: str, what: str, **kwargs) -> None:
 
 SHORT = {"PRE_ROTATE": False, "BLOCK_M": 128, "TABLE_AHEAD": True}  # pick_config's short read on CUDA (head_dim 128)
 TABLE_AHEAD = {"TABLE_AHEAD": True, "num_stages": 3, "TILE_N": 16}
+SHORT_HALVES = {**SHORT, **TABLE_AHEAD, "HEAD_SPLIT": 2, "BLOCK_M": 64}  # a kv head's query heads in two programs
 TRITON_CASES = [
     # scenario, heads, head_dim, rotary_dim, block_size, dtype, position_free, extra, config
     ("prefill_T63", "gqa4", 64, None, 16, torch.float32, True, {}, None),
@@ -111,8 +112,7 @@ TRITON_CASES = [
     ("decode_only", "gqa4", 64, None, 32, torch.float32, True, {}, {**TABLE_AHEAD, "NUM_SPLITS": 2}),
     # a kv head's query heads shared by HEAD_SPLIT programs (each reads all the keys for its share of the rows):
     # a short read split 2 ways, one head a program (4 ways), gqa3 one head a program, a prefill over 16-row tiles
-    ("short_over_long", "gqa4", 64, None, 16, torch.bfloat16, True, {}, {**SHORT, **TABLE_AHEAD, "NUM_SPLITS": 4,
-                                                                          "HEAD_SPLIT": 2, "BLOCK_M": 64}),
+    ("short_over_long", "gqa4", 64, None, 16, torch.bfloat16, True, {}, {**SHORT_HALVES, "NUM_SPLITS": 4}),
     ("ssep_segments", "gqa4", 64, 32, 16, torch.float32, True, {}, {**SHORT, "NUM_SPLITS": 2, "HEAD_SPLIT": 4}),
     ("mixed", "gqa3", 64, None, 16, torch.float16, True, {"share_span": True}, {"HEAD_SPLIT": 3, "BLOCK_M": 16}),
     ("decode_only", "gqa4", 64, None, 16, torch.float32, False, {}, {"HEAD_SPLIT": 2, "NUM_SPLITS": 2}),
