@@ -556,7 +556,8 @@ if want next41e || want next41f; then  # the copy-rerotate baseline after its co
         --tag=-rerotate
 fi
 if want next43; then  # the short read with a kv head's 4 query heads shared by 2 programs (HEAD_SPLIT): 64-row tiles
-    # of 4 warps hold 17 tokens x 2 heads, two programs an SM; beside the default (128 rows, 8 warps, one an SM)
+    # of 4 warps hold 17 tokens x 2 heads, two programs an SM; beside the default (128 rows, 8 warps, one an SM).
+    # Ran at 6460ae0 (1.26-1.33x slower at best: each key rotated by two programs); the key was removed after it
     H2='"BLOCK_M": 64, "num_warps": 4, "HEAD_SPLIT": 2'
     step short_headsplit 300 python3 bench/gpu_short_prefill.py --cases 1x17,1x32,1x16 --contexts 8192,16384,32768 \
         --tag=_headsplit --sweep-json "[{\"PROGRAMS_PER_SM\": 1},

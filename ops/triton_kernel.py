@@ -316,14 +316,13 @@ def _rope_paged_attention_kernel(
     HEAD_DIM: tl.constexpr,
     ROTARY_DIM: tl.constexpr,  # 0: keys used as stored
     HALF_PAD: tl.constexpr,  # next power of two >= max(ROTARY_DIM // 2, 16)
-    BLOCK_M: tl.constexpr,  # rows per tile = BLOCK_Q tokens x GROUP // HEAD_SPLIT heads (padded)
+    BLOCK_M: tl.constexpr,  # rows per tile = BLOCK_Q tokens x GROUP heads (padded)
     BLOCK_Q: tl.constexpr,
     TILE_N: tl.constexpr,
     SPLIT_KV: tl.constexpr,  # num_splits > 1: write partial (out, max, sum) for _reduce_splits_kernel
     TILES_LAST: tl.constexpr,  # grid (kv heads, splits, tiles) instead of (tiles, kv heads, splits)
     DOT_PRECISION: tl.constexpr,
     TABLE_AHEAD: tl.constexpr = False,  # the next key tile's block ids read an iteration ahead
-    HEAD_SPLIT: tl.constexpr = 1,  # programs sharing a kv head's query heads (each reads all its keys)
 ):
     if TILES_LAST:
         # NOTE: every program of a tile is dispatched before any of the next tile's, so the real tiles start at
@@ -331,14 +330,13 @@ def _rope_paged_attention_kernel(
         # dispatched the 17-token short read between its padding and empty tiles, 67 us against 52 us without
         # them (bench/results/engine_read_35e9033_h200.json).
         tile_id = tl.program_id(2)
-        head_part = tl.program_id(0)
+        kv_head = tl.program_id(0)
         split = tl.program_id(1)
     else:
         # NOTE: tiles are taken in reverse so the last tiles of a causal prefill (the most keys) start first.
         tile_id = tl.num_programs(0) - 1 - tl.program_id(0)
-        head_part = tl.program_id(1)
+        kv_head = tl.program_id(1)
         split = tl.program_id(2)
-    kv_head = head_part // HEAD_SPLIT
     seq = _find_seq(cu_seqlens_q_ptr, tile_id, num_seqs, BLOCK_Q)
     q_start = tl.load(cu_seqlens_q_ptr + seq)
     q_end = tl.load(cu_seqlens_q_ptr + seq + 1)
@@ -346,12 +344,11 @@ def _rope_paged_attention_kernel(
     if first_token >= q_end:
         return
 
-    # -- rows: (token, head) pairs of this tile, over this program's TILE_GROUP of the kv head's query heads --
-    TILE_GROUP: tl.constexpr = GROUP // HEAD_SPLIT
+    # -- rows: (token, head) pairs of this tile --
     offs_m = tl.arange(0, BLOCK_M)
-    tokens = first_token + offs_m // TILE_GROUP  # [BLOCK_M]
-    heads = kv_head * GROUP + (head_part % HEAD_SPLIT) * TILE_GROUP + offs_m % TILE_GROUP  # [BLOCK_M]
-    row_ok = (offs_m < BLOCK_Q * TILE_GROUP) & (tokens < q_end)
+    tokens = first_token + offs_m // GROUP  # [BLOCK_M]
+    heads = kv_head * GROUP + offs_m % GROUP  # [BLOCK_M]
+    row_ok = (offs_m < BLOCK_Q * GROUP) & (tokens < q_end)
     row_pos = tl.load(q_positions_ptr + tokens, mask=row_ok, other=0).to(tl.int32)
     row_vis = tl.load(visible_start_ptr + tokens, mask=row_ok, other=0).to(tl.int32)
     big = 2147483647
@@ -1023,15 +1020,12 @@ def rope_paged_attention_triton(
                              cos_sin, scale, out, num_decode_seqs)  # fmt: skip
     cfg = config_for_args(q, k_cache, block_tables, cos_sin)
     cfg.update(config or {})
-    block_m, num_splits, head_split = cfg["BLOCK_M"], cfg["NUM_SPLITS"], cfg.get("HEAD_SPLIT", 1)
+    block_m, num_splits = cfg["BLOCK_M"], cfg["NUM_SPLITS"]
     if not 1 <= num_splits <= MAX_CONFIG_SPLITS:
         raise ValueError(f"config: NUM_SPLITS must lie in [1, {MAX_CONFIG_SPLITS}], got {num_splits}")
-    if head_split < 1 or group % head_split or (head_split > 1 and cfg.get("DENSE", False)):
-        raise ValueError(f"config: HEAD_SPLIT must divide the group ({group}), on the paged kernel; got {cfg}")
-    tile_group = group // head_split
-    block_q = max(block_m // tile_group, 1)
-    if block_q * tile_group > block_m:
-        block_m = _next_pow2(tile_group)
+    block_q = max(block_m // group, 1)
+    if block_q * group > block_m:
+        block_m = _next_pow2(group)
     out = torch.empty_like(q) if out is None else out
     if cfg.get("DENSE", False) and q.dtype in DENSE_DTYPES and scale > 0:
         _launch_dense(q, k_cache, v_cache, block_tables, cu_seqlens_q, q_positions, kv_lens, visible_start, cos_sin,
@@ -1053,8 +1047,7 @@ def rope_paged_attention_triton(
         partial_out = partial_m = partial_l = out  # unused
     num_tiles = num_tokens // block_q + num_seqs
     tiles_last = cfg.get("TILES_LAST", num_splits > 1) and num_tiles <= MAX_GRID_Z  # split launches: tiles last
-    head_parts = num_kv_heads * head_split
-    grid = (head_parts, num_splits, num_tiles) if tiles_last else (num_tiles, head_parts, num_splits)
+    grid = (num_kv_heads, num_splits, num_tiles) if tiles_last else (num_tiles, num_kv_heads, num_splits)
     _rope_paged_attention_kernel[grid](
         out, q, k_cache, v_cache, k_tables, block_tables, cu_seqlens_q, q_positions, visible_start,
         q if cos_sin is None else cos_sin, partial_out, partial_m, partial_l,
@@ -1067,7 +1060,7 @@ def rope_paged_attention_triton(
         HALF_PAD=max(_next_pow2(rotary_dim // 2), 16), BLOCK_M=block_m, BLOCK_Q=block_q,
         TILE_N=cfg["TILE_N"], SPLIT_KV=num_splits > 1, TILES_LAST=tiles_last,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", TABLE_AHEAD=cfg.get("TABLE_AHEAD", False),
-        HEAD_SPLIT=head_split, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], maxnreg=cfg.get("MAX_REGS"),
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], maxnreg=cfg.get("MAX_REGS"),
     )  # fmt: skip
     if num_splits > 1:
         _reduce_splits_kernel[(num_tokens, num_heads)](

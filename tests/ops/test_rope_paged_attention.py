@@ -69,7 +69,6 @@ def check_against_ref(problem: Problem, impl: str, what: str, **kwargs) -> None:
 
 SHORT = {"PRE_ROTATE": False, "BLOCK_M": 128, "TABLE_AHEAD": True}  # pick_config's short read on CUDA (head_dim 128)
 TABLE_AHEAD = {"TABLE_AHEAD": True, "num_stages": 3, "TILE_N": 16}
-SHORT_HALVES = {**SHORT, **TABLE_AHEAD, "HEAD_SPLIT": 2, "BLOCK_M": 64}  # a kv head's query heads in two programs
 TRITON_CASES = [
     # scenario, heads, head_dim, rotary_dim, block_size, dtype, position_free, extra, config
     ("prefill_T63", "gqa4", 64, None, 16, torch.float32, True, {}, None),
@@ -110,12 +109,6 @@ TRITON_CASES = [
     # tiles smaller than a block (16 keys in blocks of 32): a key's slot is not the same in every tile
     ("short_over_long", "gqa4", 64, None, 32, torch.bfloat16, True, {}, {**SHORT, **TABLE_AHEAD, "NUM_SPLITS": 4}),
     ("decode_only", "gqa4", 64, None, 32, torch.float32, True, {}, {**TABLE_AHEAD, "NUM_SPLITS": 2}),
-    # a kv head's query heads shared by HEAD_SPLIT programs (each reads all the keys for its share of the rows):
-    # a short read split 2 ways, one head a program (4 ways), gqa3 one head a program, a prefill over 16-row tiles
-    ("short_over_long", "gqa4", 64, None, 16, torch.bfloat16, True, {}, {**SHORT_HALVES, "NUM_SPLITS": 4}),
-    ("ssep_segments", "gqa4", 64, 32, 16, torch.float32, True, {}, {**SHORT, "NUM_SPLITS": 2, "HEAD_SPLIT": 4}),
-    ("mixed", "gqa3", 64, None, 16, torch.float16, True, {"share_span": True}, {"HEAD_SPLIT": 3, "BLOCK_M": 16}),
-    ("decode_only", "gqa4", 64, None, 16, torch.float32, False, {}, {"HEAD_SPLIT": 2, "NUM_SPLITS": 2}),
     # the dense kernel (gathered K and V, tensor-descriptor loads; the default for 16-bit prefill on Hopper)
     ("mixed", "gqa4", 128, None, 16, torch.bfloat16, True, {"repeat_block": True}, {"DENSE": True}),
     ("mixed", "gqa3", 64, 32, 32, torch.float16, True, {"share_span": True}, {"DENSE": True, "TILE_N": 32}),
