@@ -25,6 +25,7 @@ import json
 import os
 import sys
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import torch
 import triton
@@ -32,6 +33,8 @@ import triton.language as tl
 from torch.nn import functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from minipic_lite.models.one_row_linear import _seconds  # noqa: E402
 
 HIDDEN, INTERMEDIATE, Q, KV = 4096, 14336, 4096, 1024  # Llama-3-8B
 SHAPES = {"qkv": (HIDDEN, Q + 2 * KV), "o": (Q, HIDDEN), "gate_up": (HIDDEN, 2 * INTERMEDIATE),
@@ -50,7 +53,6 @@ TILES = [
 SPLITS = (1, 2, 3, 4, 6, 8, 12, 16)
 NUM_SMS = 132
 L2_BYTES = 50 << 20
-REPLAYS = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,26 +177,14 @@ def configs(k_in: int, n_out: int, tiny: bool) -> list[SkinnyConfig]:
 
 
 def graph_seconds(fn, x: torch.Tensor, ws: list[torch.Tensor]) -> float:
-    """Seconds a call: one CUDA graph calling fn(x, w) for every w in turn, the least of REPLAYS replays."""
-    for w in ws:
-        fn(x, w)
+    """Seconds a call: one CUDA graph calling fn(x, w) for every w in turn (the engine's start-up probe's timer,
+    `one_row_linear._seconds`), over the number of calls; on the CPU the calls run once and time nothing."""
     if not x.is_cuda:
-        return float("nan")
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
         for w in ws:
             fn(x, w)
-    graph.replay()
-    best = float("inf")
-    for _ in range(REPLAYS):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        best = min(best, start.elapsed_time(end) / 1e3 / len(ws))
-    return best
+        return float("nan")
+    group = [SimpleNamespace(weight=w, bias=None) for w in ws]
+    return _seconds(lambda x, w, bias: fn(x, w), group, x) / len(ws)
 
 
 def main() -> None:
