@@ -4,7 +4,7 @@
 # bench/data (the RAG datasets, built here with `python bench/rag.py --build-only --samples 64`) carried.
 #
 #   GIT_SHA=$(git rev-parse --short HEAD) bash bench/gpu_issue10.sh [part]   part: all (default), a, b, ops, ttft, host, hostdiag, offload, tests, splits, grid, rag, ragphase,
-#   rag0, read, readprof (with ncu), engineread, tileslast, final2, rag09, check17, diag18, check18, final18, warps18, bs32, rag32, tests, regs19, diag19, final19, tile16, w16, ahead, ahead2, final20, rag20, ahead4, next21, check22, check22b, rag22, ttft22, ncu22, next23, final23, dyn24, prefill24, final24, gemm24, next25, gemv27, gemv28, gemv29, gemm30, next31, next32, next33, next33b, next33c, next33d, next33e, next34, rag34, next35, next35b, next35c, next36, next36a, next37, next37b, next38, next38b, next38c, next39, next39b, next39c, next39d, next39e, next40, next41, next41b, next41c, next41d, next41e, next41f, next42, next43, engine21, engine, pending, final, ttft1, probe or hybrid, or several joined by commas
+#   rag0, read, readprof (with ncu), engineread, tileslast, final2, rag09, check17, diag18, check18, final18, warps18, bs32, rag32, tests, regs19, diag19, final19, tile16, w16, ahead, ahead2, final20, rag20, ahead4, next21, check22, check22b, rag22, ttft22, ncu22, next23, final23, dyn24, prefill24, final24, gemm24, next25, gemv27, gemv28, gemv29, gemm30, next31, next32, next33, next33b, next33c, next33d, next33e, next34, rag34, next35, next35b, next35c, next36, next36a, next37, next37b, next38, next38b, next38c, next39, next39b, next39c, next39d, next39e, next40, next41, next41b, next41c, next41d, next41e, next41f, next42, engine21, engine, pending, final, ttft1, probe or hybrid, or several joined by commas
 set -u
 cd "$(dirname "$0")/.."
 export TRITON_INTERPRET=0 PYTHONUNBUFFERED=1 GIT_SHA=${GIT_SHA:-unknown}
@@ -554,21 +554,6 @@ if want next41e || want next41f; then  # the copy-rerotate baseline after its co
     # and with its copies batched (e891a22; next41f), beside vanilla
     step rag_rerotate 240 $RAG --max-num-seqs 32 --max-num-batched-tokens 8192 --systems vanilla_prefix,copy_rerotate \
         --tag=-rerotate
-fi
-if want next43; then  # the short read with a kv head's 4 query heads shared by 2 programs (HEAD_SPLIT): 64-row tiles
-    # of 4 warps hold 17 tokens x 2 heads, two programs an SM; beside the default (128 rows, 8 warps, one an SM).
-    # Ran at 6460ae0 (1.26-1.33x slower at best: each key rotated by two programs); the key was removed after it
-    H2='"BLOCK_M": 64, "num_warps": 4, "HEAD_SPLIT": 2'
-    step short_headsplit 300 python3 bench/gpu_short_prefill.py --cases 1x17,1x32,1x16 --contexts 8192,16384,32768 \
-        --tag=_headsplit --sweep-json "[{\"PROGRAMS_PER_SM\": 1},
-        {$H2, \"TILE_N\": 64, \"num_stages\": 3, \"PROGRAMS_PER_SM\": 1},
-        {$H2, \"TILE_N\": 64, \"num_stages\": 3, \"PROGRAMS_PER_SM\": 2},
-        {$H2, \"TILE_N\": 32, \"num_stages\": 3, \"PROGRAMS_PER_SM\": 1},
-        {$H2, \"TILE_N\": 32, \"num_stages\": 3, \"PROGRAMS_PER_SM\": 2},
-        {$H2, \"TILE_N\": 32, \"num_stages\": 4, \"PROGRAMS_PER_SM\": 2},
-        {$H2, \"TILE_N\": 32, \"num_stages\": 2, \"PROGRAMS_PER_SM\": 2},
-        {$H2, \"TILE_N\": 32, \"num_stages\": 3, \"PROGRAMS_PER_SM\": 4},
-        {\"BLOCK_M\": 32, \"num_warps\": 4, \"HEAD_SPLIT\": 4, \"TILE_N\": 32, \"num_stages\": 3, \"PROGRAMS_PER_SM\": 2}]"
 fi
 if want next42; then  # issues 10 / 13: a skinny Triton matmul (swapped operands, TMA, split-K finished in-kernel) against
     # cuBLAS at the 8B projections, 1 / 17 / 64 rows, a config sweep each

@@ -64,8 +64,7 @@ def with_splits(config: dict, num_seqs: int, context: int, device) -> dict:
     per_sm = config.pop("PROGRAMS_PER_SM", None)
     if per_sm is not None:
         num_programs = per_sm * triton_kernel._num_sms(device.index or 0)
-        query_tiles = num_seqs * HEADS["num_kv_heads"] * config.get("HEAD_SPLIT", 1)
-        config["NUM_SPLITS"] = triton_kernel.splits_to_fill(num_programs, query_tiles, context)
+        config["NUM_SPLITS"] = triton_kernel.splits_to_fill(num_programs, num_seqs * HEADS["num_kv_heads"], context)
     return config
 
 
