@@ -7,7 +7,7 @@ their narrow side; K may be cut into splits so that column tiles x splits cover 
 [block_n, K / splits] slab of W through tensor-descriptor (TMA) loads; with splits it stores a float32 partial, and
 the last program of a column tile to finish (an atomic count a tile) adds the partials in split order and writes
 the output (no reduction launch). Measured at d23dd17 (`gpu_skinny_gemm_d23dd17_h200.json`): 1.02x cuBLAS over a
-layer's four projections at 17 and at 64 rows (0.078 ms a step), more splits always slower: not taken.
+layer's four projections at 17 and at 64 rows (0.078 ms a step), the fewest splits tried fastest there: not taken.
 
 Each variant runs as the engine runs it, replayed in a CUDA graph, over enough copies of the weight that every call
 reads it from HBM (not from the 50 MB L2); the figure is the graph's time over its calls (launch gaps inside the
