@@ -4,7 +4,7 @@
 # bench/data (the RAG datasets, built here with `python bench/rag.py --build-only --samples 64`) carried.
 #
 #   GIT_SHA=$(git rev-parse --short HEAD) bash bench/gpu_issue10.sh [part]   part: all (default), a, b, ops, ttft, host, hostdiag, offload, tests, splits, grid, rag, ragphase,
-#   rag0, read, readprof (with ncu), engineread, tileslast, final2, rag09, check17, diag18, check18, final18, warps18, bs32, rag32, tests, regs19, diag19, final19, tile16, w16, ahead, ahead2, final20, rag20, ahead4, next21, check22, check22b, rag22, ttft22, ncu22, next23, final23, dyn24, prefill24, final24, gemm24, next25, gemv27, gemv28, gemv29, gemm30, next31, next32, next33, next33b, next33c, next33d, next33e, next34, rag34, next35, next35b, next35c, next36, next36a, next37, next37b, next38, next38b, next38c, next39, next39b, next39c, next39d, next39e, next40, next41, next41b, next41c, next41d, next41e, next41f, next42, next44, engine21, engine, pending, final, ttft1, probe or hybrid, or several joined by commas
+#   rag0, read, readprof (with ncu), engineread, tileslast, final2, rag09, check17, diag18, check18, final18, warps18, bs32, rag32, tests, regs19, diag19, final19, tile16, w16, ahead, ahead2, final20, rag20, ahead4, next21, check22, check22b, rag22, ttft22, ncu22, next23, final23, dyn24, prefill24, final24, gemm24, next25, gemv27, gemv28, gemv29, gemm30, next31, next32, next33, next33b, next33c, next33d, next33e, next34, rag34, next35, next35b, next35c, next36, next36a, next37, next37b, next38, next38b, next38c, next39, next39b, next39c, next39d, next39e, next40, next41, next41b, next41c, next41d, next41e, next41f, next42, engine21, engine, pending, final, ttft1, probe or hybrid, or several joined by commas
 set -u
 cd "$(dirname "$0")/.."
 export TRITON_INTERPRET=0 PYTHONUNBUFFERED=1 GIT_SHA=${GIT_SHA:-unknown}
@@ -554,13 +554,6 @@ if want next41e || want next41f; then  # the copy-rerotate baseline after its co
     # and with its copies batched (e891a22; next41f), beside vanilla
     step rag_rerotate 240 $RAG --max-num-seqs 32 --max-num-batched-tokens 8192 --systems vanilla_prefix,copy_rerotate \
         --tag=-rerotate
-fi
-if want next44; then  # issues 10 / 13: lazy rescaling (RESCALE_SLACK: acc and l rescaled only when a row's max grows
-    # past the slack) in the split-KV read beside every tile's rescaling: short reads and decode
-    step short_lazy 240 python3 bench/gpu_short_prefill.py --cases 1x17,1x32,2x32 --contexts 8192,16384,32768 \
-        --tag=_lazy --sweep-json '[{"RESCALE_SLACK": 0.0}, {"RESCALE_SLACK": 8.0}]'
-    step read_lazy 240 env READ_SWEEP=lazy python3 bench/gpu_read_profile.py --out bench/results \
-        --cases short16k,short16k_cold,b1x8k,b1x8k_cold,b64x8k,b32x2200w8k,b64x576w8k
 fi
 if want next42; then  # issues 10 / 13: a skinny Triton matmul (swapped operands, TMA, split-K finished in-kernel) against
     # cuBLAS at the 8B projections, 1 / 17 / 64 rows, a config sweep each

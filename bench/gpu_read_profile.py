@@ -104,6 +104,8 @@ def grid(**axes) -> list[dict]:
 # values in registers before this tile's math (PREFETCH at 0f5919e, removed; read_profile_3ce5ff5_h200_prefetch.log):
 # best 0.0543 against 0.0530; the block ids read a tile ahead (TABLE_AHEAD, read_profile_3ce5ff5_h200_ahead.*,
 # read_profile_f557ac8_h200_ahead2.*): 0.0430 with 64-key tiles, 8 warps, 3 stages, 16 splits, kept
+# lazy rescaling (RESCALE_SLACK at 19d9e6f, read_profile_19d9e6f_lazy.json): short read 0.0439 ms against 0.0399,
+# decode 1 x 8k 17.5 against 18.1 us; removed (ops/README.md)
 def sweep_for(name: str) -> list[dict]:
     if MODE == "regs":  # registers capped (ptxas .maxnreg) so that 2 programs of 8 warps share an SM
         return {
@@ -161,13 +163,6 @@ def sweep_for(name: str) -> list[dict]:
         if name.startswith(("b1x", "b64x")):
             return grid(TILE_N=(32,), num_stages=(2, 3), MAX_REGS=(None, 128))
         return []
-    if MODE == "lazy":  # acc and l rescaled only when a row's max grows past RESCALE_SLACK (base 2): every tile's
-        # 64 FMULs a thread of the short read's acc skipped (ptxas, sm_90a: 457 instructions on that path against
-        # 511; decode 277 against 286), at the cost of one max over the tile's rows a tile
-        lazy = grid(RESCALE_SLACK=(0.0, 8.0))
-        if name.startswith("short16k"):
-            return lazy + grid(RESCALE_SLACK=(8.0,), NUM_SPLITS=(8, 32))
-        return lazy
     if MODE == "w16":  # 16 warps (4 warpgroups) on one tile, fewer iterations (ptxas: 32-key tiles at 126
         # registers without spilling, 64-key tiles spill 80-88 bytes at 128), not yet run
         if name.startswith("short16k"):
@@ -217,7 +212,7 @@ def kernel_times(fn, calls: int = 20) -> dict:
 
 # READ_SWEEP: 1 (the default) each case's sweep below, 0 each case's defaults only, or one of the named sweeps
 MODE = os.environ.get("READ_SWEEP", "1")
-SWEEP = MODE in ("1", "warps", "regs", "tile16", "w16", "ahead", "ahead2", "ahead3", "ahead4", "rel37", "lazy")
+SWEEP = MODE in ("1", "warps", "regs", "tile16", "w16", "ahead", "ahead2", "ahead3", "ahead4", "rel37")
 COLD_COPIES = 6  # `_cold` cases: each call reads the next of this many copies, so K and V come from DRAM, not L2
 
 

@@ -12,7 +12,6 @@ for the 4-warp short read, as ncu read it on the H200).
     python bench/ptxas_stats.py                              # the short read's default and a few neighbours
     python bench/ptxas_stats.py --config 128,32,8,2,128      # BLOCK_M,TILE_N,num_warps,num_stages,maxnreg (0: none)
     python bench/ptxas_stats.py --table-ahead --config 128,64,8,3,0   # the short read's default (pick_config)
-    python bench/ptxas_stats.py --table-ahead --config 128,64,8,3,0 --rescale-slack 8   # ... rescaling lazily
 """
 
 from __future__ import annotations
@@ -112,7 +111,6 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", action="append", help="BLOCK_M,TILE_N,num_warps,num_stages,maxnreg (0: none)")
     parser.add_argument("--table-ahead", action="store_true", help="the TABLE_AHEAD option")
-    parser.add_argument("--rescale-slack", type=float, help="the RESCALE_SLACK option (lazy rescaling)")
     args = parser.parse_args()
     configs = [tuple(int(x) for x in c.split(",")) for c in args.config] if args.config else DEFAULT_CONFIGS
     print(
@@ -121,7 +119,7 @@ def main() -> None:
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for block_m, tile_n, warps, stages, maxnreg in configs:
-        options = dict(TABLE_AHEAD=args.table_ahead, RESCALE_SLACK=args.rescale_slack)
+        options = dict(TABLE_AHEAD=args.table_ahead)
         compiled = compile_read(block_m, tile_n, warps, stages, maxnreg or None, **options)
         usage, ptx = resource_usage(compiled.asm["cubin"]), compiled.asm["ptx"]
         loops = " / ".join(map(str, loop_instructions(compiled.asm["cubin"])))

@@ -208,24 +208,6 @@ def _online_softmax(qk, m_i, l_i, qk_scale):
 
 
 @triton.jit
-def _lazy_online_softmax(qk, acc, m_i, l_i, qk_scale, RESCALE_SLACK: tl.constexpr):
-    """`_online_softmax` that rescales (acc, l) only when some row's max grows by more than RESCALE_SLACK (base 2):
-    otherwise p is taken against the kept max m (so p <= 2^RESCALE_SLACK) and acc is left as it is. Returns
-    (acc, p, m, l); (acc, l) stay consistent with m, which the split merge reads."""
-    # NOTE: one decision for the whole tile (Triton branches per program, not per warp, as FlashAttention-4 does)
-    m_tile = tl.max(qk, 1) * qk_scale  # [BLOCK_M]
-    grows = tl.max((m_tile > m_i + RESCALE_SLACK).to(tl.int32), 0)  # -inf + slack stays -inf: a first key grows
-    if grows > 0:
-        m_new = tl.maximum(m_i, m_tile)
-        alpha = tl.math.exp2(m_i - tl.where(m_new == float("-inf"), 0.0, m_new))  # [BLOCK_M]
-        acc = acc * alpha[:, None]
-        l_i = l_i * alpha
-        m_i = m_new
-    p = tl.math.exp2(qk * qk_scale - tl.where(m_i == float("-inf"), 0.0, m_i)[:, None])  # [BLOCK_M, TILE_N]
-    return acc, p, m_i, l_i + tl.sum(p, 1)
-
-
-@triton.jit
 def _attend_key_tiles(
     acc,
     m_i,
@@ -260,7 +242,6 @@ def _attend_key_tiles(
     APPLY_MASK: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     TABLE_AHEAD: tl.constexpr,
-    RESCALE_SLACK: tl.constexpr,
 ):
     """Key tiles [tile_begin, tile_end) into the running (acc, m, l).
 
@@ -287,14 +268,10 @@ def _attend_key_tiles(
         )  # fmt: skip
         qk = _scores(q_lo, q_hi, q_pass, k1, k2, cos, sin, k_pass, row_pos, row_vis, tile, HEAD_DIM, ROTARY_DIM,
                      TILE_N, APPLY_MASK, DOT_PRECISION)  # fmt: skip
-        if RESCALE_SLACK is None:
-            p, alpha, m_i, l_i = _online_softmax(qk, m_i, l_i, qk_scale)
-            # -- compute pv --
-            v = _load_values(v_cache_ptr, v_base, key_ok, HEAD_DIM)
-            acc = acc * alpha[:, None]
-        else:
-            acc, p, m_i, l_i = _lazy_online_softmax(qk, acc, m_i, l_i, qk_scale, RESCALE_SLACK)
-            v = _load_values(v_cache_ptr, v_base, key_ok, HEAD_DIM)
+        p, alpha, m_i, l_i = _online_softmax(qk, m_i, l_i, qk_scale)
+        # -- compute pv --
+        v = _load_values(v_cache_ptr, v_base, key_ok, HEAD_DIM)
+        acc = acc * alpha[:, None]
         acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)  # [BLOCK_M, HEAD_DIM]
     return acc, m_i, l_i
 
@@ -346,7 +323,6 @@ def _rope_paged_attention_kernel(
     TILES_LAST: tl.constexpr,  # grid (kv heads, splits, tiles) instead of (tiles, kv heads, splits)
     DOT_PRECISION: tl.constexpr,
     TABLE_AHEAD: tl.constexpr = False,  # the next key tile's block ids read an iteration ahead
-    RESCALE_SLACK: tl.constexpr = None,  # a float: rescale lazily (_lazy_online_softmax); None: every tile
 ):
     if TILES_LAST:
         # NOTE: every program of a tile is dispatched before any of the next tile's, so the real tiles start at
@@ -432,7 +408,7 @@ def _rope_paged_attention_kernel(
             k_cache_ptr, v_cache_ptr, k_table_ptr, v_table_ptr, cos_sin_ptr, kv_head, qk_scale,
             stride_k_blk, stride_k_slot, stride_k_head, stride_v_blk, stride_v_slot, stride_v_head,
             stride_cs_pos, BLOCK_SIZE, HEAD_DIM, ROTARY_DIM, HALF_PAD, TILE_N,
-            part != 1, DOT_PRECISION, TABLE_AHEAD, RESCALE_SLACK,
+            part != 1, DOT_PRECISION, TABLE_AHEAD,
         )  # fmt: skip
 
     # -- epilogue --
@@ -848,8 +824,7 @@ def compile_key(cfg: dict) -> tuple:
     """What a launch with config `cfg` compiles: two configs with the same key run the same kernels."""
     split = cfg["NUM_SPLITS"] > 1
     return (cfg["BLOCK_M"], cfg["TILE_N"], cfg["num_warps"], cfg["num_stages"], split, cfg["PRE_ROTATE"],
-            cfg["DENSE"], cfg["WARP_SPECIALIZE"], cfg.get("MAX_REGS"), cfg.get("TABLE_AHEAD", False),
-            cfg.get("RESCALE_SLACK"))  # fmt: skip
+            cfg["DENSE"], cfg["WARP_SPECIALIZE"], cfg.get("MAX_REGS"), cfg.get("TABLE_AHEAD", False))  # fmt: skip
 
 
 # Step shapes that `variant_shapes` tries: sequences, query tokens per sequence (around pick_config's thresholds of
@@ -1085,7 +1060,6 @@ def rope_paged_attention_triton(
         HALF_PAD=max(_next_pow2(rotary_dim // 2), 16), BLOCK_M=block_m, BLOCK_Q=block_q,
         TILE_N=cfg["TILE_N"], SPLIT_KV=num_splits > 1, TILES_LAST=tiles_last,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", TABLE_AHEAD=cfg.get("TABLE_AHEAD", False),
-        RESCALE_SLACK=cfg.get("RESCALE_SLACK"),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], maxnreg=cfg.get("MAX_REGS"),
     )  # fmt: skip
     if num_splits > 1:
