@@ -281,3 +281,98 @@ def test_an_llm_nobody_holds_is_collected_and_its_loop_thread_ends(model_dir):
     assert ref() is None
     thread.join(timeout=30)
     assert not thread.is_alive()
+
+
+# -- a step that fails, a consumer that fails, closing with requests in flight -----------------------------------
+
+
+def test_a_failing_step_reaches_every_caller_in_flight_and_the_loop_keeps_serving(llm, solo, monkeypatch):
+    """A forward that raises (say, out of memory) after the step admitted its requests: every request in flight
+    (a stream and a generate() here) gets the error and is aborted, every block comes back, the prefix cache is
+    forgotten (the failed step published hashes of blocks it never wrote), and the next request runs as before."""
+    engine = llm.engine
+    launch, failed = engine.runner.launch, threading.Event()
+
+    def launch_failing_once(out):
+        if not failed.is_set() and len(engine.requests) >= 2:
+            failed.set()
+            raise RuntimeError("injected forward failure")
+        return launch(out)
+
+    monkeypatch.setattr(engine.runner, "launch", launch_failing_once)
+
+    def scenario():
+        stream = llm.stream(PROMPTS[0], LONG)
+        first = next(stream)
+        with pytest.raises(RuntimeError, match="injected forward failure"):
+            llm.generate([PROMPTS[1]], GREEDY, use_tqdm=False)
+        with pytest.raises(RuntimeError, match="injected forward failure"):
+            list(stream)
+        return first
+
+    first = run_with_timeout(scenario)
+    assert failed.is_set() and not first.finished
+    assert_idle(llm)
+    assert engine.pool.num_cached_blocks == 0 and not engine.kv.pending
+    (out,) = run_with_timeout(lambda: llm.generate([PROMPTS[1]], GREEDY, use_tqdm=False))
+    assert out.token_ids == solo[PROMPTS[1]]
+    assert_idle(llm)
+
+
+def test_a_sink_that_raises_aborts_its_request_and_the_others_finish(llm, solo):
+    """A streaming consumer that is gone (its sink raises, e.g. its event loop closed) stops its request at its first
+    token; a generate() beside it gets its own tokens."""
+    calls = []
+
+    def broken_sink(output):
+        calls.append(output)
+        raise RuntimeError("consumer gone")
+
+    (req,) = llm.make_requests([PROMPTS[2]], [LONG], stream=True)
+    llm.submit([req], broken_sink)
+    (out,) = run_with_timeout(lambda: llm.generate([PROMPTS[3]], GREEDY, use_tqdm=False))
+    assert out.token_ids == solo[PROMPTS[3]]
+    assert llm._loop.call(lambda engine: req.request_id in engine.requests) is False
+    assert [o.finished for o in calls] == [False, True]  # its first token, then the abort's final output
+    assert calls[-1].finish_reason == "abort" and len(calls[-1].token_ids) == 1
+    assert_idle(llm)
+
+
+def test_closing_the_llm_aborts_the_requests_in_flight(model_dir):
+    """close() with a stream still running: the stream ends with a final "abort" output instead of hanging, and a
+    request after close() is a clear error."""
+    llm = mp.LLM(str(model_dir), device="cpu", dtype="float32", num_blocks=64, max_model_len=512)
+
+    def scenario():
+        stream = llm.stream(PROMPTS[0], LONG)
+        first = next(stream)
+        llm.close()
+        return [first, *stream]
+
+    outs = run_with_timeout(scenario)
+    assert outs[-1].finished and outs[-1].finish_reason == "abort" and not outs[0].finished
+    assert not llm._loop._thread.is_alive()
+    with pytest.raises(RuntimeError, match="the engine loop is closed"):
+        llm.generate(PROMPTS[1], GREEDY, use_tqdm=False)
+
+
+def test_an_interrupted_generate_aborts_what_it_still_runs(llm, monkeypatch):
+    """Ctrl-C while generate() waits (here: as its first output arrives): the prompts not finished yet are aborted
+    and their blocks freed before the interrupt reaches the caller."""
+    import minipic_lite.llm as llm_module
+
+    def interrupted(item):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(llm_module, "_raise_if_error", interrupted)
+    short = mp.SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+    with pytest.raises(KeyboardInterrupt):
+        run_with_timeout(lambda: llm.generate([PROMPTS[4], PROMPTS[5]], [short, LONG], use_tqdm=False))
+    assert_idle(llm)
+    assert llm.engine.stats.num_aborted >= 1
+
+
+def test_prompts_and_sampling_params_must_pair_up(llm):
+    with pytest.raises(ValueError, match="got 2 prompts but 3 sampling params"):
+        llm.generate(PROMPTS[:2], [GREEDY] * 3, use_tqdm=False)
+    assert_idle(llm)
