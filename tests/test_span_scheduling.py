@@ -527,3 +527,45 @@ def test_a_span_prefill_never_evicts_a_block_its_own_prompt_would_hit(policy):
     assert of_b == ([("b/span1", p) for p in range(8)] + [("b", p) for p in range(20, 24)] if policy == "barrier"
                     else inline_b)  # fmt: skip
     assert len(computed) == len(inline) == 36
+
+
+def test_a_running_request_that_needs_a_block_preempts_a_span_prefill_first_and_keeps_its_finished_blocks():
+    """isps, one seat, 9 blocks, span prefills capped at one token a step: b's 4-block span is computed ahead while a
+    decodes, until a needs a block when none is free. The victim is the span prefill, not a: it is dropped
+    ("preempted"), the span blocks it completed stay cached, and b's final computes only what is still missing."""
+    long_doc = [S, *range(70, 85)]  # an SSEP span of four blocks
+    sched = scheduler(num_blocks=9, budget=8, max_num_seqs=1, policy="isps", span_ahead_tokens=1)
+    a = request("a", [20, 21, 22, PAD, P, 60, 61], max_tokens=16)
+    b = request("b", [25, 26, 27, PAD, *long_doc, P, 60, 62])
+    sched.add(a)
+    sched.add(b)
+    outs, computed = [], []
+    while not outs or not outs[-1].preempted:
+        assert len(outs) < 20, "the span prefill was never preempted"
+        outs.append(step(sched, computed))
+    (unit,) = outs[-1].preempted
+    assert unit.request_id == "b/span1" and unit.finish_reason == "preempted" and not sched.span_running
+    assert [(s.seq.request_id, s.query_ranges) for s in outs[-1].scheduled] == [("a", [(20, 21)])]
+    assert positions_of(computed, "b/span1") == list(range(14))  # 3 of its 4 blocks complete when dropped
+    run(sched, computed)
+    assert a.num_output_tokens == 16 and b.num_output_tokens == 2
+    assert positions_of(computed, "b") == [*range(4), *range(16, 24)]  # its lead, the span's last block, the final
+
+
+def test_span_prefills_nobody_is_left_to_use_are_dropped():
+    """b's span is computed ahead while a decodes; b is aborted, then a finishes: with nobody running or waiting,
+    the span prefill stops (aborted) instead of computing blocks no request asked for, and every block is free."""
+    sched = scheduler(num_blocks=16, budget=8, max_num_seqs=1, policy="isps", span_ahead_tokens=1)
+    a = request("a", [20, 21, 22, PAD, P, 60, 61], max_tokens=3)
+    b = request("b", [25, 26, 27, PAD, S, *range(70, 85), P, 60, 62])
+    sched.add(a)
+    sched.add(b)
+    step(sched)
+    (unit,) = sched.span_running
+    sched.finish(b, "abort")
+    assert sched.span_running == [unit]  # a still runs: the span prefill goes on
+    computed = []
+    run(sched, computed)
+    assert unit.finish_reason == "abort" and not sched.span_running and not sched.has_unfinished
+    assert positions_of(computed, "b/span1") == [1, 2] and a.num_output_tokens == 3  # after the first step's 0
+    assert sched.kv.num_free_blocks == 16
