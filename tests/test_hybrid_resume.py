@@ -173,3 +173,35 @@ def test_a_resume_reads_kv_blocks_back_from_the_host_tier(model_path):
     assert first.token_ids == _run(reference, prefix + _tokens(20, seed=61)).token_ids
     assert second.token_ids == _run(reference, second_prompt).token_ids
     engine.kv.check_integrity()
+
+
+def test_a_failing_step_forgets_checkpoints_and_host_blocks_and_the_engine_serves_on(model_path, monkeypatch):
+    """A forward that raises with two requests in flight on a hybrid with a host tier: both callers get the error,
+    the checkpoints, the host tier's blocks and the device hashes are forgotten (the failed step may have left any
+    of them unwritten), every state slot and block comes back, and the same prompts then decode as without caching."""
+    llm = _llm(model_path, num_blocks=33, max_model_len=512, host_cache_gib=0.01)
+    engine = llm.engine
+    prefix = _tokens(96, seed=80)
+    prompts = [prefix + _tokens(20, seed=81), prefix + _tokens(30, seed=82)]
+    llm.generate([prefix + _tokens(10, seed=83)], GREEDY, use_tqdm=False)
+    for i in range(3):  # push the prefix's blocks out to the host tier
+        llm.generate([_tokens(300, seed=84 + i)], GREEDY, use_tqdm=False)
+    assert engine.kv.states.by_hash and engine.kv.host.slots
+    launch = engine.runner.launch
+
+    def launch_failing_once(out):
+        monkeypatch.setattr(engine.runner, "launch", launch)
+        raise RuntimeError("injected forward failure")
+
+    monkeypatch.setattr(engine.runner, "launch", launch_failing_once)
+    with pytest.raises(RuntimeError, match="injected forward failure"):
+        llm.generate(prompts, GREEDY, use_tqdm=False)
+    states = engine.kv.states
+    assert not engine.requests and not states.by_hash and not engine.kv.host.slots
+    assert engine.pool.num_cached_blocks == 0 and engine.pool.num_free_blocks == engine.pool.num_blocks
+    engine.kv.check_integrity()
+    states.check_integrity([])
+    reference = _llm(model_path, enable_prefix_caching=False).engine
+    outs = llm.generate(prompts, GREEDY, use_tqdm=False)
+    assert [o.token_ids for o in outs] == [_run(reference, p).token_ids for p in prompts]
+    llm.close()
