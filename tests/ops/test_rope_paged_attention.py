@@ -373,6 +373,16 @@ BAD_ARGS = {
     "rotary_dim_too_big": ("cos_sin", lambda a: _replace(a, cos_sin=torch.cat([a["cos_sin"]] * 3, dim=1))),
     "cos_sin_too_few_rows": ("cos_sin", lambda a: _replace(a, cos_sin=a["cos_sin"][:3])),
     "scale_negative": ("scale", lambda a: _replace(a, scale=-1.0)),
+    "q_not_a_tensor": ("q", lambda a: _replace(a, q=a["q"].tolist())),
+    "k_head_dim": ("k_cache", lambda a: _replace(a, k_cache=a["k_cache"][..., :32], v_cache=a["v_cache"][..., :32])),
+    "no_sequence": ("block_tables", lambda a: _replace(a, block_tables=a["block_tables"][:0])),
+    "no_query_token": (
+        "q",
+        lambda a: _replace(a, q=a["q"][:0], q_positions=a["q_positions"][:0], visible_start=a["visible_start"][:0]),
+    ),
+    "cos_sin_dtype": ("cos_sin", lambda a: _replace(a, cos_sin=a["cos_sin"].int())),
+    "kv_lens_strided": ("kv_lens", lambda a: _replace(a, kv_lens=torch.stack([a["kv_lens"]] * 2, 1)[:, 0])),
+    "cos_sin_strided": ("cos_sin", lambda a: _replace(a, cos_sin=torch.stack([a["cos_sin"]] * 2, 2)[..., 0])),
 }
 
 
