@@ -278,3 +278,39 @@ def test_the_one_buffer_conv_equals_a_conv1d_per_sequence():
     buf[rows.tokens] = mixed
     assert max_abs_err(causal_conv_taps(buf, rows.first, weight[:, 0]), torch.cat(expected)) <= 1e-12
     assert torch.equal(buf[rows.last].view(len(lens), width, channels).transpose(1, 2), torch.stack(expected_windows))
+
+
+def test_a_hybrid_directory_without_weights_or_with_some_missing_fails_at_start_up(hybrid, tmp_path):
+    """No *.safetensors, or a tensor left out of it: a ValueError naming what is missing, not a model of zeros."""
+    from safetensors.torch import load_file, save_file
+
+    path, _ = hybrid
+    (tmp_path / "bare").mkdir()
+    (tmp_path / "bare" / "config.json").write_text((path / "config.json").read_text())
+    with pytest.raises(ValueError, match=r"no \*\.safetensors weights in .*bare"):
+        _llm(tmp_path / "bare")
+    (tmp_path / "partial").mkdir()
+    (tmp_path / "partial" / "config.json").write_text((path / "config.json").read_text())
+    weights = load_file(path / "model.safetensors")
+    dropped = "model.layers.0.linear_attn.A_log"
+    save_file({k: v for k, v in weights.items() if k != dropped}, tmp_path / "partial" / "model.safetensors")
+    with pytest.raises(ValueError, match=r"partial lacks weights for: layers\.0\.linear_attn\.A_log$"):
+        _llm(tmp_path / "partial")
+
+
+def test_dummy_weights_of_a_hybrid_keep_its_norms_and_decays_in_range_and_generate(hybrid):
+    """load_format="dummy" (the GPU benches' random weights of a real shape): (1 + w) norms at identity, the gated
+    norm at 1, A = exp(A_log) in [0.01, 16], the same weights for the same seed, and a finite greedy run."""
+    path, _ = hybrid
+    llm = _llm(path, load_format="dummy")
+    params = dict(llm.engine.runner.model.named_parameters())
+    norms = [p for n, p in params.items() if n.endswith("norm.weight") and "linear_attn" not in n]
+    assert norms and all(torch.equal(p, torch.zeros_like(p)) for p in norms)
+    gated = [p for n, p in params.items() if n.endswith("linear_attn.norm.weight") or n.endswith("norm_weight")]
+    a_log = [p for n, p in params.items() if n.endswith("A_log")]
+    assert all(torch.equal(p, torch.ones_like(p)) for p in gated)
+    assert a_log and all(((p.exp() >= 0.01 - 1e-6) & (p.exp() <= 16 + 1e-4)).all() for p in a_log)
+    again = dict(_llm(path, load_format="dummy").engine.runner.model.named_parameters())
+    assert all(torch.equal(params[n], again[n]) for n in params)
+    (out,) = llm.generate([list(range(5, 40))], mp.SamplingParams(max_tokens=6, **GREEDY), use_tqdm=False)
+    assert len(out.token_ids) == 6 and all(0 <= t < 256 for t in out.token_ids)
