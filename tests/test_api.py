@@ -2,6 +2,7 @@
 
 import time
 
+import numpy as np
 import pytest
 import torch
 
@@ -34,6 +35,21 @@ def assert_engine_idle(llm):
 def test_nonsense_sampling_params_are_rejected(kwargs, message):
     with pytest.raises(ValueError, match=message):
         mp.SamplingParams(**kwargs)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"temperature": "0.5"}, "temperature must be a number, got str"),
+        ({"top_p": None}, "top_p must be a number, got NoneType"),
+        ({"temperature": True}, "temperature must be a number, got bool"),
+        ({"seed": "1"}, "seed must be an int or None, got str"),
+    ],
+)
+def test_sampling_params_of_the_wrong_type_name_themselves(kwargs, message):
+    with pytest.raises(TypeError, match=message):
+        mp.SamplingParams(**kwargs)
+    assert mp.SamplingParams(temperature=np.float32(0.5), top_p=np.float64(0.9)).temperature == 0.5
 
 
 @pytest.mark.parametrize(
