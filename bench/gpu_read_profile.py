@@ -42,6 +42,8 @@ def case_args(name: str, device) -> list:
     graphs size them to max_model_len, and pick_config reads the width, not the context)."""
     if name == "short16k":
         return problem(1, 17, 16384, device)
+    if name.startswith("short16k_b"):  # _b32 / _b64 / _b128: the same read on blocks of that many keys
+        return problem(1, 17, 16384, device, block_size=int(name.removeprefix("short16k_b")))
     if name.startswith("short16k_"):  # _contig / _spread: the same blocks placed in a pool as large as the engine's
         return placed_in_pool(problem(1, 17, 16384, device), spread=name.endswith("spread"))
     batch, length = DECODE_CASES[name]

@@ -44,9 +44,9 @@ SPLIT_SWEEP = [dict(NUM_SPLITS=sp, TILE_N=n, num_warps=w)
                for sp, n, w in itertools.product((16, 32, 64, 128), (32, 64), (4, 8))]  # fmt: skip
 
 
-def problem(num_seqs: int, new_tokens: int, context: int, device):
+def problem(num_seqs: int, new_tokens: int, context: int, device, block_size: int = 16):
     specs = [SeqSpec(context, ((context - new_tokens, context),)) for _ in range(num_seqs)]
-    p = make_problem(specs, HEADS["num_heads"], HEADS["num_kv_heads"], HEADS["head_dim"], 16, torch.bfloat16,
+    p = make_problem(specs, HEADS["num_heads"], HEADS["num_kv_heads"], HEADS["head_dim"], block_size, torch.bfloat16,
                      device=device, seed=context + new_tokens)  # fmt: skip
     args = list(p.args())
     args[8] = args[8].to(torch.bfloat16)  # the engine's table dtype
