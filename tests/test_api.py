@@ -209,3 +209,24 @@ def test_the_engine_hashes_a_span_prompt_from_its_packed_bytes_as_the_pure_funct
     assert req.layout == span_layout(ids, control, block_size) and req.layout.has_spans
     assert req.block_hashes == prompt_block_hashes(ids, control, block_size, llm.engine.root)
     assert req.prompt_bytes is None and len(req.block_hashes) == len(ids) // block_size
+
+
+def test_a_model_without_a_tokenizer_takes_token_ids_and_says_so_for_text(tmp_path):
+    """A config.json and random weights, no tokenizer (the GPU benches' models): text, chats and the text composer
+    are clear errors; token ids generate, with empty text."""
+    import json
+
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 256, "hidden_size": 32,
+              "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
+              "max_position_embeddings": 512, "tie_word_embeddings": True}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    llm = mp.LLM(str(tmp_path), device="cpu", load_format="dummy", max_model_len=128, num_blocks=16)
+    for prompt in ("Hello", [{"role": "user", "content": "Hello"}]):
+        with pytest.raises(ValueError, match="has no tokenizer: pass prompts as token ids"):
+            llm.generate(prompt, GREEDY8, use_tqdm=False)
+    with pytest.raises(ValueError, match="has no tokenizer: compose pieces from token ids"):
+        mp.PromptComposer.for_llm(llm)
+    params = mp.SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True, detokenize=False)
+    (out,) = llm.generate([[5, 6, 7, 8]], params, use_tqdm=False)
+    assert len(out.token_ids) == 4 and out.text == ""
+    llm.close()
