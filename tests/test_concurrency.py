@@ -376,3 +376,27 @@ def test_prompts_and_sampling_params_must_pair_up(llm):
     with pytest.raises(ValueError, match="got 2 prompts but 3 sampling params"):
         llm.generate(PROMPTS[:2], [GREEDY] * 3, use_tqdm=False)
     assert_idle(llm)
+
+
+def test_async_llm_of_its_own_aborts_by_request_id_and_closes(model_dir):
+    """`AsyncLLM(model, ...)` builds its own engine; `await abort(id)` returns once the blocks are free and the
+    stream ends with the abort's final output; close() stops the loop."""
+    async_llm = mp.AsyncLLM(str(model_dir), device="cpu", dtype="float32", num_blocks=64, max_model_len=512)
+    engine = async_llm.llm.engine
+
+    async def main():
+        outs = []
+        async for out in async_llm.generate(PROMPTS[0], LONG, request_id="stop-me"):
+            outs.append(out)
+            if len(outs) == 2:
+                await async_llm.abort("stop-me")
+                assert engine.pool.num_free_blocks == engine.pool.num_blocks  # freed when abort returns
+        return outs
+
+    outs = run_with_timeout(asyncio.run, main())
+    # NOTE: a step may end between the second output and the abort: its token comes before the final output
+    assert not any(o.finished for o in outs[:-1]) and outs[-1].finished and outs[-1].finish_reason == "abort"
+    assert len(outs) >= 3 and len(outs[-1].token_ids) < LONG.max_tokens
+    assert async_llm.stats()["num_running"] == 0
+    async_llm.close()
+    assert not async_llm.llm._loop._thread.is_alive()
