@@ -564,8 +564,8 @@ if want next47; then  # the hand-off to the loop thread in a cached 8 x 2,048 ne
     # inbox against polling it (bench/loop_handoff.py), at block size 32
     step loop_handoff_b32 200 python3 bench/loop_handoff.py --device cuda --llama3-8b-shape --block-size 32 --rounds 3
 fi
-if want next46; then  # the cached 8 x 2,048 TTFT by block size (32, 64, 128, then 32 again): host work a block against
-    # the short read's tiles (at 128 a 64-key tile holds part of a block)
+if want next46; then  # the cached 8 x 2,048 TTFT by block size (32, 64, 128), then its host sections (64, 128, 32):
+    # host work a block against the short read's tiles (at 128 a 64-key tile holds part of a block)
     for bs in 32 64 128; do
         step ttft_8x2048_b$bs 150 python3 bench/ttft_spans.py --device cuda --llama3-8b-shape --doc-tokens 2048 --ks 8 \
             --repeats 3 --block-size $bs

@@ -31,12 +31,6 @@ import torch
 
 import minipic_lite as mp
 
-TWO_TOKENS = mp.SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
-TINY_LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 49152, "hidden_size": 64,
-              "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1,
-              "head_dim": 32, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "max_position_embeddings": 65536,
-              "tie_word_embeddings": True}  # fmt: skip
-
 
 class PollingInbox:
     """The loop's inbox, waited on by polling: `get(block=True)` asks every `tick_s` for `window_s`, then blocks."""
@@ -63,6 +57,7 @@ class PollingInbox:
 
 
 def build(args) -> mp.LLM:
+    from host_ttft import TINY_LLAMA  # bench/host_ttft.py, beside this file
     from rag import CONTROL, LLAMA3_8B  # bench/rag.py, beside this file
 
     model = Path(tempfile.mkdtemp()) / "model"
@@ -91,7 +86,7 @@ def record_moments(llm: mp.LLM) -> dict:
 
 
 def questions(llm: mp.LLM, composer, docs, marks: dict, num: int, tag: int) -> list[dict]:
-    from ttft_spans import QUESTION, SYSTEM  # bench/ttft_spans.py, beside this file
+    from ttft_spans import QUESTION, SYSTEM, TWO_TOKENS  # bench/ttft_spans.py, beside this file
 
     rows = []
     for i in range(num):
@@ -116,7 +111,7 @@ def main() -> None:
     parser.add_argument("--window-ms", type=float, default=20.0)
     parser.add_argument("--tick-us", type=float, default=50.0)
     args = parser.parse_args()
-    from ttft_spans import TokenIdRecipes, git_sha, random_documents  # bench/ttft_spans.py, beside this file
+    from ttft_spans import TWO_TOKENS, TokenIdRecipes, git_sha, random_documents  # bench/ttft_spans.py, beside this
 
     llm = build(args)
     composer = TokenIdRecipes(llm)
