@@ -8,7 +8,7 @@ import torch
 
 import minipic_lite as mp
 from minipic_lite.sampler import apply_top_k_top_p
-from tests.conftest import write_gguf
+from tests.conftest import save_tiny_llama, write_gguf
 
 GREEDY8 = mp.SamplingParams(max_tokens=8, temperature=0.0)
 
@@ -49,6 +49,9 @@ def test_nonsense_sampling_params_are_rejected(kwargs, message):
 def test_sampling_params_of_the_wrong_type_name_themselves(kwargs, message):
     with pytest.raises(TypeError, match=message):
         mp.SamplingParams(**kwargs)
+
+
+def test_numpy_scalars_are_numbers_to_sampling_params():
     assert mp.SamplingParams(temperature=np.float32(0.5), top_p=np.float64(0.9)).temperature == 0.5
 
 
@@ -212,15 +215,9 @@ def test_the_engine_hashes_a_span_prompt_from_its_packed_bytes_as_the_pure_funct
 
 
 def test_a_model_without_a_tokenizer_takes_token_ids_and_says_so_for_text(tmp_path):
-    """A config.json and random weights, no tokenizer (the GPU benches' models): text, chats and the text composer
-    are clear errors; token ids generate, with empty text."""
-    import json
-
-    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 256, "hidden_size": 32,
-              "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
-              "max_position_embeddings": 512, "tie_word_embeddings": True}  # fmt: skip
-    (tmp_path / "config.json").write_text(json.dumps(config))
-    llm = mp.LLM(str(tmp_path), device="cpu", load_format="dummy", max_model_len=128, num_blocks=16)
+    """A saved model with no tokenizer (as the GPU benches' random models): text, chats and the text composer are
+    clear errors; token ids generate, with empty text."""
+    llm = mp.LLM(str(save_tiny_llama(tmp_path)), device="cpu", max_model_len=128, num_blocks=16)
     for prompt in ("Hello", [{"role": "user", "content": "Hello"}]):
         with pytest.raises(ValueError, match="has no tokenizer: pass prompts as token ids"):
             llm.generate(prompt, GREEDY8, use_tqdm=False)

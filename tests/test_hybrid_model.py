@@ -300,7 +300,7 @@ def test_a_hybrid_directory_without_weights_or_with_some_missing_fails_at_start_
 
 def test_dummy_weights_of_a_hybrid_keep_its_norms_and_decays_in_range_and_generate(hybrid):
     """load_format="dummy" (the GPU benches' random weights of a real shape): (1 + w) norms at identity, the gated
-    norm at 1, A = exp(A_log) in [0.01, 16], the same weights for the same seed, and a finite greedy run."""
+    norm at 1, A = exp(A_log) in [0.01, 16], the same weights for the same seed, and a greedy run."""
     path, _ = hybrid
     llm = _llm(path, load_format="dummy")
     params = dict(llm.engine.runner.model.named_parameters())
