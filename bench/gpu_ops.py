@@ -51,6 +51,14 @@ PREFILL_SWEEP = [
         (64, 128, 4, 3, False), (128, 64, 8, 3, False),
     ]
 ]  # fmt: skip
+# the dense kernel's two default tiles with the unmasked tiles' exponentials on the FMA pipe: none, half, all
+# (EXP_POLY; FlashAttention-4's split of the exponentials between the MUFU and the FMA units), and the small prompts'
+# tiles with every kv head's last query tiles started first (HEADS_FIRST)
+EXP_POLY_SWEEP = [
+    dict(DENSE=True, BLOCK_M=m, TILE_N=n, num_warps=w, num_stages=3, WARP_SPECIALIZE=ws, EXP_POLY=e)
+    for m, n, w, ws in [(64, 64, 4, False), (128, 128, 8, True)]
+    for e in (0, 1, 2)
+] + [dict(DENSE=True, BLOCK_M=64, TILE_N=64, num_warps=4, num_stages=3, WARP_SPECIALIZE=False, HEADS_FIRST=True)]
 # decode with the bf16 table: (TILE_N, num_warps, num_stages) x splits
 DECODE_SWEEP = [
     dict(TILE_N=n, num_warps=w, num_stages=st, NUM_SPLITS=sp)
@@ -397,9 +405,9 @@ def op_callable(problem: Problem, position_free: bool, config: dict | None, tabl
     return lambda: rope_paged_attention_triton(*args, config=config)
 
 
-def sweep_configs(kind: str, batch: int, length: int) -> list[dict]:
+def sweep_configs(kind: str, batch: int, length: int, sweep_set: str = "tiles") -> list[dict]:
     if kind == "prefill":
-        return PREFILL_SWEEP
+        return EXP_POLY_SWEEP if sweep_set == "exp_poly" else PREFILL_SWEEP
     if length <= 1024:
         return SHORT_DECODE_SWEEP
     return B1_DECODE_SWEEP if batch == 1 else DECODE_SWEEP
@@ -431,7 +439,7 @@ def run_benchmark(name, kind, batch, length, heads, clock, device) -> dict:
     return row
 
 
-def run_sweep(row: dict, clock, device, deadline: float) -> None:
+def run_sweep(row: dict, clock, device, deadline: float, sweep_set: str = "tiles") -> None:
     """Time the op under each candidate config (until the deadline); fills ``row["sweep"]``.
 
     Prefill: position-free with the float32 table (``pf``); decode: with the bf16 table, as the engine runs it
@@ -440,7 +448,7 @@ def run_sweep(row: dict, clock, device, deadline: float) -> None:
     row["sweep"] = []
     mode, table_dtype = ("pf", None) if row["kind"] == "prefill" else ("pf16", torch.bfloat16)
     expected = op_callable(problem, True, None, table_dtype)()
-    for config in sweep_configs(row["kind"], row["batch"], row["length"]):
+    for config in sweep_configs(row["kind"], row["batch"], row["length"], sweep_set):
         if time.time() > deadline:
             break
         entry = dict(config=config)
@@ -547,6 +555,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sweep", action="store_true", help="also sweep the kernel's tile configs")
     parser.add_argument("--sweep-rows", default=",".join(SWEPT), help="comma-separated benchmark names to sweep")
+    parser.add_argument("--sweep-set", default="tiles", choices=("tiles", "exp_poly"), help="prefill configs swept")
     parser.add_argument("--smoke", action="store_true", help="CPU dry run (TRITON_INTERPRET=1), tiny shapes")
     parser.add_argument("--only", default="", help="run only benchmarks whose name contains this")
     parser.add_argument("--skip-validation", action="store_true")
@@ -610,7 +619,7 @@ def main() -> None:
     if args.sweep:
         for row in rows:
             if time.time() < deadline and (row["name"] in args.sweep_rows.split(",") or args.smoke):
-                run_sweep(row, clock, device, deadline)
+                run_sweep(row, clock, device, deadline, args.sweep_set)
                 summarize(row, report["ceilings"])
                 print("sweep best", row["name"], row["best"], flush=True)
                 save()

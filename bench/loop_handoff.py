@@ -8,9 +8,11 @@ moments recorded on the loop thread itself (its `engine.add` and the step's `sch
     add -> schedule      the loop thread's own bookkeeping before the step
     schedule -> first    the step: schedule, prepare, forward, the token back (what `host_ttft` times directly)
 
-in two ways of waiting for work, alternated: the loop thread blocking on its inbox (the engine's), and polling it
-every `--tick-us` for `--window-ms` after each call (an experiment made here by wrapping the inbox: a thread that
-sleeps long enough may find its core in a deep idle state, and waking it costs what the wrap would save).
+in ways taken in turn (`--ways`): the loop thread blocking on its inbox (`blocking`, the engine's), polling it every
+`--tick-us` for `--window-ms` after each call (`polling`, an experiment made here by wrapping the inbox: a thread that
+sleeps long enough may find its core in a deep idle state, and waking it costs what the wrap would save), and the
+same question driven directly on the loop thread (`direct`: one `call` that builds the request as `generate` does,
+adds it and steps the engine; no hand-off), so that what the hand-off costs is read in one process.
 
     python bench/loop_handoff.py --device cuda --llama3-8b-shape        # the H200 (results: bench/results)
     python bench/loop_handoff.py --doc-tokens 512                       # CPU scale, a tiny random Llama
@@ -100,6 +102,30 @@ def questions(llm: mp.LLM, composer, docs, marks: dict, num: int, tag: int) -> l
     return rows
 
 
+def direct_questions(llm: mp.LLM, composer, docs, marks: dict, num: int, tag: int) -> list[dict]:
+    """`questions`, each driven on the loop thread in one call: the request built as `generate` builds it, then
+    `engine.add` and steps until it finishes (the loop steps only requests with a sink; this one has none)."""
+    from ttft_spans import QUESTION, SYSTEM, TWO_TOKENS  # bench/ttft_spans.py, beside this file
+
+    def ask(engine, prompt):
+        (req,) = llm.make_requests([prompt], [TWO_TOKENS])
+        engine.add(req)
+        while not req.is_finished:
+            engine.step()
+        return req
+
+    rows = []
+    for i in range(num):
+        prompt = composer.block_attention(SYSTEM, docs, QUESTION + f" Q{tag}" * (i + 2))
+        marks.clear()
+        req = llm._loop.call(lambda engine, prompt=prompt: ask(engine, prompt))
+        add, schedule = marks["add"], marks["schedule"]
+        rows.append({"arrival_to_add": add - req.arrival_time, "add_to_schedule": schedule - add,
+                     "schedule_to_first": req.first_token_time - schedule,
+                     "ttft": req.first_token_time - req.arrival_time})  # fmt: skip
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cpu")
@@ -110,6 +136,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="rounds of (blocking, polling)")
     parser.add_argument("--window-ms", type=float, default=20.0)
     parser.add_argument("--tick-us", type=float, default=50.0)
+    parser.add_argument("--ways", default="blocking,direct", help="of blocking, polling, direct (each round, in turn)")
     args = parser.parse_args()
     from ttft_spans import TWO_TOKENS, TokenIdRecipes, git_sha, random_documents  # bench/ttft_spans.py, beside this
 
@@ -121,12 +148,17 @@ def main() -> None:
     loop, blocking = llm._loop, llm._loop._inbox
     polling = PollingInbox(blocking, args.window_ms / 1e3, args.tick_us / 1e6)
     questions(llm, composer, docs, marks, 3, tag=0)  # warm-up
-    results = {"blocking": [], "polling": []}
+    ways = args.ways.split(",")
+    results = {name: [] for name in ways}
     for r in range(args.rounds):
-        for name, inbox in (("blocking", blocking), ("polling", polling)):
-            loop._inbox = inbox  # NOTE: the loop thread is idle between calls; it reads the attribute at each wait
-            results[name] += questions(llm, composer, docs, marks, args.questions, tag=1 + 2 * r + (name == "polling"))
-    loop._inbox = blocking
+        for w, name in enumerate(ways):
+            tag = 1 + len(ways) * r + w
+            if name == "direct":
+                results[name] += direct_questions(llm, composer, docs, marks, args.questions, tag)
+                continue
+            loop._inbox = polling if name == "polling" else blocking  # NOTE: read by the idle loop at each wait
+            results[name] += questions(llm, composer, docs, marks, args.questions, tag)
+            loop._inbox = blocking
     summary = {name: {k: statistics.median(row[k] for row in rows) for k in rows[0]} for name, rows in results.items()}
     for name, s in summary.items():
         print(f"{name:>9}: " + ", ".join(f"{k} {1e3 * v:.3f} ms" for k, v in s.items()), flush=True)

@@ -492,6 +492,35 @@ def _gather_kv_kernel(
 
 
 @triton.jit
+def _exp2_fma(x):
+    """2^x for x <= 0 on the FMA pipe (no MUFU): 2^floor(x) by the exponent bits, 2^frac(x) by a cubic fitted on
+    [0, 1) for the least largest relative error (9.5e-5; bf16's rounding of p is 2^-9). Below -126 it is 2^-126 (a
+    softmax weight that small is 0 beside the row's max, which weighs 1)."""
+    x = tl.maximum(x, -126.0)
+    j = tl.floor(x)
+    f = x - j  # [0, 1)
+    p = f * 0.07714326 + 0.22765098
+    p = p * f + 0.69507058
+    p = p * f + 1.0  # [1, 2)
+    bits = p.to(tl.int32, bitcast=True) + (j.to(tl.int32) << 23)
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _exp2_split(x, BLOCK_M: tl.constexpr, TILE_N: tl.constexpr, EXP_POLY: tl.constexpr):
+    """exp2 of a [BLOCK_M, TILE_N] tile of x <= 0: EXP_POLY 0 all on the MUFU (tl.math.exp2), 1 its odd columns on
+    the FMA pipe (`_exp2_fma`, FlashAttention-4's split of the exponentials; on Hopper's wgmma layout a thread holds
+    column pairs, so the split stays in registers), 2 all of them on the FMA pipe."""
+    if EXP_POLY == 0:
+        return tl.math.exp2(x)
+    elif EXP_POLY == 1:
+        even, odd = tl.split(tl.reshape(x, [BLOCK_M, TILE_N // 2, 2]))
+        return tl.reshape(tl.join(tl.math.exp2(even), _exp2_fma(odd)), [BLOCK_M, TILE_N])
+    else:
+        return _exp2_fma(x)
+
+
+@triton.jit
 def _attend_dense_tiles(
     acc,
     m_i,
@@ -511,6 +540,8 @@ def _attend_dense_tiles(
     APPLY_MASK: tl.constexpr,
     NUM_STAGES: tl.constexpr,
     WARP_SPECIALIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    EXP_POLY: tl.constexpr,  # the unmasked tiles' exponentials on the FMA pipe: 0 none, 1 half, 2 all (_exp2_split)
 ):
     offs_n = tl.arange(0, TILE_N)
     for tile in tl.range(tile_begin, tile_end, num_stages=NUM_STAGES, warp_specialize=WARP_SPECIALIZE):
@@ -528,7 +559,7 @@ def _attend_dense_tiles(
         else:  # every key visible to every row: m_new is finite
             m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
             m_safe = m_new
-            p = tl.math.exp2(qk * qk_scale - m_new[:, None])  # [BLOCK_M, TILE_N]
+            p = _exp2_split(qk * qk_scale - m_new[:, None], BLOCK_M, TILE_N, EXP_POLY)  # [BLOCK_M, TILE_N]
         alpha = tl.math.exp2(m_i - m_safe)  # [BLOCK_M]
         l_i = l_i * alpha + tl.sum(p, 1)
         # -- compute pv --
@@ -564,11 +595,14 @@ def _dense_attention_kernel(
     TILE_N: tl.constexpr,
     NUM_STAGES: tl.constexpr,
     WARP_SPECIALIZE: tl.constexpr,
+    EXP_POLY: tl.constexpr,
+    HEADS_FIRST: tl.constexpr,  # kv heads on the grid's first axis: every head's last tiles start before any first
 ):
     """The same tiles as ``_rope_paged_attention_kernel``, over keys and values gathered into a contiguous
     per-sequence scratch (``gather_to_scratch``), so each key tile is one tensor-descriptor load (TMA)."""
-    tile_id = tl.num_programs(0) - 1 - tl.program_id(0)  # the last tiles of a causal prefill start first
-    kv_head = tl.program_id(1)
+    tile_axis, head_axis = (1, 0) if HEADS_FIRST else (0, 1)
+    tile_id = tl.num_programs(tile_axis) - 1 - tl.program_id(tile_axis)  # the last tiles of a causal prefill first
+    kv_head = tl.program_id(head_axis)
     seq = _find_seq(cu_seqlens_q_ptr, tile_id, num_seqs, BLOCK_Q)
     q_start = tl.load(cu_seqlens_q_ptr + seq)
     q_end = tl.load(cu_seqlens_q_ptr + seq + 1)
@@ -604,15 +638,15 @@ def _dense_attention_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc, m_i, l_i = _attend_dense_tiles(
         acc, m_i, l_i, q, row_pos, row_vis, tile_begin, body_begin, key_end, k_desc, v_desc, kv_row0, kv_col,
-        qk_scale, TILE_N, True, NUM_STAGES, WARP_SPECIALIZE,
+        qk_scale, TILE_N, True, NUM_STAGES, WARP_SPECIALIZE, BLOCK_M, 0,
     )  # fmt: skip
     acc, m_i, l_i = _attend_dense_tiles(
         acc, m_i, l_i, q, row_pos, row_vis, body_begin, body_end, key_end, k_desc, v_desc, kv_row0, kv_col,
-        qk_scale, TILE_N, False, NUM_STAGES, WARP_SPECIALIZE,
+        qk_scale, TILE_N, False, NUM_STAGES, WARP_SPECIALIZE, BLOCK_M, EXP_POLY,
     )  # fmt: skip
     acc, m_i, l_i = _attend_dense_tiles(
         acc, m_i, l_i, q, row_pos, row_vis, body_end, tile_end, key_end, k_desc, v_desc, kv_row0, kv_col,
-        qk_scale, TILE_N, True, NUM_STAGES, WARP_SPECIALIZE,
+        qk_scale, TILE_N, True, NUM_STAGES, WARP_SPECIALIZE, BLOCK_M, 0,
     )  # fmt: skip
 
     # -- epilogue --
@@ -981,13 +1015,14 @@ def _launch_dense(q, k_cache, v_cache, block_tables, cu_seqlens_q, q_positions, 
     rows = k_scratch.view(-1, num_kv_heads * head_dim)  # [num_seqs * max_context, H_kv * d]
     k_desc = TensorDescriptor.from_tensor(rows, block_shape=[tile_n, head_dim])
     v_desc = TensorDescriptor.from_tensor(v_scratch.view_as(rows), block_shape=[tile_n, head_dim])
+    heads_first = cfg.get("HEADS_FIRST", False)
     grid = (num_tokens // block_q + num_seqs, num_kv_heads)
-    _dense_attention_kernel[grid](
+    _dense_attention_kernel[grid[::-1] if heads_first else grid](
         out, q, k_desc, v_desc, cu_seqlens_q, q_positions, visible_start, scale * LOG2E, num_seqs,
         max_blocks * block_size, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         GROUP=group, HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_Q=block_q, TILE_N=tile_n,
         NUM_STAGES=cfg["num_stages"], WARP_SPECIALIZE=cfg.get("WARP_SPECIALIZE", False),
-        num_warps=cfg["num_warps"],
+        EXP_POLY=cfg.get("EXP_POLY", 0), HEADS_FIRST=heads_first, num_warps=cfg["num_warps"],
     )  # fmt: skip
 
 
