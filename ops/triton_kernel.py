@@ -600,9 +600,12 @@ def _dense_attention_kernel(
 ):
     """The same tiles as ``_rope_paged_attention_kernel``, over keys and values gathered into a contiguous
     per-sequence scratch (``gather_to_scratch``), so each key tile is one tensor-descriptor load (TMA)."""
-    tile_axis, head_axis = (1, 0) if HEADS_FIRST else (0, 1)
-    tile_id = tl.num_programs(tile_axis) - 1 - tl.program_id(tile_axis)  # the last tiles of a causal prefill first
-    kv_head = tl.program_id(head_axis)
+    if HEADS_FIRST:
+        tile_id = tl.num_programs(1) - 1 - tl.program_id(1)
+        kv_head = tl.program_id(0)
+    else:
+        tile_id = tl.num_programs(0) - 1 - tl.program_id(0)  # the last tiles of a causal prefill start first
+        kv_head = tl.program_id(1)
     seq = _find_seq(cu_seqlens_q_ptr, tile_id, num_seqs, BLOCK_Q)
     q_start = tl.load(cu_seqlens_q_ptr + seq)
     q_end = tl.load(cu_seqlens_q_ptr + seq + 1)
