@@ -51,14 +51,13 @@ PREFILL_SWEEP = [
         (64, 128, 4, 3, False), (128, 64, 8, 3, False),
     ]
 ]  # fmt: skip
-# the dense kernel's two default tiles with the unmasked tiles' exponentials on the FMA pipe: none, half, all
-# (EXP_POLY; FlashAttention-4's split of the exponentials between the MUFU and the FMA units), and the small prompts'
-# tiles with every kv head's last query tiles started first (HEADS_FIRST)
-EXP_POLY_SWEEP = [
-    dict(DENSE=True, BLOCK_M=m, TILE_N=n, num_warps=w, num_stages=3, WARP_SPECIALIZE=ws, EXP_POLY=e)
+# the dense kernel's launch order: every kv head's last query tiles first (HEADS_FIRST) or one head's tiles after
+# another's, at both default tiles
+ORDER_SWEEP = [
+    dict(DENSE=True, BLOCK_M=m, TILE_N=n, num_warps=w, num_stages=3, WARP_SPECIALIZE=ws, HEADS_FIRST=h)
     for m, n, w, ws in [(64, 64, 4, False), (128, 128, 8, True)]
-    for e in (0, 1, 2)
-] + [dict(DENSE=True, BLOCK_M=64, TILE_N=64, num_warps=4, num_stages=3, WARP_SPECIALIZE=False, HEADS_FIRST=True)]
+    for h in (False, True)
+]
 # decode with the bf16 table: (TILE_N, num_warps, num_stages) x splits
 DECODE_SWEEP = [
     dict(TILE_N=n, num_warps=w, num_stages=st, NUM_SPLITS=sp)
@@ -407,7 +406,7 @@ def op_callable(problem: Problem, position_free: bool, config: dict | None, tabl
 
 def sweep_configs(kind: str, batch: int, length: int, sweep_set: str = "tiles") -> list[dict]:
     if kind == "prefill":
-        return EXP_POLY_SWEEP if sweep_set == "exp_poly" else PREFILL_SWEEP
+        return ORDER_SWEEP if sweep_set == "order" else PREFILL_SWEEP
     if length <= 1024:
         return SHORT_DECODE_SWEEP
     return B1_DECODE_SWEEP if batch == 1 else DECODE_SWEEP
@@ -479,7 +478,7 @@ SWEPT = (
 def benchmark_plan(smoke: bool) -> list[tuple]:
     if smoke:
         return [("smoke prefill", "prefill", 1, 64, SMOL), ("smoke decode", "decode", 4, 80, SMOL)]
-    plan = [(f"llama prefill {n // 1024}k", "prefill", 1, n, LLAMA) for n in (1024, 4096, 16384, 32768)]
+    plan = [(f"llama prefill {n // 1024}k", "prefill", 1, n, LLAMA) for n in (1024, 2048, 4096, 8192, 16384, 32768)]
     plan += [(f"llama decode b{b} x {n // 1024}k", "decode", b, n, LLAMA) for b in (1, 16, 64) for n in (1024, 8192)]
     plan += [(f"llama decode b{b} x 576", "decode", b, 576, LLAMA) for b in (1, 64)]  # the engine bench's decode
     plan += [
@@ -555,7 +554,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sweep", action="store_true", help="also sweep the kernel's tile configs")
     parser.add_argument("--sweep-rows", default=",".join(SWEPT), help="comma-separated benchmark names to sweep")
-    parser.add_argument("--sweep-set", default="tiles", choices=("tiles", "exp_poly"), help="prefill configs swept")
+    parser.add_argument("--sweep-set", default="tiles", choices=("tiles", "order"), help="prefill configs swept")
     parser.add_argument("--smoke", action="store_true", help="CPU dry run (TRITON_INTERPRET=1), tiny shapes")
     parser.add_argument("--only", default="", help="run only benchmarks whose name contains this")
     parser.add_argument("--skip-validation", action="store_true")

@@ -50,6 +50,11 @@ MAX_GRID_Z = 65535  # CUDA's limit on a grid's y and z (a TILES_LAST launch with
 # NOTE: under CUDA graphs the engine's block tables are max_model_len wide, so max_context is that, not the context
 # in use: a config picked from it must serve short contexts too (bench/results/gpu_ops_ecd1644_h200*).
 LONG_PREFILL_ROWS = 32768  # query rows (tokens x GROUP) per sequence from which the dense kernel takes 128x128 tiles
+# The dense kernel's 64x64 tiles start every kv head's last (longest) query tiles before any head's first (HEADS_FIRST)
+# while a sequence's keys and values, every head's, take at most this much: the programs then share the L2 across
+# heads. Measured on the H200 (gpu_ops_d09f002_h200_exp_poly.json, one sequence, 8 kv heads, d128): 1k 0.0324 against
+# 0.0408 ms (its heads' tails no longer run alone at the end), 4k even, 16k 4.77 against 4.69, 32k 20.4 against 17.8.
+HEADS_FIRST_MAX_KV_BYTES = 16 * 2**20
 # Query rows per sequence up to which a prefill-like batch is read as a decode is: keys rotated in the kernel (each
 # sequence has one or two query tiles, so each key is rotated about once anyway) and split-KV to fill the GPU.
 # A few new tokens over a long cached context (a RAG prompt whose documents hit) otherwise gets one program
@@ -492,35 +497,6 @@ def _gather_kv_kernel(
 
 
 @triton.jit
-def _exp2_fma(x):
-    """2^x for x <= 0 on the FMA pipe (no MUFU): 2^floor(x) by the exponent bits, 2^frac(x) by a cubic fitted on
-    [0, 1) for the least largest relative error (9.5e-5; bf16's rounding of p is 2^-9). Below -126 it is 2^-126 (a
-    softmax weight that small is 0 beside the row's max, which weighs 1)."""
-    x = tl.maximum(x, -126.0)
-    j = tl.floor(x)
-    f = x - j  # [0, 1)
-    p = f * 0.07714326 + 0.22765098
-    p = p * f + 0.69507058
-    p = p * f + 1.0  # [1, 2)
-    bits = p.to(tl.int32, bitcast=True) + (j.to(tl.int32) << 23)
-    return bits.to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _exp2_split(x, BLOCK_M: tl.constexpr, TILE_N: tl.constexpr, EXP_POLY: tl.constexpr):
-    """exp2 of a [BLOCK_M, TILE_N] tile of x <= 0: EXP_POLY 0 all on the MUFU (tl.math.exp2), 1 its odd columns on
-    the FMA pipe (`_exp2_fma`, FlashAttention-4's split of the exponentials; on Hopper's wgmma layout a thread holds
-    column pairs, so the split stays in registers), 2 all of them on the FMA pipe."""
-    if EXP_POLY == 0:
-        return tl.math.exp2(x)
-    elif EXP_POLY == 1:
-        even, odd = tl.split(tl.reshape(x, [BLOCK_M, TILE_N // 2, 2]))
-        return tl.reshape(tl.join(tl.math.exp2(even), _exp2_fma(odd)), [BLOCK_M, TILE_N])
-    else:
-        return _exp2_fma(x)
-
-
-@triton.jit
 def _attend_dense_tiles(
     acc,
     m_i,
@@ -540,8 +516,6 @@ def _attend_dense_tiles(
     APPLY_MASK: tl.constexpr,
     NUM_STAGES: tl.constexpr,
     WARP_SPECIALIZE: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    EXP_POLY: tl.constexpr,  # the unmasked tiles' exponentials on the FMA pipe: 0 none, 1 half, 2 all (_exp2_split)
 ):
     offs_n = tl.arange(0, TILE_N)
     for tile in tl.range(tile_begin, tile_end, num_stages=NUM_STAGES, warp_specialize=WARP_SPECIALIZE):
@@ -559,7 +533,7 @@ def _attend_dense_tiles(
         else:  # every key visible to every row: m_new is finite
             m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
             m_safe = m_new
-            p = _exp2_split(qk * qk_scale - m_new[:, None], BLOCK_M, TILE_N, EXP_POLY)  # [BLOCK_M, TILE_N]
+            p = tl.math.exp2(qk * qk_scale - m_new[:, None])  # [BLOCK_M, TILE_N]
         alpha = tl.math.exp2(m_i - m_safe)  # [BLOCK_M]
         l_i = l_i * alpha + tl.sum(p, 1)
         # -- compute pv --
@@ -595,7 +569,6 @@ def _dense_attention_kernel(
     TILE_N: tl.constexpr,
     NUM_STAGES: tl.constexpr,
     WARP_SPECIALIZE: tl.constexpr,
-    EXP_POLY: tl.constexpr,
     HEADS_FIRST: tl.constexpr,  # kv heads on the grid's first axis: every head's last tiles start before any first
 ):
     """The same tiles as ``_rope_paged_attention_kernel``, over keys and values gathered into a contiguous
@@ -641,15 +614,15 @@ def _dense_attention_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc, m_i, l_i = _attend_dense_tiles(
         acc, m_i, l_i, q, row_pos, row_vis, tile_begin, body_begin, key_end, k_desc, v_desc, kv_row0, kv_col,
-        qk_scale, TILE_N, True, NUM_STAGES, WARP_SPECIALIZE, BLOCK_M, 0,
+        qk_scale, TILE_N, True, NUM_STAGES, WARP_SPECIALIZE,
     )  # fmt: skip
     acc, m_i, l_i = _attend_dense_tiles(
         acc, m_i, l_i, q, row_pos, row_vis, body_begin, body_end, key_end, k_desc, v_desc, kv_row0, kv_col,
-        qk_scale, TILE_N, False, NUM_STAGES, WARP_SPECIALIZE, BLOCK_M, EXP_POLY,
+        qk_scale, TILE_N, False, NUM_STAGES, WARP_SPECIALIZE,
     )  # fmt: skip
     acc, m_i, l_i = _attend_dense_tiles(
         acc, m_i, l_i, q, row_pos, row_vis, body_end, tile_end, key_end, k_desc, v_desc, kv_row0, kv_col,
-        qk_scale, TILE_N, True, NUM_STAGES, WARP_SPECIALIZE, BLOCK_M, 0,
+        qk_scale, TILE_N, True, NUM_STAGES, WARP_SPECIALIZE,
     )  # fmt: skip
 
     # -- epilogue --
@@ -763,6 +736,8 @@ def pick_config(
     warp_specialize = dense and head_dim == 128 and rows_per_seq >= LONG_PREFILL_ROWS
     if dense and head_dim == 128:  # measured on the H200: bench/results/gpu_ops_cd5f0ee_h200*
         block_m, tile_n, num_warps, num_stages = (128, 128, 8, 3) if warp_specialize else (64, 64, 4, 3)
+    kv_bytes = 2 * num_kv_heads * max_context * head_dim * elem_size  # a sequence's keys and values
+    heads_first = dense and not warp_specialize and kv_bytes <= HEADS_FIRST_MAX_KV_BYTES
     block_m = max(block_m, _next_pow2(group))
     num_splits = 1
     if is_cuda and (rows_per_seq <= 16 or short):
@@ -790,6 +765,7 @@ def pick_config(
         PRE_ROTATE=is_rotary and rows_per_seq > 16 and not short,
         DENSE=dense,
         WARP_SPECIALIZE=warp_specialize,
+        HEADS_FIRST=heads_first,
         MAX_REGS=max_regs,
         TABLE_AHEAD=bf16_decode or short_read,
     )
@@ -1025,7 +1001,7 @@ def _launch_dense(q, k_cache, v_cache, block_tables, cu_seqlens_q, q_positions, 
         max_blocks * block_size, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         GROUP=group, HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_Q=block_q, TILE_N=tile_n,
         NUM_STAGES=cfg["num_stages"], WARP_SPECIALIZE=cfg.get("WARP_SPECIALIZE", False),
-        EXP_POLY=cfg.get("EXP_POLY", 0), HEADS_FIRST=heads_first, num_warps=cfg["num_warps"],
+        HEADS_FIRST=heads_first, num_warps=cfg["num_warps"],
     )  # fmt: skip
 
 
