@@ -21,7 +21,8 @@ Design (after vLLM's unified attention and Triton tutorial 06):
   every sequence's keys (rotated) and values into a contiguous per-call scratch in logical order, and
   ``_dense_attention_kernel`` walks the same tiles with one tensor-descriptor (TMA) load per key or value tile,
   no block-table lookups and no per-element address math; long prompts use 128x128 tiles with Triton's warp
-  specialization. Measured on the H200: 320-330 -> 480-500 TFLOP/s at 16k-32k (bench/results/gpu_ops_7bbe73e_*).
+  specialization, short ones (K and V within HEADS_FIRST_MAX_KV_BYTES) start every kv head's last query tiles first.
+  Measured on the H200: 320-330 -> 480-500 TFLOP/s at 16k-32k (bench/results/gpu_ops_7bbe73e_*).
 * Split-KV (flash-decoding): with ``NUM_SPLITS > 1`` the key range of a tile is cut into NUM_SPLITS chunks
   run by separate programs that write partial (out, max, sum) to fp32 scratch; ``_reduce_splits_kernel``
   merges them. The split count is a runtime argument (one compiled kernel for all of them: a new constexpr
@@ -52,9 +53,10 @@ MAX_GRID_Z = 65535  # CUDA's limit on a grid's y and z (a TILES_LAST launch with
 LONG_PREFILL_ROWS = 32768  # query rows (tokens x GROUP) per sequence from which the dense kernel takes 128x128 tiles
 # The dense kernel's 64x64 tiles start every kv head's last (longest) query tiles before any head's first (HEADS_FIRST)
 # while a sequence's keys and values, every head's, take at most this much: the programs then share the L2 across
-# heads. Measured on the H200 (gpu_ops_d09f002_h200_exp_poly.json, one sequence, 8 kv heads, d128): 1k 0.0324 against
-# 0.0408 ms (its heads' tails no longer run alone at the end), 4k even, 16k 4.77 against 4.69, 32k 20.4 against 17.8.
-HEADS_FIRST_MAX_KV_BYTES = 16 * 2**20
+# heads. Measured on the H200 (gpu_ops_{d09f002_h200_exp_poly,3b4b8d2_h200_order}.json, one sequence, 8 kv heads,
+# d128): 1k 0.0329 against 0.0415 ms (the last heads' long tiles no longer start last), 2k 0.0979 against 0.1058, 4k
+# 0.3303 against 0.3291 (16 MB), 8k 1.207 against 1.200, 16k 4.69 against 4.64, 32k 20.4 against 17.8.
+HEADS_FIRST_MAX_KV_BYTES = 8 * 2**20
 # Query rows per sequence up to which a prefill-like batch is read as a decode is: keys rotated in the kernel (each
 # sequence has one or two query tiles, so each key is rotated about once anyway) and split-KV to fill the GPU.
 # A few new tokens over a long cached context (a RAG prompt whose documents hit) otherwise gets one program
