@@ -739,7 +739,7 @@ def pick_config(
     if dense and head_dim == 128:  # measured on the H200: bench/results/gpu_ops_cd5f0ee_h200*
         block_m, tile_n, num_warps, num_stages = (128, 128, 8, 3) if warp_specialize else (64, 64, 4, 3)
     kv_bytes = 2 * num_kv_heads * max_context * head_dim * elem_size  # a sequence's keys and values
-    heads_first = dense and not warp_specialize and kv_bytes <= HEADS_FIRST_MAX_KV_BYTES
+    heads_first = dense and head_dim == 128 and not warp_specialize and kv_bytes <= HEADS_FIRST_MAX_KV_BYTES
     block_m = max(block_m, _next_pow2(group))
     num_splits = 1
     if is_cuda and (rows_per_seq <= 16 or short):

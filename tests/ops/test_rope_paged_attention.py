@@ -482,6 +482,7 @@ def test_pick_config_reads_a_short_prefill_over_a_long_context_like_a_decode(mon
     assert tk.pick_config(4 * 2048, 4, 8, 4, 128, 2048, True, cuda)["HEADS_FIRST"]  # 8 MB a sequence
     assert not tk.pick_config(2048, 1, 8, 4, 128, 2064, True, cuda)["HEADS_FIRST"]
     assert not tk.pick_config(4096, 1, 8, 4, 128, 4096, True, cuda)["HEADS_FIRST"]
+    assert not tk.pick_config(1024, 1, 8, 4, 64, 1024, True, cuda)["HEADS_FIRST"], "measured at head_dim 128 only"
     assert not tk.pick_config(8192, 1, 8, 4, 128, 8192, True, cuda)["HEADS_FIRST"]  # warp-specialized 128x128
     decode = tk.pick_config(1, 1, 8, 4, 128, 16384, True, cuda, table_elem_size=2)
     assert (decode["BLOCK_M"], decode["NUM_SPLITS"], decode["DENSE"]) == (16, 32, False)
