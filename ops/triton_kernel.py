@@ -996,8 +996,8 @@ def _launch_dense(q, k_cache, v_cache, block_tables, cu_seqlens_q, q_positions, 
     rows = k_scratch.view(-1, num_kv_heads * head_dim)  # [num_seqs * max_context, H_kv * d]
     k_desc = TensorDescriptor.from_tensor(rows, block_shape=[tile_n, head_dim])
     v_desc = TensorDescriptor.from_tensor(v_scratch.view_as(rows), block_shape=[tile_n, head_dim])
-    heads_first = cfg.get("HEADS_FIRST", False)
     grid = (num_tokens // block_q + num_seqs, num_kv_heads)
+    heads_first = cfg.get("HEADS_FIRST", False) and grid[0] <= MAX_GRID_Z  # NOTE: the tiles fit the grid's y axis
     _dense_attention_kernel[grid[::-1] if heads_first else grid](
         out, q, k_desc, v_desc, cu_seqlens_q, q_positions, visible_start, scale * LOG2E, num_seqs,
         max_blocks * block_size, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
