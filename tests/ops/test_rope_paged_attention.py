@@ -165,6 +165,29 @@ def test_triton_reads_a_mixed_steps_leading_decodes_in_a_launch_of_their_own(mon
     assert not triton_kernel.is_split_worth_it(20, 4, 4, 3), "a short batch reads as one (decode-like configs)"
 
 
+@pytest.mark.parametrize("max_grid", [65535, 4])
+def test_dense_heads_first_grid_falls_back_past_the_grid_limit(monkeypatch, max_grid):
+    """HEADS_FIRST puts the query tiles on the grid's y axis (CUDA: at most 65,535): past it the launch keeps tiles on
+    x. Both grids give the reference's output."""
+    from ops import triton_kernel as tk
+
+    grids = []
+    kernel = tk._dense_attention_kernel
+
+    class Recorder:
+        def __getitem__(self, grid):
+            grids.append(grid)
+            return kernel[grid]
+
+    monkeypatch.setattr(tk, "MAX_GRID_Z", max_grid)
+    monkeypatch.setattr(tk, "_dense_attention_kernel", Recorder())
+    problem = make_problem(SCENARIOS["mixed"], 8, 2, 64, 16, torch.float16, None, True, seed=3)
+    check_against_ref(problem, "triton", "heads first", config={"DENSE": True, "TILE_N": 16, "HEADS_FIRST": True})
+    ((grid),) = grids
+    num_tiles = max(grid)  # the scenario's 4 sequences of 1-50 query tokens: more than 4 tiles
+    assert num_tiles > 4 and grid == ((2, num_tiles) if max_grid > num_tiles else (num_tiles, 2))
+
+
 def test_triton_runs_in_the_interpreter():
     """The CPU tests must exercise the real kernel, not silently skip it."""
     from triton.runtime.interpreter import InterpretedFunction
