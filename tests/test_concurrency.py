@@ -372,6 +372,33 @@ def test_an_interrupted_generate_aborts_what_it_still_runs(llm, monkeypatch):
     assert llm.engine.stats.num_aborted >= 1
 
 
+def test_generate_shows_a_progress_bar_only_when_asked_and_before_its_requests_arrive(llm, monkeypatch, capsys):
+    """use_tqdm=False builds no bar at all; with it the bar is built before the requests (their arrival times come
+    after it: the caller only waits once they are queued), counts them and closes, also when a prompt is bad."""
+    import time
+
+    import minipic_lite.llm as llm_module
+
+    made, real = [], llm_module.tqdm
+
+    def recorded(**kwargs):
+        made.append((time.perf_counter(), kwargs))
+        return real(**kwargs)
+
+    monkeypatch.setattr(llm_module, "tqdm", recorded)
+    llm.generate(PROMPTS[:2], GREEDY, use_tqdm=False)
+    assert made == []
+    outputs = run_with_timeout(lambda: llm.generate(PROMPTS[:2], GREEDY))
+    ((built, kwargs),) = made
+    assert kwargs == {"total": 2, "desc": "generate", "unit": "req"}
+    assert all(out.metrics.arrival_time > built for out in outputs)
+    assert "2/2" in capsys.readouterr().err
+    with pytest.raises(TypeError, match="prompt 1"):
+        llm.generate([PROMPTS[0], 3.5], GREEDY)
+    assert "0/2" in capsys.readouterr().err
+    assert_idle(llm)
+
+
 def test_prompts_and_sampling_params_must_pair_up(llm):
     with pytest.raises(ValueError, match="got 2 prompts but 3 sampling params"):
         llm.generate(PROMPTS[:2], [GREEDY] * 3, use_tqdm=False)
