@@ -203,8 +203,8 @@ class LLMEngine:
             out = self.scheduler.schedule()
             if not out.scheduled:
                 return []
-            self._report_admissions(out)
             flight = self.runner.launch(out)
+            self._report_admissions(out)  # NOTE: after the launch, while the device computes (it reads no tensor)
         out = flight.out
         if self.is_async:
             nxt = self.scheduler.plan_continuation(out)
