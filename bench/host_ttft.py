@@ -12,7 +12,8 @@ are called, so the sections are the engine's own code:
     validate       make_request's checks and span layout (before arrival_time: not in the TTFT)
     request        the Request record: block hashes (arrival_time is set as it starts)
     schedule       lookup and admission, the chunk plan, publishing (Scheduler.schedule)
-    report         the cache report's admission snapshot (LLMEngine._report_admissions)
+    report         the cache report's admission snapshot (LLMEngine._report_admissions; after the launch, so on
+                   CUDA the device computes meanwhile and `forward`'s wait is that much shorter)
     prepare        the step's host metadata and its tensors (ModelRunner.prepare)
     forward        the model and the sampler (ModelRunner.launch and wait, less prepare)
     post           postprocess, stop checks, the output (the rest of LLMEngine.step)
