@@ -568,7 +568,7 @@ if want next53; then  # generate's progress bar before its requests (or none): t
         --ways blocking,direct
 fi
 if want next52; then  # HEADS_FIRST the default for the dense kernel's 64x64 tiles while a sequence's K and V take at
-    # most 16 MB (next51: 1k 1.26x): the GPU tests, then both orders side by side at 1k-32k (the op's validation cases
+    # most 16 MB (8 MB since, after this part: 4k 0.3% slower) (next51: 1k 1.26x): the GPU tests, then both orders side by side at 1k-32k (the op's validation cases
     # first), then the engine's prefill against transformers (4 x 2,048 takes the new order)
     step gpu_tests 200 python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider
     step order 200 python3 bench/gpu_ops.py --only "llama prefill" --sweep --sweep-set order --out "$OUT" \

@@ -133,7 +133,7 @@ def main() -> None:
     parser.add_argument("--doc-tokens", type=int, default=2048)
     parser.add_argument("--block-size", type=int, default=32)
     parser.add_argument("--questions", type=int, default=9, help="questions per round (the median is reported)")
-    parser.add_argument("--rounds", type=int, default=2, help="rounds of (blocking, polling)")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds of the ways, each in turn")
     parser.add_argument("--window-ms", type=float, default=20.0)
     parser.add_argument("--tick-us", type=float, default=50.0)
     parser.add_argument("--ways", default="blocking,direct", help="of blocking, polling, direct (each round, in turn)")
