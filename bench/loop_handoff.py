@@ -138,7 +138,7 @@ def main() -> None:
     parser.add_argument("--tick-us", type=float, default=50.0)
     parser.add_argument("--ways", default="blocking,direct", help="of blocking, polling, direct (each round, in turn)")
     args = parser.parse_args()
-    from ttft_spans import TWO_TOKENS, TokenIdRecipes, git_sha, random_documents  # bench/ttft_spans.py, beside this
+    from ttft_spans import TWO_TOKENS, TokenIdRecipes, random_documents  # bench/ttft_spans.py, beside this file
 
     llm = build(args)
     composer = TokenIdRecipes(llm)
@@ -162,13 +162,20 @@ def main() -> None:
     summary = {name: {k: statistics.median(row[k] for row in rows) for k in rows[0]} for name, rows in results.items()}
     for name, s in summary.items():
         print(f"{name:>9}: " + ", ".join(f"{k} {1e3 * v:.3f} ms" for k, v in s.items()), flush=True)
+    save("loop_handoff", args, {"median_s": summary, "runs": results}, f"-b{args.block_size}")
+    llm.close()
+
+
+def save(bench: str, args, result: dict, tag: str = "") -> None:
+    """`result` with the run's git SHA, device and arguments to bench/results/<bench>-<sha>-<device><tag>.json."""
+    from ttft_spans import git_sha  # bench/ttft_spans.py, beside this file
+
     sha = os.environ.get("GIT_SHA") or git_sha()
     device = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"cpu ({os.cpu_count()} cores)"
-    out = Path(__file__).parent / "results" / f"loop_handoff-{sha}-{args.device.split(':')[0]}-b{args.block_size}.json"
-    out.write_text(json.dumps({"bench": "loop_handoff", "git_sha": sha, "device": device, "args": vars(args),
-                               "median_s": summary, "runs": results}, indent=1) + "\n")  # fmt: skip
+    out = Path(__file__).parent / "results" / f"{bench}-{sha}-{args.device.split(':')[0]}{tag}.json"
+    out.write_text(json.dumps({"bench": bench, "git_sha": sha, "device": device, "args": vars(args), **result},
+                              indent=1) + "\n")  # fmt: skip
     print(f"saved {out}")
-    llm.close()
 
 
 if __name__ == "__main__":

@@ -9,12 +9,7 @@ alternating with plain rounds (so a drift of the GPU's clocks shows as such, not
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
-from pathlib import Path
-
-import torch
 
 
 def ttfts(llm, composer, docs, num: int, tag: str) -> list[float]:
@@ -37,8 +32,8 @@ def main() -> None:
     parser.add_argument("--block-size", type=int, default=32)
     parser.add_argument("--questions", type=int, default=9)
     args = parser.parse_args()
-    from loop_handoff import build  # bench/loop_handoff.py, beside this file
-    from ttft_spans import TWO_TOKENS, TokenIdRecipes, git_sha, random_documents  # bench/ttft_spans.py, beside this
+    from loop_handoff import build, save  # bench/loop_handoff.py, beside this file
+    from ttft_spans import TWO_TOKENS, TokenIdRecipes, random_documents  # bench/ttft_spans.py, beside this file
 
     llm = build(args)
     composer = TokenIdRecipes(llm)
@@ -56,12 +51,7 @@ def main() -> None:
     runs["after_again"] = ttfts(llm, composer, docs, args.questions, "A2")
     medians = {k: statistics.median(v) for k, v in runs.items()}
     print(", ".join(f"{k} {1e3 * v:.3f} ms" for k, v in medians.items()), flush=True)
-    sha = os.environ.get("GIT_SHA") or git_sha()
-    device = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"cpu ({os.cpu_count()} cores)"
-    out = Path(__file__).parent / "results" / f"profiler_after_effect-{sha}-{args.device.split(':')[0]}.json"
-    out.write_text(json.dumps({"bench": "profiler_after_effect", "git_sha": sha, "device": device, "args": vars(args),
-                               "median_s": medians, "runs": runs}, indent=1) + "\n")  # fmt: skip
-    print(f"saved {out}")
+    save("profiler_after_effect", args, {"median_s": medians, "runs": runs})
     llm.close()
 
 
