@@ -188,7 +188,7 @@ class LLM:
         if len(params) != len(prompts):
             raise ValueError(f"got {len(prompts)} prompts but {len(params)} sampling params")
         # NOTE: the bar before the requests, or none: after the submit the caller only waits. Built between the two
-        # (tqdm took 40-170 us even disabled, on the CPU machine), it held the GIL while the loop thread woke to the
+        # (tqdm took 35-170 us even disabled, on the CPU machine), it held the GIL while the loop thread woke to the
         # request, after the requests' arrival times (their TTFT's start) were taken.
         bar = tqdm(total=len(prompts), desc="generate", unit="req") if use_tqdm else None
         requests: list[Request] = []

@@ -55,7 +55,7 @@ LONG_PREFILL_ROWS = 32768  # query rows (tokens x GROUP) per sequence from which
 # while a sequence's keys and values, every head's, take at most this much: the programs then share the L2 across
 # heads. Measured on the H200 (gpu_ops_{d09f002_h200_exp_poly,3b4b8d2_h200_order}.json, one sequence, 8 kv heads,
 # d128): 1k 0.0329 against 0.0415 ms (the last heads' long tiles no longer start last), 2k 0.0979 against 0.1058, 4k
-# 0.3303 against 0.3291 (16 MB), 8k 1.207 against 1.200, 16k 4.69 against 4.64, 32k 20.4 against 17.8.
+# 0.3303 against 0.3291 (16 MB); with 64x64 tiles 8k 1.207 against 1.200, 16k 4.69 against 4.64, 32k 20.4 against 17.8.
 HEADS_FIRST_MAX_KV_BYTES = 8 * 2**20
 # Query rows per sequence up to which a prefill-like batch is read as a decode is: keys rotated in the kernel (each
 # sequence has one or two query tiles, so each key is rotated about once anyway) and split-KV to fill the GPU.
