@@ -557,6 +557,10 @@ if want next41e || want next41f; then  # the copy-rerotate baseline after its co
 fi
 if want next57; then  # the o projection's weights prefetched into L2 during the attention read (bench/gpu_l2_prefetch.py)
     step l2_prefetch 200 python3 bench/gpu_l2_prefetch.py
+    for mode in 0 1 plain; do  # the engine's cached 8 x 2,048 row without it, with it (evict_last), with it plain
+        MINIPIC_L2_PREFETCH=$mode step ttft_8x2048_b32_prefetch_$mode 150 python3 bench/ttft_spans.py --device cuda \
+            --llama3-8b-shape --doc-tokens 2048 --ks 8 --repeats 3 --block-size 32 --tag=-prefetch-$mode
+    done
 fi
 if want next56; then  # the cached 8 x 2,048 row with 3 untimed next questions before the timed ones (next54's first
     # three ran 7.5-7.7 ms after direct_ttft's prefills, then 7.2; next55 timed 6.73 ms steady, another process)

@@ -311,6 +311,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--block-size", type=int, default=16, help="KV block size (results named -b<N> unless 16)")
+    parser.add_argument("--tag", default="", help="a suffix for the results' names (a variant of the same code)")
     parser.add_argument("--settle-ms", type=float, default=0.0, help="idle time between the documents' prefill and "
                         "the cached prompt (results named -settle<N>): is a first prompt slower for the GPU's state "
                         "right after a heavy prefill (clocks, power), not for the engine?")  # fmt: skip
@@ -365,6 +366,7 @@ def main() -> None:
         "model": "llama3-8b-shape (random)" if args.llama3_8b_shape else str(llm.config.model_dir.name),
         "block_size": llm.config.cache.block_size,
         "settle_ms": args.settle_ms,
+        "l2_prefetch": os.environ.get("MINIPIC_L2_PREFETCH", "0"),  # models/l2_prefetch.py
         "repeats": args.repeats,
         "torch_threads": torch.get_num_threads(),
         "load_average_before": load_before,
@@ -384,6 +386,7 @@ def main() -> None:
     tag = "cuda" if args.device.startswith("cuda") else "cpu"
     tag += f"-b{args.block_size}" if args.block_size != 16 else ""
     tag += f"-settle{args.settle_ms:g}" if args.settle_ms else ""
+    tag += args.tag
     stem = RESULTS / f"ttft_spans-{result['git_sha']}-{tag}"
     stem.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
     stem.with_suffix(".md").write_text(md)
