@@ -555,13 +555,9 @@ if want next41e || want next41f; then  # the copy-rerotate baseline after its co
     step rag_rerotate 240 $RAG --max-num-seqs 32 --max-num-batched-tokens 8192 --systems vanilla_prefix,copy_rerotate \
         --tag=-rerotate
 fi
-if want next57; then  # the o projection's weights prefetched into L2 during the attention read (bench/gpu_l2_prefetch.py)
+if want next57; then  # the o projection from L2 (bench/gpu_l2_prefetch.py); at 4b30257 this part also ran the engine's
+    # cached 8 x 2,048 row with the weights prefetched (MINIPIC_L2_PREFETCH=0/1/plain, removed after it) and its GPU test
     step l2_prefetch 200 python3 bench/gpu_l2_prefetch.py
-    step gpu_tests_prefetch 150 python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider -k l2_prefetch
-    for mode in 0 1 plain; do  # the engine's cached 8 x 2,048 row without it, with it (evict_last), with it plain
-        MINIPIC_L2_PREFETCH=$mode step ttft_8x2048_b32_prefetch_$mode 150 python3 bench/ttft_spans.py --device cuda \
-            --llama3-8b-shape --doc-tokens 2048 --ks 8 --repeats 3 --block-size 32 --tag=-prefetch-$mode
-    done
 fi
 if want next56; then  # the cached 8 x 2,048 row with 3 untimed next questions before the timed ones (next54's first
     # three ran 7.5-7.7 ms after direct_ttft's prefills, then 7.2; next55 timed 6.73 ms steady, another process)

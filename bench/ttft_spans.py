@@ -366,7 +366,6 @@ def main() -> None:
         "model": "llama3-8b-shape (random)" if args.llama3_8b_shape else str(llm.config.model_dir.name),
         "block_size": llm.config.cache.block_size,
         "settle_ms": args.settle_ms,
-        "l2_prefetch": os.environ.get("MINIPIC_L2_PREFETCH", "0"),  # models/l2_prefetch.py
         "repeats": args.repeats,
         "torch_threads": torch.get_num_threads(),
         "load_average_before": load_before,

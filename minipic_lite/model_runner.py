@@ -173,13 +173,6 @@ class ModelRunner:
         self.one_row_timings = {}
         if compiles_kernels(config):
             self.one_row_timings = route_one_row_linears(self.model, one_row_candidates(compile_kernel))
-        if self.device.type == "cuda" and os.environ.get("MINIPIC_L2_PREFETCH", "0") != "0":
-            from minipic_lite.models.l2_prefetch import L2Prefetch
-
-            prefetch = L2Prefetch(self.device, evict_last=os.environ["MINIPIC_L2_PREFETCH"] != "plain")
-            for module in self.model.modules():
-                if hasattr(module, "l2_prefetch"):
-                    module.l2_prefetch = prefetch
         self.state_tensors = None  # hybrid models: live state slots and checkpoints (state_cache.py)
         if config.model.is_hybrid:
             budget, num_slots = config.cache.state_cache_gib * GIB, config.scheduler.max_num_seqs

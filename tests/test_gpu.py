@@ -81,26 +81,6 @@ def test_prefill_and_mixed_steps_replay_graphs_and_give_the_eager_tokens(tiny_di
     graphs.engine.kv.check_integrity()
 
 
-def test_the_l2_prefetch_runs_in_graphs_and_changes_no_token(tiny_dir, monkeypatch):
-    """The o projection's weights prefetched on a side stream (models/l2_prefetch.py), captured in the step graphs:
-    the kernel runs, and the tokens are an eager engine's without it."""
-    from torch.profiler import ProfilerActivity, profile
-
-    kwargs = dict(device="cuda", dtype="float32", max_model_len=256, max_num_seqs=4, num_blocks=256)
-    monkeypatch.setenv("MINIPIC_L2_PREFETCH", "0")
-    eager = mp.LLM(str(tiny_dir), enforce_eager=True, **kwargs)
-    monkeypatch.setenv("MINIPIC_L2_PREFETCH", "1")
-    graphs = mp.LLM(str(tiny_dir), **kwargs)
-    assert graphs.engine.runner.model.layers[0].self_attn.l2_prefetch is not None
-    gen = torch.Generator().manual_seed(5)
-    prompts = [torch.randint(6, 512, (n,), generator=gen).tolist() for n in (40, 70, 33)]
-    params = [mp.SamplingParams(max_tokens=8 + 4 * i, temperature=0.0, ignore_eos=True) for i in range(3)]
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        outs = graphs.generate(prompts, params, use_tqdm=False)
-    assert [o.token_ids for o in outs] == [o.token_ids for o in eager.generate(prompts, params, use_tqdm=False)]
-    assert any("l2_prefetch" in e.key for e in prof.key_averages()), "the prefetch kernel never ran"
-
-
 @pytest.mark.parametrize("span_policy", ["isps", "barrier"])
 def test_host_tier_copies_and_span_policies_on_cuda_give_the_roomy_inline_tokens(tiny_dir, span_policy):
     """Pinned host blocks copied back before the forward (non-blocking, stream-ordered), span prefills beside

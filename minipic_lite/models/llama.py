@@ -144,7 +144,6 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.position_free = position_free
         self.scale = self.head_dim**-0.5
-        self.l2_prefetch = None  # CUDA: brings o_proj's weights into L2 while the read runs (models/l2_prefetch.py)
 
     def forward(self, x, meta: StepMetadata, kv_layer: torch.Tensor, cos_sin) -> torch.Tensor:
         """kv_layer: this layer's K and V caches, [2, blocks, B, KVH, D]."""
@@ -164,11 +163,7 @@ class Attention(nn.Module):
         if meta.decode_mirror is not None:
             out = meta.decode_mirror.attend(self.layer_idx, q, k, v, self.scale)  # (T, H, D); k unrotated
         else:
-            if self.l2_prefetch is not None:
-                self.l2_prefetch.start(self.o_proj.weight)
             out = paged_attention(q, meta, k_cache, v_cache, cos_sin if self.position_free else None, self.scale)
-            if self.l2_prefetch is not None:
-                self.l2_prefetch.join()
         return self.o_proj(out.reshape(num_tokens, self.q_size))
 
 
