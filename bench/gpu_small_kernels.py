@@ -1,0 +1,131 @@
+"""Two of the small kernels in a cached prompt's step on the H200 (issue 10): the split-KV merge and cuBLAS's
+split-K reduction.
+
+A cached 8 x 2,048 prompt's step (17 new tokens in a (2, 32) graph bucket, Llama-3-8B shape) runs ~10 kernels a
+layer; its profile (`ttft_spans-785ef88-cuda-b32.json`) holds the merge of the short read's 16 splits at 5.4 us a
+layer (the decode's merge of 32 splits takes 2.3) and, after `o` and after `down`, cuBLAS's split-K reduction at
+2.0 us each. Here:
+
+- the merge (`ops.triton_kernel._reduce_splits_kernel`) alone at the engine's shapes with 1, 2, 4 (the default) and
+  8 warps, each checked against the default's output;
+- each projection at 17 and 32 rows as cuBLAS runs it (a graph over copies of the weight that together exceed the
+  L2, so each call reads from HBM), and how many kernels a call launches. Run a second time with
+  `CUBLAS_WORKSPACE_CONFIG=:0:0 CUBLASLT_WORKSPACE_SIZE=0` (no workspace: no split-K reduction) to see what a
+  projection costs without its reduction kernel.
+
+    python bench/gpu_small_kernels.py [--tag NAME] [--projections-only]   # -> bench/results/gpu_small_kernels_*
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+import triton
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_ops import Clock  # noqa: E402
+
+from ops import triton_kernel  # noqa: E402
+
+HIDDEN, INTERMEDIATE, Q, KV = 4096, 14336, 4096, 1024  # Llama-3-8B
+PROJECTIONS = {"qkv": (HIDDEN, Q + 2 * KV), "o": (Q, HIDDEN), "gate_up": (HIDDEN, 2 * INTERMEDIATE),
+               "down": (INTERMEDIATE, HIDDEN)}  # fmt: skip
+# (name, tokens, heads, splits): the short read of the (2, 32) bucket, a batch-1 decode, the RAG table's decode step
+MERGES = [("short_read_2x32", 32, 32, 16), ("decode_b1", 1, 32, 32), ("decode_b32_2200", 32, 32, 2)]
+L2_BYTES = 50 << 20
+
+
+def merge(parts, out, num_warps: int) -> None:
+    partial_out, partial_m, partial_l = parts
+    num_tokens, num_heads, num_splits, head_dim = partial_out.shape
+    triton_kernel._reduce_splits_kernel[(num_tokens, num_heads)](
+        out, partial_out, partial_m, partial_l, num_heads, num_splits, out.stride(0), out.stride(1),
+        HEAD_DIM=head_dim, MAX_SPLITS=max(triton_kernel.MAX_SPLITS, triton.next_power_of_2(num_splits)),
+        num_warps=num_warps,
+    )  # fmt: skip
+
+
+def measure_merges(clock: Clock, device) -> dict:
+    results = {}
+    for name, tokens, heads, splits in MERGES:
+        g = torch.Generator(device).manual_seed(0)
+        parts = (torch.randn(tokens, heads, splits, 128, device=device, generator=g),
+                 torch.randn(tokens, heads, splits, device=device, generator=g) * 4,
+                 torch.rand(tokens, heads, splits, device=device, generator=g) + 0.5)  # fmt: skip
+        reference = torch.empty(tokens, heads, 128, device=device, dtype=torch.bfloat16)
+        merge(parts, reference, 4)
+        row = {}
+        for num_warps in (1, 2, 4, 8):
+            out = torch.empty_like(reference)
+            merge(parts, out, num_warps)
+            torch.cuda.synchronize()
+            same = torch.equal(out, reference)
+            row[num_warps] = {"us": 1e3 * clock(lambda nw=num_warps, o=out, p=parts: merge(p, o, nw)), "same": same}
+        results[name] = row
+        print(name, json.dumps(row), flush=True)
+    return results
+
+
+def measure_projections(device) -> dict:
+    from torch.profiler import ProfilerActivity, profile
+
+    results = {}
+    for name, (k, n) in PROJECTIONS.items():
+        weight_bytes = k * n * 2
+        copies = max(2, -(-3 * L2_BYTES // weight_bytes))
+        weights = [torch.randn(n, k, device=device, dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
+        for rows in (17, 32):
+            x = torch.randn(rows, k, device=device, dtype=torch.bfloat16)
+
+            def one_pass(x=x, weights=weights):
+                for w in weights:
+                    torch.mm(x, w.t())
+
+            one_pass()
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                one_pass()
+            times = []
+            for _ in range(20):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                graph.replay()
+                end.record()
+                end.synchronize()
+                times.append(start.elapsed_time(end) * 1e3 / copies)
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                graph.replay()
+                torch.cuda.synchronize()
+            kernels = {e.key[:70]: e.count / copies for e in prof.key_averages() if e.self_device_time_total > 0}
+            results[f"{name}_{rows}"] = {"us_per_call_median": sorted(times)[len(times) // 2],
+                                         "kernels_per_call": kernels}  # fmt: skip
+            print(name, rows, json.dumps(results[f"{name}_{rows}"]), flush=True)
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tag", default="default")
+    parser.add_argument("--projections-only", action="store_true")
+    args = parser.parse_args()
+    device = torch.device("cuda")
+    env = {k: os.environ.get(k) for k in ("CUBLAS_WORKSPACE_CONFIG", "CUBLASLT_WORKSPACE_SIZE")}
+    result = {"bench": "gpu_small_kernels", "git_sha": os.environ.get("GIT_SHA", "unknown"), "env": env,
+              "device": torch.cuda.get_device_name()}  # fmt: skip
+    if not args.projections_only:
+        result["merges"] = measure_merges(Clock(False), device)
+    result["projections"] = measure_projections(device)
+    out = Path(__file__).parent / "results" / f"gpu_small_kernels_{result['git_sha']}_h200_{args.tag}.json"
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"saved {out}")
+
+
+if __name__ == "__main__":
+    main()
