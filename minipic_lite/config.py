@@ -18,7 +18,9 @@ DEFAULT_CPU_KV_CACHE_GIB = 2.0
 # prefill or mixed steps with few new tokens (a prompt whose documents are cached) per (sequences, tokens) with at
 # most CUDA_GRAPH_MAX_TOKENS_PER_SEQ tokens per sequence on average.
 CUDA_GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256)
-CUDA_GRAPH_TOKEN_SIZES = (16, 32, 64, 128, 256, 512)
+# NOTE: 24 because cuBLAS reads the projections faster at 17-24 rows than padded to 32 (its 24-row tiles): H200,
+# Llama-3-8B shapes, a layer's four at 17 rows 126.1 us against 129.2 at 32 (bench/gpu_small_kernels.py, next58)
+CUDA_GRAPH_TOKEN_SIZES = (16, 24, 32, 64, 128, 256, 512)
 CUDA_GRAPH_MAX_TOKENS_PER_SEQ = 32
 # The copy-rerotate baseline turns at most this many blocks' keys at once: its float32 temporaries are a few times
 # blocks x layers x block_size x kv_heads x head_dim x 4 bytes (Llama-3-8B: ~0.5 GB each at 256 blocks of 16).

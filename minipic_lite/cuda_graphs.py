@@ -8,8 +8,8 @@ buckets with one token per sequence; a prefill or mixed step with few new tokens
 cached) takes a bucket with more tokens than sequences. Padding sequences write their K/V into a scratch block
 that no request owns, and attend only to it:
 
-    real: 1 sequence, 19 tokens        bucket (2, 32):  cu_seqlens_q = [0, 19, 32]
-                                                         sequence 1 = 13 padding tokens on the scratch block
+    real: 1 sequence, 19 tokens        bucket (2, 24):  cu_seqlens_q = [0, 19, 24]
+                                                         sequence 1 = 5 padding tokens on the scratch block
 
 A step's inputs and padding are written on the host into pinned mirrors of the static buffers and move in two
 copies (`StaticInputs.stage`); the steps of a burst after its first are advanced in the buffers on the device, in

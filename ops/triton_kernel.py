@@ -69,6 +69,11 @@ DECODE_PROGRAMS_PER_SM = 4
 SHORT_READ_PROGRAMS_PER_SM = 1
 DEEP_PIPELINE_MAX_SPLITS = 4  # bf16 decode: 3 stages up to this many splits, 2 past it (short splits)
 DECODE_MAX_REGS = 128  # registers a thread of an unsplit decode (4 programs of 4 warps an SM)
+# NOTE: one warp a (token, head) of the merge holds every split of its 128 dims, so the sum over splits stays in its
+# registers (four warps shared it through shared memory). H200 (bench/gpu_small_kernels.py, next58 at 73a5cae): the
+# short read's 16 splits in the (2, 32) bucket 2.87 us against 5.14, a batch-1 decode's 32 splits 1.76 against 2.43,
+# 32 decodes' 2 splits 2.02 against 4.87. Sweeps past MAX_SPLITS keep four warps (a warp would hold 128 splits).
+MERGE_WARPS = 1
 
 
 @triton.jit
@@ -1079,8 +1084,9 @@ def rope_paged_attention_triton(
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], maxnreg=cfg.get("MAX_REGS"),
     )  # fmt: skip
     if num_splits > 1:
+        max_splits = max(MAX_SPLITS, _next_pow2(num_splits))
         _reduce_splits_kernel[(num_tokens, num_heads)](
             out, partial_out, partial_m, partial_l, num_heads, num_splits, out.stride(0), out.stride(1),
-            HEAD_DIM=head_dim, MAX_SPLITS=max(MAX_SPLITS, _next_pow2(num_splits)),
+            HEAD_DIM=head_dim, MAX_SPLITS=max_splits, num_warps=MERGE_WARPS if max_splits <= MAX_SPLITS else 4,
         )  # fmt: skip
     return out
