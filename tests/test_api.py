@@ -62,7 +62,8 @@ def test_numpy_scalars_are_numbers_to_sampling_params():
         ([5, 49152], "prompt 1: token id 49152 is outside the vocabulary"),
         ([5, -1], "prompt 1: token id -1 is outside the vocabulary"),
         ([5, 2**70], f"prompt 1: token id {2**70} is outside the vocabulary"),  # NOTE: past int64, as packed
-        ([5, 1.5], "prompt 1: token id 1.5 is outside the vocabulary"),
+        ([5, 1.5], "prompt 1: token id 1.5 is not an integer"),
+        ([5, "7"], "prompt 1: token id '7' is not an integer"),
         ([1] * 2048, "prompt 1: the prompt has 2048 tokens; the model's context is 2048"),
     ],
 )
@@ -71,6 +72,15 @@ def test_bad_prompt_names_itself_and_the_engine_keeps_serving(llm, prompt, messa
         llm.generate(["Hello", prompt], GREEDY8, use_tqdm=False)
     assert_engine_idle(llm)  # nothing of the batch was queued
     assert len(llm.generate("Hello", GREEDY8, use_tqdm=False)[0].token_ids) == 8
+
+
+def test_integer_token_ids_of_any_kind_are_taken_as_their_values(llm):
+    """numpy's and torch's integers in a prompt (`list(array)`) are its ids, as Python ints in the outputs."""
+    ids = llm.tokenizer.encode("The capital of France is", add_special_tokens=False)
+    plain, numpy_ids, torch_ids = llm.generate([ids, list(np.array(ids)), list(torch.tensor(ids))], GREEDY8,
+                                               use_tqdm=False)  # fmt: skip
+    assert numpy_ids.token_ids == torch_ids.token_ids == plain.token_ids
+    assert numpy_ids.prompt_token_ids == ids and {type(t) for t in numpy_ids.prompt_token_ids} == {int}
 
 
 def test_prompt_of_the_wrong_type_is_a_type_error(llm):
