@@ -9,7 +9,9 @@ after a small kernel asked for its weights with L2 prefetches (`cp.async.bulk.pr
 Measured at 4b30257 (`bench/results/gpu_l2_prefetch_4b30257_h200.json`): `o` 13.8 us + its split-K reduction 2.2
 cold, 9.8 + 2.1 warm; `qkv` (48 MiB) 19.7 cold, 19.1 warm. A small-row cuBLAS projection is bound by more than its
 bytes: from L2, `o` gains 4 us of its 16. (That run's cases with the attention read in the graph failed to capture:
-the op checked its arguments, `check=True`; the prefetch cases were added after it.) The engine was then tried with
+the op checks its arguments by default, a host sync.) After a prefetch (73a5cae, `gpu_l2_prefetch_73a5cae_h200.json`)
+`o` took 11.0-11.2 + 2.3 us, the prefetch kernel itself 4.5 (bulk), 7.3 (bulk, evict_last) and 9.2 us (a line an
+instruction, evict_last). The engine was then tried with
 the weights prefetched on a side stream forked before each layer's attention read and joined before `o`, inside the
 step graphs (part next57 at 4b30257, `ttft_spans-4b30257-cuda-b32-prefetch-{0,1,plain}.*`; the code is in 4b30257):
 with an evict_last hint `o` took 0.345 ms a forward against 0.374 and the read 1.339 against 1.211 (the prefetch's
