@@ -979,9 +979,18 @@ def _launch_split(q, k_cache, v_cache, block_tables, cu_seqlens_q, q_positions, 
     caches = (k_cache, v_cache)
     rope_paged_attention_triton(q[:n], *caches, block_tables[:n], cu_seqlens_q[: n + 1], q_positions[:n], kv_lens[:n],
                                 visible_start[:n], cos_sin, scale, out=out[:n])  # fmt: skip
-    rope_paged_attention_triton(q[n:], *caches, block_tables[n:], cu_seqlens_q[n:] - n, q_positions[n:], kv_lens[n:],
-                                visible_start[n:], cos_sin, scale, out=out[n:])  # fmt: skip
+    rest = [_aligned(t[n:]) for t in (block_tables, q_positions, kv_lens, visible_start)]
+    rope_paged_attention_triton(q[n:], *caches, rest[0], cu_seqlens_q[n:] - n, *rest[1:], cos_sin, scale,
+                                out=out[n:])  # fmt: skip
     return out
+
+
+def _aligned(t: torch.Tensor) -> torch.Tensor:
+    """`t`, or a copy of it where its data does not start on 16 bytes. Triton compiles a kernel for each alignment of
+    its pointers: a slice at another offset compiled a variant that the warm-up never met, seconds in the middle of
+    serving (next60, bench/results/next60-68a1fa5-cuda-rag.log: `_dense_attention_kernel` and `_gather_kv_kernel`
+    compiled inside two RAG runs, on `visible_start`, `block_tables` and `kv_lens` sliced after 1-3 decodes)."""
+    return t if t.data_ptr() % 16 == 0 else t.clone()
 
 
 def _launch_dense(q, k_cache, v_cache, block_tables, cu_seqlens_q, q_positions, kv_lens, visible_start, cos_sin,
