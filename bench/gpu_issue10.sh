@@ -555,14 +555,13 @@ if want next41e || want next41f; then  # the copy-rerotate baseline after its co
     step rag_rerotate 240 $RAG --max-num-seqs 32 --max-num-batched-tokens 8192 --systems vanilla_prefix,copy_rerotate \
         --tag=-rerotate
 fi
-if want next61; then  # next60's isps and barrier at reuse 0.5 / 0.9 beside the tree before the merge's one warp and
-    # the 24-token bucket (.base: 672f677's, carried; its results named by BASE_SHA), one call
+if want next61; then  # next60's isps and barrier at reuse 0.5 beside the tree before the merge's one warp, the 24-token
+    # bucket and the aligned slices (.base: 672f677's, carried; its results named by BASE_SHA), one call
     cp -r bench/data .base/bench/
-    step rag_base 120 env PYTHONPATH=/tmp/site:$PWD/.base GIT_SHA=${BASE_SHA:-base} python3 .base/bench/rag.py \
+    step rag_base 100 env PYTHONPATH=/tmp/site:$PWD/.base GIT_SHA=${BASE_SHA:-base} python3 .base/bench/rag.py \
         --device cuda --llama3-8b-shape --samples 64 --max-num-seqs 32 --max-num-batched-tokens 8192 \
-        --reuse 0.5,0.9 --systems barrier,isps --tag=-base
-    step rag_new 120 $RAG --max-num-seqs 32 --max-num-batched-tokens 8192 --reuse 0.5,0.9 --systems barrier,isps \
-        --tag=-new
+        --reuse 0.5 --systems barrier,isps --tag=-base
+    step rag_new 100 $RAG --max-num-seqs 32 --max-num-batched-tokens 8192 --reuse 0.5 --systems barrier,isps --tag=-new
     cp .base/bench/results/rag-* "$OUT"/ 2>/dev/null
 fi
 if want next60; then  # the RAG table's vanilla, barrier and isps after the merge's one warp (the table's decode step
