@@ -979,8 +979,8 @@ def _launch_split(q, k_cache, v_cache, block_tables, cu_seqlens_q, q_positions, 
     caches = (k_cache, v_cache)
     rope_paged_attention_triton(q[:n], *caches, block_tables[:n], cu_seqlens_q[: n + 1], q_positions[:n], kv_lens[:n],
                                 visible_start[:n], cos_sin, scale, out=out[:n])  # fmt: skip
-    rest = [_aligned(t[n:]) for t in (block_tables, q_positions, kv_lens, visible_start)]
-    rope_paged_attention_triton(q[n:], *caches, rest[0], cu_seqlens_q[n:] - n, *rest[1:], cos_sin, scale,
+    tables, positions, lens, visible = (_aligned(t[n:]) for t in (block_tables, q_positions, kv_lens, visible_start))
+    rope_paged_attention_triton(q[n:], *caches, tables, cu_seqlens_q[n:] - n, positions, lens, visible, cos_sin, scale,
                                 out=out[n:])  # fmt: skip
     return out
 
