@@ -25,7 +25,6 @@ import sys
 from pathlib import Path
 
 import torch
-import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -42,13 +41,7 @@ L2_BYTES = 50 << 20
 
 
 def merge(parts, out, num_warps: int) -> None:
-    partial_out, partial_m, partial_l = parts
-    num_tokens, num_heads, num_splits, head_dim = partial_out.shape
-    triton_kernel._reduce_splits_kernel[(num_tokens, num_heads)](
-        out, partial_out, partial_m, partial_l, num_heads, num_splits, out.stride(0), out.stride(1),
-        HEAD_DIM=head_dim, MAX_SPLITS=max(triton_kernel.MAX_SPLITS, triton.next_power_of_2(num_splits)),
-        num_warps=num_warps,
-    )  # fmt: skip
+    triton_kernel.merge_splits(out, *parts, num_warps=num_warps)
 
 
 def measure_merges(clock: Clock, device) -> dict:

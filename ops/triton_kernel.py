@@ -1093,9 +1093,18 @@ def rope_paged_attention_triton(
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], maxnreg=cfg.get("MAX_REGS"),
     )  # fmt: skip
     if num_splits > 1:
-        max_splits = max(MAX_SPLITS, _next_pow2(num_splits))
-        _reduce_splits_kernel[(num_tokens, num_heads)](
-            out, partial_out, partial_m, partial_l, num_heads, num_splits, out.stride(0), out.stride(1),
-            HEAD_DIM=head_dim, MAX_SPLITS=max_splits, num_warps=MERGE_WARPS if max_splits <= MAX_SPLITS else 4,
-        )  # fmt: skip
+        merge_splits(out, partial_out, partial_m, partial_l)
     return out
+
+
+def merge_splits(out, partial_out, partial_m, partial_l, num_warps: int | None = None) -> None:
+    """`_reduce_splits_kernel` over partials [num_tokens, num_heads, num_splits, HEAD_DIM] (and their maxima and
+    sums) into out [num_tokens, num_heads, HEAD_DIM]; `num_warps` None: MERGE_WARPS (benchmarks sweep it)."""
+    num_tokens, num_heads, num_splits, head_dim = partial_out.shape
+    max_splits = max(MAX_SPLITS, _next_pow2(num_splits))
+    if num_warps is None:
+        num_warps = MERGE_WARPS if max_splits <= MAX_SPLITS else 4
+    _reduce_splits_kernel[(num_tokens, num_heads)](
+        out, partial_out, partial_m, partial_l, num_heads, num_splits, out.stride(0), out.stride(1),
+        HEAD_DIM=head_dim, MAX_SPLITS=max_splits, num_warps=num_warps,
+    )  # fmt: skip
