@@ -58,6 +58,17 @@ ORDER_SWEEP = [
     for m, n, w, ws in [(64, 64, 4, False), (128, 128, 8, True)]
     for h in (False, True)
 ]
+# the dense kernel's tile as two halves sharing each key tile (Q_SPLIT=2, data partitioning), beside the defaults:
+# (BLOCK_M of both halves, TILE_N, num_warps, num_stages, WARP_SPECIALIZE)
+HALVES_SWEEP = [
+    dict(DENSE=True, BLOCK_M=m, TILE_N=n, num_warps=w, num_stages=s, WARP_SPECIALIZE=ws, Q_SPLIT=q)
+    for m, n, w, s, ws, q in [
+        (64, 64, 4, 3, False, 1), (128, 128, 8, 3, True, 1),
+        (128, 64, 4, 3, False, 2), (128, 64, 4, 3, True, 2), (128, 64, 8, 3, False, 2), (128, 128, 8, 2, False, 2),
+        (128, 128, 8, 2, True, 2), (256, 64, 8, 3, False, 2), (256, 64, 8, 3, True, 2), (256, 64, 4, 3, True, 2),
+        (256, 128, 8, 2, False, 2), (256, 128, 8, 2, True, 2),
+    ]
+]  # fmt: skip
 # decode with the bf16 table: (TILE_N, num_warps, num_stages) x splits
 DECODE_SWEEP = [
     dict(TILE_N=n, num_warps=w, num_stages=st, NUM_SPLITS=sp)
@@ -248,6 +259,20 @@ def validation_cases(smoke: bool) -> list[dict]:
             config=dict(DENSE=True, BLOCK_M=128, TILE_N=128, num_warps=8, num_stages=2, WARP_SPECIALIZE=True),
         ),
         dict(
+            name="prefill 4k dense halves 128x64",
+            specs=[SeqSpec.prefill(4096)],
+            **big,
+            config=dict(DENSE=True, BLOCK_M=128, TILE_N=64, num_warps=4, num_stages=3, Q_SPLIT=2),
+        ),
+        dict(
+            name="prefill 2k holes ssep dense halves 256x128 warp-specialized",
+            specs=[holes],
+            **big,
+            config=dict(
+                DENSE=True, BLOCK_M=256, TILE_N=128, num_warps=8, num_stages=2, WARP_SPECIALIZE=True, Q_SPLIT=2
+            ),
+        ),
+        dict(
             name="chunk 1k at 3k + 3 decodes dense",
             specs=[SeqSpec(3072, ((2048, 3072),))] + [SeqSpec.decode(n) for n in (1000, 2000, 33)],
             **big,
@@ -406,7 +431,7 @@ def op_callable(problem: Problem, position_free: bool, config: dict | None, tabl
 
 def sweep_configs(kind: str, batch: int, length: int, sweep_set: str = "tiles") -> list[dict]:
     if kind == "prefill":
-        return ORDER_SWEEP if sweep_set == "order" else PREFILL_SWEEP
+        return {"order": ORDER_SWEEP, "halves": HALVES_SWEEP}.get(sweep_set, PREFILL_SWEEP)
     if length <= 1024:
         return SHORT_DECODE_SWEEP
     return B1_DECODE_SWEEP if batch == 1 else DECODE_SWEEP
@@ -554,7 +579,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sweep", action="store_true", help="also sweep the kernel's tile configs")
     parser.add_argument("--sweep-rows", default=",".join(SWEPT), help="comma-separated benchmark names to sweep")
-    parser.add_argument("--sweep-set", default="tiles", choices=("tiles", "order"), help="prefill configs swept")
+    parser.add_argument(
+        "--sweep-set", default="tiles", choices=("tiles", "order", "halves"), help="prefill configs swept"
+    )
     parser.add_argument("--smoke", action="store_true", help="CPU dry run (TRITON_INTERPRET=1), tiny shapes")
     parser.add_argument("--only", default="", help="run only benchmarks whose name contains this")
     parser.add_argument("--skip-validation", action="store_true")

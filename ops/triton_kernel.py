@@ -504,6 +504,41 @@ def _gather_kv_kernel(
 
 
 @triton.jit
+def _dense_softmax(m_i, l_i, q, k, key_pos, row_pos, row_vis, qk_scale, APPLY_MASK: tl.constexpr):
+    """A key tile's probabilities for a block of query rows and the online softmax's new (m, l) and rescale."""
+    # -- compute qk --
+    qk = tl.dot(q, k.T)  # [ROWS, TILE_N]
+    if APPLY_MASK:
+        visible = (key_pos[None, :] >= row_vis[:, None]) & (key_pos[None, :] <= row_pos[:, None])
+        qk = tl.where(visible, qk * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet
+        p = tl.math.exp2(qk - m_safe[:, None])
+    else:  # every key visible to every row: m_new is finite
+        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+        m_safe = m_new
+        p = tl.math.exp2(qk * qk_scale - m_new[:, None])  # [ROWS, TILE_N]
+    alpha = tl.math.exp2(m_i - m_safe)  # [ROWS]
+    l_i = l_i * alpha + tl.sum(p, 1)
+    return p, alpha, m_new, l_i
+
+
+@triton.jit
+def _dense_pv(acc, p, alpha, v):
+    # -- compute pv --
+    acc = acc * alpha[:, None]
+    return tl.dot(p.to(v.dtype), v, acc)  # [ROWS, HEAD_DIM]
+
+
+@triton.jit
+def _dense_values(v_desc, row, kv_col, key_pos, key_end, APPLY_MASK: tl.constexpr):
+    v = v_desc.load([row, kv_col])  # [TILE_N, HEAD_DIM]
+    if APPLY_MASK:  # NOTE: rows past key_end are another sequence's or never written (NaN * 0 = NaN)
+        v = tl.where((key_pos < key_end)[:, None], v, 0.0)
+    return v
+
+
+@triton.jit
 def _attend_dense_tiles(
     acc,
     m_i,
@@ -527,30 +562,62 @@ def _attend_dense_tiles(
     offs_n = tl.arange(0, TILE_N)
     for tile in tl.range(tile_begin, tile_end, num_stages=NUM_STAGES, warp_specialize=WARP_SPECIALIZE):
         row = kv_row0 + tile * TILE_N
+        key_pos = tile * TILE_N + offs_n
         k = k_desc.load([row, kv_col])  # [TILE_N, HEAD_DIM] (TMA on Hopper)
-        # -- compute qk --
-        qk = tl.dot(q, k.T)  # [BLOCK_M, TILE_N]
-        if APPLY_MASK:
-            key_pos = tile * TILE_N + offs_n
-            visible = (key_pos[None, :] >= row_vis[:, None]) & (key_pos[None, :] <= row_pos[:, None])
-            qk = tl.where(visible, qk * qk_scale, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(qk, 1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet
-            p = tl.math.exp2(qk - m_safe[:, None])
-        else:  # every key visible to every row: m_new is finite
-            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-            m_safe = m_new
-            p = tl.math.exp2(qk * qk_scale - m_new[:, None])  # [BLOCK_M, TILE_N]
-        alpha = tl.math.exp2(m_i - m_safe)  # [BLOCK_M]
-        l_i = l_i * alpha + tl.sum(p, 1)
-        # -- compute pv --
-        v = v_desc.load([row, kv_col])  # [TILE_N, HEAD_DIM]
-        if APPLY_MASK:  # NOTE: rows past key_end are another sequence's or never written (NaN * 0 = NaN)
-            v = tl.where((key_pos < key_end)[:, None], v, 0.0)
-        acc = acc * alpha[:, None]
-        acc = tl.dot(p.to(v.dtype), v, acc)  # [BLOCK_M, HEAD_DIM]
-        m_i = m_new
+        p, alpha, m_i, l_i = _dense_softmax(m_i, l_i, q, k, key_pos, row_pos, row_vis, qk_scale, APPLY_MASK)
+        v = _dense_values(v_desc, row, kv_col, key_pos, key_end, APPLY_MASK)
+        acc = _dense_pv(acc, p, alpha, v)
     return acc, m_i, l_i
+
+
+@triton.jit
+def _attend_dense_tiles_halves(
+    acc0, m0, l0, q0, row_pos0, row_vis0,  # the tile's first half of rows
+    acc1, m1, l1, q1, row_pos1, row_vis1,  # ... and its second half
+    tile_begin, tile_end, key_end, k_desc, v_desc, kv_row0, kv_col, qk_scale,
+    TILE_N: tl.constexpr,
+    APPLY_MASK: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+    WARP_SPECIALIZE: tl.constexpr,
+):  # fmt: skip
+    """`_attend_dense_tiles` for two halves of a query tile that share each key and value tile (Q_SPLIT = 2):
+    two independent softmax chains in one loop, so that one half's matmuls can run while the other half's
+    softmax does (the data partitioning of Triton's Hopper/Blackwell attention kernels)."""
+    offs_n = tl.arange(0, TILE_N)
+    for tile in tl.range(tile_begin, tile_end, num_stages=NUM_STAGES, warp_specialize=WARP_SPECIALIZE):
+        row = kv_row0 + tile * TILE_N
+        key_pos = tile * TILE_N + offs_n
+        k = k_desc.load([row, kv_col])  # [TILE_N, HEAD_DIM]
+        v = _dense_values(v_desc, row, kv_col, key_pos, key_end, APPLY_MASK)
+        p0, alpha0, m0, l0 = _dense_softmax(m0, l0, q0, k, key_pos, row_pos0, row_vis0, qk_scale, APPLY_MASK)
+        acc0 = _dense_pv(acc0, p0, alpha0, v)
+        p1, alpha1, m1, l1 = _dense_softmax(m1, l1, q1, k, key_pos, row_pos1, row_vis1, qk_scale, APPLY_MASK)
+        acc1 = _dense_pv(acc1, p1, alpha1, v)
+    return acc0, m0, l0, acc1, m1, l1
+
+
+@triton.jit
+def _dense_rows(q_ptr, offs_m, first_token, q_end, kv_head, stride_q_tok, stride_q_head, GROUP: tl.constexpr,
+                BLOCK_Q: tl.constexpr, HEAD_DIM: tl.constexpr, q_positions_ptr, visible_start_ptr):  # fmt: skip
+    """A query tile's rows offs_m (token, head pairs): tokens, heads, which are real, positions, visible starts, q."""
+    tokens = first_token + offs_m // GROUP
+    heads = kv_head * GROUP + offs_m % GROUP
+    row_ok = (offs_m < BLOCK_Q * GROUP) & (tokens < q_end)
+    row_pos = tl.load(q_positions_ptr + tokens, mask=row_ok, other=0).to(tl.int32)
+    row_vis = tl.load(visible_start_ptr + tokens, mask=row_ok, other=0).to(tl.int32)
+    offs_d = tl.arange(0, HEAD_DIM)
+    q_rows = q_ptr + tokens.to(tl.int64)[:, None] * stride_q_tok + heads[:, None] * stride_q_head
+    q = tl.load(q_rows + offs_d[None, :], mask=row_ok[:, None], other=0.0)  # [rows, HEAD_DIM]
+    return tokens, heads, row_ok, row_pos, row_vis, q
+
+
+@triton.jit
+def _store_rows(out_ptr, acc, l_i, tokens, heads, row_ok, stride_o_tok, stride_o_head, HEAD_DIM: tl.constexpr):
+    l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+    out = acc / l_safe[:, None]
+    offs_d = tl.arange(0, HEAD_DIM)
+    o_ptrs = out_ptr + tokens.to(tl.int64)[:, None] * stride_o_tok + heads[:, None] * stride_o_head
+    tl.store(o_ptrs + offs_d[None, :], out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
 
 
 @triton.jit(do_not_specialize=["num_seqs", "max_context"])
@@ -577,6 +644,7 @@ def _dense_attention_kernel(
     NUM_STAGES: tl.constexpr,
     WARP_SPECIALIZE: tl.constexpr,
     HEADS_FIRST: tl.constexpr,  # kv heads on the grid's first axis: every head's last tiles start before any first
+    Q_SPLIT: tl.constexpr = 1,  # 2: the tile's rows as two halves with a softmax chain each (data partitioning)
 ):
     """The same tiles as ``_rope_paged_attention_kernel``, over keys and values gathered into a contiguous
     per-sequence scratch (``gather_to_scratch``), so each key tile is one tensor-descriptor load (TMA)."""
@@ -593,21 +661,27 @@ def _dense_attention_kernel(
     if first_token >= q_end:
         return
 
-    # -- rows: (token, head) pairs of this tile --
-    offs_m = tl.arange(0, BLOCK_M)
-    tokens = first_token + offs_m // GROUP  # [BLOCK_M]
-    heads = kv_head * GROUP + offs_m % GROUP  # [BLOCK_M]
-    row_ok = (offs_m < BLOCK_Q * GROUP) & (tokens < q_end)
-    row_pos = tl.load(q_positions_ptr + tokens, mask=row_ok, other=0).to(tl.int32)
-    row_vis = tl.load(visible_start_ptr + tokens, mask=row_ok, other=0).to(tl.int32)
+    # -- rows: (token, head) pairs of this tile, in Q_SPLIT halves --
+    ROWS: tl.constexpr = BLOCK_M // Q_SPLIT
+    offs_m = tl.arange(0, ROWS)
+    tokens, heads, row_ok, row_pos, row_vis, q = _dense_rows(
+        q_ptr, offs_m, first_token, q_end, kv_head, stride_q_tok, stride_q_head, GROUP, BLOCK_Q, HEAD_DIM,
+        q_positions_ptr, visible_start_ptr,
+    )  # fmt: skip
     big = 2147483647
     key_begin = tl.min(tl.where(row_ok, row_vis, big))
     key_end = tl.max(tl.where(row_ok, row_pos, -1)) + 1
     full_begin = tl.max(tl.where(row_ok, row_vis, 0))
     full_end = tl.min(tl.where(row_ok, row_pos, big)) + 1
-    offs_d = tl.arange(0, HEAD_DIM)
-    q_rows = q_ptr + tokens.to(tl.int64)[:, None] * stride_q_tok + heads[:, None] * stride_q_head
-    q = tl.load(q_rows + offs_d[None, :], mask=row_ok[:, None], other=0.0)  # [BLOCK_M, HEAD_DIM]
+    if Q_SPLIT == 2:
+        tokens1, heads1, row_ok1, row_pos1, row_vis1, q1 = _dense_rows(
+            q_ptr, ROWS + offs_m, first_token, q_end, kv_head, stride_q_tok, stride_q_head, GROUP, BLOCK_Q,
+            HEAD_DIM, q_positions_ptr, visible_start_ptr,
+        )  # fmt: skip
+        key_begin = tl.minimum(key_begin, tl.min(tl.where(row_ok1, row_vis1, big)))
+        key_end = tl.maximum(key_end, tl.max(tl.where(row_ok1, row_pos1, -1)) + 1)
+        full_begin = tl.maximum(full_begin, tl.max(tl.where(row_ok1, row_vis1, 0)))
+        full_end = tl.minimum(full_end, tl.min(tl.where(row_ok1, row_pos1, big)) + 1)
 
     # -- key tiles: a masked head, an unmasked body, a masked tail --
     tile_begin = key_begin // TILE_N
@@ -616,27 +690,42 @@ def _dense_attention_kernel(
     body_end = tl.maximum(tl.minimum(full_end // TILE_N, tile_end), body_begin)
     kv_row0 = seq * max_context
     kv_col = kv_head * HEAD_DIM
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc, m_i, l_i = _attend_dense_tiles(
-        acc, m_i, l_i, q, row_pos, row_vis, tile_begin, body_begin, key_end, k_desc, v_desc, kv_row0, kv_col,
-        qk_scale, TILE_N, True, NUM_STAGES, WARP_SPECIALIZE,
-    )  # fmt: skip
-    acc, m_i, l_i = _attend_dense_tiles(
-        acc, m_i, l_i, q, row_pos, row_vis, body_begin, body_end, key_end, k_desc, v_desc, kv_row0, kv_col,
-        qk_scale, TILE_N, False, NUM_STAGES, WARP_SPECIALIZE,
-    )  # fmt: skip
-    acc, m_i, l_i = _attend_dense_tiles(
-        acc, m_i, l_i, q, row_pos, row_vis, body_end, tile_end, key_end, k_desc, v_desc, kv_row0, kv_col,
-        qk_scale, TILE_N, True, NUM_STAGES, WARP_SPECIALIZE,
-    )  # fmt: skip
+    acc = tl.zeros([ROWS, HEAD_DIM], dtype=tl.float32)
+    m_i = tl.full([ROWS], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([ROWS], dtype=tl.float32)
+    if Q_SPLIT == 1:
+        acc, m_i, l_i = _attend_dense_tiles(
+            acc, m_i, l_i, q, row_pos, row_vis, tile_begin, body_begin, key_end, k_desc, v_desc, kv_row0, kv_col,
+            qk_scale, TILE_N, True, NUM_STAGES, WARP_SPECIALIZE,
+        )  # fmt: skip
+        acc, m_i, l_i = _attend_dense_tiles(
+            acc, m_i, l_i, q, row_pos, row_vis, body_begin, body_end, key_end, k_desc, v_desc, kv_row0, kv_col,
+            qk_scale, TILE_N, False, NUM_STAGES, WARP_SPECIALIZE,
+        )  # fmt: skip
+        acc, m_i, l_i = _attend_dense_tiles(
+            acc, m_i, l_i, q, row_pos, row_vis, body_end, tile_end, key_end, k_desc, v_desc, kv_row0, kv_col,
+            qk_scale, TILE_N, True, NUM_STAGES, WARP_SPECIALIZE,
+        )  # fmt: skip
+    else:
+        acc1 = tl.zeros([ROWS, HEAD_DIM], dtype=tl.float32)
+        m_i1 = tl.full([ROWS], float("-inf"), dtype=tl.float32)
+        l_i1 = tl.zeros([ROWS], dtype=tl.float32)
+        for part in tl.static_range(3):
+            if part == 0:
+                lo, hi = tile_begin, body_begin
+            elif part == 1:
+                lo, hi = body_begin, body_end
+            else:
+                lo, hi = body_end, tile_end
+            acc, m_i, l_i, acc1, m_i1, l_i1 = _attend_dense_tiles_halves(
+                acc, m_i, l_i, q, row_pos, row_vis, acc1, m_i1, l_i1, q1, row_pos1, row_vis1,
+                lo, hi, key_end, k_desc, v_desc, kv_row0, kv_col, qk_scale, TILE_N, part != 1, NUM_STAGES,
+                WARP_SPECIALIZE,
+            )  # fmt: skip
+        _store_rows(out_ptr, acc1, l_i1, tokens1, heads1, row_ok1, stride_o_tok, stride_o_head, HEAD_DIM)
 
     # -- epilogue --
-    l_safe = tl.where(l_i == 0.0, 1.0, l_i)
-    out = acc / l_safe[:, None]
-    o_ptrs = out_ptr + tokens.to(tl.int64)[:, None] * stride_o_tok + heads[:, None] * stride_o_head
-    tl.store(o_ptrs + offs_d[None, :], out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+    _store_rows(out_ptr, acc, l_i, tokens, heads, row_ok, stride_o_tok, stride_o_head, HEAD_DIM)
 
 
 @triton.jit(do_not_specialize=["num_splits"])
@@ -1007,6 +1096,9 @@ def _launch_dense(q, k_cache, v_cache, block_tables, cu_seqlens_q, q_positions, 
     block_q = max(block_m // group, 1)
     if block_q * group > block_m:
         block_m = _next_pow2(group)
+    q_split = cfg.get("Q_SPLIT", 1)
+    if q_split not in (1, 2) or block_m // q_split < 16:
+        raise ValueError(f"config: Q_SPLIT must be 1 or 2 with BLOCK_M / Q_SPLIT >= 16, got {q_split} and {block_m}")
     rows = k_scratch.view(-1, num_kv_heads * head_dim)  # [num_seqs * max_context, H_kv * d]
     k_desc = TensorDescriptor.from_tensor(rows, block_shape=[tile_n, head_dim])
     v_desc = TensorDescriptor.from_tensor(v_scratch.view_as(rows), block_shape=[tile_n, head_dim])
@@ -1017,7 +1109,7 @@ def _launch_dense(q, k_cache, v_cache, block_tables, cu_seqlens_q, q_positions, 
         max_blocks * block_size, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         GROUP=group, HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_Q=block_q, TILE_N=tile_n,
         NUM_STAGES=cfg["num_stages"], WARP_SPECIALIZE=cfg.get("WARP_SPECIALIZE", False),
-        HEADS_FIRST=heads_first, num_warps=cfg["num_warps"],
+        HEADS_FIRST=heads_first, Q_SPLIT=q_split, num_warps=cfg["num_warps"],
     )  # fmt: skip
 
 

@@ -69,6 +69,7 @@ def check_against_ref(problem: Problem, impl: str, what: str, **kwargs) -> None:
 
 SHORT = {"PRE_ROTATE": False, "BLOCK_M": 128, "TABLE_AHEAD": True}  # pick_config's short read on CUDA (head_dim 128)
 TABLE_AHEAD = {"TABLE_AHEAD": True, "num_stages": 3, "TILE_N": 16}
+DENSE_HALVES = {"DENSE": True, "Q_SPLIT": 2, "TILE_N": 16}
 TRITON_CASES = [
     # scenario, heads, head_dim, rotary_dim, block_size, dtype, position_free, extra, config
     ("prefill_T63", "gqa4", 64, None, 16, torch.float32, True, {}, None),
@@ -116,6 +117,10 @@ TRITON_CASES = [
     ("ssep_segments", "mha4", 256, 64, 16, torch.float16, True, {}, {"DENSE": True, "BLOCK_M": 64, "TILE_N": 32}),
     ("prefill_T63", "gqa3", 64, None, 16, torch.bfloat16, True, {}, {"DENSE": True, "WARP_SPECIALIZE": True}),
     ("mixed", "gqa4", 64, None, 16, torch.float32, True, {}, {"DENSE": True}),  # float32: the paged kernel
+    # the dense kernel's tile as two halves sharing each key tile (Q_SPLIT): a half may split a token's heads (gqa3)
+    ("mixed", "gqa4", 128, None, 16, torch.bfloat16, True, {"repeat_block": True}, {**DENSE_HALVES, "BLOCK_M": 64}),
+    ("ssep_segments", "gqa3", 64, 32, 16, torch.float16, True, {}, {**DENSE_HALVES, "BLOCK_M": 32}),
+    ("prefill_T63", "gqa4", 64, None, 16, torch.bfloat16, False, {}, {**DENSE_HALVES, "WARP_SPECIALIZE": True}),
 ]
 
 
