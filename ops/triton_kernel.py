@@ -20,9 +20,11 @@ Design (after vLLM's unified attention and Triton tutorial 06):
 * Dense path (``DENSE``, the default for 16-bit prefill-like batches on Hopper): ``_gather_kv_kernel`` copies
   every sequence's keys (rotated) and values into a contiguous per-call scratch in logical order, and
   ``_dense_attention_kernel`` walks the same tiles with one tensor-descriptor (TMA) load per key or value tile,
-  no block-table lookups and no per-element address math; long prompts use 128x128 tiles with Triton's warp
-  specialization, short ones (K and V within HEADS_FIRST_MAX_KV_BYTES) start every kv head's last query tiles first.
-  Measured on the H200: 320-330 -> 480-500 TFLOP/s at 16k-32k (bench/results/gpu_ops_7bbe73e_*).
+  no block-table lookups and no per-element address math; long prompts use 256-row tiles run as two halves that
+  share each key and value tile (``Q_SPLIT``: two independent softmax chains, so one half's matmuls overlap the
+  other's softmax), short ones (K and V within HEADS_FIRST_MAX_KV_BYTES) start every kv head's last query tiles
+  first. Measured on the H200: 320-330 -> 480-500 TFLOP/s at 16k-32k (bench/results/gpu_ops_7bbe73e_*) with one
+  128x128 tile, ~540 with the halves (gpu_ops_b4505cf_h200_halves.json).
 * Split-KV (flash-decoding): with ``NUM_SPLITS > 1`` the key range of a tile is cut into NUM_SPLITS chunks
   run by separate programs that write partial (out, max, sum) to fp32 scratch; ``_reduce_splits_kernel``
   merges them. The split count is a runtime argument (one compiled kernel for all of them: a new constexpr
@@ -50,7 +52,7 @@ MAX_CONFIG_SPLITS = 128  # ... and that a given config may ask for (sweeps); the
 MAX_GRID_Z = 65535  # CUDA's limit on a grid's y and z (a TILES_LAST launch with more tiles takes them first)
 # NOTE: under CUDA graphs the engine's block tables are max_model_len wide, so max_context is that, not the context
 # in use: a config picked from it must serve short contexts too (bench/results/gpu_ops_ecd1644_h200*).
-LONG_PREFILL_ROWS = 32768  # query rows (tokens x GROUP) per sequence from which the dense kernel takes 128x128 tiles
+LONG_PREFILL_ROWS = 32768  # query rows (tokens x GROUP) per sequence from which the dense kernel takes 256-row tiles
 # The dense kernel's 64x64 tiles start every kv head's last (longest) query tiles before any head's first (HEADS_FIRST)
 # while a sequence's keys and values, every head's, take at most this much: the programs then share the L2 across
 # heads. Measured on the H200 (gpu_ops_{d09f002_h200_exp_poly,3b4b8d2_h200_order}.json, one sequence, 8 kv heads,
@@ -829,11 +831,16 @@ def pick_config(
         # an SM and the block ids read in the tile's own iteration (then Triton's pipelining waits for every copy
         # at each iteration's top: no memory overlaps the math; bench/ptxas_stats.py). Faster at every short case.
         tile_n, num_warps, num_stages = 64, 8, 3
-    warp_specialize = dense and head_dim == 128 and rows_per_seq >= LONG_PREFILL_ROWS
-    if dense and head_dim == 128:  # measured on the H200: bench/results/gpu_ops_cd5f0ee_h200*
-        block_m, tile_n, num_warps, num_stages = (128, 128, 8, 3) if warp_specialize else (64, 64, 4, 3)
+    long_prefill = dense and head_dim == 128 and rows_per_seq >= LONG_PREFILL_ROWS
+    if dense and head_dim == 128:  # measured on the H200: bench/results/gpu_ops_{cd5f0ee,b4505cf}_h200*
+        block_m, tile_n, num_warps, num_stages = (256, 64, 8, 3) if long_prefill else (64, 64, 4, 3)
+    # NOTE: a long prefill's 256-row tile runs as two 128-row halves that share each key and value tile (Q_SPLIT):
+    # H200 (gpu_ops_b4505cf_h200_halves.json) 8k / 16k / 32k 1.096 / 4.200 / 16.38 ms against 1.187 / 4.537 / 17.64
+    # with one 128x128 warp-specialized tile (Triton's warp specialization on top: within 1%, not taken); 4k
+    # 0.342 against the 64x64 tiles' 0.326
+    q_split = 2 if long_prefill else 1
     kv_bytes = 2 * num_kv_heads * max_context * head_dim * elem_size  # a sequence's keys and values
-    heads_first = dense and head_dim == 128 and not warp_specialize and kv_bytes <= HEADS_FIRST_MAX_KV_BYTES
+    heads_first = dense and head_dim == 128 and not long_prefill and kv_bytes <= HEADS_FIRST_MAX_KV_BYTES
     block_m = max(block_m, _next_pow2(group))
     num_splits = 1
     if is_cuda and (rows_per_seq <= 16 or short):
@@ -860,7 +867,8 @@ def pick_config(
         NUM_SPLITS=num_splits,
         PRE_ROTATE=is_rotary and rows_per_seq > 16 and not short,
         DENSE=dense,
-        WARP_SPECIALIZE=warp_specialize,
+        WARP_SPECIALIZE=False,
+        Q_SPLIT=q_split,
         HEADS_FIRST=heads_first,
         MAX_REGS=max_regs,
         TABLE_AHEAD=bf16_decode or short_read,
@@ -933,7 +941,8 @@ def compile_key(cfg: dict) -> tuple:
     """What a launch with config `cfg` compiles: two configs with the same key run the same kernels."""
     split = cfg["NUM_SPLITS"] > 1
     return (cfg["BLOCK_M"], cfg["TILE_N"], cfg["num_warps"], cfg["num_stages"], split, cfg["PRE_ROTATE"],
-            cfg["DENSE"], cfg["WARP_SPECIALIZE"], cfg.get("MAX_REGS"), cfg.get("TABLE_AHEAD", False))  # fmt: skip
+            cfg["DENSE"], cfg["WARP_SPECIALIZE"], cfg.get("MAX_REGS"), cfg.get("TABLE_AHEAD", False),
+            cfg.get("Q_SPLIT", 1))  # fmt: skip
 
 
 # Step shapes that `variant_shapes` tries: sequences, query tokens per sequence (around pick_config's thresholds of
