@@ -78,6 +78,12 @@ FOURK_SWEEP = [
         (256, 64, 8, 4, 2), (256, 32, 8, 4, 2), (128, 32, 4, 4, 2),
     ]
 ]  # fmt: skip
+# the halves' launch order: one kv head's query tiles after another's (the default past 8 MB of K and V) or every
+# head's last (longest) tiles first (HEADS_FIRST): 4k ran 512 programs of 1-64 key tiles, ~4 waves of one an SM
+HALVES_ORDER_SWEEP = [
+    dict(DENSE=True, BLOCK_M=m, TILE_N=64, num_warps=w, num_stages=3, Q_SPLIT=q, HEADS_FIRST=h)
+    for m, w, q, h in [(256, 8, 2, False), (256, 8, 2, True), (64, 4, 1, True)]
+]
 # decode with the bf16 table: (TILE_N, num_warps, num_stages) x splits
 DECODE_SWEEP = [
     dict(TILE_N=n, num_warps=w, num_stages=st, NUM_SPLITS=sp)
@@ -440,7 +446,12 @@ def op_callable(problem: Problem, position_free: bool, config: dict | None, tabl
 
 def sweep_configs(kind: str, batch: int, length: int, sweep_set: str = "tiles") -> list[dict]:
     if kind == "prefill":
-        return {"order": ORDER_SWEEP, "halves": HALVES_SWEEP, "fourk": FOURK_SWEEP}.get(sweep_set, PREFILL_SWEEP)
+        return {
+            "order": ORDER_SWEEP,
+            "halves": HALVES_SWEEP,
+            "fourk": FOURK_SWEEP,
+            "halves-order": HALVES_ORDER_SWEEP,
+        }.get(sweep_set, PREFILL_SWEEP)
     if length <= 1024:
         return SHORT_DECODE_SWEEP
     return B1_DECODE_SWEEP if batch == 1 else DECODE_SWEEP
@@ -589,7 +600,10 @@ def main() -> None:
     parser.add_argument("--sweep", action="store_true", help="also sweep the kernel's tile configs")
     parser.add_argument("--sweep-rows", default=",".join(SWEPT), help="comma-separated benchmark names to sweep")
     parser.add_argument(
-        "--sweep-set", default="tiles", choices=("tiles", "order", "halves", "fourk"), help="prefill configs swept"
+        "--sweep-set",
+        default="tiles",
+        choices=("tiles", "order", "halves", "fourk", "halves-order"),
+        help="prefill configs swept",
     )
     parser.add_argument("--smoke", action="store_true", help="CPU dry run (TRITON_INTERPRET=1), tiny shapes")
     parser.add_argument("--only", default="", help="run only benchmarks whose name contains this")
