@@ -59,6 +59,12 @@ LONG_PREFILL_ROWS = 32768  # query rows (tokens x GROUP) per sequence from which
 # d128): 1k 0.0329 against 0.0415 ms (the last heads' long tiles no longer start last), 2k 0.0979 against 0.1058, 4k
 # 0.3303 against 0.3291 (16 MB); with 64x64 tiles 8k 1.207 against 1.200, 16k 4.69 against 4.64, 32k 20.4 against 17.8.
 HEADS_FIRST_MAX_KV_BYTES = 8 * 2**20
+# From MID_PREFILL_ROWS query rows a sequence (4k tokens of Llama-3), while its keys and values take at most this much,
+# the dense kernel takes the long prefill's 256-row halves with every kv head's longest tiles first (4k: 512 programs
+# of 1-64 key tiles, ~4 waves of one program an SM: one head after another left the last heads' longest tiles for the
+# end). Between it and LONG_PREFILL_ROWS with more keys and values (not measured) the 64x64 tiles stay.
+MID_PREFILL_ROWS = 16384
+HALVES_HEADS_FIRST_MAX_KV_BYTES = 16 * 2**20
 # Query rows per sequence up to which a prefill-like batch is read as a decode is: keys rotated in the kernel (each
 # sequence has one or two query tiles, so each key is rotated about once anyway) and split-KV to fill the GPU.
 # A few new tokens over a long cached context (a RAG prompt whose documents hit) otherwise gets one program
@@ -831,16 +837,20 @@ def pick_config(
         # an SM and the block ids read in the tile's own iteration (then Triton's pipelining waits for every copy
         # at each iteration's top: no memory overlaps the math; bench/ptxas_stats.py). Faster at every short case.
         tile_n, num_warps, num_stages = 64, 8, 3
-    long_prefill = dense and head_dim == 128 and rows_per_seq >= LONG_PREFILL_ROWS
-    if dense and head_dim == 128:  # measured on the H200: bench/results/gpu_ops_{cd5f0ee,b4505cf}_h200*
-        block_m, tile_n, num_warps, num_stages = (256, 64, 8, 3) if long_prefill else (64, 64, 4, 3)
+    kv_bytes = 2 * num_kv_heads * max_context * head_dim * elem_size  # a sequence's keys and values
+    measured = dense and head_dim == 128  # measured on the H200: bench/results/gpu_ops_{cd5f0ee,b4505cf,74061a0}_h200*
+    long_prefill = measured and rows_per_seq >= LONG_PREFILL_ROWS
+    mid_prefill = measured and rows_per_seq >= MID_PREFILL_ROWS and kv_bytes <= HALVES_HEADS_FIRST_MAX_KV_BYTES
+    halves = long_prefill or mid_prefill
+    if measured:
+        block_m, tile_n, num_warps, num_stages = (256, 64, 8, 3) if halves else (64, 64, 4, 3)
     # NOTE: a long prefill's 256-row tile runs as two 128-row halves that share each key and value tile (Q_SPLIT):
     # H200 (gpu_ops_b4505cf_h200_halves.json) 8k / 16k / 32k 1.096 / 4.200 / 16.38 ms against 1.187 / 4.537 / 17.64
-    # with one 128x128 warp-specialized tile (Triton's warp specialization on top: within 1%, not taken); 4k
-    # 0.342 against the 64x64 tiles' 0.326
-    q_split = 2 if long_prefill else 1
-    kv_bytes = 2 * num_kv_heads * max_context * head_dim * elem_size  # a sequence's keys and values
-    heads_first = dense and head_dim == 128 and not long_prefill and kv_bytes <= HEADS_FIRST_MAX_KV_BYTES
+    # with one 128x128 warp-specialized tile (Triton's warp specialization on top: within 1%, not taken). At 4k
+    # the halves need every head's longest tiles first (gpu_ops_74061a0_h200_halves_order.json): 0.297 ms against
+    # 0.344 one head after another and the 64x64 tiles' 0.328; at 8k / 16k / 32k heads first lost 3% / 3% / 3%
+    q_split = 2 if halves else 1
+    heads_first = mid_prefill or (measured and not halves and kv_bytes <= HEADS_FIRST_MAX_KV_BYTES)
     block_m = max(block_m, _next_pow2(group))
     num_splits = 1
     if is_cuda and (rows_per_seq <= 16 or short):

@@ -121,6 +121,7 @@ TRITON_CASES = [
     ("mixed", "gqa4", 128, None, 16, torch.bfloat16, True, {"repeat_block": True}, {**DENSE_HALVES, "BLOCK_M": 64}),
     ("ssep_segments", "gqa3", 64, 32, 16, torch.float16, True, {}, {**DENSE_HALVES, "BLOCK_M": 32}),
     ("prefill_T63", "gqa4", 64, None, 16, torch.bfloat16, False, {}, {**DENSE_HALVES, "WARP_SPECIALIZE": True}),
+    ("mixed", "gqa4", 64, None, 16, torch.bfloat16, True, {}, {**DENSE_HALVES, "BLOCK_M": 32, "HEADS_FIRST": True}),
 ]
 
 
@@ -510,7 +511,6 @@ def test_pick_config_reads_a_short_prefill_over_a_long_context_like_a_decode(mon
     assert prompt_1k["DENSE"] and prompt_1k["HEADS_FIRST"] and (prompt_1k["BLOCK_M"], prompt_1k["TILE_N"]) == (64, 64)
     assert tk.pick_config(4 * 2048, 4, 8, 4, 128, 2048, True, cuda)["HEADS_FIRST"]  # 8 MB a sequence
     assert not tk.pick_config(2048, 1, 8, 4, 128, 2064, True, cuda)["HEADS_FIRST"]
-    assert not tk.pick_config(4096, 1, 8, 4, 128, 4096, True, cuda)["HEADS_FIRST"]
     assert not tk.pick_config(1024, 1, 8, 4, 64, 1024, True, cuda)["HEADS_FIRST"], "measured at head_dim 128 only"
     prompt_8k = tk.pick_config(8192, 1, 8, 4, 128, 8192, True, cuda)
     assert not prompt_8k["HEADS_FIRST"]  # a long prefill: its 256-row tiles as two halves sharing each key tile
@@ -520,7 +520,10 @@ def test_pick_config_reads_a_short_prefill_over_a_long_context_like_a_decode(mon
         2,
         False,
     )  # measured on the H200: 8k-32k 7-8% faster than one 128x128 warp-specialized tile
-    assert tk.pick_config(4096, 1, 8, 4, 128, 4096, True, cuda)["Q_SPLIT"] == 1  # 4k: the 64x64 tiles were faster
+    prompt_4k = tk.pick_config(4096, 1, 8, 4, 128, 4096, True, cuda)  # 16 MB of K and V: the halves, heads first
+    assert (prompt_4k["BLOCK_M"], prompt_4k["Q_SPLIT"], prompt_4k["HEADS_FIRST"]) == (256, 2, True)
+    prompt_6k = tk.pick_config(6144, 1, 8, 4, 128, 6144, True, cuda)  # not measured between 4k and 8k: as before
+    assert (prompt_6k["BLOCK_M"], prompt_6k["Q_SPLIT"], prompt_6k["HEADS_FIRST"]) == (64, 1, False)
     decode = tk.pick_config(1, 1, 8, 4, 128, 16384, True, cuda, table_elem_size=2)
     assert (decode["BLOCK_M"], decode["NUM_SPLITS"], decode["DENSE"]) == (16, 32, False)
     decode_8k = tk.pick_config(1, 1, 8, 4, 128, 8192, True, cuda, table_elem_size=2)
