@@ -555,7 +555,8 @@ if want next41e || want next41f; then  # the copy-rerotate baseline after its co
     step rag_rerotate 240 $RAG --max-num-seqs 32 --max-num-batched-tokens 8192 --systems vanilla_prefix,copy_rerotate \
         --tag=-rerotate
 fi
-if want next68; then  # the new 4k default (the halves, heads first) in the op's table, held to the 64x64 tiles
+if want next68; then  # (not run: stop 36's device time was spent) the new 4k default (the halves, heads first) in the
+    # op's table, held to the 64x64 tiles
     step op_defaults 200 python3 bench/gpu_ops.py --skip-validation --only "llama prefill" --sweep \
         --sweep-set halves-order --sweep-rows "llama prefill 4k" --budget-s 150 --out "$OUT"
 fi

@@ -296,6 +296,17 @@ def _attend_key_tiles(
     return acc, m_i, l_i
 
 
+@triton.jit
+def _part_range(part: tl.constexpr, tile_begin, body_begin, body_end, tile_end):
+    """Key tiles [lo, hi) of a tile loop's part: 0 the masked head, 1 the unmasked body, 2 the masked tail."""
+    if part == 0:
+        return tile_begin, body_begin
+    elif part == 1:
+        return body_begin, body_end
+    else:
+        return body_end, tile_end
+
+
 # NOTE: Triton compiles a kernel again for every constexpr value and for integer arguments equal to 1 or divisible
 # by 16. Counts and widths that change from step to step are left unspecialized: a compile takes seconds, and an
 # eager step with a new batch shape would otherwise pay it in the middle of serving.
@@ -417,12 +428,7 @@ def _rope_paged_attention_kernel(
     k_table_ptr = k_block_tables_ptr + seq.to(tl.int64) * stride_kbt_seq
     v_table_ptr = v_block_tables_ptr + seq.to(tl.int64) * stride_vbt_seq
     for part in tl.static_range(3):
-        if part == 0:
-            lo, hi = tile_begin, body_begin
-        elif part == 1:
-            lo, hi = body_begin, body_end
-        else:
-            lo, hi = body_end, tile_end
+        lo, hi = _part_range(part, tile_begin, body_begin, body_end, tile_end)
         acc, m_i, l_i = _attend_key_tiles(
             acc, m_i, l_i, q_lo, q_hi, q_pass, row_pos, row_vis, lo, hi, key_end,
             k_cache_ptr, v_cache_ptr, k_table_ptr, v_table_ptr, cos_sin_ptr, kv_head, qk_scale,
@@ -719,12 +725,7 @@ def _dense_attention_kernel(
         m_i1 = tl.full([ROWS], float("-inf"), dtype=tl.float32)
         l_i1 = tl.zeros([ROWS], dtype=tl.float32)
         for part in tl.static_range(3):
-            if part == 0:
-                lo, hi = tile_begin, body_begin
-            elif part == 1:
-                lo, hi = body_begin, body_end
-            else:
-                lo, hi = body_end, tile_end
+            lo, hi = _part_range(part, tile_begin, body_begin, body_end, tile_end)
             acc, m_i, l_i, acc1, m_i1, l_i1 = _attend_dense_tiles_halves(
                 acc, m_i, l_i, q, row_pos, row_vis, acc1, m_i1, l_i1, q1, row_pos1, row_vis1,
                 lo, hi, key_end, k_desc, v_desc, kv_row0, kv_col, qk_scale, TILE_N, part != 1, NUM_STAGES,
