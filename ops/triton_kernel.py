@@ -953,13 +953,13 @@ def compile_key(cfg: dict) -> tuple:
     split = cfg["NUM_SPLITS"] > 1
     return (cfg["BLOCK_M"], cfg["TILE_N"], cfg["num_warps"], cfg["num_stages"], split, cfg["PRE_ROTATE"],
             cfg["DENSE"], cfg["WARP_SPECIALIZE"], cfg.get("MAX_REGS"), cfg.get("TABLE_AHEAD", False),
-            cfg.get("Q_SPLIT", 1))  # fmt: skip
+            cfg.get("Q_SPLIT", 1), cfg["DENSE"] and cfg.get("HEADS_FIRST", False))  # fmt: skip
 
 
 # Step shapes that `variant_shapes` tries: sequences, query tokens per sequence (around pick_config's thresholds of
 # 16 and SHORT_PREFILL_ROWS rows, and LONG_PREFILL_ROWS) and table widths in keys (the context `pick_config` reads).
 VARIANT_SEQS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-VARIANT_TOKENS_PER_SEQ = (1, 2, 4, 5, 8, 16, 17, 32, 33, 64, 129, 1024, 8192)
+VARIANT_TOKENS_PER_SEQ = (1, 2, 4, 5, 8, 16, 17, 32, 33, 64, 129, 1024, 4096, 8192)
 VARIANT_TABLE_KEYS = (256, 512, 4096, 8192)
 
 

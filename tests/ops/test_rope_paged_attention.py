@@ -524,6 +524,9 @@ def test_pick_config_reads_a_short_prefill_over_a_long_context_like_a_decode(mon
     assert (prompt_4k["BLOCK_M"], prompt_4k["Q_SPLIT"], prompt_4k["HEADS_FIRST"]) == (256, 2, True)
     prompt_6k = tk.pick_config(6144, 1, 8, 4, 128, 6144, True, cuda)  # not measured between 4k and 8k: as before
     assert (prompt_6k["BLOCK_M"], prompt_6k["Q_SPLIT"], prompt_6k["HEADS_FIRST"]) == (64, 1, False)
+    # the launch order is a constexpr of the dense kernel: each order is a variant of its own for the warm-up
+    assert tk.compile_key(prompt_1k) != tk.compile_key(tk.pick_config(1024, 1, 8, 4, 128, 4096, True, cuda))
+    assert tk.compile_key(prompt_4k) != tk.compile_key(prompt_8k)
     decode = tk.pick_config(1, 1, 8, 4, 128, 16384, True, cuda, table_elem_size=2)
     assert (decode["BLOCK_M"], decode["NUM_SPLITS"], decode["DENSE"]) == (16, 32, False)
     decode_8k = tk.pick_config(1, 1, 8, 4, 128, 8192, True, cuda, table_elem_size=2)
