@@ -279,6 +279,7 @@ def validation_cases(smoke: bool) -> list[dict]:
             **big,
             config=dict(DENSE=True, BLOCK_M=128, TILE_N=64, num_warps=4, num_stages=3, Q_SPLIT=2),
         ),
+        dict(name="prefill 4k default (the halves, heads first)", specs=[SeqSpec.prefill(4096)], **big),
         dict(
             name="prefill 2k holes ssep dense halves 256x128 warp-specialized",
             specs=[holes],
