@@ -24,7 +24,7 @@ Design (after vLLM's unified attention and Triton tutorial 06):
   share each key and value tile (``Q_SPLIT``: two independent softmax chains, so one half's matmuls overlap the
   other's softmax), short ones (K and V within HEADS_FIRST_MAX_KV_BYTES) start every kv head's last query tiles
   first. Measured on the H200: 320-330 -> 480-500 TFLOP/s at 16k-32k (bench/results/gpu_ops_7bbe73e_*) with one
-  128x128 tile, ~540 with the halves (gpu_ops_b4505cf_h200_halves.json).
+  128x128 tile, 520-540 with the halves (gpu_ops_{9b1563f,74061a0}_h200*).
 * Split-KV (flash-decoding): with ``NUM_SPLITS > 1`` the key range of a tile is cut into NUM_SPLITS chunks
   run by separate programs that write partial (out, max, sum) to fp32 scratch; ``_reduce_splits_kernel``
   merges them. The split count is a runtime argument (one compiled kernel for all of them: a new constexpr
