@@ -555,10 +555,11 @@ if want next41e || want next41f; then  # the copy-rerotate baseline after its co
     step rag_rerotate 240 $RAG --max-num-seqs 32 --max-num-batched-tokens 8192 --systems vanilla_prefix,copy_rerotate \
         --tag=-rerotate
 fi
-if want next68; then  # (not run: stop 36's device time was spent) the new 4k default (the halves, heads first) in the
-    # op's table, held to the 64x64 tiles
-    step op_defaults 200 python3 bench/gpu_ops.py --skip-validation --only "llama prefill" --sweep \
-        --sweep-set halves-order --sweep-rows "llama prefill 4k" --budget-s 150 --out "$OUT"
+if want next68; then  # (not run: stop 36's device time was spent) the GPU tests and the op's validation and prefill
+    # table at stop 36's last tree: the 4k default (the halves, heads first) and the warm-up's launch-order variants
+    step gpu_tests 330 python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider -p no:logging --tb=short
+    step op_defaults 240 python3 bench/gpu_ops.py --only "llama prefill" --sweep --sweep-set halves-order \
+        --sweep-rows "llama prefill 4k" --budget-s 220 --out "$OUT"
 fi
 if want next67; then  # the halves with every kv head's longest tiles first (HEADS_FIRST), 4k-32k (no validation:
     # the order changes no tile's math)
