@@ -708,18 +708,12 @@ def _dense_attention_kernel(
     m_i = tl.full([ROWS], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([ROWS], dtype=tl.float32)
     if Q_SPLIT == 1:
-        acc, m_i, l_i = _attend_dense_tiles(
-            acc, m_i, l_i, q, row_pos, row_vis, tile_begin, body_begin, key_end, k_desc, v_desc, kv_row0, kv_col,
-            qk_scale, TILE_N, True, NUM_STAGES, WARP_SPECIALIZE,
-        )  # fmt: skip
-        acc, m_i, l_i = _attend_dense_tiles(
-            acc, m_i, l_i, q, row_pos, row_vis, body_begin, body_end, key_end, k_desc, v_desc, kv_row0, kv_col,
-            qk_scale, TILE_N, False, NUM_STAGES, WARP_SPECIALIZE,
-        )  # fmt: skip
-        acc, m_i, l_i = _attend_dense_tiles(
-            acc, m_i, l_i, q, row_pos, row_vis, body_end, tile_end, key_end, k_desc, v_desc, kv_row0, kv_col,
-            qk_scale, TILE_N, True, NUM_STAGES, WARP_SPECIALIZE,
-        )  # fmt: skip
+        for part in tl.static_range(3):
+            lo, hi = _part_range(part, tile_begin, body_begin, body_end, tile_end)
+            acc, m_i, l_i = _attend_dense_tiles(
+                acc, m_i, l_i, q, row_pos, row_vis, lo, hi, key_end, k_desc, v_desc, kv_row0, kv_col, qk_scale,
+                TILE_N, part != 1, NUM_STAGES, WARP_SPECIALIZE,
+            )  # fmt: skip
     else:
         acc1 = tl.zeros([ROWS, HEAD_DIM], dtype=tl.float32)
         m_i1 = tl.full([ROWS], float("-inf"), dtype=tl.float32)
