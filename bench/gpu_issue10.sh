@@ -32,6 +32,15 @@ step() {  # step NAME LIMIT_S command...: run it with a limit, keep its log, sho
     echo "rc=$? ($(date +%T))"
     tail -n 30 "$OUT/$name.log"
 }
+# A/B parts: .base's tree (carried; BASE_SHA names its results) beside this one
+BASE_ENV="env PYTHONPATH=/tmp/site:$PWD/.base GIT_SHA=${BASE_SHA:-base}"
+TTFT_8X2048="bench/ttft_spans.py --device cuda --llama3-8b-shape --doc-tokens 2048 --ks 8 --repeats 3 --block-size 32"
+ttft_ab() {  # ttft_ab LIMIT_S: the cached 8 x 2,048 row at block size 32, .base's tree and this one alternated twice
+    for round in 1 2; do
+        step ttft_base_$round "$1" $BASE_ENV python3 .base/$TTFT_8X2048 --tag=-base-$round
+        step ttft_new_$round "$1" python3 $TTFT_8X2048 --tag=-new-$round
+    done
+}
 part=${1:-all}  # one part, or several: hybrid,host
 want() { [[ ",$part," == *",$1,"* ]]; }
 if want ops; then  # after a kernel change: the GPU tests, the op's validation, the short-prefill op bench
@@ -569,12 +578,7 @@ if want next67; then  # the halves with every kv head's longest tiles first (HEA
 fi
 if want next66; then  # the cached 8 x 2,048 row (cold and cached) in this tree and .base's (78d2f81: before the
     # dense halves, which a cold prefill's 8,192-token chunks take), alternated twice
-    TTFT="bench/ttft_spans.py --device cuda --llama3-8b-shape --doc-tokens 2048 --ks 8 --repeats 3 --block-size 32"
-    BASE_ENV="env PYTHONPATH=/tmp/site:$PWD/.base GIT_SHA=${BASE_SHA:-base}"
-    for round in 1 2; do
-        step ttft_base_$round 110 $BASE_ENV python3 .base/$TTFT --tag=-base-$round
-        step ttft_new_$round 110 python3 $TTFT --tag=-new-$round
-    done
+    ttft_ab 110
     cp .base/bench/results/ttft_spans-* "$OUT"/ 2>/dev/null
 fi
 if want next65; then  # the GPU tests (next64's timed out compiling on a cold cache), then the cached 8 x 2,048 TTFT row
@@ -599,7 +603,7 @@ if want next62; then  # the RAG table's barrier and isps at reuse 0.5 / 0.9, thi
     # (next61 ran them once each: the second process's host phases ran 1.6-2x slower in code neither tree changed)
     cp -r bench/data .base/bench/
     for round in 1 2; do
-        step rag_base_$round 120 env PYTHONPATH=/tmp/site:$PWD/.base GIT_SHA=${BASE_SHA:-base} python3 \
+        step rag_base_$round 120 $BASE_ENV python3 \
             .base/bench/rag.py --device cuda --llama3-8b-shape --samples 64 --max-num-seqs 32 \
             --max-num-batched-tokens 8192 --reuse 0.5,0.9 --systems barrier,isps --tag=-base-$round
         step rag_new_$round 120 $RAG --max-num-seqs 32 --max-num-batched-tokens 8192 --reuse 0.5,0.9 \
@@ -610,7 +614,7 @@ fi
 if want next61; then  # next60's isps and barrier at reuse 0.5 beside the tree before the merge's one warp, the 24-token
     # bucket and the aligned slices (.base: 672f677's, carried; its results named by BASE_SHA), one call
     cp -r bench/data .base/bench/
-    step rag_base 100 env PYTHONPATH=/tmp/site:$PWD/.base GIT_SHA=${BASE_SHA:-base} python3 .base/bench/rag.py \
+    step rag_base 100 $BASE_ENV python3 .base/bench/rag.py \
         --device cuda --llama3-8b-shape --samples 64 --max-num-seqs 32 --max-num-batched-tokens 8192 \
         --reuse 0.5 --systems barrier,isps --tag=-base
     step rag_new 100 $RAG --max-num-seqs 32 --max-num-batched-tokens 8192 --reuse 0.5 --systems barrier,isps --tag=-new
@@ -625,12 +629,7 @@ if want next59; then  # the merge's one warp and the 24-token bucket (this tree)
     # in alternating trees, the host sections of each
     step gpu_tests 240 python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider -p no:logging --tb=short
     step op_validation 120 python3 bench/gpu_ops.py --only __none__ --out /tmp/gpu_ops
-    TTFT="bench/ttft_spans.py --device cuda --llama3-8b-shape --doc-tokens 2048 --ks 8 --repeats 3 --block-size 32"
-    BASE_ENV="env PYTHONPATH=/tmp/site:$PWD/.base GIT_SHA=${BASE_SHA:-base}"
-    for round in 1 2; do
-        step ttft_base_$round 150 $BASE_ENV python3 .base/$TTFT --tag=-base-$round
-        step ttft_new_$round 150 python3 $TTFT --tag=-new-$round
-    done
+    ttft_ab 150
     step host_base 120 $BASE_ENV python3 .base/bench/host_ttft.py --device cuda --llama3-8b-shape --block-size 32
     step host_new 120 python3 bench/host_ttft.py --device cuda --llama3-8b-shape --block-size 32
 fi
