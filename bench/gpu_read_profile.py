@@ -165,6 +165,15 @@ def sweep_for(name: str) -> list[dict]:
         if name.startswith(("b1x", "b64x")):
             return grid(TILE_N=(32,), num_stages=(2, 3), MAX_REGS=(None, 128))
         return []
+    if MODE == "w1":  # one or two warps a program (the softmax's row max and sum then cross no warp; more splits
+        # fill the GPU): a read with no math takes 7.0 us at 1 x 8k where the op takes 16.8 (read_floor_bfb41b5.json)
+        if name.startswith("b1x8k"):
+            return grid(num_warps=(1, 2), TILE_N=(32, 64), num_stages=(2, 3), NUM_SPLITS=(32, 64, 128))
+        if name == "b1x576w8k":
+            return grid(num_warps=(1, 2), TILE_N=(32,), num_stages=(2, 3), NUM_SPLITS=(8, 16, 32))
+        if name == "b64x576w8k":
+            return grid(num_warps=(1, 2), TILE_N=(32, 64), num_stages=(2, 3), NUM_SPLITS=(1, 2))
+        return []
     if MODE == "w16":  # 16 warps (4 warpgroups) on one tile, fewer iterations (ptxas: 32-key tiles at 126
         # registers without spilling, 64-key tiles spill 80-88 bytes at 128), not yet run
         if name.startswith("short16k"):
@@ -214,7 +223,7 @@ def kernel_times(fn, calls: int = 20) -> dict:
 
 # READ_SWEEP: 1 (the default) each case's sweep below, 0 each case's defaults only, or one of the named sweeps
 MODE = os.environ.get("READ_SWEEP", "1")
-SWEEP = MODE in ("1", "warps", "regs", "tile16", "w16", "ahead", "ahead2", "ahead3", "ahead4", "rel37")
+SWEEP = MODE in ("1", "warps", "regs", "tile16", "w16", "ahead", "ahead2", "ahead3", "ahead4", "rel37", "w1")
 COLD_COPIES = 6  # `_cold` cases: each call reads the next of this many copies, so K and V come from DRAM, not L2
 
 
