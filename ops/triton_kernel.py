@@ -100,6 +100,25 @@ def _find_seq(cu_seqlens_q_ptr, tile_id, num_seqs, BLOCK_Q: tl.constexpr):
 
 
 @triton.jit
+def _tile_tokens(cu_seqlens_q_ptr, tile_id, num_seqs, BLOCK_Q: tl.constexpr, ONE_TOKEN_SEQS: tl.constexpr):
+    """(sequence, first token, one past the sequence's last token) of query tile `tile_id`; the tile is empty where
+    its first token is not below the end."""
+    if ONE_TOKEN_SEQS:
+        # NOTE: cu_seqlens_q is strictly increasing (the op's contract), so with as many tokens as sequences
+        # sequence i is token i: no search of cu_seqlens_q, whose dependent loads (seven at batch 64) each
+        # program waited for before its first key
+        seq = tile_id
+        first_token = tile_id
+        q_end = tile_id + 1
+    else:
+        seq = _find_seq(cu_seqlens_q_ptr, tile_id, num_seqs, BLOCK_Q)
+        q_start = tl.load(cu_seqlens_q_ptr + seq)
+        q_end = tl.load(cu_seqlens_q_ptr + seq + 1)
+        first_token = q_start + (tile_id - (q_start // BLOCK_Q + seq)) * BLOCK_Q
+    return seq, first_token, q_end
+
+
+@triton.jit
 def _block_ids(table_ptr, tile, key_end, BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr):
     """The physical block of each key of tile `tile` (0 past key_end): `table_ptr` is a sequence's table row."""
     offs_n = tl.arange(0, TILE_N)
@@ -354,6 +373,7 @@ def _rope_paged_attention_kernel(
     TILES_LAST: tl.constexpr,  # grid (kv heads, splits, tiles) instead of (tiles, kv heads, splits)
     DOT_PRECISION: tl.constexpr,
     TABLE_AHEAD: tl.constexpr = False,  # the next key tile's block ids read an iteration ahead
+    ONE_TOKEN_SEQS: tl.constexpr = False,  # every sequence has one query token (a decode): tile i is sequence i
 ):
     if TILES_LAST:
         # NOTE: every program of a tile is dispatched before any of the next tile's, so the real tiles start at
@@ -368,10 +388,7 @@ def _rope_paged_attention_kernel(
         tile_id = tl.num_programs(0) - 1 - tl.program_id(0)
         kv_head = tl.program_id(1)
         split = tl.program_id(2)
-    seq = _find_seq(cu_seqlens_q_ptr, tile_id, num_seqs, BLOCK_Q)
-    q_start = tl.load(cu_seqlens_q_ptr + seq)
-    q_end = tl.load(cu_seqlens_q_ptr + seq + 1)
-    first_token = q_start + (tile_id - (q_start // BLOCK_Q + seq)) * BLOCK_Q
+    seq, first_token, q_end = _tile_tokens(cu_seqlens_q_ptr, tile_id, num_seqs, BLOCK_Q, ONE_TOKEN_SEQS)
     if first_token >= q_end:
         return
 
@@ -668,10 +685,7 @@ def _dense_attention_kernel(
     else:
         tile_id = tl.num_programs(0) - 1 - tl.program_id(0)  # the last tiles of a causal prefill start first
         kv_head = tl.program_id(1)
-    seq = _find_seq(cu_seqlens_q_ptr, tile_id, num_seqs, BLOCK_Q)
-    q_start = tl.load(cu_seqlens_q_ptr + seq)
-    q_end = tl.load(cu_seqlens_q_ptr + seq + 1)
-    first_token = q_start + (tile_id - (q_start // BLOCK_Q + seq)) * BLOCK_Q
+    seq, first_token, q_end = _tile_tokens(cu_seqlens_q_ptr, tile_id, num_seqs, BLOCK_Q, False)
     if first_token >= q_end:
         return
 
@@ -877,6 +891,7 @@ def pick_config(
         HEADS_FIRST=heads_first,
         MAX_REGS=max_regs,
         TABLE_AHEAD=bf16_decode or short_read,
+        ONE_TOKEN_SEQS=num_tokens == num_seqs and not dense,
     )
 
 
@@ -947,7 +962,8 @@ def compile_key(cfg: dict) -> tuple:
     split = cfg["NUM_SPLITS"] > 1
     return (cfg["BLOCK_M"], cfg["TILE_N"], cfg["num_warps"], cfg["num_stages"], split, cfg["PRE_ROTATE"],
             cfg["DENSE"], cfg["WARP_SPECIALIZE"], cfg.get("MAX_REGS"), cfg.get("TABLE_AHEAD", False),
-            cfg.get("Q_SPLIT", 1), cfg["DENSE"] and cfg.get("HEADS_FIRST", False))  # fmt: skip
+            cfg.get("Q_SPLIT", 1), cfg["DENSE"] and cfg.get("HEADS_FIRST", False),
+            not cfg["DENSE"] and cfg.get("ONE_TOKEN_SEQS", False))  # fmt: skip
 
 
 # Step shapes that `variant_shapes` tries: sequences, query tokens per sequence (around pick_config's thresholds of
@@ -1181,7 +1197,10 @@ def rope_paged_attention_triton(
         partial_l = torch.empty_like(partial_m)
     else:
         partial_out = partial_m = partial_l = out  # unused
-    num_tiles = num_tokens // block_q + num_seqs
+    one_token = cfg.get("ONE_TOKEN_SEQS", False)
+    if one_token and num_tokens != num_seqs:
+        raise ValueError(f"config: ONE_TOKEN_SEQS needs one query token a sequence, got {num_tokens} for {num_seqs}")
+    num_tiles = num_seqs if one_token else num_tokens // block_q + num_seqs
     tiles_last = cfg.get("TILES_LAST", num_splits > 1) and num_tiles <= MAX_GRID_Z  # split launches: tiles last
     grid = (num_kv_heads, num_splits, num_tiles) if tiles_last else (num_tiles, num_kv_heads, num_splits)
     _rope_paged_attention_kernel[grid](
@@ -1196,6 +1215,7 @@ def rope_paged_attention_triton(
         HALF_PAD=max(_next_pow2(rotary_dim // 2), 16), BLOCK_M=block_m, BLOCK_Q=block_q,
         TILE_N=cfg["TILE_N"], SPLIT_KV=num_splits > 1, TILES_LAST=tiles_last,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", TABLE_AHEAD=cfg.get("TABLE_AHEAD", False),
+        ONE_TOKEN_SEQS=one_token,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], maxnreg=cfg.get("MAX_REGS"),
     )  # fmt: skip
     if num_splits > 1:

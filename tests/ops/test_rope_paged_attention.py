@@ -172,6 +172,38 @@ def test_triton_reads_a_mixed_steps_leading_decodes_in_a_launch_of_their_own(mon
     assert not triton_kernel.is_split_worth_it(20, 4, 4, 3), "a short batch reads as one (decode-like configs)"
 
 
+@pytest.mark.parametrize("splits", [1, 4])
+def test_one_token_sequences_map_tiles_to_sequences_without_a_search(monkeypatch, splits):
+    """A decode batch (as many query tokens as sequences) launches one query tile a sequence, tile i reading
+    sequence i with no search of cu_seqlens_q (ONE_TOKEN_SEQS): its output is bitwise the searched launch's and
+    matches the reference. pick_config sets it for decodes only, and a config that claims it for a batch with more
+    tokens than sequences is refused."""
+    from ops import triton_kernel as tk
+
+    grids, kernel = [], tk._rope_paged_attention_kernel
+
+    class Recorder:
+        def __getitem__(self, grid):
+            grids.append(grid)
+            return kernel[grid]
+
+    monkeypatch.setattr(tk, "_rope_paged_attention_kernel", Recorder())
+    seqs = [SeqSpec.decode(n) for n in (1, 40, 17, 100, 33)]
+    problem = make_problem(seqs, 9, 3, 32, 16, torch.float32, None, True, seed=11)
+    cfg = {"NUM_SPLITS": splits, "TILE_N": 16}
+    assert tk.config_for_args(problem.q, problem.k_cache, problem.block_tables, problem.cos_sin)["ONE_TOKEN_SEQS"]
+    check_against_ref(problem, "triton", "one token a sequence", config=cfg)
+    direct = run_impl(problem, "triton", config=cfg)
+    searched = run_impl(problem, "triton", config={**cfg, "ONE_TOKEN_SEQS": False})
+    assert torch.equal(direct, searched)
+    tiles = [grid[2] if splits > 1 else grid[0] for grid in grids]
+    assert tiles == [5, 5, 5 // 4 + 5], "one tile a sequence; the search launches the general grid"
+    assert not tk.pick_config(6, 5, 3, 3, 32, 128, True, torch.device("cpu"))["ONE_TOKEN_SEQS"]
+    prefill = make_problem([SeqSpec.prefill(3), SeqSpec.decode(9)], 9, 3, 32, 16, torch.float32, None, True, seed=2)
+    with pytest.raises(ValueError, match="ONE_TOKEN_SEQS"):
+        run_impl(prefill, "triton", config={"ONE_TOKEN_SEQS": True})
+
+
 @pytest.mark.parametrize("max_grid", [65535, 4])
 def test_dense_heads_first_grid_falls_back_past_the_grid_limit(monkeypatch, max_grid):
     """HEADS_FIRST puts the kv heads on the grid's x axis and the query tiles on y (CUDA: at most 65,535): past it the
