@@ -306,14 +306,17 @@ def decode_alone(llm, cfg, dtype, device, results, out):
     """`--decode-only`: the engine's decode at batch 1 and 64 against the roofline, and where a batch-1 step goes
     (a quick side by side of one engine setting against another, each run in its own process)."""
     _, weight_bytes, kv_token_bytes = model_sizes(llm.engine.runner.model, cfg, dtype)
+    quick = os.environ.get("DECODE_QUICK") == "1"  # the default schedule only: no others, no profiles
     results["env"] = {k: v for k, v in os.environ.items() if k.startswith(("MINIPIC_", "TORCHINDUCTOR_"))}
     for batch in (1, 64):
         results[f"decode_b{batch}"] = r = bench_decode(llm, None, cfg["vocab_size"], device, batch, 512, 128,
                                                        weight_bytes, kv_token_bytes, results["ceilings"]["copy_gbps"],
                                                        False)  # fmt: skip
         print(f"decode b{batch}", r, flush=True)
+        if quick:
+            continue
         decode_schedules(llm, cfg, device, batch, 512, 128, weight_bytes, kv_token_bytes, results)
-    for batch in (1, 64):
+    for batch in () if quick else (1, 64):
         results[f"decode_b{batch}_profile"], table = profile_decode(llm, cfg["vocab_size"], device, batch, 512)
         print(f"decode b{batch} host phases (ms/step)", results[f"decode_b{batch}_profile"], flush=True)
         print(table, flush=True)
