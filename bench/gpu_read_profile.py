@@ -165,6 +165,11 @@ def sweep_for(name: str) -> list[dict]:
         if name.startswith(("b1x", "b64x")):
             return grid(TILE_N=(32,), num_stages=(2, 3), MAX_REGS=(None, 128))
         return []
+    if MODE == "s64":  # 64 splits of 4 warps: with ONE_TOKEN_SEQS a split decode takes 128 registers (140 before), so
+        # 4 programs an SM and 1 x 8k's 512 programs fit one wave (3 an SM before: 396 at once, then a tail)
+        if name.startswith("b1x"):
+            return grid(NUM_SPLITS=(32, 64), num_stages=(2, 3), MAX_REGS=(None, 128))
+        return []
     if MODE == "w1":  # one or two warps a program (the softmax's row max and sum then cross no warp; more splits
         # fill the GPU): a read with no math takes 7.0 us at 1 x 8k where the op takes 16.8 (read_floor_bfb41b5.json)
         if name.startswith("b1x8k"):
@@ -223,7 +228,7 @@ def kernel_times(fn, calls: int = 20) -> dict:
 
 # READ_SWEEP: 1 (the default) each case's sweep below, 0 each case's defaults only, or one of the named sweeps
 MODE = os.environ.get("READ_SWEEP", "1")
-SWEEP = MODE in ("1", "warps", "regs", "tile16", "w16", "ahead", "ahead2", "ahead3", "ahead4", "rel37", "w1")
+SWEEP = MODE in ("1", "warps", "regs", "tile16", "w16", "ahead", "ahead2", "ahead3", "ahead4", "rel37", "w1", "s64")
 COLD_COPIES = 6  # `_cold` cases: each call reads the next of this many copies, so K and V come from DRAM, not L2
 
 
