@@ -75,6 +75,14 @@ SHORT_PREFILL_ROWS = 128
 # ahead; H200: 1 x 17 over 16k 0.0425 ms against 0.0507 with 2 per SM, gpu_short_prefill_f557ac8_h200_sweep.json)
 DECODE_PROGRAMS_PER_SM = 4
 SHORT_READ_PROGRAMS_PER_SM = 1
+# NOTE: a bf16 decode over tables of at least LONG_DECODE_KEYS keys (the engine's CUDA graphs: max_model_len wide) may
+# take up to LONG_DECODE_SPLITS splits of LONG_DECODE_MIN_KEYS keys or more. H200 (read_profile_3ef1983_s64.json, one
+# sequence, 8 kv heads, 32-key tiles, 2 stages): 1 x 8k 15.66 us with 64 splits against 17.97 with 32 (cold 19.22
+# against 22.81); over 576 keys in 8k-wide tables 8.05 against 7.71 (+4%, the price at short contexts). Since a
+# decode launch takes 128 registers (ONE_TOKEN_SEQS; 140 before) its 512 programs of 4 warps fit one wave of 4 an SM.
+LONG_DECODE_KEYS = 8192
+LONG_DECODE_SPLITS = 64
+LONG_DECODE_MIN_KEYS = 128
 DEEP_PIPELINE_MAX_SPLITS = 4  # bf16 decode: 3 stages up to this many splits, 2 past it (short splits)
 DECODE_MAX_REGS = 128  # registers a thread of an unsplit decode (4 programs of 4 warps an SM)
 # NOTE: one warp a (token, head) of the merge holds every split of its 128 dims, so the sum over splits stays in its
@@ -861,10 +869,11 @@ def pick_config(
     q_split = 2 if halves else 1
     heads_first = mid_prefill or (measured and not halves and kv_bytes <= HEADS_FIRST_MAX_KV_BYTES)
     block_m = max(block_m, _next_pow2(group))
+    bf16_decode = rows_per_seq <= 16 and is_rotary and head_dim == 128 and elem_size == 2 and table_elem_size <= 2
     num_splits = 1
     if is_cuda and (rows_per_seq <= 16 or short):
-        num_splits = _num_splits(num_seqs, num_kv_heads, max_context, short_read, device.index or 0)
-    bf16_decode = rows_per_seq <= 16 and is_rotary and head_dim == 128 and elem_size == 2 and table_elem_size <= 2
+        long_decode = bf16_decode and max_context >= LONG_DECODE_KEYS
+        num_splits = _num_splits(num_seqs, num_kv_heads, max_context, short_read, long_decode, device.index or 0)
     if bf16_decode:
         # NOTE: measured on the H200 (read_profile_316494b_h200_ahead4), the block ids read a tile ahead with 32-key
         # tiles, 2 stages when split, else 3, against 128-key tiles without: 1 x 576 keys 8.8 us / 11.9, 64 x 576
@@ -922,7 +931,9 @@ def _generic_tiles(rows_per_seq: int, head_dim: int, is_rotary: bool, short: boo
     return block_m, tile_n, num_warps, num_stages
 
 
-def _num_splits(num_seqs: int, num_kv_heads: int, max_context: int, short_read: bool, device_index: int) -> int:
+def _num_splits(
+    num_seqs: int, num_kv_heads: int, max_context: int, short_read: bool, long_decode: bool, device_index: int
+) -> int:
     """Split-KV programs per query tile (flash-decoding): a few programs per SM, each split keeping at least
     MIN_KEYS_PER_SPLIT keys, a power of two.
 
@@ -934,13 +945,22 @@ def _num_splits(num_seqs: int, num_kv_heads: int, max_context: int, short_read: 
     per_sm, seqs = DECODE_PROGRAMS_PER_SM, num_seqs
     if short_read:
         per_sm, seqs = SHORT_READ_PROGRAMS_PER_SM, max(num_seqs - 1, 1)
-    return splits_to_fill(per_sm * _num_sms(device_index), seqs * num_kv_heads, max_context)
+    programs = per_sm * _num_sms(device_index)
+    if long_decode:
+        return splits_to_fill(programs, seqs * num_kv_heads, max_context, LONG_DECODE_MIN_KEYS, LONG_DECODE_SPLITS)
+    return splits_to_fill(programs, seqs * num_kv_heads, max_context)
 
 
-def splits_to_fill(num_programs: int, num_query_tiles: int, max_context: int) -> int:
+def splits_to_fill(
+    num_programs: int,
+    num_query_tiles: int,
+    max_context: int,
+    min_keys: int = MIN_KEYS_PER_SPLIT,
+    max_splits: int = MAX_SPLITS,
+) -> int:
     """The largest power of two of splits per query tile (and kv head) with num_query_tiles x splits <=
-    num_programs, each split keeping >= MIN_KEYS_PER_SPLIT keys, at most MAX_SPLITS; 1 at least."""
-    want = min(num_programs // num_query_tiles, max_context // MIN_KEYS_PER_SPLIT, MAX_SPLITS)
+    num_programs, each split keeping >= min_keys keys, at most max_splits; 1 at least."""
+    want = min(num_programs // num_query_tiles, max_context // min_keys, max_splits)
     return 1 << (max(want, 1).bit_length() - 1)
 
 
@@ -959,7 +979,7 @@ def config_for_args(
 
 def compile_key(cfg: dict) -> tuple:
     """What a launch with config `cfg` compiles: two configs with the same key run the same kernels."""
-    split = cfg["NUM_SPLITS"] > 1
+    split = cfg["NUM_SPLITS"] > 1 and _merge_width(cfg["NUM_SPLITS"])  # the merge compiles per width
     return (cfg["BLOCK_M"], cfg["TILE_N"], cfg["num_warps"], cfg["num_stages"], split, cfg["PRE_ROTATE"],
             cfg["DENSE"], cfg["WARP_SPECIALIZE"], cfg.get("MAX_REGS"), cfg.get("TABLE_AHEAD", False),
             cfg.get("Q_SPLIT", 1), cfg["DENSE"] and cfg.get("HEADS_FIRST", False),
@@ -1223,11 +1243,16 @@ def rope_paged_attention_triton(
     return out
 
 
+def _merge_width(num_splits: int) -> int:
+    """The splits `_reduce_splits_kernel` is compiled for (MAX_SPLITS): a power of two, MAX_SPLITS at least."""
+    return max(MAX_SPLITS, _next_pow2(num_splits))
+
+
 def merge_splits(out, partial_out, partial_m, partial_l, num_warps: int | None = None) -> None:
     """`_reduce_splits_kernel` over partials [num_tokens, num_heads, num_splits, HEAD_DIM] (and their maxima and
     sums) into out [num_tokens, num_heads, HEAD_DIM]; `num_warps` None: MERGE_WARPS (benchmarks sweep it)."""
     num_tokens, num_heads, num_splits, head_dim = partial_out.shape
-    max_splits = max(MAX_SPLITS, _next_pow2(num_splits))
+    max_splits = _merge_width(num_splits)
     if num_warps is None:
         num_warps = MERGE_WARPS if max_splits <= MAX_SPLITS else 4
     _reduce_splits_kernel[(num_tokens, num_heads)](

@@ -560,9 +560,17 @@ def test_pick_config_reads_a_short_prefill_over_a_long_context_like_a_decode(mon
     assert tk.compile_key(prompt_1k) != tk.compile_key(tk.pick_config(1024, 1, 8, 4, 128, 4096, True, cuda))
     assert tk.compile_key(prompt_4k) != tk.compile_key(prompt_8k)
     decode = tk.pick_config(1, 1, 8, 4, 128, 16384, True, cuda, table_elem_size=2)
-    assert (decode["BLOCK_M"], decode["NUM_SPLITS"], decode["DENSE"]) == (16, 32, False)
+    assert (decode["BLOCK_M"], decode["NUM_SPLITS"], decode["DENSE"]) == (16, 64, False)
     decode_8k = tk.pick_config(1, 1, 8, 4, 128, 8192, True, cuda, table_elem_size=2)
-    assert decode_8k["NUM_SPLITS"] == 32  # measured: 32 splits of 256 keys beat 16 of 512 at 1 x 8k
+    # measured: 64 splits of 128 keys beat 32 of 256 at 1 x 8k (which beat 16 of 512), in tables 8k wide or more
+    assert decode_8k["NUM_SPLITS"] == 64
+    assert tk.pick_config(1, 1, 8, 4, 128, 4096, True, cuda, table_elem_size=2)["NUM_SPLITS"] == 16  # as before
+    assert tk.pick_config(2, 2, 8, 4, 128, 8192, True, cuda, table_elem_size=2)["NUM_SPLITS"] == 32  # 528 programs
+    fp32_decode = tk.pick_config(1, 1, 8, 4, 128, 8192, True, cuda, elem_size=4, table_elem_size=4)
+    assert fp32_decode["NUM_SPLITS"] == 32, "measured in bf16 only"
+    # the merge compiles per width (32 splits or fewer share one): 64 splits are a variant of their own
+    assert tk.compile_key(decode_8k) != tk.compile_key(tk.pick_config(2, 2, 8, 4, 128, 8192, True, cuda,
+                                                                      table_elem_size=2))  # fmt: skip
     assert decode_8k["MAX_REGS"] is None, "decode keeps ptxas' register choice (capped at 128 it spills)"
     # measured: 32-key tiles with the block ids read ahead, 2 stages when split many ways and 3 otherwise (bf16 table)
     assert (decode_8k["TILE_N"], decode_8k["num_stages"], decode_8k["TABLE_AHEAD"]) == (32, 2, True)
