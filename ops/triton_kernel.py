@@ -47,7 +47,7 @@ LOG2E = 1.4426950408889634
 # NOTE: 256, not 512: decode 1 x 8k on the H200 took 18.2 us with 32 splits against 20.1 us with 16
 # (bench/results/read_profile_efa35f5_h200.json)
 MIN_KEYS_PER_SPLIT = 256
-MAX_SPLITS = 32  # split-KV programs per query tile that pick_config chooses at most
+MAX_SPLITS = 32  # split-KV programs per query tile that pick_config chooses at most (a long decode: LONG_DECODE_SPLITS)
 MAX_CONFIG_SPLITS = 128  # ... and that a given config may ask for (sweeps); the reduce kernel widens to fit
 MAX_GRID_Z = 65535  # CUDA's limit on a grid's y and z (a TILES_LAST launch with more tiles takes them first)
 # NOTE: under CUDA graphs the engine's block tables are max_model_len wide, so max_context is that, not the context
@@ -935,7 +935,7 @@ def _num_splits(
     num_seqs: int, num_kv_heads: int, max_context: int, short_read: bool, long_decode: bool, device_index: int
 ) -> int:
     """Split-KV programs per query tile (flash-decoding): a few programs per SM, each split keeping at least
-    MIN_KEYS_PER_SPLIT keys, a power of two.
+    MIN_KEYS_PER_SPLIT keys (a long decode: LONG_DECODE_MIN_KEYS, up to LONG_DECODE_SPLITS), a power of two.
 
     NOTE: one working query tile per sequence (a short prefill's tokens fit in one), whatever the grid holds:
     counting its empty tiles halved the splits of a CUDA graph's padded (2, 32) bucket. A graph's prefill bucket
