@@ -307,17 +307,19 @@ def decode_alone(llm, cfg, dtype, device, results, out):
     (a quick side by side of one engine setting against another, each run in its own process)."""
     _, weight_bytes, kv_token_bytes = model_sizes(llm.engine.runner.model, cfg, dtype)
     quick = os.environ.get("DECODE_QUICK") == "1"  # the default schedule only: no others, no profiles
-    results["env"] = {k: v for k, v in os.environ.items() if k.startswith(("MINIPIC_", "TORCHINDUCTOR_"))}
-    for batch in (1, 64):
-        results[f"decode_b{batch}"] = r = bench_decode(llm, None, cfg["vocab_size"], device, batch, 512, 128,
+    prompt_len = int(os.environ.get("DECODE_PROMPT_LEN", "512"))  # with BENCH_MAX_MODEL_LEN past it: long decodes
+    batches = tuple(int(b) for b in os.environ.get("DECODE_BATCHES", "1,64").split(","))
+    results["env"] = {k: v for k, v in os.environ.items() if k.startswith(("MINIPIC_", "TORCHINDUCTOR_", "DECODE_"))}
+    for batch in batches:
+        results[f"decode_b{batch}"] = r = bench_decode(llm, None, cfg["vocab_size"], device, batch, prompt_len, 128,
                                                        weight_bytes, kv_token_bytes, results["ceilings"]["copy_gbps"],
                                                        False)  # fmt: skip
         print(f"decode b{batch}", r, flush=True)
         if quick:
             continue
-        decode_schedules(llm, cfg, device, batch, 512, 128, weight_bytes, kv_token_bytes, results)
-    for batch in () if quick else (1, 64):
-        results[f"decode_b{batch}_profile"], table = profile_decode(llm, cfg["vocab_size"], device, batch, 512)
+        decode_schedules(llm, cfg, device, batch, prompt_len, 128, weight_bytes, kv_token_bytes, results)
+    for batch in () if quick else batches:
+        results[f"decode_b{batch}_profile"], table = profile_decode(llm, cfg["vocab_size"], device, batch, prompt_len)
         print(f"decode b{batch} host phases (ms/step)", results[f"decode_b{batch}_profile"], flush=True)
         print(table, flush=True)
     if out:
@@ -355,11 +357,12 @@ def main():
     (model_dir / "config.json").write_text(json.dumps(cfg))
     small = args.tiny
     engines = {}
+    max_model_len = 1024 if small else int(os.environ.get("BENCH_MAX_MODEL_LEN", "4096"))  # 16384: long decodes
     for position_free in (True, False):
         start = time.perf_counter()
         engines[position_free] = mp.LLM(
             str(model_dir), device=device, dtype=str(dtype).removeprefix("torch."), load_format="dummy",
-            position_free=position_free, max_model_len=4096 if not small else 1024, max_num_seqs=64,
+            position_free=position_free, max_model_len=max_model_len, max_num_seqs=64,
             max_num_batched_tokens=8192 if not small else 1024, memory_utilization=0.35,
         )  # fmt: skip
         results[f"startup_s_pf{int(position_free)}"] = time.perf_counter() - start

@@ -4,7 +4,7 @@
 # bench/data (the RAG datasets, built here with `python bench/rag.py --build-only --samples 64`) carried.
 #
 #   GIT_SHA=$(git rev-parse --short HEAD) bash bench/gpu_issue10.sh [part]   part: all (default), a, b, ops, ttft, host, hostdiag, offload, tests, splits, grid, rag, ragphase,
-#   rag0, read, readprof (with ncu), engineread, tileslast, final2, rag09, check17, diag18, check18, final18, warps18, bs32, rag32, tests, regs19, diag19, final19, tile16, w16, ahead, ahead2, final20, rag20, ahead4, next21, check22, check22b, rag22, ttft22, ncu22, next23, final23, dyn24, prefill24, final24, gemm24, next25, gemv27, gemv28, gemv29, gemm30, next31, next32, next33, next33b, next33c, next33d, next33e, next34, rag34, next35, next35b, next35c, next36, next36a, next37, next37b, next38, next38b, next38c, next39, next39b, next39c, next39d, next39e, next40, next41, next41b, next41c, next41d, next41e, next41f, next42, next45, next46, next47, next48, next49, next50, next51, next52, next53, next54, next55, next56, next57, next58, next59, next60, next61, next62, next63, next64, next65, next66, next67, next68, next69, next70, next71, next72, next72b, next73, next74, engine21, engine, pending, final, ttft1, probe or hybrid, or several joined by commas
+#   rag0, read, readprof (with ncu), engineread, tileslast, final2, rag09, check17, diag18, check18, final18, warps18, bs32, rag32, tests, regs19, diag19, final19, tile16, w16, ahead, ahead2, final20, rag20, ahead4, next21, check22, check22b, rag22, ttft22, ncu22, next23, final23, dyn24, prefill24, final24, gemm24, next25, gemv27, gemv28, gemv29, gemm30, next31, next32, next33, next33b, next33c, next33d, next33e, next34, rag34, next35, next35b, next35c, next36, next36a, next37, next37b, next38, next38b, next38c, next39, next39b, next39c, next39d, next39e, next40, next41, next41b, next41c, next41d, next41e, next41f, next42, next45, next46, next47, next48, next49, next50, next51, next52, next53, next54, next55, next56, next57, next58, next59, next60, next61, next62, next63, next64, next65, next66, next67, next68, next69, next70, next71, next72, next72b, next73, next74, next75, engine21, engine, pending, final, ttft1, probe or hybrid, or several joined by commas
 set -u
 cd "$(dirname "$0")/.."
 export TRITON_INTERPRET=0 PYTHONUNBUFFERED=1 GIT_SHA=${GIT_SHA:-unknown}
@@ -563,6 +563,22 @@ if want next41e || want next41f; then  # the copy-rerotate baseline after its co
     # and with its copies batched (e891a22; next41f), beside vanilla
     step rag_rerotate 240 $RAG --max-num-seqs 32 --max-num-batched-tokens 8192 --systems vanilla_prefix,copy_rerotate \
         --tag=-rerotate
+fi
+if want next75; then  # (not run: written at the end of stop 37) stop 37's last tree through the GPU tests (64 splits
+    # for a long batch-1 decode came after its last call), the op's decode reads, and the engine's batch-1 decode over
+    # 8,192-token prompts in 16k-wide tables (64 splits here) beside .base = 8f0bdda's tree (32 splits; build it with
+    # `git archive 8f0bdda minipic_lite ops bench pyproject.toml | tar x -C .base`, then this tree's bench/gpu_engine.py
+    # copied in: DECODE_PROMPT_LEN, DECODE_BATCHES, BENCH_MAX_MODEL_LEN), alternated twice
+    step gpu_tests 300 python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider -p no:logging --tb=short
+    step read_defaults 60 env READ_SWEEP=0 python3 bench/gpu_read_profile.py --out "$OUT" \
+        --cases b1x8k,b1x8k_cold,b1x576w8k,b64x576w8k,b32x2200w8k_cold
+    LONG="DECODE_QUICK=1 DECODE_PROMPT_LEN=8192 DECODE_BATCHES=1 BENCH_MAX_MODEL_LEN=16384"
+    for round in 1 2; do
+        step "decode8k_base_$round" 120 $BASE_ENV $LONG python3 .base/bench/gpu_engine.py --decode-only \
+            --out "$OUT/gpu_decode8k_base_$round.json"
+        step "decode8k_new_$round" 120 env $LONG python3 bench/gpu_engine.py --decode-only \
+            --out "$OUT/gpu_decode8k_${GIT_SHA}_$round.json"
+    done
 fi
 if want next74; then  # 64 splits of 4 warps for a batch-1 decode now that it takes 128 registers (READ_SWEEP=s64)
     step read_s64 150 env READ_SWEEP=s64 python3 bench/gpu_read_profile.py --out "$OUT" --cases b1x8k,b1x8k_cold,b1x576w8k
