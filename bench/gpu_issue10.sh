@@ -43,6 +43,16 @@ ttft_ab() {  # ttft_ab LIMIT_S: the cached 8 x 2,048 row at block size 32, .base
 }
 part=${1:-all}  # one part, or several: hybrid,host
 want() { [[ ",$part," == *",$1,"* ]]; }
+engine_decode() {  # engine_decode NAME LIMIT base|new OUT_JSON [VAR=VALUE...]: gpu_engine --decode-only's default schedule
+    # (DECODE_QUICK) in .base's tree or this one
+    local name=$1 limit=$2 tree=$3 out=$4
+    shift 4
+    if [[ $tree == base ]]; then
+        step "$name" "$limit" $BASE_ENV DECODE_QUICK=1 "$@" python3 .base/bench/gpu_engine.py --decode-only --out "$out"
+    else
+        step "$name" "$limit" env DECODE_QUICK=1 "$@" python3 bench/gpu_engine.py --decode-only --out "$out"
+    fi
+}
 if want ops; then  # after a kernel change: the GPU tests, the op's validation, the short-prefill op bench
     step gpu_tests 200 python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider
     step op_validation 120 python3 bench/gpu_ops.py --only __none__ --out "$OUT"
@@ -572,12 +582,10 @@ if want next75; then  # (not run: written at the end of stop 37) stop 37's last 
     step gpu_tests 300 python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider -p no:logging --tb=short
     step read_defaults 60 env READ_SWEEP=0 python3 bench/gpu_read_profile.py --out "$OUT" \
         --cases b1x8k,b1x8k_cold,b1x576w8k,b64x576w8k,b32x2200w8k_cold
-    LONG="DECODE_QUICK=1 DECODE_PROMPT_LEN=8192 DECODE_BATCHES=1 BENCH_MAX_MODEL_LEN=16384"
+    long=(DECODE_PROMPT_LEN=8192 DECODE_BATCHES=1 BENCH_MAX_MODEL_LEN=16384)
     for round in 1 2; do
-        step "decode8k_base_$round" 120 $BASE_ENV $LONG python3 .base/bench/gpu_engine.py --decode-only \
-            --out "$OUT/gpu_decode8k_base_$round.json"
-        step "decode8k_new_$round" 120 env $LONG python3 bench/gpu_engine.py --decode-only \
-            --out "$OUT/gpu_decode8k_${GIT_SHA}_$round.json"
+        engine_decode "decode8k_base_$round" 120 base "$OUT/gpu_decode8k_base_$round.json" "${long[@]}"
+        engine_decode "decode8k_new_$round" 120 new "$OUT/gpu_decode8k_${GIT_SHA}_$round.json" "${long[@]}"
     done
 fi
 if want next74; then  # 64 splits of 4 warps for a batch-1 decode now that it takes 128 registers (READ_SWEEP=s64)
@@ -588,14 +596,12 @@ if want next73; then  # the cached 8 x 2,048 row at this tree (a next question's
     cp bench/results/ttft_spans-* "$OUT"/ 2>/dev/null
 fi
 if want next72b; then  # next72 again in the other order: .base, then this tree
-    step decode_base2 120 $BASE_ENV DECODE_QUICK=1 python3 .base/bench/gpu_engine.py --decode-only \
-        --out "$OUT/gpu_decode_base2.json"
-    step decode_new2 120 env DECODE_QUICK=1 python3 bench/gpu_engine.py --decode-only --out "$OUT/gpu_decode_${GIT_SHA}_2.json"
+    engine_decode decode_base2 120 base "$OUT/gpu_decode_base2.json"
+    engine_decode decode_new2 120 new "$OUT/gpu_decode_${GIT_SHA}_2.json"
 fi
 if want next72; then  # next71's engine decode at batch 1 and 64 (timed out there at 100 s, starting cold): this tree, then .base
-    step decode_new 230 env DECODE_QUICK=1 python3 bench/gpu_engine.py --decode-only --out "$OUT/gpu_decode_${GIT_SHA}.json"
-    step decode_base 230 $BASE_ENV DECODE_QUICK=1 python3 .base/bench/gpu_engine.py --decode-only \
-        --out "$OUT/gpu_decode_base.json"
+    engine_decode decode_new 230 new "$OUT/gpu_decode_${GIT_SHA}.json"
+    engine_decode decode_base 230 base "$OUT/gpu_decode_base.json"
 fi
 if want next71; then  # a decode's tiles mapped to sequences with no search (ONE_TOKEN_SEQS) beside .base (7519d19): the
     # GPU tests, the op's decode reads (defaults) alternated, the engine's decode at batch 1 and 64
@@ -607,9 +613,8 @@ if want next71; then  # a decode's tiles mapped to sequences with no search (ONE
             --cases b1x8k,b1x8k_cold,b1x576w8k,b64x576w8k,b32x2200w8k_cold
     done
     # NOTE: .base carries this tree's bench/gpu_engine.py (DECODE_QUICK: the default schedule only)
-    step decode_new 100 env DECODE_QUICK=1 python3 bench/gpu_engine.py --decode-only --out "$OUT/gpu_decode_${GIT_SHA}.json"
-    step decode_base 100 $BASE_ENV DECODE_QUICK=1 python3 .base/bench/gpu_engine.py --decode-only \
-        --out "$OUT/gpu_decode_base.json"
+    engine_decode decode_new 100 new "$OUT/gpu_decode_${GIT_SHA}.json"
+    engine_decode decode_base 100 base "$OUT/gpu_decode_base.json"
 fi
 if want next70; then  # the split decode with one or two warps a program (gpu_read_profile READ_SWEEP=w1)
     step read_w1 240 env READ_SWEEP=w1 python3 bench/gpu_read_profile.py --out "$OUT" \

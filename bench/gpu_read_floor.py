@@ -66,7 +66,7 @@ def _paged_read_kernel(
     tl.store(out_ptr + (tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)) * HEAD_DIM + offs_d, tl.sum(acc, 0))
 
 
-def paged_read(k, v, tables, *keep, num_keys, splits, tile_n, num_warps, num_stages):
+def paged_read(k, v, tables, num_keys, splits, tile_n, num_warps, num_stages):
     """Launch the read over `k` / `v` ([blocks, block_size, kv heads, d], or head-major viewed so) and `tables`."""
     num_seqs, block_size, num_kv_heads, head_dim = tables.shape[0], k.shape[1], k.shape[2], k.shape[3]
     tiles_per_split = triton.cdiv(triton.cdiv(num_keys, tile_n), splits)
@@ -89,18 +89,15 @@ def layouts(args: list, num_keys: int) -> dict:
     in_order = (k[tables.flatten().long()].contiguous(), v[tables.flatten().long()].contiguous(), ordered)
     num_seqs, block_size, heads, d = tables.shape[0], k.shape[1], k.shape[2], k.shape[3]
 
-    def head_major(cache):  # [seqs * heads, keys, d] viewed as [blocks, block_size, heads, d]-strided
+    def head_major(cache):  # [seqs * heads, keys, d] viewed as [blocks, block_size, heads, d]-strided (a view
+        # holds its storage: the dense copy lives as long as it)
         flat = cache[tables.flatten().long()].view(num_seqs, used * block_size, heads, d)
         dense = flat.permute(0, 2, 1, 3).contiguous()  # [seqs, heads, keys, d]
-        return dense.as_strided((num_seqs * used, block_size, heads, d),
-                                (block_size * d, d, used * block_size * d, 1)), dense  # fmt: skip
+        return dense.as_strided((num_seqs * used, block_size, heads, d), (block_size * d, d, used * block_size * d, 1))
 
     # NOTE: sequence s's block i of a head-major cache starts at s * heads * keys * d + i * block_size * d; the
     # view's block stride reaches it for s = 0 only, so head-major is timed for one sequence
-    contiguous = None
-    if num_seqs == 1:
-        (hk, hk_dense), (hv, hv_dense) = head_major(k), head_major(v)
-        contiguous = (hk, hv, ordered, (hk_dense, hv_dense))  # the dense tensors kept alive beside their views
+    contiguous = (head_major(k), head_major(v), ordered) if num_seqs == 1 else None
     return {"shuffled": (k, v, tables), "in_order": in_order, "head_major": contiguous}
 
 

@@ -979,8 +979,8 @@ def config_for_args(
 
 def compile_key(cfg: dict) -> tuple:
     """What a launch with config `cfg` compiles: two configs with the same key run the same kernels."""
-    split = cfg["NUM_SPLITS"] > 1 and _merge_width(cfg["NUM_SPLITS"])  # the merge compiles per width
-    return (cfg["BLOCK_M"], cfg["TILE_N"], cfg["num_warps"], cfg["num_stages"], split, cfg["PRE_ROTATE"],
+    merge = _merge_width(cfg["NUM_SPLITS"]) if cfg["NUM_SPLITS"] > 1 else 0  # the merge compiles per width
+    return (cfg["BLOCK_M"], cfg["TILE_N"], cfg["num_warps"], cfg["num_stages"], merge, cfg["PRE_ROTATE"],
             cfg["DENSE"], cfg["WARP_SPECIALIZE"], cfg.get("MAX_REGS"), cfg.get("TABLE_AHEAD", False),
             cfg.get("Q_SPLIT", 1), cfg["DENSE"] and cfg.get("HEADS_FIRST", False),
             not cfg["DENSE"] and cfg.get("ONE_TOKEN_SEQS", False))  # fmt: skip
