@@ -352,12 +352,14 @@ def main():
     print("ceilings", ceil, flush=True)
     results["precision_check_2_layers"] = precision_check(device)
     print("precision (2 layers)", results["precision_check_2_layers"], flush=True)
+    small = args.tiny
+    max_model_len = int(os.environ.get("BENCH_MAX_MODEL_LEN", "1024" if small else "4096"))  # 16384: long decodes
+    # random weights: positions past the checkpoint's 8,192 change no shape (a long decode's tables need them)
+    cfg = dict(cfg, max_position_embeddings=max(cfg["max_position_embeddings"], max_model_len))
     model_dir = Path(tempfile.mkdtemp()) / "llama3-8b-shape"
     model_dir.mkdir()
     (model_dir / "config.json").write_text(json.dumps(cfg))
-    small = args.tiny
     engines = {}
-    max_model_len = 1024 if small else int(os.environ.get("BENCH_MAX_MODEL_LEN", "4096"))  # 16384: long decodes
     for position_free in (True, False):
         start = time.perf_counter()
         engines[position_free] = mp.LLM(

@@ -4,7 +4,7 @@
 # bench/data (the RAG datasets, built here with `python bench/rag.py --build-only --samples 64`) carried.
 #
 #   GIT_SHA=$(git rev-parse --short HEAD) bash bench/gpu_issue10.sh [part]   part: all (default), a, b, ops, ttft, host, hostdiag, offload, tests, splits, grid, rag, ragphase,
-#   rag0, read, readprof (with ncu), engineread, tileslast, final2, rag09, check17, diag18, check18, final18, warps18, bs32, rag32, tests, regs19, diag19, final19, tile16, w16, ahead, ahead2, final20, rag20, ahead4, next21, check22, check22b, rag22, ttft22, ncu22, next23, final23, dyn24, prefill24, final24, gemm24, next25, gemv27, gemv28, gemv29, gemm30, next31, next32, next33, next33b, next33c, next33d, next33e, next34, rag34, next35, next35b, next35c, next36, next36a, next37, next37b, next38, next38b, next38c, next39, next39b, next39c, next39d, next39e, next40, next41, next41b, next41c, next41d, next41e, next41f, next42, next45, next46, next47, next48, next49, next50, next51, next52, next53, next54, next55, next56, next57, next58, next59, next60, next61, next62, next63, next64, next65, next66, next67, next68, next69, next70, next71, next72, next72b, next73, next74, next75, engine21, engine, pending, final, ttft1, probe or hybrid, or several joined by commas
+#   rag0, read, readprof (with ncu), engineread, tileslast, final2, rag09, check17, diag18, check18, final18, warps18, bs32, rag32, tests, regs19, diag19, final19, tile16, w16, ahead, ahead2, final20, rag20, ahead4, next21, check22, check22b, rag22, ttft22, ncu22, next23, final23, dyn24, prefill24, final24, gemm24, next25, gemv27, gemv28, gemv29, gemm30, next31, next32, next33, next33b, next33c, next33d, next33e, next34, rag34, next35, next35b, next35c, next36, next36a, next37, next37b, next38, next38b, next38c, next39, next39b, next39c, next39d, next39e, next40, next41, next41b, next41c, next41d, next41e, next41f, next42, next45, next46, next47, next48, next49, next50, next51, next52, next53, next54, next55, next56, next57, next58, next59, next60, next61, next62, next63, next64, next65, next66, next67, next68, next69, next70, next71, next72, next72b, next73, next74, next75, next76, engine21, engine, pending, final, ttft1, probe or hybrid, or several joined by commas
 set -u
 cd "$(dirname "$0")/.."
 export TRITON_INTERPRET=0 PYTHONUNBUFFERED=1 GIT_SHA=${GIT_SHA:-unknown}
@@ -574,7 +574,15 @@ if want next41e || want next41f; then  # the copy-rerotate baseline after its co
     step rag_rerotate 240 $RAG --max-num-seqs 32 --max-num-batched-tokens 8192 --systems vanilla_prefix,copy_rerotate \
         --tag=-rerotate
 fi
-if want next75; then  # (not run: written at the end of stop 37) stop 37's last tree through the GPU tests (64 splits
+if want next76; then  # next75's engine half again: its llama3-8b-shape config said 8,192 positions, so a 16k-wide
+    # table was refused at start-up (gpu_engine now widens max_position_embeddings to max_model_len)
+    long=(DECODE_PROMPT_LEN=8192 DECODE_BATCHES=1 BENCH_MAX_MODEL_LEN=16384)
+    for round in 1 2; do
+        engine_decode "decode8k_base_$round" 120 base "$OUT/gpu_decode8k_base_$round.json" "${long[@]}"
+        engine_decode "decode8k_new_$round" 120 new "$OUT/gpu_decode8k_${GIT_SHA}_$round.json" "${long[@]}"
+    done
+fi
+if want next75; then  # (run at stop 38: the tests and reads passed, the engine half refused its 16k table; next76) stop 37's last tree through the GPU tests (64 splits
     # for a long batch-1 decode came after its last call), the op's decode reads, and the engine's batch-1 decode over
     # 8,192-token prompts in 16k-wide tables (64 splits here) beside .base = 8f0bdda's tree (32 splits; build it with
     # `git archive 8f0bdda minipic_lite ops bench pyproject.toml | tar x -C .base`, then this tree's bench/gpu_engine.py
