@@ -574,6 +574,9 @@ if want next41e || want next41f; then  # the copy-rerotate baseline after its co
     step rag_rerotate 240 $RAG --max-num-seqs 32 --max-num-batched-tokens 8192 --systems vanilla_prefix,copy_rerotate \
         --tag=-rerotate
 fi
+if want next76; then  # (see below) and beside it, 16-key tiles for a long batch-1 decode (READ_SWEEP=s16)
+    step read_s16 200 env READ_SWEEP=s16 python3 bench/gpu_read_profile.py --out "$OUT" --cases b1x8k,b1x8k_cold,b1x576w8k
+fi
 if want next76; then  # next75's engine half again: its llama3-8b-shape config said 8,192 positions, so a 16k-wide
     # table was refused at start-up (gpu_engine now widens max_position_embeddings to max_model_len)
     long=(DECODE_PROMPT_LEN=8192 DECODE_BATCHES=1 BENCH_MAX_MODEL_LEN=16384)

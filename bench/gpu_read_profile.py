@@ -165,6 +165,15 @@ def sweep_for(name: str) -> list[dict]:
         if name.startswith(("b1x", "b64x")):
             return grid(TILE_N=(32,), num_stages=(2, 3), MAX_REGS=(None, 128))
         return []
+    if MODE == "s16":  # 16-key tiles for a long batch-1 decode: 128 registers and no spill up to 5 stages (ptxas
+        # sm_90a, Triton 3.6: 41 / 54 KB of shared memory at 4 / 5 stages, so 4 programs an SM still fit), where 32-key
+        # tiles at 3 stages take 162 registers (3 programs an SM) and lost (next74); 288 instructions a loop iteration
+        # against 314 for twice the keys
+        if name.startswith("b1x"):
+            return grid(TILE_N=(16,), num_stages=(3, 4, 5), NUM_SPLITS=(32, 64)) + grid(
+                TILE_N=(32,), num_stages=(2,), NUM_SPLITS=(64,), MAX_REGS=(128,)
+            )
+        return []
     if MODE == "s64":  # 64 splits of 4 warps: with ONE_TOKEN_SEQS a split decode takes 128 registers (140 before), so
         # 4 programs an SM and 1 x 8k's 512 programs fit one wave (3 an SM before: 396 at once, then a tail)
         if name.startswith("b1x"):
