@@ -576,7 +576,8 @@ if want next41e || want next41f; then  # the copy-rerotate baseline after its co
 fi
 if want next77; then  # next76's sweep again: READ_SWEEP=s16 ran no config there (a list of sweep names in
     # gpu_read_profile.py lacked it; now any name but 0 sweeps)
-    step read_s16 200 env READ_SWEEP=s16 python3 bench/gpu_read_profile.py --out "$OUT" --cases b1x8k,b1x8k_cold,b1x576w8k
+    step read_s16 200 env READ_SWEEP=s16 python3 bench/gpu_read_profile.py --out "$OUT" \
+        --cases b1x8k,b1x8k_cold,b1x576w8k,b64x576w8k
 fi
 if want next76; then  # (see below) and beside it, 16-key tiles for a long batch-1 decode (READ_SWEEP=s16)
     step read_s16 200 env READ_SWEEP=s16 python3 bench/gpu_read_profile.py --out "$OUT" --cases b1x8k,b1x8k_cold,b1x576w8k

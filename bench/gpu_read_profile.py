@@ -173,6 +173,8 @@ def sweep_for(name: str) -> list[dict]:
             return grid(TILE_N=(16,), num_stages=(3, 4, 5), NUM_SPLITS=(32, 64)) + grid(
                 TILE_N=(32,), num_stages=(2,), NUM_SPLITS=(64,), MAX_REGS=(128,)
             )
+        if name == "b64x576w8k":  # the engine's batch-64 decode: 16-key tiles unsplit, or in two splits
+            return grid(TILE_N=(16,), num_stages=(3, 4, 5), NUM_SPLITS=(1, 2))
         return []
     if MODE == "s64":  # 64 splits of 4 warps: with ONE_TOKEN_SEQS a split decode takes 128 registers (140 before), so
         # 4 programs an SM and 1 x 8k's 512 programs fit one wave (3 an SM before: 396 at once, then a tail)
