@@ -210,7 +210,7 @@ class ModelRunner:
         cos_sin = self.model.cos_sin if self.config.cache.position_free else None
         max_context = cdiv(sched.max_model_len, self.block_size) * self.block_size
         warm_up(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, self.block_size, self.dtype, cos_sin, self.device,
-                sched.max_num_batched_tokens, max_context)  # fmt: skip
+                sched.max_num_batched_tokens, max_context, caches=tuple(self.kv_cache[:, 0]))  # fmt: skip
 
     @property
     def block_bytes(self) -> int:

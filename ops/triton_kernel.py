@@ -158,6 +158,7 @@ def _load_keys(
     HALF_PAD: tl.constexpr,
     TILE_N: tl.constexpr,
     IS_WHOLE: tl.constexpr,  # every key of the tile is < key_end (the loop's unmasked body): no bounds checks
+    INT32_OFFSETS: tl.constexpr,  # every element of the caches and the cos/sin table lies < 2^31 from its base
 ):
     """Key tile `tile` as stored: (K^T's first rotary half, second half, cos, sin, K^T past rotary_dim, the values'
     row offsets, which keys exist); with ROTARY_DIM == 0, K^T whole in the first slot (the next four repeat it)."""
@@ -170,19 +171,23 @@ def _load_keys(
     offs_h = tl.arange(0, HALF_PAD)
     key_pos = tile * TILE_N + offs_n  # [TILE_N] logical key positions
     key_ok = tl.full([TILE_N], 1, tl.int1) if IS_WHOLE else key_pos < key_end
-    # -- address keys through their blocks: the block's offset in int64 (num_blocks * B * heads * d may exceed
-    #    2^31), the key's offset within its block in int32 --
+    # -- address keys through their blocks: the block's offset in int32 where every offset fits (INT32_OFFSETS),
+    #    else in int64 (num_blocks * B * heads * d may exceed 2^31); the key's offset within its block in int32 --
+    # NOTE: 64-bit offsets cost the decode's key loop 38 of its 307 SASS instructions an iteration, the short read's
+    # 32 of 491 (bench/ptxas_stats.py, sm_90a)
     # NOTE: where tiles start on a block, a key's slot is the same in every tile: computed once, out of the loop
     slots = offs_n % BLOCK_SIZE if TILE_N % BLOCK_SIZE == 0 else key_pos % BLOCK_SIZE
-    k_base = k_blocks.to(tl.int64) * stride_k_blk + (slots * stride_k_slot + kv_head * stride_k_head)  # [TILE_N]
-    v_base = v_blocks.to(tl.int64) * stride_v_blk + (slots * stride_v_slot + kv_head * stride_v_head)  # [TILE_N]
+    if not INT32_OFFSETS:
+        k_blocks, v_blocks, key_pos = k_blocks.to(tl.int64), v_blocks.to(tl.int64), key_pos.to(tl.int64)
+    k_base = k_blocks * stride_k_blk + (slots * stride_k_slot + kv_head * stride_k_head)  # [TILE_N]
+    v_base = v_blocks * stride_v_blk + (slots * stride_v_slot + kv_head * stride_v_head)  # [TILE_N]
     if ROTARY_DIM > 0:
         HALF: tl.constexpr = ROTARY_DIM // 2
         half_ok = key_ok[None, :] & (offs_h[:, None] < HALF)  # [HALF_PAD, TILE_N]
         k_ptrs = k_cache_ptr + k_base[None, :] + offs_h[:, None]  # K^T, first rotary half
         k1 = tl.load(k_ptrs, mask=half_ok, other=0.0).to(ROPE_DTYPE)  # [HALF_PAD, TILE_N]
         k2 = tl.load(k_ptrs + HALF, mask=half_ok, other=0.0).to(ROPE_DTYPE)  # [HALF_PAD, TILE_N]
-        cs_ptrs = cos_sin_ptr + key_pos[None, :].to(tl.int64) * stride_cs_pos + offs_h[:, None]
+        cs_ptrs = cos_sin_ptr + key_pos[None, :] * stride_cs_pos + offs_h[:, None]
         cos = tl.load(cs_ptrs, mask=half_ok, other=0.0).to(ROPE_DTYPE)  # [HALF_PAD, TILE_N]
         sin = tl.load(cs_ptrs + HALF, mask=half_ok, other=0.0).to(ROPE_DTYPE)  # [HALF_PAD, TILE_N]
         k_pass = k1
@@ -289,6 +294,7 @@ def _attend_key_tiles(
     APPLY_MASK: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     TABLE_AHEAD: tl.constexpr,
+    INT32_OFFSETS: tl.constexpr,
 ):
     """Key tiles [tile_begin, tile_end) into the running (acc, m, l).
 
@@ -311,7 +317,7 @@ def _attend_key_tiles(
         k1, k2, cos, sin, k_pass, v_base, key_ok = _load_keys(
             tile, key_end, k_blocks, v_blocks, k_cache_ptr, cos_sin_ptr, kv_head, stride_k_blk, stride_k_slot,
             stride_k_head, stride_v_blk, stride_v_slot, stride_v_head, stride_cs_pos, BLOCK_SIZE, HEAD_DIM,
-            ROTARY_DIM, HALF_PAD, TILE_N, not APPLY_MASK,
+            ROTARY_DIM, HALF_PAD, TILE_N, not APPLY_MASK, INT32_OFFSETS,
         )  # fmt: skip
         qk = _scores(q_lo, q_hi, q_pass, k1, k2, cos, sin, k_pass, row_pos, row_vis, tile, HEAD_DIM, ROTARY_DIM,
                      TILE_N, APPLY_MASK, DOT_PRECISION)  # fmt: skip
@@ -382,6 +388,7 @@ def _rope_paged_attention_kernel(
     DOT_PRECISION: tl.constexpr,
     TABLE_AHEAD: tl.constexpr = False,  # the next key tile's block ids read an iteration ahead
     ONE_TOKEN_SEQS: tl.constexpr = False,  # every sequence has one query token (a decode): tile i is sequence i
+    INT32_OFFSETS: tl.constexpr = False,  # key, value and cos/sin offsets in int32 (`offsets_fit_int32`)
 ):
     if TILES_LAST:
         # NOTE: every program of a tile is dispatched before any of the next tile's, so the real tiles start at
@@ -459,7 +466,7 @@ def _rope_paged_attention_kernel(
             k_cache_ptr, v_cache_ptr, k_table_ptr, v_table_ptr, cos_sin_ptr, kv_head, qk_scale,
             stride_k_blk, stride_k_slot, stride_k_head, stride_v_blk, stride_v_slot, stride_v_head,
             stride_cs_pos, BLOCK_SIZE, HEAD_DIM, ROTARY_DIM, HALF_PAD, TILE_N,
-            part != 1, DOT_PRECISION, TABLE_AHEAD,
+            part != 1, DOT_PRECISION, TABLE_AHEAD, INT32_OFFSETS,
         )  # fmt: skip
 
     # -- epilogue --
@@ -1026,10 +1033,13 @@ def warm_up(
     device: torch.device,
     max_num_tokens: int,
     max_context: int,
+    caches: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> int:
     """Launch every kernel variant of `variant_shapes` once on a small zero cache, so that each compiles now and not
     in the middle of serving (a compile takes seconds). Arguments as the engine passes them (same dtypes and
-    strides, so the same specializations). Returns the number of launches."""
+    strides, so the same specializations). `caches`: a layer's K and V as the engine passes them, read instead
+    where they hold enough blocks, so that the variants compile with serving's offsets' width (INT32_OFFSETS: a
+    layer of more than 2^31 elements takes int64). Returns the number of launches."""
     elem_size = torch.empty((), dtype=dtype).element_size()
     table_elem_size = 4 if cos_sin is None else cos_sin.element_size()
     shapes = variant_shapes(num_heads, num_kv_heads, head_dim, cos_sin is not None, device, elem_size,
@@ -1037,13 +1047,17 @@ def warm_up(
     for num_tokens, num_seqs, keys in shapes:
         per_seq = num_tokens // num_seqs  # each sequence: its keys 0 .. per_seq - 1, all of them queries
         num_blocks = triton.cdiv(per_seq, block_size)
-        cache = torch.zeros(num_blocks, block_size, num_kv_heads, head_dim, dtype=dtype, device=device)
+        if caches is not None and caches[0].shape[0] >= num_blocks:
+            k_cache, v_cache = caches
+        else:
+            k_cache = torch.zeros(num_blocks, block_size, num_kv_heads, head_dim, dtype=dtype, device=device)
+            v_cache = torch.zeros_like(k_cache)
         tables = torch.zeros(num_seqs, triton.cdiv(keys, block_size), dtype=torch.int32, device=device)
         tables[:, :num_blocks] = torch.arange(num_blocks, dtype=torch.int32, device=device)
         int32 = dict(dtype=torch.int32, device=device)
         rope_paged_attention_triton(
-            torch.zeros(num_tokens, num_heads, head_dim, dtype=dtype, device=device), cache, torch.zeros_like(cache),
-            tables, torch.arange(0, num_tokens + 1, per_seq, **int32),
+            torch.zeros(num_tokens, num_heads, head_dim, dtype=dtype, device=device), k_cache, v_cache, tables,
+            torch.arange(0, num_tokens + 1, per_seq, **int32),
             torch.arange(per_seq, device=device).repeat(num_seqs), torch.full((num_seqs,), per_seq, **int32),
             torch.zeros(num_tokens, **int32), cos_sin, head_dim**-0.5,
         )  # fmt: skip
@@ -1220,6 +1234,10 @@ def rope_paged_attention_triton(
     one_token = cfg.get("ONE_TOKEN_SEQS", False)
     if one_token and num_tokens != num_seqs:
         raise ValueError(f"config: ONE_TOKEN_SEQS needs one query token a sequence, got {num_tokens} for {num_seqs}")
+    fits = offsets_fit_int32(k_cache, v_cache, cos_sin)
+    int32_offsets = cfg.get("INT32_OFFSETS", fits)  # NOTE: a config may ask for int64 offsets (tests), never int32
+    if int32_offsets and not fits:
+        raise ValueError("config: INT32_OFFSETS needs every cache and cos/sin offset below 2^31")
     num_tiles = num_seqs if one_token else num_tokens // block_q + num_seqs
     tiles_last = cfg.get("TILES_LAST", num_splits > 1) and num_tiles <= MAX_GRID_Z  # split launches: tiles last
     grid = (num_kv_heads, num_splits, num_tiles) if tiles_last else (num_tiles, num_kv_heads, num_splits)
@@ -1235,12 +1253,20 @@ def rope_paged_attention_triton(
         HALF_PAD=max(_next_pow2(rotary_dim // 2), 16), BLOCK_M=block_m, BLOCK_Q=block_q,
         TILE_N=cfg["TILE_N"], SPLIT_KV=num_splits > 1, TILES_LAST=tiles_last,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", TABLE_AHEAD=cfg.get("TABLE_AHEAD", False),
-        ONE_TOKEN_SEQS=one_token,
+        ONE_TOKEN_SEQS=one_token, INT32_OFFSETS=int32_offsets,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], maxnreg=cfg.get("MAX_REGS"),
     )  # fmt: skip
     if num_splits > 1:
         merge_splits(out, partial_out, partial_m, partial_l)
     return out
+
+
+def offsets_fit_int32(*tensors: torch.Tensor | None) -> bool:
+    """Every element of each tensor (None: none) lies less than 2^31 elements from its first: the read kernel's
+    offsets then fit int32 (its INT32_OFFSETS). A layer's K or V in the engine's cache holds blocks x B x heads x d
+    elements: 2^31 of them are 4 GiB in 16 bits."""
+    return all(t is None or sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride(), strict=True)) < 2**31
+               for t in tensors)  # fmt: skip
 
 
 def _merge_width(num_splits: int) -> int:

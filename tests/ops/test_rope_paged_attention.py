@@ -204,6 +204,41 @@ def test_one_token_sequences_map_tiles_to_sequences_without_a_search(monkeypatch
         run_impl(prefill, "triton", config={"ONE_TOKEN_SEQS": True})
 
 
+def test_offsets_fit_int32_counts_the_farthest_element():
+    """The read kernel's int32 offsets (INT32_OFFSETS) hold while every element lies less than 2^31 elements from its
+    tensor's first: a layer of 2^17 blocks of 16 x 8 x 128 (2^31 elements) is the last that fits."""
+    from ops.triton_kernel import offsets_fit_int32
+
+    def layer(num_blocks):  # shapes only: a meta tensor has no storage
+        return torch.empty(num_blocks, 16, 8, 128, device="meta")
+
+    assert offsets_fit_int32(layer(2**17)) and not offsets_fit_int32(layer(2**17 + 1))
+    assert offsets_fit_int32(layer(8), None, torch.empty(4096, 128, device="meta"))
+    assert not offsets_fit_int32(layer(8), layer(2**17 + 1)), "every tensor counts"
+    # a layer of the engine's [2, layers, blocks, B, H, D] cache: its blocks' stride, not its neighbours'
+    cache = torch.empty(2, 4, 2**16, 16, 8, 128, device="meta")
+    assert offsets_fit_int32(*cache[:, 3]) and not offsets_fit_int32(cache[0])
+
+
+@pytest.mark.parametrize("scenario", ["decode", "short"])
+def test_int32_offsets_read_what_int64_offsets_read(monkeypatch, scenario):
+    """The read kernel with its key, value and cos/sin offsets in int32 (the default where they fit) gives bitwise
+    the int64 path's output, both the reference's; a config asking for int32 where they do not fit is refused."""
+    from ops import triton_kernel as tk
+
+    seqs = [SeqSpec.decode(n) for n in (1, 40, 17)] if scenario == "decode" else [SeqSpec.prefill(60, start=51)]
+    config = {"NUM_SPLITS": 2, "TILE_N": 16, "TABLE_AHEAD": True}
+    problem = make_problem(seqs, 9, 3, 32, 16, torch.bfloat16, None, True, seed=5)
+    assert tk.offsets_fit_int32(problem.k_cache, problem.v_cache, problem.cos_sin)
+    check_against_ref(problem, "triton", f"int32 offsets, {scenario}", config=config)
+    wide = run_impl(problem, "triton", config={**config, "INT32_OFFSETS": False})
+    assert torch.equal(run_impl(problem, "triton", config=config), wide)
+    monkeypatch.setattr(tk, "offsets_fit_int32", lambda *tensors: False)  # as over a layer of 2^31 elements
+    with pytest.raises(ValueError, match="INT32_OFFSETS"):
+        run_impl(problem, "triton", config={**config, "INT32_OFFSETS": True})
+    assert torch.equal(run_impl(problem, "triton", config=config), wide), "then the default takes int64"
+
+
 @pytest.mark.parametrize("max_grid", [65535, 4])
 def test_dense_heads_first_grid_falls_back_past_the_grid_limit(monkeypatch, max_grid):
     """HEADS_FIRST puts the kv heads on the grid's x axis and the query tiles on y (CUDA: at most 65,535): past it the
@@ -662,6 +697,22 @@ def test_warm_up_launches_each_variant_once(monkeypatch):
     cos_sin = rope_cos_sin(256, 16)
     count = tk.warm_up(4, 2, 16, 16, torch.float32, cos_sin, torch.device("cpu"), 64, 256)
     assert count == len(keys) >= 1 and len(set(keys)) == len(keys)
+
+
+def test_warm_up_reads_the_engines_caches_where_they_hold_enough_blocks(monkeypatch):
+    """Given a layer's K and V (`caches`), the warm-up launches on them, so its variants compile with the offsets'
+    width that serving takes (INT32_OFFSETS); a launch needing more blocks than they hold reads zeros of its own."""
+    from ops import triton_kernel as tk
+
+    read, launch = [], tk.rope_paged_attention_triton
+    monkeypatch.setattr(tk, "rope_paged_attention_triton", lambda *args: read.append(args[1:3]) or launch(*args))
+    cos_sin = rope_cos_sin(256, 16)
+    k, v = torch.randn(2, 2, 16, 2, 16).unbind(0)  # 2 blocks of 16: shapes of up to 32 tokens a sequence fit
+    count = tk.warm_up(4, 2, 16, 16, torch.float32, cos_sin, torch.device("cpu"), 64, 256, caches=(k, v))
+    fits = [n // s <= 32 for n, s, _ in tk.variant_shapes(4, 2, 16, True, torch.device("cpu"), 4, 4, 64, 256)]
+    assert count == len(read) == len(fits) and any(fits) and not all(fits)
+    assert [kc is k and vc is v for kc, vc in read] == fits
+    assert all(not kc.any() for (kc, _), fit in zip(read, fits, strict=True) if not fit)
 
 
 def test_warm_up_runs_the_variants_an_h200_picks(monkeypatch):
