@@ -4,7 +4,7 @@
 # bench/data (the RAG datasets, built here with `python bench/rag.py --build-only --samples 64`) carried.
 #
 #   GIT_SHA=$(git rev-parse --short HEAD) bash bench/gpu_issue10.sh [part]   part: all (default), a, b, ops, ttft, host, hostdiag, offload, tests, splits, grid, rag, ragphase,
-#   rag0, read, readprof (with ncu), engineread, tileslast, final2, rag09, check17, diag18, check18, final18, warps18, bs32, rag32, tests, regs19, diag19, final19, tile16, w16, ahead, ahead2, final20, rag20, ahead4, next21, check22, check22b, rag22, ttft22, ncu22, next23, final23, dyn24, prefill24, final24, gemm24, next25, gemv27, gemv28, gemv29, gemm30, next31, next32, next33, next33b, next33c, next33d, next33e, next34, rag34, next35, next35b, next35c, next36, next36a, next37, next37b, next38, next38b, next38c, next39, next39b, next39c, next39d, next39e, next40, next41, next41b, next41c, next41d, next41e, next41f, next42, next45, next46, next47, next48, next49, next50, next51, next52, next53, next54, next55, next56, next57, next58, next59, next60, next61, next62, next63, next64, next65, next66, next67, next68, next69, next70, next71, next72, next72b, next73, next74, next75, next76, next77, next78, engine21, engine, pending, final, ttft1, probe or hybrid, or several joined by commas
+#   rag0, read, readprof (with ncu), engineread, tileslast, final2, rag09, check17, diag18, check18, final18, warps18, bs32, rag32, tests, regs19, diag19, final19, tile16, w16, ahead, ahead2, final20, rag20, ahead4, next21, check22, check22b, rag22, ttft22, ncu22, next23, final23, dyn24, prefill24, final24, gemm24, next25, gemv27, gemv28, gemv29, gemm30, next31, next32, next33, next33b, next33c, next33d, next33e, next34, rag34, next35, next35b, next35c, next36, next36a, next37, next37b, next38, next38b, next38c, next39, next39b, next39c, next39d, next39e, next40, next41, next41b, next41c, next41d, next41e, next41f, next42, next45, next46, next47, next48, next49, next50, next51, next52, next53, next54, next55, next56, next57, next58, next59, next60, next61, next62, next63, next64, next65, next66, next67, next68, next69, next70, next71, next72, next72b, next73, next74, next75, next76, next77, next78, next78b, engine21, engine, pending, final, ttft1, probe or hybrid, or several joined by commas
 set -u
 cd "$(dirname "$0")/.."
 export TRITON_INTERPRET=0 PYTHONUNBUFFERED=1 GIT_SHA=${GIT_SHA:-unknown}
@@ -577,7 +577,7 @@ fi
 if want next78; then  # int32 key, value and cos/sin offsets in the read kernel (INT32_OFFSETS; the decode loop 307 -> 269
     # SASS instructions an iteration, the short read's 491 -> 459): the GPU tests, the op's reads beside .base (3cb8e38,
     # the op of e9d10d3; `git archive 3cb8e38 minipic_lite ops bench pyproject.toml | tar x -C .base`) alternated twice,
-    # and the cached 8 x 2,048 TTFT once in each tree
+    # and (next78b) the cached 8 x 2,048 TTFT once in each tree
     step gpu_tests 200 python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider -p no:logging --tb=short
     cases=b1x8k,b1x8k_cold,b1x576w8k,b64x576w8k,b32x2200w8k_cold,short16k
     for round in 1 2; do
@@ -585,8 +585,11 @@ if want next78; then  # int32 key, value and cos/sin offsets in the read kernel 
             --cases $cases
         step "read_new_$round" 60 env READ_SWEEP=0 python3 bench/gpu_read_profile.py --out "$OUT" --cases $cases
     done
-    step ttft_base_1 170 $BASE_ENV python3 .base/$TTFT_8X2048 --tag=-base-1
-    step ttft_new_1 170 python3 $TTFT_8X2048 --tag=-new-1
+fi
+if want next78b; then  # next78's TTFT half: the cached 8 x 2,048 row in .base's tree and this one
+    step ttft_base_1 200 $BASE_ENV python3 .base/$TTFT_8X2048 --tag=-base-1
+    step ttft_new_1 200 python3 $TTFT_8X2048 --tag=-new-1
+    cp bench/results/ttft_spans-* "$OUT"/ 2>/dev/null
 fi
 if want next77; then  # next76's sweep again: READ_SWEEP=s16 ran no config there (a list of sweep names in
     # gpu_read_profile.py lacked it; now any name but 0 sweeps)
