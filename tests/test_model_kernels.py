@@ -107,7 +107,8 @@ def test_write_kv_puts_each_key_and_value_in_its_slot_of_one_layer_only(compiled
 @pytest.mark.parametrize("position_free", [True, False])
 def test_the_runner_warms_up_the_attention_variants_of_its_own_model(tmp_path, monkeypatch, position_free):
     """The engine's start-up call (CUDA only; called here directly on a CPU runner, the kernels in the interpreter):
-    the model's heads, dtype and cos/sin table as its forward passes them, tables as wide as max_model_len."""
+    the model's heads, dtype and cos/sin table as its forward passes them, tables as wide as max_model_len, and its
+    first layer's K and V to read (so that the variants compile with serving's offsets' width)."""
     import json
 
     import ops.triton_kernel as tk
@@ -120,13 +121,19 @@ def test_the_runner_warms_up_the_attention_variants_of_its_own_model(tmp_path, m
     llm = LLM(str(tmp_path), device="cpu", load_format="dummy", max_model_len=200, max_num_batched_tokens=64,
               position_free=position_free)  # fmt: skip
     calls, real = [], tk.warm_up
-    monkeypatch.setattr(tk, "warm_up", lambda *args: calls.append(args) or real(*args))
+    monkeypatch.setattr(tk, "warm_up", lambda *args, **kw: calls.append((args, kw)) or real(*args, **kw))
     runner = llm.engine.runner
     try:
         runner._warm_up_attention()
     finally:
         llm.close()
-    ((num_heads, num_kv_heads, head_dim, block_size, dtype, cos_sin, device, max_tokens, max_context),) = calls
+    (((num_heads, num_kv_heads, head_dim, block_size, dtype, cos_sin, device, max_tokens, max_context), kw),) = calls
+    k_cache, v_cache = kw["caches"]
+    assert (
+        k_cache.data_ptr() == runner.kv_cache[0, 0].data_ptr()
+        and v_cache.data_ptr() == runner.kv_cache[1, 0].data_ptr()
+    )
+    assert k_cache.shape == v_cache.shape == runner.kv_cache.shape[2:]
     assert (num_heads, num_kv_heads, head_dim, block_size, dtype) == (4, 2, 16, 16, torch.float32)
     assert cos_sin is (runner.model.cos_sin if position_free else None)
     assert (device, max_tokens, max_context) == (torch.device("cpu"), 64, 208)  # 200 keys in 13 blocks of 16
