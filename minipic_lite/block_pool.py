@@ -114,6 +114,10 @@ class BlockPool:
         """How many of these blocks (each as often as listed) sit in the free queue: those of ref 0."""
         return sum(map(self.free_queue.__contains__, block_ids))
 
+    def num_free_distinct(self, block_ids: Iterable[int | None]) -> int:
+        """How many distinct blocks among these (None: no block) sit in the free queue: those of ref 0."""
+        return len(self.free_queue.keys() & block_ids)  # NOTE: one pass in C (a cached prompt lists a thousand)
+
     def allocate(self) -> int:
         """A fresh block (ref 1, no hash): the least recently freed one, whose old hash is forgotten."""
         if not self.free_queue:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
-from itertools import compress, filterfalse
+from itertools import chain, compress, filterfalse
 from operator import is_not
 
 from minipic_lite.block_pool import BlockPool
@@ -184,10 +184,11 @@ class KVCacheManager:
         req.waiting_blocks = set()
         if self.host is not None:  # NOTE: evictions by this admission must not take the slots it loads from
             self.host.pinned = {hashes[i] for i, kind in enumerate(kinds) if kind == HOST}
-        self.pool.touch_many([*filter(is_found, hits), *filter(is_found, sources)])  # NOTE: first: a fresh block
-        # never evicts them
+        hit_ids = [*filter(is_found, hits)]
+        self.pool.touch_many(hit_ids + [*filter(is_found, sources)])  # NOTE: first: a fresh block never evicts them
         table = hits + [None] * (num_blocks - len(hits))  # the hits in place, None elsewhere
-        cached = set(compress(range(len(hits)), map(is_found, hits)))
+        # NOTE: a cached prompt's blocks are all hits: their indices need no pass over them
+        cached = set(range(len(hits)) if len(hit_ids) == len(hits) else compress(range(len(hits)), map(is_found, hits)))
         for i in list(indices_of(table, None)):  # in order: fresh blocks are taken in the order of the prompt
             kind = kinds[i] if i < len(kinds) else MISS
             if kind == PENDING and hashes[i] not in self.pending:  # a copy of a block loaded from the host above
@@ -231,7 +232,7 @@ class KVCacheManager:
         hits = blocks_of_kind(kinds, HIT, found)
         sources = blocks_of_kind(kinds, REROTATE, found) if self.rerotate else []
         # NOTE: hits and copy sources leave the free queue while this admission allocates its fresh blocks
-        num_taken_free = self.pool.num_free_among({*filter(is_found, hits), *filter(is_found, sources)})
+        num_taken_free = self.pool.num_free_distinct(chain(hits, sources))
         num_shared = kinds.count(HIT) + kinds.count(PENDING)
         return hits, sources, num_blocks - num_shared + num_taken_free
 

@@ -43,6 +43,17 @@ def test_evicted_by_next_names_the_cached_blocks_at_the_head_of_the_free_queue()
     pool.check_integrity()
 
 
+def test_num_free_distinct_counts_each_free_block_once():
+    """An admission's hits may list a block twice (a document twice in one prompt) and hold None where nothing was
+    found: each free block counts once, blocks in use and None not at all."""
+    pool = BlockPool(5)
+    ids = [pool.allocate() for _ in range(4)]
+    pool.free([ids[1], ids[3]])  # free queue: 4 (never used), 1, 3
+    assert pool.num_free_distinct([ids[1], None, ids[1], ids[0], ids[3], ids[2]]) == 2
+    assert pool.num_free_distinct(iter([None, ids[0]])) == 0 and pool.num_free_distinct([]) == 0
+    assert pool.num_free_distinct(range(5)) == pool.num_free_blocks == 3
+
+
 def test_touch_pulls_a_cached_free_block_back_into_use():
     pool = BlockPool(2)
     a = pool.allocate()
