@@ -165,6 +165,12 @@ def sweep_for(name: str) -> list[dict]:
         if name.startswith(("b1x", "b64x")):
             return grid(TILE_N=(32,), num_stages=(2, 3), MAX_REGS=(None, 128))
         return []
+    if MODE == "w8t64":  # (not yet run) 64-key tiles of 8 warps for a batch-1 decode: with int32 offsets they take
+        # 128 registers and no spill (ptxas sm_90a, Triton 3.6), 280 SASS instructions a warp for 64 keys where 4 warps
+        # take 269 for 32 (4 warps at 64 keys: 168 registers); 32 splits fit one wave of 2 programs an SM
+        if name.startswith("b1x"):
+            return grid(TILE_N=(64,), num_warps=(8,), num_stages=(2, 3), NUM_SPLITS=(32, 64))
+        return []
     if MODE == "s16":  # 16-key tiles for a long batch-1 decode: 128 registers and no spill up to 5 stages (ptxas
         # sm_90a, Triton 3.6: 41 / 54 KB of shared memory at 4 / 5 stages, so 4 programs an SM still fit), where 32-key
         # tiles at 3 stages take 162 registers (3 programs an SM) and lost (next74); 288 instructions a loop iteration
