@@ -1265,8 +1265,14 @@ def offsets_fit_int32(*tensors: torch.Tensor | None) -> bool:
     """Every element of each tensor (None: none) lies less than 2^31 elements from its first: the read kernel's
     offsets then fit int32 (its INT32_OFFSETS). A layer's K or V in the engine's cache holds blocks x B x heads x d
     elements: 2^31 of them are 4 GiB in 16 bits."""
-    return all(t is None or sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride(), strict=True)) < 2**31
-               for t in tensors)  # fmt: skip
+    return all(t is None or _span_fits_int32(t.shape, t.stride()) for t in tensors)
+
+
+@functools.lru_cache(maxsize=64)
+def _span_fits_int32(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
+    """`offsets_fit_int32` of one layout, remembered: an eager step launches the read once a layer, on the same
+    cache's layout (5.5 us a launch without the memo, 2-3 with it, on the CPU machine)."""
+    return sum((n - 1) * abs(st) for n, st in zip(shape, stride, strict=True)) < 2**31
 
 
 def _merge_width(num_splits: int) -> int:
