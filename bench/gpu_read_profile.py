@@ -168,8 +168,12 @@ def sweep_for(name: str) -> list[dict]:
     if MODE == "w8t64":  # (not yet run) 64-key tiles of 8 warps for a batch-1 decode: with int32 offsets they take
         # 128 registers and no spill (ptxas sm_90a, Triton 3.6), 280 SASS instructions a warp for 64 keys where 4 warps
         # take 269 for 32 (4 warps at 64 keys: 168 registers); 32 splits fit one wave of 2 programs an SM
+        # and beside them 2 warps of 32-key tiles again (next70 had them best at 1 x 8k before ONE_TOKEN_SEQS and int32
+        # offsets): 184 registers, 422 instructions a warp a tile where 4 warps take 269 each (844 against 1,076 a tile)
         if name.startswith("b1x"):
-            return grid(TILE_N=(64,), num_warps=(8,), num_stages=(2, 3), NUM_SPLITS=(32, 64))
+            return grid(TILE_N=(64,), num_warps=(8,), num_stages=(2, 3), NUM_SPLITS=(32, 64)) + grid(
+                TILE_N=(32,), num_warps=(2,), num_stages=(2,), NUM_SPLITS=(64, 128)
+            )
         return []
     if MODE == "s16":  # 16-key tiles for a long batch-1 decode: 128 registers and no spill up to 5 stages (ptxas
         # sm_90a, Triton 3.6: 41 / 54 KB of shared memory at 4 / 5 stages, so 4 programs an SM still fit), where 32-key
