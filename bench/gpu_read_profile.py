@@ -165,20 +165,20 @@ def sweep_for(name: str) -> list[dict]:
         if name.startswith(("b1x", "b64x")):
             return grid(TILE_N=(32,), num_stages=(2, 3), MAX_REGS=(None, 128))
         return []
-    if MODE == "w8t64":  # (not yet run) 64-key tiles of 8 warps for a batch-1 decode: with int32 offsets they take
+    if MODE == "w8t64":  # (not yet run) for a batch-1 decode: 64-key tiles of 8 warps, which with int32 offsets take
         # 128 registers and no spill (ptxas sm_90a, Triton 3.6), 280 SASS instructions a warp for 64 keys where 4 warps
-        # take 269 for 32 (4 warps at 64 keys: 168 registers); 32 splits fit one wave of 2 programs an SM
-        # and beside them 2 warps of 32-key tiles again (next70 had them best at 1 x 8k before ONE_TOKEN_SEQS and int32
-        # offsets): 184 registers, 422 instructions a warp a tile where 4 warps take 269 each (844 against 1,076 a tile)
+        # take 269 for 32 (4 warps at 64 keys: 168 registers), 32 splits in one wave of 2 programs an SM; and 2 warps of
+        # 32-key tiles again (best at 1 x 8k in next70, before ONE_TOKEN_SEQS and int32 offsets): 184 registers, 422
+        # instructions a warp a tile where 4 warps take 269 each (844 against 1,076 a tile)
         if name.startswith("b1x"):
             return grid(TILE_N=(64,), num_warps=(8,), num_stages=(2, 3), NUM_SPLITS=(32, 64)) + grid(
                 TILE_N=(32,), num_warps=(2,), num_stages=(2,), NUM_SPLITS=(64, 128)
             )
         return []
-    if MODE == "s16":  # 16-key tiles for a long batch-1 decode: 128 registers and no spill up to 5 stages (ptxas
-        # sm_90a, Triton 3.6: 41 / 54 KB of shared memory at 4 / 5 stages, so 4 programs an SM still fit), where 32-key
-        # tiles at 3 stages take 162 registers (3 programs an SM) and lost (next74); 288 instructions a loop iteration
-        # against 314 for twice the keys
+    if MODE == "s16":  # 16-key tiles for a decode: 128 registers and no spill up to 5 stages (ptxas sm_90a, Triton
+        # 3.6: 41 / 54 KB of shared memory at 4 / 5 stages, so 4 programs an SM still fit), where 32-key tiles at 3
+        # stages take 162 registers (3 programs an SM; they lost in next74). Slower at every shape in next77
+        # (read_profile_cbc5a4c_h200_s16.json): 288 instructions a loop iteration against 314 for twice the keys
         if name.startswith("b1x"):
             return grid(TILE_N=(16,), num_stages=(3, 4, 5), NUM_SPLITS=(32, 64)) + grid(
                 TILE_N=(32,), num_stages=(2,), NUM_SPLITS=(64,), MAX_REGS=(128,)
@@ -211,6 +211,8 @@ def sweep_for(name: str) -> list[dict]:
             "short16k_cold": grid(TILE_N=(32,), num_warps=(4, 8), num_stages=(2, 3), NUM_SPLITS=(32, 64)),
             "b1x8k": grid(TILE_N=(64, 128), num_warps=(4, 8), num_stages=(3, 4), NUM_SPLITS=(32,)),
         }.get(name, [])
+    if MODE != "1":  # NOTE: every named sweep returned above: a name that reaches here is a typo, not the default
+        raise ValueError(f"READ_SWEEP={MODE}: no such sweep (0, 1 or a name in sweep_for)")
     if name == "short16k_cold":
         return grid(TILE_N=(32, 64), num_stages=(2, 3, 4), NUM_SPLITS=(32, 64, 128))
     if name == "b1x8k_cold":
