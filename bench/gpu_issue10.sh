@@ -586,7 +586,7 @@ if want next78; then  # int32 key, value and cos/sin offsets in the read kernel 
         step "read_new_$round" 60 env READ_SWEEP=0 python3 bench/gpu_read_profile.py --out "$OUT" --cases $cases
     done
 fi
-if want next80; then  # (not yet run) 64-key tiles of 8 warps for a batch-1 decode (READ_SWEEP=w8t64) beside the defaults
+if want next80; then  # (run: slower, see gpu_read_profile.py) 64-key tiles of 8 warps for a batch-1 decode (READ_SWEEP=w8t64) beside the defaults
     step read_w8t64 150 env READ_SWEEP=w8t64 python3 bench/gpu_read_profile.py --out "$OUT" --cases b1x8k,b1x8k_cold,b1x576w8k
 fi
 if want next79; then  # the admission's host saving (548cde3) at the cached 8 x 2,048 row beside b352364, alternated twice

@@ -165,11 +165,13 @@ def sweep_for(name: str) -> list[dict]:
         if name.startswith(("b1x", "b64x")):
             return grid(TILE_N=(32,), num_stages=(2, 3), MAX_REGS=(None, 128))
         return []
-    if MODE == "w8t64":  # (not yet run) for a batch-1 decode: 64-key tiles of 8 warps, which with int32 offsets take
-        # 128 registers and no spill (ptxas sm_90a, Triton 3.6), 280 SASS instructions a warp for 64 keys where 4 warps
-        # take 269 for 32 (4 warps at 64 keys: 168 registers), 32 splits in one wave of 2 programs an SM; and 2 warps of
-        # 32-key tiles again (best at 1 x 8k in next70, before ONE_TOKEN_SEQS and int32 offsets): 184 registers, 422
-        # instructions a warp a tile where 4 warps take 269 each (844 against 1,076 a tile)
+    if MODE == "w8t64":  # for a batch-1 decode: 64-key tiles of 8 warps, which with int32 offsets take 128 registers
+        # and no spill (ptxas sm_90a, Triton 3.6), 280 SASS instructions a warp for 64 keys where 4 warps take 269 for
+        # 32 (4 warps at 64 keys: 168 registers), 32 splits in one wave of 2 programs an SM; and 2 warps of 32-key
+        # tiles again (best at 1 x 8k in next70, before ONE_TOKEN_SEQS and int32 offsets): 184 registers, 422
+        # instructions a warp a tile where 4 warps take 269 each (844 against 1,076 a tile). Slower at every shape in
+        # next80 (read_profile_029b6e6_h200_next80_w8t64.json): 1 x 8k 16.0-24.6 us at 8 warps, 14.4 / 19.0 at 2
+        # warps and 64 / 128 splits, against the stored config's 13.6
         if name.startswith("b1x"):
             return grid(TILE_N=(64,), num_warps=(8,), num_stages=(2, 3), NUM_SPLITS=(32, 64)) + grid(
                 TILE_N=(32,), num_warps=(2,), num_stages=(2,), NUM_SPLITS=(64, 128)
