@@ -38,6 +38,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+import os
 
 import torch
 import triton
@@ -389,7 +390,10 @@ def _rope_paged_attention_kernel(
     TABLE_AHEAD: tl.constexpr = False,  # the next key tile's block ids read an iteration ahead
     ONE_TOKEN_SEQS: tl.constexpr = False,  # every sequence has one query token (a decode): tile i is sequence i
     INT32_OFFSETS: tl.constexpr = False,  # key, value and cos/sin offsets in int32 (`offsets_fit_int32`)
+    PDL: tl.constexpr = False,  # launched as a programmatic dependent (`use_pdl`): wait for the kernel before it
 ):
+    if PDL:
+        tl.extra.cuda.gdc_wait()  # NOTE: before any load: every input may come from the kernel before
     if TILES_LAST:
         # NOTE: every program of a tile is dispatched before any of the next tile's, so the real tiles start at
         # once and a CUDA-graph bucket's padding sequence (after them) cannot delay them: (tiles, heads, splits)
@@ -772,7 +776,10 @@ def _reduce_splits_kernel(
     stride_o_head,
     HEAD_DIM: tl.constexpr,
     MAX_SPLITS: tl.constexpr,  # >= num_splits, a power of two
+    PDL: tl.constexpr = False,  # as `_rope_paged_attention_kernel`'s
 ):
+    if PDL:
+        tl.extra.cuda.gdc_wait()
     token = tl.program_id(0)
     head = tl.program_id(1)
     row = (token.to(tl.int64) * num_heads + head) * num_splits
@@ -806,6 +813,19 @@ def _num_sms(device_index: int) -> int:
 @functools.lru_cache(maxsize=8)
 def _has_tma(device_index: int) -> bool:
     return torch.cuda.get_device_capability(device_index)[0] >= 9  # Hopper and later: the tensor memory accelerator
+
+
+@functools.lru_cache(maxsize=8)
+def _pdl_device(device_index: int) -> bool:
+    return torch.cuda.get_device_capability(device_index)[0] >= 9 and os.environ.get("MINIPIC_PDL", "1") != "0"
+
+
+def use_pdl(t: torch.Tensor) -> bool:
+    """Launch the split read and its merge as programmatic dependents (PDL, Hopper and later): each may be scheduled
+    while the kernel before it drains, and waits (`gdc_wait`, first thing) until that kernel has finished and its
+    writes are visible, so a launch's latency overlaps the previous kernel's tail. Off under the interpreter, on
+    other devices, and with `MINIPIC_PDL=0` (read once a device)."""
+    return t.is_cuda and not _interpreting() and _pdl_device(t.device.index or 0)
 
 
 DENSE_DTYPES = (torch.float16, torch.bfloat16)
@@ -1074,8 +1094,6 @@ def check_triton_support(q: torch.Tensor, k_cache: torch.Tensor, cos_sin: torch.
 
 
 def _interpreting() -> bool:
-    import os
-
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
@@ -1238,6 +1256,7 @@ def rope_paged_attention_triton(
     int32_offsets = cfg.get("INT32_OFFSETS", fits)  # NOTE: a config may ask for int64 offsets (tests), never int32
     if int32_offsets and not fits:
         raise ValueError("config: INT32_OFFSETS needs every cache and cos/sin offset below 2^31")
+    pdl = use_pdl(q)
     num_tiles = num_seqs if one_token else num_tokens // block_q + num_seqs
     tiles_last = cfg.get("TILES_LAST", num_splits > 1) and num_tiles <= MAX_GRID_Z  # split launches: tiles last
     grid = (num_kv_heads, num_splits, num_tiles) if tiles_last else (num_tiles, num_kv_heads, num_splits)
@@ -1253,8 +1272,9 @@ def rope_paged_attention_triton(
         HALF_PAD=max(_next_pow2(rotary_dim // 2), 16), BLOCK_M=block_m, BLOCK_Q=block_q,
         TILE_N=cfg["TILE_N"], SPLIT_KV=num_splits > 1, TILES_LAST=tiles_last,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", TABLE_AHEAD=cfg.get("TABLE_AHEAD", False),
-        ONE_TOKEN_SEQS=one_token, INT32_OFFSETS=int32_offsets,
+        ONE_TOKEN_SEQS=one_token, INT32_OFFSETS=int32_offsets, PDL=pdl,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], maxnreg=cfg.get("MAX_REGS"),
+        **({"launch_pdl": True} if pdl else {}),
     )  # fmt: skip
     if num_splits > 1:
         merge_splits(out, partial_out, partial_m, partial_l)
@@ -1287,7 +1307,9 @@ def merge_splits(out, partial_out, partial_m, partial_l, num_warps: int | None =
     max_splits = _merge_width(num_splits)
     if num_warps is None:
         num_warps = MERGE_WARPS if max_splits <= MAX_SPLITS else 4
+    pdl = use_pdl(out)
     _reduce_splits_kernel[(num_tokens, num_heads)](
         out, partial_out, partial_m, partial_l, num_heads, num_splits, out.stride(0), out.stride(1),
-        HEAD_DIM=head_dim, MAX_SPLITS=max_splits, num_warps=num_warps,
+        HEAD_DIM=head_dim, MAX_SPLITS=max_splits, PDL=pdl, num_warps=num_warps,
+        **({"launch_pdl": True} if pdl else {}),
     )  # fmt: skip

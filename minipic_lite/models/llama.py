@@ -106,6 +106,13 @@ def compile_kernel(fn, backend="inductor", options: dict | None = None, dynamic:
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
     if dynamic is None and os.environ.get("MINIPIC_COMPILE_DYNAMIC") == "all":
         dynamic = True
+    from torch._inductor import config as inductor_config
+
+    pdl = os.environ.get("MINIPIC_PDL", "1") != "0" and hasattr(inductor_config.triton, "enable_pdl")
+    if backend == "inductor" and pdl:
+        # NOTE: Inductor's kernels launched as programmatic dependents (Hopper and later; Inductor leaves it out on
+        # other devices), as the op's read and merge are (ops/triton_kernel.py, `use_pdl`)
+        options = {"triton.enable_pdl": True, **(options or {})}
     return torch.compile(fn, dynamic=dynamic, fullgraph=True, backend=backend, options=options)
 
 
