@@ -4,7 +4,7 @@
 # bench/data (the RAG datasets, built here with `python bench/rag.py --build-only --samples 64`) carried.
 #
 #   GIT_SHA=$(git rev-parse --short HEAD) bash bench/gpu_issue10.sh [part]   part: all (default), a, b, ops, ttft, host, hostdiag, offload, tests, splits, grid, rag, ragphase,
-#   rag0, read, readprof (with ncu), engineread, tileslast, final2, rag09, check17, diag18, check18, final18, warps18, bs32, rag32, tests, regs19, diag19, final19, tile16, w16, ahead, ahead2, final20, rag20, ahead4, next21, check22, check22b, rag22, ttft22, ncu22, next23, final23, dyn24, prefill24, final24, gemm24, next25, gemv27, gemv28, gemv29, gemm30, next31, next32, next33, next33b, next33c, next33d, next33e, next34, rag34, next35, next35b, next35c, next36, next36a, next37, next37b, next38, next38b, next38c, next39, next39b, next39c, next39d, next39e, next40, next41, next41b, next41c, next41d, next41e, next41f, next42, next45, next46, next47, next48, next49, next50, next51, next52, next53, next54, next55, next56, next57, next58, next59, next60, next61, next62, next63, next64, next65, next66, next67, next68, next69, next70, next71, next72, next72b, next73, next74, next75, next76, next77, next78, next78b, next78c, next79, next80, next81, engine21, engine, pending, final, ttft1, probe or hybrid, or several joined by commas
+#   rag0, read, readprof (with ncu), engineread, tileslast, final2, rag09, check17, diag18, check18, final18, warps18, bs32, rag32, tests, regs19, diag19, final19, tile16, w16, ahead, ahead2, final20, rag20, ahead4, next21, check22, check22b, rag22, ttft22, ncu22, next23, final23, dyn24, prefill24, final24, gemm24, next25, gemv27, gemv28, gemv29, gemm30, next31, next32, next33, next33b, next33c, next33d, next33e, next34, rag34, next35, next35b, next35c, next36, next36a, next37, next37b, next38, next38b, next38c, next39, next39b, next39c, next39d, next39e, next40, next41, next41b, next41c, next41d, next41e, next41f, next42, next45, next46, next47, next48, next49, next50, next51, next52, next53, next54, next55, next56, next57, next58, next59, next60, next61, next62, next63, next64, next65, next66, next67, next68, next69, next70, next71, next72, next72b, next73, next74, next75, next76, next77, next78, next78b, next78c, next79, next80, next81, next81b, engine21, engine, pending, final, ttft1, probe or hybrid, or several joined by commas
 set -u
 cd "$(dirname "$0")/.."
 export TRITON_INTERPRET=0 PYTHONUNBUFFERED=1 GIT_SHA=${GIT_SHA:-unknown}
@@ -586,6 +586,14 @@ if want next78; then  # int32 key, value and cos/sin offsets in the read kernel 
         step "read_new_$round" 60 env READ_SWEEP=0 python3 bench/gpu_read_profile.py --out "$OUT" --cases $cases
     done
 fi
+if want next81b; then  # next81's TTFT with PDL on timed out compiling its variants (110 s): the GPU tests with PDL on (the
+    # default), then the cached 8 x 2,048 row on, off, on
+    step gpu_tests 200 python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider -p no:logging --tb=short
+    step ttft_pdl_on_1 200 python3 $TTFT_8X2048 --tag=-pdl-on-1
+    step ttft_pdl_off_2 110 env MINIPIC_PDL=0 python3 $TTFT_8X2048 --tag=-pdl-off-2
+    step ttft_pdl_on_2 110 python3 $TTFT_8X2048 --tag=-pdl-on-2
+    cp bench/results/ttft_spans-*pdl* "$OUT"/ 2>/dev/null
+fi
 if want next81; then  # programmatic dependent launch (PDL: the op's read and merge, Inductor's kernels) on and off
     # (MINIPIC_PDL=0) in this tree: the op's reads, the engine's decode at batch 1 and 64, the cached 8 x 2,048 TTFT
     cases=b1x8k,b1x576w8k,b64x576w8k,short16k
@@ -596,8 +604,8 @@ if want next81; then  # programmatic dependent launch (PDL: the op's read and me
     engine_decode decode_pdl_off 150 new "$OUT/gpu_decode_${GIT_SHA}_pdl_off.json" MINIPIC_PDL=0
     engine_decode decode_pdl_on 200 new "$OUT/gpu_decode_${GIT_SHA}_pdl_on.json"
     step ttft_pdl_off 110 env MINIPIC_PDL=0 python3 $TTFT_8X2048 --tag=-pdl-off
-    step ttft_pdl_on 110 python3 $TTFT_8X2048 --tag=-pdl-on
-    cp bench/results/ttft_spans-* "$OUT"/ 2>/dev/null
+    step ttft_pdl_on 110 python3 $TTFT_8X2048 --tag=-pdl-on  # (timed out: compiling PDL's variants; see next81b)
+    cp bench/results/ttft_spans-*pdl* "$OUT"/ 2>/dev/null
 fi
 if want next80; then  # (run: slower, see gpu_read_profile.py) 64-key tiles of 8 warps for a batch-1 decode (READ_SWEEP=w8t64) beside the defaults
     step read_w8t64 150 env READ_SWEEP=w8t64 python3 bench/gpu_read_profile.py --out "$OUT" --cases b1x8k,b1x8k_cold,b1x576w8k
