@@ -15,6 +15,7 @@ the timing was wall time of eager calls back to back: the small projections meas
     python bench/gpu_gemm_shapes.py --out bench/results/gpu_gemm_shapes_<sha>_h200.json   # on the H200
     python bench/gpu_gemm_shapes.py --tiny                                                  # the CPU: runs
     python bench/gpu_gemm_shapes.py --split-k --rows 64    # F.linear beside a Triton split-K matmul (16 configs)
+    python bench/gpu_gemm_shapes.py --blas --rows 1,17,64  # F.linear through cuBLAS and through cuBLASLt
 """
 
 from __future__ import annotations
@@ -129,6 +130,23 @@ def variants(name: str, rows: int) -> dict:
     return out
 
 
+def blas_linear(library: str):
+    """F.linear with torch's preferred BLAS library set to `library` for the call (a process-wide setting; on the CPU
+    (`--tiny`) plain F.linear)."""
+
+    def fn(x, w):
+        if not x.is_cuda:
+            return F.linear(x, w)
+        before = torch.backends.cuda.preferred_blas_library()
+        torch.backends.cuda.preferred_blas_library(library)
+        try:
+            return F.linear(x, w)
+        finally:
+            torch.backends.cuda.preferred_blas_library(before)
+
+    return fn
+
+
 def reference_for(variant: str, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     product = F.linear(x, w).float()
     if variant == "reduce_silu":
@@ -167,6 +185,9 @@ def main() -> None:
     parser.add_argument("--l2-warm", action="store_true", help="F.linear only, its weights read from HBM (cold) beside "
                         "the same weight every call (warm: L2 holds those under its size), for what reading the next "
                         "matmul's weights into L2 ahead could save")  # fmt: skip
+    parser.add_argument("--blas", action="store_true", help="F.linear through torch's preferred BLAS library: "
+                        "cuBLAS (the default) beside cuBLASLt (TORCH_BLAS_PREFER_CUBLASLT=1), each with its own "
+                        "heuristic's kernel")  # fmt: skip
     args = parser.parse_args()
     # NOTE: every (matmul, rows) compiles the same functions again (dynamic=False): past the default limit of 8
     # Dynamo would run them eagerly, and the table would time cuBLAS under another name
@@ -192,6 +213,8 @@ def main() -> None:
                 "linear": lambda x, w: F.linear(x, w), **split_k_variants(k_in, n_out, args.tiny)}  # fmt: skip
             if args.l2_warm:
                 table = {"cold": lambda x, w: F.linear(x, w), "l2_warm": lambda x, w: F.linear(x, w)}
+            if args.blas:
+                table = {library: blas_linear(library) for library in ("cublas", "cublaslt")}
             for variant, fn in table.items():
                 reference = reference_for("linear" if args.l2_warm else variant, xs[0], ws[0])
                 got = fn(xs[0], ws[0]).float().reshape(reference.shape)
