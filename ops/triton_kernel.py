@@ -31,6 +31,8 @@ Design (after vLLM's unified attention and Triton tutorial 06):
   value would compile for seconds in the middle of serving). Split launches put the tiles on the grid's last axis
   (``TILES_LAST``), so every program of the real tiles is dispatched before a CUDA graph's padding tiles; and a split
   with no key to read stores only its (max, sum), which the merge weighs 0 (it never uses that split's output).
+* On Hopper and later the split read and the merge are launched as programmatic dependents (``use_pdl``): each may
+  be scheduled while the kernel before it drains, and waits for it (``gdc_wait``) before it reads anything.
 """
 
 from __future__ import annotations
