@@ -586,9 +586,12 @@ if want next78; then  # int32 key, value and cos/sin offsets in the read kernel 
         step "read_new_$round" 60 env READ_SWEEP=0 python3 bench/gpu_read_profile.py --out "$OUT" --cases $cases
     done
 fi
-if want next82; then  # (not yet run) the projections through cuBLASLt (TORCH_BLAS_PREFER_CUBLASLT=1: its own heuristic's
-    # kernels) beside cuBLAS, each shape at 1 / 17 / 64 rows; then the engine's decode and the cached 8 x 2,048 TTFT
-    # (PDL on, the default since stop 39) under each, in turn
+if want next82; then  # (not yet run) the GPU tests (rope_write_attend's among them); a decode layer's RoPE, K/V write
+    # and attention in one launch (rope_write_attend) against the engine's two; the projections through cuBLASLt
+    # (TORCH_BLAS_PREFER_CUBLASLT=1: its own heuristic's kernels) beside cuBLAS, each shape at 1 / 17 / 64 rows; then
+    # the engine's decode and the cached 8 x 2,048 TTFT (PDL on, the default since stop 39) under each, in turn
+    step gpu_tests 200 python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider -p no:logging --tb=short
+    step fused_write 120 python3 bench/gpu_fused_write.py --out "$OUT"
     step gemm_blas 150 python3 bench/gpu_gemm_shapes.py --blas --rows 1,17,64 --out "$OUT/gpu_gemm_blas_${GIT_SHA}_h200.json"
     engine_decode decode_cublas 150 new "$OUT/gpu_decode_${GIT_SHA}_cublas.json"
     engine_decode decode_cublaslt 150 new "$OUT/gpu_decode_${GIT_SHA}_cublaslt.json" TORCH_BLAS_PREFER_CUBLASLT=1

@@ -1346,6 +1346,9 @@ def rope_paged_attention_triton(
     tiles_last = cfg.get("TILES_LAST", num_splits > 1) and num_tiles <= MAX_GRID_Z  # split launches: tiles last
     grid = (num_kv_heads, num_splits, num_tiles) if tiles_last else (num_tiles, num_kv_heads, num_splits)
     k_new, v_new, slot_mapping = new_kv if new_kv is not None else (q, q, cu_seqlens_q)  # (unused without it)
+    max_regs = cfg.get("MAX_REGS")
+    if new_kv is not None and max_regs is None and q.is_cuda:
+        max_regs = DECODE_MAX_REGS  # NOTE: 158 registers uncapped (ptxas, sm_90a): 3 programs an SM, not 4
     _rope_paged_attention_kernel[grid](
         out, q, k_cache, v_cache, k_tables, block_tables, cu_seqlens_q, q_positions, visible_start,
         q if cos_sin is None else cos_sin, partial_out, partial_m, partial_l, k_new, v_new, slot_mapping,
@@ -1360,7 +1363,7 @@ def rope_paged_attention_triton(
         TILE_N=cfg["TILE_N"], SPLIT_KV=num_splits > 1, TILES_LAST=tiles_last,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", TABLE_AHEAD=cfg.get("TABLE_AHEAD", False),
         ONE_TOKEN_SEQS=one_token, INT32_OFFSETS=int32_offsets, PDL=pdl, NEW_KV=new_kv is not None,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], maxnreg=cfg.get("MAX_REGS"),
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], maxnreg=max_regs,
         **({"launch_pdl": True} if pdl else {}),
     )  # fmt: skip
     if num_splits > 1:
