@@ -10,21 +10,16 @@ import torch
 import minipic_lite as mp
 from minipic_lite.models import llama
 from ops import triton_kernel
+from tests.conftest import save_tiny_llama
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
-    config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, vocab_size=300, max_position_embeddings=256)  # fmt: skip
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(config)
-    with torch.no_grad():
-        model.lm_head.weight.normal_(0.0, 2.0)  # logits far apart: float32 rounding never flips a token
-    path = tmp_path_factory.mktemp("tiny_fused")
-    model.save_pretrained(path)
-    return path, model.eval()
+    path = save_tiny_llama(tmp_path_factory.mktemp("tiny_fused"), hidden_size=64, intermediate_size=128,
+                           vocab_size=300, max_position_embeddings=256)  # fmt: skip
+    return path, LlamaForCausalLM.from_pretrained(path).eval()
 
 
 def test_fused_decode_steps_give_transformers_greedy_tokens(tiny, monkeypatch):
