@@ -391,7 +391,8 @@ def _attend_new_key(
     block, offset = slot // BLOCK_SIZE, slot % BLOCK_SIZE
     k_dst = k_cache_ptr + block.to(tl.int64) * stride_k_blk + offset * stride_k_slot + kv_head * stride_k_head
     v_dst = v_cache_ptr + block.to(tl.int64) * stride_v_blk + offset * stride_v_slot + kv_head * stride_v_head
-    tl.store(k_dst + offs_d, tl.load(k_row + offs_d))
+    tl.store(k_dst + offs_h, k1, mask=half_ok)
+    tl.store(k_dst + HALF + offs_h, k2, mask=half_ok)
     tl.store(v_dst + offs_d, v)
     return acc, m_new, l_i * alpha + p
 
@@ -451,8 +452,8 @@ def _rope_paged_attention_kernel(
     INT32_OFFSETS: tl.constexpr = False,  # key, value and cos/sin offsets in int32 (`offsets_fit_int32`)
     PDL: tl.constexpr = False,  # launched as a programmatic dependent (`use_pdl`): wait for the kernel before it
     NEW_KV: tl.constexpr = False,  # a decode (ONE_TOKEN_SEQS, whole-head rotary) whose queries come unrotated and
-    # whose own keys and values (k_new, v_new) are not in the cache: the program that reads the sequence's last key
-    # tile takes them from registers and writes them to their slots (`rope_write_attend`)
+    # whose own keys and values (k_new, v_new) are not in the cache: split 0 of each (sequence, kv head) takes them
+    # from registers and writes them to their slots (`rope_write_attend`)
 ):
     if PDL:
         tl.extra.cuda.gdc_wait()  # NOTE: before any load: every input may come from the kernel before
@@ -1347,7 +1348,7 @@ def rope_paged_attention_triton(
     grid = (num_kv_heads, num_splits, num_tiles) if tiles_last else (num_tiles, num_kv_heads, num_splits)
     k_new, v_new, slot_mapping = new_kv if new_kv is not None else (q, q, cu_seqlens_q)  # (unused without it)
     max_regs = cfg.get("MAX_REGS")
-    if new_kv is not None and max_regs is None and q.is_cuda:
+    if new_kv is not None and max_regs is None and q.is_cuda and q.element_size() == 2:
         max_regs = DECODE_MAX_REGS  # NOTE: 158 registers uncapped (ptxas, sm_90a): 3 programs an SM, not 4
     _rope_paged_attention_kernel[grid](
         out, q, k_cache, v_cache, k_tables, block_tables, cu_seqlens_q, q_positions, visible_start,
@@ -1390,10 +1391,10 @@ def rope_write_attend(
 ) -> torch.Tensor:
     """A decode step's RoPE, K/V write and attention in one launch (position-free, one token a sequence): what
     ``ops.apply_rope`` on ``q``, the write of ``k_new`` / ``v_new`` [num_seqs, num_kv_heads, head_dim] (unrotated)
-    to their ``slot_mapping`` slots and ``rope_paged_attention`` on the rotated queries compute, in one kernel. The
-    program that reads a sequence's last key tile takes its own key and value from registers and writes them to
-    the cache (no program of the launch reads that slot), so the model's separate rotation and write kernel, and a
-    launch, go. Only whole-head rotary (rotary_dim == head_dim)."""
+    to their ``slot_mapping`` slots and ``rope_paged_attention`` on the rotated queries compute, in one kernel. Split 0
+    of each (sequence, kv head) takes the sequence's own key and value from registers and writes them to the cache
+    (no program of the launch reads that slot), so the model's separate rotation and write kernel, and a launch,
+    go. Only whole-head rotary (rotary_dim == head_dim)."""
     return rope_paged_attention_triton(q, k_cache, v_cache, block_tables, cu_seqlens_q, q_positions, kv_lens,
                                        visible_start, cos_sin, scale, config=config, out=out,
                                        new_kv=(k_new, v_new, slot_mapping))  # fmt: skip
