@@ -897,7 +897,9 @@ def _has_tma(device_index: int) -> bool:
 
 @functools.lru_cache(maxsize=8)
 def _pdl_device(device_index: int) -> bool:
-    return torch.cuda.get_device_capability(device_index)[0] >= 9 and os.environ.get("MINIPIC_PDL", "1") != "0"
+    """Hopper or later, a Triton that has `gdc_wait` (3.3 and later), and not turned off."""
+    hopper = torch.cuda.get_device_capability(device_index)[0] >= 9
+    return hopper and hasattr(tl.extra.cuda, "gdc_wait") and os.environ.get("MINIPIC_PDL", "1") != "0"
 
 
 def use_pdl(t: torch.Tensor) -> bool:

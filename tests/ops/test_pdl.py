@@ -44,6 +44,13 @@ def test_pdl_is_on_for_hopper_tensors_unless_minipic_pdl_is_0(capabilities, monk
     assert not triton_kernel.use_pdl(fake_cuda_tensor(0))
 
 
+def test_pdl_is_off_with_a_triton_that_lacks_gdc_wait(capabilities, monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.delenv("MINIPIC_PDL", raising=False)
+    monkeypatch.delattr(triton_kernel.tl.extra.cuda, "gdc_wait")
+    assert not triton_kernel.use_pdl(fake_cuda_tensor(0))
+
+
 def test_pdl_is_off_under_the_interpreter(capabilities, monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert not triton_kernel.use_pdl(fake_cuda_tensor(0))
