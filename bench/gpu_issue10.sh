@@ -4,7 +4,7 @@
 # bench/data (the RAG datasets, built here with `python bench/rag.py --build-only --samples 64`) carried.
 #
 #   GIT_SHA=$(git rev-parse --short HEAD) bash bench/gpu_issue10.sh [part]   part: all (default), a, b, ops, ttft, host, hostdiag, offload, tests, splits, grid, rag, ragphase,
-#   rag0, read, readprof (with ncu), engineread, tileslast, final2, rag09, check17, diag18, check18, final18, warps18, bs32, rag32, tests, regs19, diag19, final19, tile16, w16, ahead, ahead2, final20, rag20, ahead4, next21, check22, check22b, rag22, ttft22, ncu22, next23, final23, dyn24, prefill24, final24, gemm24, next25, gemv27, gemv28, gemv29, gemm30, next31, next32, next33, next33b, next33c, next33d, next33e, next34, rag34, next35, next35b, next35c, next36, next36a, next37, next37b, next38, next38b, next38c, next39, next39b, next39c, next39d, next39e, next40, next41, next41b, next41c, next41d, next41e, next41f, next42, next45, next46, next47, next48, next49, next50, next51, next52, next53, next54, next55, next56, next57, next58, next59, next60, next61, next62, next63, next64, next65, next66, next67, next68, next69, next70, next71, next72, next72b, next73, next74, next75, next76, next77, next78, next78b, next78c, next79, next80, next81, next81b, next81c, next82, next82b, engine21, engine, pending, final, ttft1, probe or hybrid, or several joined by commas
+#   rag0, read, readprof (with ncu), engineread, tileslast, final2, rag09, check17, diag18, check18, final18, warps18, bs32, rag32, tests, regs19, diag19, final19, tile16, w16, ahead, ahead2, final20, rag20, ahead4, next21, check22, check22b, rag22, ttft22, ncu22, next23, final23, dyn24, prefill24, final24, gemm24, next25, gemv27, gemv28, gemv29, gemm30, next31, next32, next33, next33b, next33c, next33d, next33e, next34, rag34, next35, next35b, next35c, next36, next36a, next37, next37b, next38, next38b, next38c, next39, next39b, next39c, next39d, next39e, next40, next41, next41b, next41c, next41d, next41e, next41f, next42, next45, next46, next47, next48, next49, next50, next51, next52, next53, next54, next55, next56, next57, next58, next59, next60, next61, next62, next63, next64, next65, next66, next67, next68, next69, next70, next71, next72, next72b, next73, next74, next75, next76, next77, next78, next78b, next78c, next79, next80, next81, next81b, next81c, next82, next82b, next82c, next82d, engine21, engine, pending, final, ttft1, probe or hybrid, or several joined by commas
 set -u
 cd "$(dirname "$0")/.."
 export TRITON_INTERPRET=0 PYTHONUNBUFFERED=1 GIT_SHA=${GIT_SHA:-unknown}
@@ -586,25 +586,31 @@ if want next78; then  # int32 key, value and cos/sin offsets in the read kernel 
         step "read_new_$round" 60 env READ_SWEEP=0 python3 bench/gpu_read_profile.py --out "$OUT" --cases $cases
     done
 fi
+# NOTE: next82-next82d each fit one call (600 s at most a call; the GPU tests took 299 s in next81c compiling PDL's
+# variants, ~150 s warm)
 if want next82; then  # (not yet run) a decode layer's RoPE, K/V write and attention in one launch (rope_write_attend;
     # the engine takes it with MINIPIC_FUSED_WRITE=1): the GPU tests without it (its own op test among them) and with
-    # it (the engine's graph and span tests then run it), the op against the engine's two launches, the engine's
-    # decode without it and with it
-    step gpu_tests 200 python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider -p no:logging --tb=short
-    step gpu_tests_fused 150 env MINIPIC_FUSED_WRITE=1 python3 -m pytest -q -m gpu tests/test_gpu.py \
+    # it (the engine's graph and span tests then run it)
+    step gpu_tests 260 python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider -p no:logging --tb=short
+    step gpu_tests_fused 200 env MINIPIC_FUSED_WRITE=1 python3 -m pytest -q -m gpu tests/test_gpu.py \
         -p no:cacheprovider -p no:logging --tb=short -k "not hybrid"
-    step fused_write 100 python3 bench/gpu_fused_write.py --out "$OUT"
-    engine_decode decode_separate 100 new "$OUT/gpu_decode_${GIT_SHA}_separate.json"
-    engine_decode decode_fused 120 new "$OUT/gpu_decode_${GIT_SHA}_fused.json" MINIPIC_FUSED_WRITE=1
 fi
-if want next82b; then  # (not yet run) the projections through cuBLASLt (TORCH_BLAS_PREFER_CUBLASLT=1: its own
-    # heuristic's kernels) beside cuBLAS, each shape at 1 / 17 / 64 rows; then the engine's decode and the cached
-    # 8 x 2,048 TTFT (PDL on, the default since stop 39) under each, in turn
+if want next82b; then  # (not yet run) the fused op against the engine's two launches; the engine's decode without it
+    # and with it
+    step fused_write 120 python3 bench/gpu_fused_write.py --out "$OUT"
+    engine_decode decode_separate 120 new "$OUT/gpu_decode_${GIT_SHA}_separate.json"
+    engine_decode decode_fused 150 new "$OUT/gpu_decode_${GIT_SHA}_fused.json" MINIPIC_FUSED_WRITE=1
+fi
+if want next82c; then  # (not yet run) the projections through cuBLASLt (TORCH_BLAS_PREFER_CUBLASLT=1: its own
+    # heuristic's kernels) beside cuBLAS, each shape at 1 / 17 / 64 rows; the engine's decode under each
     step gemm_blas 150 python3 bench/gpu_gemm_shapes.py --blas --rows 1,17,64 --out "$OUT/gpu_gemm_blas_${GIT_SHA}_h200.json"
-    engine_decode decode_cublas 100 new "$OUT/gpu_decode_${GIT_SHA}_cublas.json"
-    engine_decode decode_cublaslt 120 new "$OUT/gpu_decode_${GIT_SHA}_cublaslt.json" TORCH_BLAS_PREFER_CUBLASLT=1
-    step ttft_cublas 100 python3 $TTFT_8X2048 --tag=-cublas
-    step ttft_cublaslt 110 env TORCH_BLAS_PREFER_CUBLASLT=1 python3 $TTFT_8X2048 --tag=-cublaslt
+    engine_decode decode_cublas 120 new "$OUT/gpu_decode_${GIT_SHA}_cublas.json"
+    engine_decode decode_cublaslt 150 new "$OUT/gpu_decode_${GIT_SHA}_cublaslt.json" TORCH_BLAS_PREFER_CUBLASLT=1
+fi
+if want next82d; then  # (not yet run) the cached 8 x 2,048 TTFT (PDL on, the default since stop 39) under cuBLAS and
+    # under cuBLASLt, in turn
+    step ttft_cublas 120 python3 $TTFT_8X2048 --tag=-cublas
+    step ttft_cublaslt 150 env TORCH_BLAS_PREFER_CUBLASLT=1 python3 $TTFT_8X2048 --tag=-cublaslt
     cp bench/results/ttft_spans-*cublas* "$OUT"/ 2>/dev/null
 fi
 if want next81c; then  # next81b's GPU tests timed out (200 s) after 11 passed, compiling PDL's variants: again, named,
