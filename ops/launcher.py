@@ -8,6 +8,8 @@ metadata once and passes ``check=False`` on the hot path.
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from ops.reference import rope_paged_attention_ref
@@ -16,6 +18,12 @@ from ops.torch_impl import rope_paged_attention_torch
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 INT_DTYPES = (torch.int32, torch.int64)
 IMPLS = ("auto", "triton", "torch", "ref")
+
+
+def pdl_requested() -> bool:
+    """`MINIPIC_PDL` is not "0": launch the op's kernels and Inductor's as programmatic dependents where the device
+    and the compilers allow it (ops/triton_kernel.py's `use_pdl`, models/llama.py's `compile_kernel`)."""
+    return os.environ.get("MINIPIC_PDL", "1") != "0"
 
 
 def _fail(name: str, message: str) -> None:

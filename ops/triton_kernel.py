@@ -46,6 +46,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ops.launcher import pdl_requested
+
 LOG2E = 1.4426950408889634
 # NOTE: 256, not 512: decode 1 x 8k on the H200 took 18.2 us with 32 splits against 20.1 us with 16
 # (bench/results/read_profile_efa35f5_h200.json)
@@ -899,7 +901,7 @@ def _has_tma(device_index: int) -> bool:
 def _pdl_device(device_index: int) -> bool:
     """Hopper or later, a Triton that has `gdc_wait` (3.3 and later), and not turned off."""
     hopper = torch.cuda.get_device_capability(device_index)[0] >= 9
-    return hopper and hasattr(tl.extra.cuda, "gdc_wait") and os.environ.get("MINIPIC_PDL", "1") != "0"
+    return hopper and hasattr(tl.extra.cuda, "gdc_wait") and pdl_requested()
 
 
 def use_pdl(t: torch.Tensor) -> bool:

@@ -19,6 +19,7 @@ from torch.nn import functional as F
 from minipic_lite.config import ModelConfig
 from minipic_lite.models.step import StepMetadata
 from ops import apply_rope, rope_paged_attention
+from ops.launcher import pdl_requested
 
 
 def rope_table(cfg: ModelConfig, device=None) -> torch.Tensor:
@@ -108,7 +109,7 @@ def compile_kernel(fn, backend="inductor", options: dict | None = None, dynamic:
         dynamic = True
     from torch._inductor import config as inductor_config
 
-    pdl = os.environ.get("MINIPIC_PDL", "1") != "0" and hasattr(inductor_config.triton, "enable_pdl")
+    pdl = pdl_requested() and hasattr(inductor_config.triton, "enable_pdl")
     if backend == "inductor" and pdl:
         # NOTE: Inductor's kernels launched as programmatic dependents (Hopper and later; Inductor leaves it out on
         # other devices), as the op's read and merge are (ops/triton_kernel.py, `use_pdl`)
