@@ -373,6 +373,11 @@ def main():
         llm = engines[True]
         results["one_row_timings"] = {str(k): v for k, v in llm.engine.runner.one_row_timings.items()}
         print("one-row projections (in, out, bias): cuBLAS / reduction", results["one_row_timings"], flush=True)
+        blas = llm.engine.runner.blas_timings
+        results["blas_timings"] = {str(k): {str(n): t for n, t in rows.items()} for k, rows in blas.items()}
+        chosen = {str(k): [n for n, t in rows.items() if t["chosen"] == "cublaslt"] for k, rows in blas.items()}
+        print("row counts routed to cuBLASLt (in, out, bias):", chosen, flush=True)
+        print(f"start-up {results['startup_s_pf1']:.1f} s", flush=True)
         if args.decode_only:
             decode_alone(llm, cfg, dtype, device, results, args.out)
             return

@@ -34,7 +34,7 @@ from torch.nn import functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from minipic_lite.models.one_row_linear import _seconds  # noqa: E402
+from minipic_lite.models.routed_linear import _seconds  # noqa: E402
 
 HIDDEN, INTERMEDIATE, Q, KV = 4096, 14336, 4096, 1024  # Llama-3-8B
 SHAPES = {"qkv": (HIDDEN, Q + 2 * KV), "o": (Q, HIDDEN), "gate_up": (HIDDEN, 2 * INTERMEDIATE),
@@ -178,7 +178,7 @@ def configs(k_in: int, n_out: int, tiny: bool) -> list[SkinnyConfig]:
 
 def graph_seconds(fn, x: torch.Tensor, ws: list[torch.Tensor]) -> float:
     """Seconds a call: one CUDA graph calling fn(x, w) for every w in turn (the engine's start-up probe's timer,
-    `one_row_linear._seconds`), over the number of calls; on the CPU the calls run once and time nothing."""
+    `routed_linear._seconds`), over the number of calls; on the CPU the calls run once and time nothing."""
     if not x.is_cuda:
         for w in ws:
             fn(x, w)

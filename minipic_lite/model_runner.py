@@ -29,9 +29,9 @@ from minipic_lite.config import (
 from minipic_lite.decode_mirror import DecodeMirror
 from minipic_lite.kv_cache_manager import Rerotate
 from minipic_lite.models.llama import compile_kernel, rope_table
-from minipic_lite.models.one_row_linear import one_row_candidates, route_one_row_linears
 from minipic_lite.models.packed_linear import can_pack, drop_packed_weights, pack_linears, packed_min_rows
 from minipic_lite.models.registry import model_class
+from minipic_lite.models.routed_linear import one_row_candidates, route_many_row_linears, route_one_row_linears
 from minipic_lite.models.step import HostStep, RecurrentStep, StepInputs, StepMetadata, host_tensor
 from minipic_lite.sampler import Sampler, SamplingBatch
 from minipic_lite.state_cache import StateTensors
@@ -168,8 +168,8 @@ class ModelRunner:
             self.packed_min_rows = packed_min_rows(self.model)
             if self.packed_min_rows is None:
                 drop_packed_weights(self.model)
-        # CUDA: one-row steps (batch-1 decode) take Inductor's reduction for the projections where it beats cuBLAS
-        # (timed here; models/one_row_linear.py)
+        # CUDA: one-row steps (batch-1 decode) take Inductor's reduction for the projections where it beats cuBLAS,
+        # and the graphs' other row counts cuBLASLt where it does (timed here and below; models/routed_linear.py)
         self.one_row_timings = {}
         if compiles_kernels(config):
             self.one_row_timings = route_one_row_linears(self.model, one_row_candidates(compile_kernel))
@@ -189,6 +189,7 @@ class ModelRunner:
             mirror_bytes = int(config.cache.cpu_kv_cache_gib * GIB)
             self.decode_mirror = DecodeMirror(cfg, config.cache.position_free, mirror_bytes)
         self.graphs = None
+        self.blas_timings = {}
         if self.device.type == "cuda" and not config.enforce_eager and not cfg.is_hybrid:
             from minipic_lite.cuda_graphs import StepGraphs, graph_shapes
 
@@ -196,6 +197,9 @@ class ModelRunner:
             token_sizes = tuple(t for t in CUDA_GRAPH_TOKEN_SIZES if t <= sched.max_num_batched_tokens)
             per_seq = CUDA_GRAPH_MAX_TOKENS_PER_SEQ
             shapes = graph_shapes(CUDA_GRAPH_BATCH_SIZES, sched.max_num_seqs, token_sizes, per_seq)
+            if compiles_kernels(config):  # each bucket's row counts (its tokens; its sequences at the LM head)
+                rows = sorted({n for shape in shapes for n in shape})
+                self.blas_timings = route_many_row_linears(self.model, rows)
             self.graphs = StepGraphs(self, shapes)
         if self.device.type == "cuda":
             self._warm_up_attention()

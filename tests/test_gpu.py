@@ -149,13 +149,13 @@ def test_hybrid_on_cuda_follows_transformers_and_resumes_from_checkpoints(hybrid
 
 
 def test_one_row_steps_through_inductors_reduction_give_the_eager_tokens(tiny_dir, monkeypatch):
-    """Batch-1 decode with every projection routed to the reduction (models/one_row_linear.py), won or not, gives
+    """Batch-1 decode with every projection routed to the reduction (models/routed_linear.py), won or not, gives
     the tokens of the eager engine (cuBLAS); the routed function is one Triton reduction kernel, not a matmul."""
     from torch._inductor.utils import run_and_get_code
 
-    from minipic_lite.models import one_row_linear
+    from minipic_lite.models import routed_linear
 
-    monkeypatch.setattr(one_row_linear, "CUBLAS_MARGIN", 0.99)  # take it wherever it was timed
+    monkeypatch.setattr(routed_linear, "CUBLAS_MARGIN", 0.99)  # take it wherever it was timed
     kwargs = dict(device="cuda", dtype="float32", max_model_len=256, max_num_seqs=8, num_blocks=256)
     routed = mp.LLM(str(tiny_dir), **kwargs)
     timings = routed.engine.runner.one_row_timings
@@ -174,6 +174,34 @@ def test_one_row_steps_through_inductors_reduction_give_the_eager_tokens(tiny_di
     code = "".join(code)
     # NOTE: a reduction over 128 features is a persistent one (triton_per_*), a longer one looped (triton_red_*)
     assert re.search(r"def triton_(per|red)_", code) and not re.search(r"extern_kernels\.(add)?mm\(", code), code
+
+
+def test_steps_routed_to_cublaslt_give_the_eager_tokens(tiny_dir, monkeypatch):
+    """Graph buckets of several rows with every projection routed to cuBLASLt (models/routed_linear.py), won or not,
+    give the eager engine's tokens (cuBLAS); the routed call equals F.linear and leaves torch's preferred library as
+    it found it."""
+    import torch.nn.functional as F
+
+    from minipic_lite.models import routed_linear
+
+    monkeypatch.setattr(routed_linear, "LT_MARGIN", -1.0)  # take it wherever it was timed
+    kwargs = dict(device="cuda", dtype="float32", max_model_len=256, max_num_seqs=8, num_blocks=256)
+    routed = mp.LLM(str(tiny_dir), **kwargs)
+    timings = routed.engine.runner.blas_timings
+    assert timings and all(t["chosen"] == "cublaslt" for rows in timings.values() for t in rows.values()), timings
+    assert all({2, 4, 8, 16} <= set(rows) and 1 not in rows for rows in timings.values()), timings
+    eager = mp.LLM(str(tiny_dir), enforce_eager=True, **kwargs)
+    gen = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(6, 512, (n,), generator=gen).tolist() for n in (5, 17, 33, 40, 63)]  # batch 5 -> 8
+    params = mp.SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+    ours, theirs = (llm.generate(prompts, params, use_tqdm=False) for llm in (routed, eager))
+    assert [o.token_ids for o in ours] == [o.token_ids for o in theirs]
+    o_proj = routed.engine.runner.model.layers[0].self_attn.o_proj
+    x = torch.randn(8, o_proj.weight.shape[1], device="cuda")
+    before = torch.backends.cuda.preferred_blas_library()
+    with torch.inference_mode():
+        torch.testing.assert_close(o_proj.by_rows[8](x, o_proj.weight, o_proj.bias), F.linear(x, o_proj.weight))
+    assert torch.backends.cuda.preferred_blas_library() == before
 
 
 def test_the_compiled_kv_write_is_one_kernel_at_decode():

@@ -1,17 +1,20 @@
-"""models/one_row_linear.py on the CPU: the wrapping keeps the model's parameters, one-row inputs take the routed
-function only where the route says so, and the compiled one-row matmul equals F.linear. (The timing that sets the
-route needs CUDA: tests/test_gpu.py.)"""
+"""models/routed_linear.py on the CPU: the wrapping keeps the model's parameters, one-row inputs take the routed
+function only where the route says so, the compiled one-row matmul equals F.linear, and steps of more rows take
+cuBLASLt only at the row counts where the probe chose it. (The timing that sets the routes, and cuBLASLt, need CUDA:
+tests/test_gpu.py.)"""
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from minipic_lite.models.llama import compile_kernel
-from minipic_lite.models.one_row_linear import (
-    OneRowLinear,
+from minipic_lite.models.routed_linear import (
+    RoutedLinear,
+    choose_library,
     choose_route,
     group_by_shape,
     one_row_candidates,
+    route_many_row_linears,
     route_one_row_linears,
     wrap_linears,
 )
@@ -40,8 +43,8 @@ def test_wrapping_keeps_every_parameter_and_output():
     x = torch.randn(3, 8)
     expected = model.qkv_proj(x)
     wrapped = wrap_linears(model)
-    assert len(wrapped) == 3 and all(isinstance(m, OneRowLinear) for m in wrapped)
-    assert isinstance(model.inner[0], OneRowLinear)
+    assert len(wrapped) == 3 and all(isinstance(m, RoutedLinear) for m in wrapped)
+    assert isinstance(model.inner[0], RoutedLinear)
     assert model.state_dict().keys() == before.keys()
     for key, value in model.state_dict().items():
         assert torch.equal(value, before[key]), key
@@ -120,4 +123,53 @@ def test_routing_off_keeps_cublas_everywhere(monkeypatch):
     monkeypatch.setenv("MINIPIC_ONE_ROW_MATMUL", "0")
     model = Block()
     assert route_one_row_linears(model, {"fast": recording([])}, timer=lambda *a: 0.0) == {}
-    assert all(m.one_row is None for m in model.modules() if isinstance(m, OneRowLinear))
+    assert all(m.one_row is None for m in model.modules() if isinstance(m, RoutedLinear))
+
+
+def test_cublaslt_is_chosen_only_where_it_wins_by_the_margin():
+    assert choose_library({"cublas": 1.0, "cublaslt": 0.97}) == "cublaslt"
+    assert choose_library({"cublas": 1.0, "cublaslt": 0.985}) == "cublas"  # within 2%: no switch
+    assert choose_library({"cublas": 1.0, "cublaslt": 1.0}) == "cublas"
+    assert choose_library({"cublas": 1.0, "cublaslt": 1.3}) == "cublas"
+
+
+def test_many_row_routes_follow_the_probe_per_shape_and_row_count():
+    """The probe's bookkeeping with a stand-in timer and a marked stand-in for cuBLASLt: each (shape group, row
+    count) is timed once, one row is left to the one-row probe, and a step takes the marked matmul exactly at the
+    row counts where it won for its shape."""
+    torch.manual_seed(0)
+    model = Block()
+    wrap_linears(model)
+    calls, timed = [], []
+    lt = recording(calls)
+    costs = {(8, 12): {2: 0.9, 16: 1.2, 64: 0.5}, (4, 8): {2: 1.0, 16: 0.7, 64: 0.99}}  # cuBLASLt's, cuBLAS's 1.0
+
+    def timer(fn, group, x):
+        key = tuple(group[0].weight.shape[::-1])
+        timed.append((key, x.shape[0], fn is lt))
+        assert x.shape[1] == key[0]
+        return costs[key][x.shape[0]] if fn is lt else 1.0
+
+    timings = route_many_row_linears(model, [1, 2, 16, 64, 16], timer=timer, cublaslt=lt)
+    assert sorted(timed) == sorted((key, n, is_lt) for key in costs for n in (2, 16, 64) for is_lt in (False, True))
+    assert {key: {n: t["chosen"] for n, t in rows.items()} for key, rows in timings.items()} == {
+        (8, 12, True): {2: "cublaslt", 16: "cublas", 64: "cublaslt"},
+        (4, 8, False): {2: "cublas", 16: "cublaslt", 64: "cublas"},  # 0.99: within the margin
+    }
+    assert timings[(8, 12, True)][2] == {"cublas": 1.0, "cublaslt": 0.9, "chosen": "cublaslt"}
+    assert model.qkv_proj.by_rows == model.inner[0].by_rows == {2: lt, 64: lt} and model.o_proj.by_rows == {16: lt}
+    for n, expect_lt in ((2, True), (3, False), (16, False), (64, True), (1, False)):
+        x = torch.randn(n, 8)
+        plain = F.linear(x, model.qkv_proj.weight, model.qkv_proj.bias)
+        torch.testing.assert_close(model.qkv_proj(x), plain + 1000.0 if expect_lt else plain)
+    assert calls == [(2, 8), (64, 8)]
+    x = torch.randn(16, 4)
+    torch.testing.assert_close(model.o_proj(x), F.linear(x, model.o_proj.weight) + 1000.0)
+
+
+def test_many_row_routing_off_keeps_the_default_library(monkeypatch):
+    monkeypatch.setenv("MINIPIC_CUBLASLT", "0")
+    model = Block()
+    wrap_linears(model)
+    assert route_many_row_linears(model, [2, 64], timer=lambda *a: 1.0, cublaslt=recording([])) == {}
+    assert all(m.by_rows == {} for m in model.modules() if isinstance(m, RoutedLinear))

@@ -1,4 +1,7 @@
-"""Linear layers that, for one row on CUDA, may take an Inductor reduction kernel instead of cuBLAS's matmul.
+"""Linear layers that, on CUDA, route each step's matmul to the kernel a start-up probe found fastest for its rows.
+
+One row (batch-1 decode) may take an Inductor reduction kernel instead of cuBLAS's matmul; more rows (the CUDA graphs'
+buckets) cuBLASLt's instead of cuBLAS's (see `route_many_row_linears`).
 
 At batch-1 decode each projection reads its weights once, so it should run at the copy rate. cuBLAS does not always:
 on the H200 with Llama-3-8B's shapes it read `qkv` at 0.82 of the copy rate (its 64-column tiles leave SMs idle) and
@@ -11,9 +14,8 @@ from memory as in a decode step, not from L2) and keeps the fastest candidate un
 CUBLAS_MARGIN (the probe favours cuBLAS: see the note there). On the H200 (`bench/results/gemv29-a7031d9-*`, a pass
 over 32 layers): `qkv` 418 µs against cuBLAS's 491, `o` 330 against 402, `gate_up` 1,716 against 1,787, `down` 908
 (the written-out sum) against 996, the LM head 243 against 252; batch-1 decode 225.7 tok/s against 203.3 with cuBLAS
-everywhere. Steps of more rows always take `F.linear`.
-The probe adds to a CUDA engine's start-up: the 8B-shaped bench's engine started in 57 s against 39 s without it,
-with Inductor's cache carried from earlier runs (a fresh cache also tunes each shape once).
+everywhere. The probe adds to a CUDA engine's start-up: the 8B-shaped bench's engine started in 57 s against 39 s
+without it, with Inductor's cache carried from earlier runs (a fresh cache also tunes each shape once).
 """
 
 from __future__ import annotations
@@ -62,35 +64,39 @@ def one_row_candidates(compile_fn) -> dict:
     }
 
 
-class OneRowLinear(nn.Module):
+class RoutedLinear(nn.Module):
     """`nn.Linear`'s weight and bias, multiplied by `one_row` when the input has one row and the probe chose one
-    (`route_one_row_linears`), by `F.linear` otherwise."""
+    (`route_one_row_linears`), by `by_rows[n]` when it has n rows and the probe chose cuBLASLt for n
+    (`route_many_row_linears`), by `F.linear` otherwise."""
 
     def __init__(self, linear: nn.Linear):
         super().__init__()
         self.weight = linear.weight
         self.bias = linear.bias
         self.one_row = None  # fn(x, weight, bias), or None: cuBLAS
+        self.by_rows = {}  # {rows: fn(x, weight, bias)}; rows not in it: F.linear
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # NOTE: x.shape[0] is fixed within a CUDA graph's bucket, so a captured step holds one branch
-        if self.one_row is not None and x.dim() == 2 and x.shape[0] == 1:
-            return self.one_row(x, self.weight, self.bias)
+        if x.dim() == 2:
+            fn = self.one_row if x.shape[0] == 1 else self.by_rows.get(x.shape[0])
+            if fn is not None:
+                return fn(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
 
 
-def wrap_linears(model: nn.Module) -> list[OneRowLinear]:
-    """Replace every `nn.Linear` of `model` by a OneRowLinear sharing its parameters (state dict unchanged)."""
+def wrap_linears(model: nn.Module) -> list[RoutedLinear]:
+    """Replace every `nn.Linear` of `model` by a RoutedLinear sharing its parameters (state dict unchanged)."""
     wrapped = []
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, nn.Linear):
-                wrapped.append(OneRowLinear(child))
+                wrapped.append(RoutedLinear(child))
                 setattr(parent, name, wrapped[-1])
     return wrapped
 
 
-def group_by_shape(linears: list[OneRowLinear]) -> dict[tuple, list[OneRowLinear]]:
+def group_by_shape(linears: list[RoutedLinear]) -> dict[tuple, list[RoutedLinear]]:
     """Projections that share a kernel: same (in, out) features and whether they have a bias."""
     groups = defaultdict(list)
     for m in linears:
@@ -98,7 +104,7 @@ def group_by_shape(linears: list[OneRowLinear]) -> dict[tuple, list[OneRowLinear
     return dict(groups)
 
 
-def _seconds(fn, group: list[OneRowLinear], x: torch.Tensor) -> float:
+def _seconds(fn, group: list[RoutedLinear], x: torch.Tensor) -> float:
     """GPU seconds of one pass of `fn` over every weight of `group`, replayed as a CUDA graph (as a decode step runs
     it: eager launches of a compiled function would time Python's dispatch, ~50 µs a call, not the GPU): the least
     of PROBE_PASSES replays."""
@@ -155,3 +161,57 @@ def route_one_row_linears(model: nn.Module, candidates: dict, timer=None) -> dic
                 m.one_row = candidates.get(chosen)
             timings[key] = seconds | {"chosen": chosen}
     return timings
+
+
+# -- steps of more rows: cuBLAS or cuBLASLt ---------------------------------------------------------------------
+# NOTE: on the H200 with Llama-3-8B's shapes (bench/results/next82c-299009c-*) the two libraries' heuristics pick
+# different kernels at some row counts: at 64 rows `down` 31.3 µs through cuBLASLt (one 48x64-tile kernel) against
+# 36.4 through cuBLAS (split-K plus a reduction), `gate_up` 60.7 against 62.6; at 17 rows `down` 34.1 against 32.3.
+# Batch-64 decode with cuBLASLt everywhere: 10,134 tok/s against 9,880. So each graph bucket's row count is timed.
+LT_MARGIN = 0.02  # cuBLASLt is taken where it is this much faster than cuBLAS (a tie keeps the default: no switch)
+
+
+def through_blas(library: str):
+    """fn(x, weight, bias): F.linear with torch's preferred BLAS library set to `library` ("cublas", "cublaslt")
+    for the call and restored after. Captured in a CUDA graph, the call replays that library's kernel."""
+
+    def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        before = torch.backends.cuda.preferred_blas_library()
+        torch.backends.cuda.preferred_blas_library(library)
+        try:
+            return F.linear(x, weight, bias)
+        finally:
+            torch.backends.cuda.preferred_blas_library(before)
+
+    return linear
+
+
+def choose_library(seconds: dict[str, float]) -> str:
+    """ "cublaslt" where it beats "cublas" (`seconds`: {"cublas": s, "cublaslt": s}) by LT_MARGIN, else "cublas"."""
+    return "cublaslt" if seconds["cublaslt"] < seconds["cublas"] * (1 - LT_MARGIN) else "cublas"
+
+
+def route_many_row_linears(model: nn.Module, rows: list[int], timer=None, cublaslt=None) -> dict[tuple, dict]:
+    """Time, per shape group of `model`'s RoutedLinears (CUDA, weights loaded) and per row count of `rows` (the
+    CUDA graphs' buckets; one row is `route_one_row_linears`'s), F.linear through torch's default library (cuBLAS)
+    and `cublaslt` (default: `through_blas("cublaslt")`), and route that row count to cuBLASLt where
+    `choose_library` says so. `MINIPIC_CUBLASLT=0` keeps the default everywhere. `timer(fn, group, x)` -> seconds
+    (default: CUDA-graph replays). Returns {(in, out, bias): {rows: {"cublas": s, "cublaslt": s, "chosen": name}}}
+    (empty when off)."""
+    if os.environ.get("MINIPIC_CUBLASLT", "1") == "0":
+        return {}
+    timer, cublaslt = timer or _seconds, cublaslt or through_blas("cublaslt")
+    linears = [m for m in model.modules() if isinstance(m, RoutedLinear)]
+    timings = defaultdict(dict)
+    with torch.inference_mode():
+        for key, group in group_by_shape(linears).items():
+            w = group[0].weight
+            for n in sorted(set(rows) - {1}):
+                x = torch.randn(n, w.shape[1], device=w.device, dtype=w.dtype)
+                seconds = {"cublas": timer(F.linear, group, x), "cublaslt": timer(cublaslt, group, x)}
+                chosen = choose_library(seconds)
+                if chosen == "cublaslt":
+                    for m in group:
+                        m.by_rows[n] = cublaslt
+                timings[key][n] = seconds | {"chosen": chosen}
+    return dict(timings)
