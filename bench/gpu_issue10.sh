@@ -586,7 +586,7 @@ if want next78; then  # int32 key, value and cos/sin offsets in the read kernel 
         step "read_new_$round" 60 env READ_SWEEP=0 python3 bench/gpu_read_profile.py --out "$OUT" --cases $cases
     done
 fi
-if want next84; then  # (not yet run) the fused write where the op gained (next82b: 1 x 8k 17.30 against 18.50 us a
+if want next84; then  # (run at 0b6a654; the fused write removed after) the fused write where the op gained (next82b: 1 x 8k 17.30 against 18.50 us a
     # layer): the engine's batch-1 decode over 8,192-token prompts without and with MINIPIC_FUSED_WRITE=1, twice
     long=(DECODE_PROMPT_LEN=8192 DECODE_BATCHES=1 BENCH_MAX_MODEL_LEN=16384)
     for round in 1 2; do
@@ -613,26 +613,26 @@ if want next83; then  # (run at 25bd3f7) the graphs' row counts routed to cuBLAS
 fi
 # NOTE: next82-next82d each fit one call (600 s at most a call; the GPU tests took 299 s in next81c compiling PDL's
 # variants, ~150 s warm)
-if want next82; then  # (not yet run) a decode layer's RoPE, K/V write and attention in one launch (rope_write_attend;
+if want next82; then  # (run at 299009c; rope_write_attend was removed after: its code is at 299009c) a decode layer's RoPE, K/V write and attention in one launch (rope_write_attend;
     # the engine takes it with MINIPIC_FUSED_WRITE=1): the GPU tests without it (its own op test among them) and with
     # it (the engine's graph and span tests then run it)
     step gpu_tests 260 python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider -p no:logging --tb=short
     step gpu_tests_fused 200 env MINIPIC_FUSED_WRITE=1 python3 -m pytest -q -m gpu tests/test_gpu.py \
         -p no:cacheprovider -p no:logging --tb=short -k "not hybrid"
 fi
-if want next82b; then  # (not yet run) the fused op against the engine's two launches; the engine's decode without it
+if want next82b; then  # (run at 299009c) the fused op against the engine's two launches; the engine's decode without it
     # and with it
     step fused_write 120 python3 bench/gpu_fused_write.py --out "$OUT"
     engine_decode decode_separate 120 new "$OUT/gpu_decode_${GIT_SHA}_separate.json"
     engine_decode decode_fused 150 new "$OUT/gpu_decode_${GIT_SHA}_fused.json" MINIPIC_FUSED_WRITE=1
 fi
-if want next82c; then  # (not yet run) the projections through cuBLASLt (TORCH_BLAS_PREFER_CUBLASLT=1: its own
+if want next82c; then  # (run at 299009c) the projections through cuBLASLt (TORCH_BLAS_PREFER_CUBLASLT=1: its own
     # heuristic's kernels) beside cuBLAS, each shape at 1 / 17 / 64 rows; the engine's decode under each
     step gemm_blas 150 python3 bench/gpu_gemm_shapes.py --blas --rows 1,17,64 --out "$OUT/gpu_gemm_blas_${GIT_SHA}_h200.json"
     engine_decode decode_cublas 120 new "$OUT/gpu_decode_${GIT_SHA}_cublas.json"
     engine_decode decode_cublaslt 150 new "$OUT/gpu_decode_${GIT_SHA}_cublaslt.json" TORCH_BLAS_PREFER_CUBLASLT=1
 fi
-if want next82d; then  # (not yet run) the cached 8 x 2,048 TTFT (PDL on, the default since stop 39) under cuBLAS and
+if want next82d; then  # (run at 299009c) the cached 8 x 2,048 TTFT (PDL on, the default since stop 39) under cuBLAS and
     # under cuBLASLt, in turn
     step ttft_cublas 120 python3 $TTFT_8X2048 --tag=-cublas
     step ttft_cublaslt 150 env TORCH_BLAS_PREFER_CUBLASLT=1 python3 $TTFT_8X2048 --tag=-cublaslt

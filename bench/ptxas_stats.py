@@ -37,7 +37,6 @@ POINTERS = {  # argument -> element type, as the engine passes them
     "k_block_tables_ptr": "*i32", "v_block_tables_ptr": "*i32", "cu_seqlens_q_ptr": "*i32",
     "q_positions_ptr": "*i64", "visible_start_ptr": "*i32", "cos_sin_ptr": "*bf16",
     "partial_out_ptr": "*fp32", "partial_m_ptr": "*fp32", "partial_l_ptr": "*fp32",
-    "k_new_ptr": "*bf16", "v_new_ptr": "*bf16", "slot_mapping_ptr": "*i64",
 }  # fmt: skip
 UNSPECIALIZED = ("stride_kbt_seq", "stride_vbt_seq")  # the kernel's do_not_specialize strides
 DEFAULT_CONFIGS = [  # BLOCK_M, TILE_N, num_warps, num_stages, maxnreg

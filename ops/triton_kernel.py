@@ -348,57 +348,6 @@ def _part_range(part: tl.constexpr, tile_begin, body_begin, body_end, tile_end):
 # NOTE: Triton compiles a kernel again for every constexpr value and for integer arguments equal to 1 or divisible
 # by 16. Counts and widths that change from step to step are left unspecialized: a compile takes seconds, and an
 # eager step with a new batch shape would otherwise pay it in the middle of serving.
-@triton.jit
-def _rotate_rows(x1, x2, cos_sin_ptr, positions, ok, stride_cs_pos, HALF: tl.constexpr, HALF_PAD: tl.constexpr):
-    """Rows' rotary halves x1, x2 [rows, HALF_PAD] rotated at `positions` [rows], in float32, rounded once."""
-    offs_h = tl.arange(0, HALF_PAD)
-    cs = cos_sin_ptr + positions[:, None] * stride_cs_pos + offs_h[None, :]
-    cos = tl.load(cs, mask=ok, other=0.0).to(tl.float32)
-    sin = tl.load(cs + HALF, mask=ok, other=0.0).to(tl.float32)
-    a, b = x1.to(tl.float32), x2.to(tl.float32)
-    return (a * cos - b * sin).to(x1.dtype), (b * cos + a * sin).to(x1.dtype)
-
-
-@triton.jit
-def _attend_new_key(
-    acc, m_i, l_i, q_lo, q_hi, row_pos, row_ok, token, kv_head, qk_scale, k_new_ptr, v_new_ptr, slot_mapping_ptr,
-    k_cache_ptr, v_cache_ptr, cos_sin_ptr, stride_kn_tok, stride_kn_head, stride_vn_tok, stride_vn_head,
-    stride_k_blk, stride_k_slot, stride_k_head, stride_v_blk, stride_v_slot, stride_v_head, stride_cs_pos,
-    BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, HALF_PAD: tl.constexpr,
-):  # fmt: skip
-    """A decode's own key and value (token `token`, one kv head) into the running (acc, m, l), the key rotated in
-    the cache dtype as the key loop rotates keys it reads; both then written to the token's slot."""
-    HALF: tl.constexpr = HEAD_DIM // 2
-    offs_h = tl.arange(0, HALF_PAD)
-    offs_d = tl.arange(0, HEAD_DIM)
-    half_ok = offs_h < HALF
-    k_row = k_new_ptr + token.to(tl.int64) * stride_kn_tok + kv_head * stride_kn_head
-    v_row = v_new_ptr + token.to(tl.int64) * stride_vn_tok + kv_head * stride_vn_head
-    pos = tl.max(tl.where(row_ok, row_pos, 0))  # every row of a decode's tile is the one token's
-    k1 = tl.load(k_row + offs_h, mask=half_ok, other=0.0)
-    k2 = tl.load(k_row + HALF + offs_h, mask=half_ok, other=0.0)
-    cs = cos_sin_ptr + pos * stride_cs_pos + offs_h
-    cos = tl.load(cs, mask=half_ok, other=0.0).to(k1.dtype)
-    sin = tl.load(cs + HALF, mask=half_ok, other=0.0).to(k1.dtype)
-    k1_rot = (k1 * cos - k2 * sin).to(q_lo.dtype).to(tl.float32)
-    k2_rot = (k2 * cos + k1 * sin).to(q_lo.dtype).to(tl.float32)
-    score = tl.sum(q_lo.to(tl.float32) * k1_rot[None, :], 1) + tl.sum(q_hi.to(tl.float32) * k2_rot[None, :], 1)
-    m_new = tl.maximum(m_i, score * qk_scale)  # [BLOCK_M]: finite (every row sees its own key)
-    p = tl.math.exp2(score * qk_scale - m_new)
-    alpha = tl.math.exp2(m_i - m_new)
-    v = tl.load(v_row + offs_d)
-    acc = acc * alpha[:, None] + p[:, None] * v.to(tl.float32)[None, :]
-    # -- the key (unrotated: position-free) and the value into their slot --
-    slot = tl.load(slot_mapping_ptr + token)
-    block, offset = slot // BLOCK_SIZE, slot % BLOCK_SIZE
-    k_dst = k_cache_ptr + block.to(tl.int64) * stride_k_blk + offset * stride_k_slot + kv_head * stride_k_head
-    v_dst = v_cache_ptr + block.to(tl.int64) * stride_v_blk + offset * stride_v_slot + kv_head * stride_v_head
-    tl.store(k_dst + offs_h, k1, mask=half_ok)
-    tl.store(k_dst + HALF + offs_h, k2, mask=half_ok)
-    tl.store(v_dst + offs_d, v)
-    return acc, m_new, l_i * alpha + p
-
-
 @triton.jit(do_not_specialize=["num_seqs", "num_splits", "stride_kbt_seq", "stride_vbt_seq"])
 def _rope_paged_attention_kernel(
     out_ptr,  # [num_tokens, num_heads, HEAD_DIM]
@@ -414,9 +363,6 @@ def _rope_paged_attention_kernel(
     partial_out_ptr,  # [num_tokens, num_heads, num_splits, HEAD_DIM] fp32 (SPLIT_KV only)
     partial_m_ptr,  # [num_tokens, num_heads, num_splits] fp32
     partial_l_ptr,  # [num_tokens, num_heads, num_splits] fp32
-    k_new_ptr,  # [num_seqs, num_kv_heads, HEAD_DIM] a decode's own keys, not yet in the cache (NEW_KV only)
-    v_new_ptr,  # [num_seqs, num_kv_heads, HEAD_DIM] ... and values
-    slot_mapping_ptr,  # [num_seqs] the cache slot (block * BLOCK_SIZE + offset) each is written to
     qk_scale,  # softmax scale * log2(e)
     num_seqs,
     num_heads,
@@ -434,10 +380,6 @@ def _rope_paged_attention_kernel(
     stride_kbt_seq,
     stride_vbt_seq,
     stride_cs_pos,
-    stride_kn_tok,
-    stride_kn_head,
-    stride_vn_tok,
-    stride_vn_head,
     BLOCK_SIZE: tl.constexpr,
     GROUP: tl.constexpr,  # query heads per kv head
     HEAD_DIM: tl.constexpr,
@@ -453,9 +395,6 @@ def _rope_paged_attention_kernel(
     ONE_TOKEN_SEQS: tl.constexpr = False,  # every sequence has one query token (a decode): tile i is sequence i
     INT32_OFFSETS: tl.constexpr = False,  # key, value and cos/sin offsets in int32 (`offsets_fit_int32`)
     PDL: tl.constexpr = False,  # launched as a programmatic dependent (`use_pdl`): wait for the kernel before it
-    NEW_KV: tl.constexpr = False,  # a decode (ONE_TOKEN_SEQS, whole-head rotary) whose queries come unrotated and
-    # whose own keys and values (k_new, v_new) are not in the cache: split 0 of each (sequence, kv head) takes them
-    # from registers and writes them to their slots (`rope_write_attend`)
 ):
     if PDL:
         tl.extra.cuda.gdc_wait()  # NOTE: before any load: every input may come from the kernel before
@@ -483,13 +422,11 @@ def _rope_paged_attention_kernel(
     row_ok = (offs_m < BLOCK_Q * GROUP) & (tokens < q_end)
     row_pos = tl.load(q_positions_ptr + tokens, mask=row_ok, other=0).to(tl.int32)
     row_vis = tl.load(visible_start_ptr + tokens, mask=row_ok, other=0).to(tl.int32)
-    # NOTE: with NEW_KV the cache holds the keys before the query's own: read as by a query one position earlier
-    cache_pos = row_pos - 1 if NEW_KV else row_pos
     big = 2147483647
     key_begin = tl.min(tl.where(row_ok, row_vis, big))  # first key any row sees
-    key_end = tl.max(tl.where(row_ok, cache_pos, -1)) + 1  # one past the last key any row sees
+    key_end = tl.max(tl.where(row_ok, row_pos, -1)) + 1  # one past the last key any row sees
     full_begin = tl.max(tl.where(row_ok, row_vis, 0))  # keys in [full_begin, full_end) are seen by all rows
-    full_end = tl.min(tl.where(row_ok, cache_pos, big)) + 1
+    full_end = tl.min(tl.where(row_ok, row_pos, big)) + 1
 
     # -- load the query tile (already rotated by the caller); issued before the split's range is known, so that
     #    its latency overlaps the range's arithmetic (an empty split loads it for nothing) --
@@ -503,8 +440,6 @@ def _rope_paged_attention_kernel(
         q_hi = tl.load(q_rows + HALF + offs_h[None, :], mask=half_ok, other=0.0)  # [BLOCK_M, HALF_PAD]
         pass_ok = row_ok[:, None] & (offs_d[None, :] >= ROTARY_DIM)
         q_pass = tl.load(q_rows + offs_d[None, :], mask=pass_ok, other=0.0)  # [BLOCK_M, HEAD_DIM]
-        if NEW_KV:  # the queries rotated here, in float32 and rounded once (as ops.rope.apply_rope does)
-            q_lo, q_hi = _rotate_rows(q_lo, q_hi, cos_sin_ptr, row_pos, half_ok, stride_cs_pos, HALF, HALF_PAD)
     else:
         q_lo = tl.load(q_rows + offs_d[None, :], mask=row_ok[:, None], other=0.0)  # [BLOCK_M, HEAD_DIM]
         q_hi = q_lo
@@ -519,10 +454,7 @@ def _rope_paged_attention_kernel(
         tile_begin = tile_begin + split * tiles_per_split
         tile_end = tl.minimum(tile_end, tile_begin + tiles_per_split)
         tile_end = tl.maximum(tile_end, tile_begin)
-        empty = tile_end == tile_begin
-        if NEW_KV:
-            empty = empty & (split > 0)  # split 0 adds the decode's own key, with or without keys to read
-        if empty:  # no key to read: (max, sum) = (-inf, 0), which the merge weighs 0
+        if tile_end == tile_begin:  # no key to read: (max, sum) = (-inf, 0), which the merge weighs 0
             row = (tokens.to(tl.int64) * num_heads + heads) * num_splits + split  # [BLOCK_M]
             tl.store(partial_m_ptr + row, tl.full([BLOCK_M], float("-inf"), tl.float32), mask=row_ok)
             tl.store(partial_l_ptr + row, tl.zeros([BLOCK_M], tl.float32), mask=row_ok)
@@ -538,21 +470,11 @@ def _rope_paged_attention_kernel(
     for part in tl.static_range(3):
         lo, hi = _part_range(part, tile_begin, body_begin, body_end, tile_end)
         acc, m_i, l_i = _attend_key_tiles(
-            acc, m_i, l_i, q_lo, q_hi, q_pass, cache_pos, row_vis, lo, hi, key_end,
+            acc, m_i, l_i, q_lo, q_hi, q_pass, row_pos, row_vis, lo, hi, key_end,
             k_cache_ptr, v_cache_ptr, k_table_ptr, v_table_ptr, cos_sin_ptr, kv_head, qk_scale,
             stride_k_blk, stride_k_slot, stride_k_head, stride_v_blk, stride_v_slot, stride_v_head,
             stride_cs_pos, BLOCK_SIZE, HEAD_DIM, ROTARY_DIM, HALF_PAD, TILE_N,
             part != 1, DOT_PRECISION, TABLE_AHEAD, INT32_OFFSETS,
-        )  # fmt: skip
-
-    # NOTE: one program a (sequence, kv head) adds the sequence's own key and writes it and its value to their slot:
-    # split 0 (any split would do: the merge weighs every split's part)
-    if NEW_KV and split == 0:
-        acc, m_i, l_i = _attend_new_key(
-            acc, m_i, l_i, q_lo, q_hi, row_pos, row_ok, first_token, kv_head, qk_scale, k_new_ptr, v_new_ptr,
-            slot_mapping_ptr, k_cache_ptr, v_cache_ptr, cos_sin_ptr, stride_kn_tok, stride_kn_head, stride_vn_tok,
-            stride_vn_head, stride_k_blk, stride_k_slot, stride_k_head, stride_v_blk, stride_v_slot, stride_v_head,
-            stride_cs_pos, BLOCK_SIZE, HEAD_DIM, HALF_PAD,
         )  # fmt: skip
 
     # -- epilogue --
@@ -1293,21 +1215,17 @@ def rope_paged_attention_triton(
     config: dict | None = None,
     out: torch.Tensor | None = None,
     num_decode_seqs: int = 0,
-    new_kv: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Launch the kernel (arguments as ``ops.rope_paged_attention``).
 
     ``config`` overrides ``pick_config``'s choice (benchmarks sweep it); ``out`` is an optional
-    preallocated output (tests pass a NaN-poisoned one to check that every element gets written). ``new_kv``:
-    see ``rope_write_attend``.
+    preallocated output (tests pass a NaN-poisoned one to check that every element gets written).
     """
     num_tokens, num_heads, head_dim = q.shape
     num_blocks, block_size, num_kv_heads, _ = k_cache.shape
     num_seqs = block_tables.shape[0]
     group = num_heads // num_kv_heads
-    if new_kv is not None:
-        _check_new_kv(q, k_cache, block_tables, cos_sin, *new_kv)
-    elif config is None and is_split_worth_it(num_tokens, num_seqs, group, num_decode_seqs):
+    if config is None and is_split_worth_it(num_tokens, num_seqs, group, num_decode_seqs):
         return _launch_split(q, k_cache, v_cache, block_tables, cu_seqlens_q, q_positions, kv_lens, visible_start,
                              cos_sin, scale, out, num_decode_seqs)  # fmt: skip
     cfg = config_for_args(q, k_cache, block_tables, cos_sin)
@@ -1338,8 +1256,6 @@ def rope_paged_attention_triton(
     else:
         partial_out = partial_m = partial_l = out  # unused
     one_token = cfg.get("ONE_TOKEN_SEQS", False)
-    if new_kv is not None and (not one_token or cfg.get("DENSE", False) or cfg.get("PRE_ROTATE", False)):
-        raise ValueError("config: new_kv needs a decode launch (ONE_TOKEN_SEQS, neither DENSE nor PRE_ROTATE)")
     if one_token and num_tokens != num_seqs:
         raise ValueError(f"config: ONE_TOKEN_SEQS needs one query token a sequence, got {num_tokens} for {num_seqs}")
     fits = offsets_fit_int32(k_cache, v_cache, cos_sin)
@@ -1350,73 +1266,25 @@ def rope_paged_attention_triton(
     num_tiles = num_seqs if one_token else num_tokens // block_q + num_seqs
     tiles_last = cfg.get("TILES_LAST", num_splits > 1) and num_tiles <= MAX_GRID_Z  # split launches: tiles last
     grid = (num_kv_heads, num_splits, num_tiles) if tiles_last else (num_tiles, num_kv_heads, num_splits)
-    k_new, v_new, slot_mapping = new_kv if new_kv is not None else (q, q, cu_seqlens_q)  # (unused without it)
-    max_regs = cfg.get("MAX_REGS")
-    if new_kv is not None and max_regs is None and q.is_cuda and q.element_size() == 2:
-        max_regs = DECODE_MAX_REGS  # NOTE: 158 registers uncapped (ptxas, sm_90a): 3 programs an SM, not 4
     _rope_paged_attention_kernel[grid](
         out, q, k_cache, v_cache, k_tables, block_tables, cu_seqlens_q, q_positions, visible_start,
-        q if cos_sin is None else cos_sin, partial_out, partial_m, partial_l, k_new, v_new, slot_mapping,
+        q if cos_sin is None else cos_sin, partial_out, partial_m, partial_l,
         scale * LOG2E, num_seqs, num_heads, num_splits,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         k_tables.stride(0), block_tables.stride(0), 0 if cos_sin is None else cos_sin.stride(0),
-        k_new.stride(0), k_new.stride(1), v_new.stride(0), v_new.stride(1),
         BLOCK_SIZE=block_size, GROUP=group, HEAD_DIM=head_dim, ROTARY_DIM=rotary_dim,
         HALF_PAD=max(_next_pow2(rotary_dim // 2), 16), BLOCK_M=block_m, BLOCK_Q=block_q,
         TILE_N=cfg["TILE_N"], SPLIT_KV=num_splits > 1, TILES_LAST=tiles_last,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", TABLE_AHEAD=cfg.get("TABLE_AHEAD", False),
-        ONE_TOKEN_SEQS=one_token, INT32_OFFSETS=int32_offsets, PDL=pdl, NEW_KV=new_kv is not None,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], maxnreg=max_regs,
+        ONE_TOKEN_SEQS=one_token, INT32_OFFSETS=int32_offsets, PDL=pdl,
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], maxnreg=cfg.get("MAX_REGS"),
         **({"launch_pdl": True} if pdl else {}),
     )  # fmt: skip
     if num_splits > 1:
         merge_splits(out, partial_out, partial_m, partial_l)
     return out
-
-
-def rope_write_attend(
-    q: torch.Tensor,
-    k_new: torch.Tensor,
-    v_new: torch.Tensor,
-    slot_mapping: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    q_positions: torch.Tensor,
-    kv_lens: torch.Tensor,
-    visible_start: torch.Tensor,
-    cos_sin: torch.Tensor,
-    scale: float,
-    config: dict | None = None,
-    out: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """A decode step's RoPE, K/V write and attention in one launch (position-free, one token a sequence): what
-    ``ops.apply_rope`` on ``q``, the write of ``k_new`` / ``v_new`` [num_seqs, num_kv_heads, head_dim] (unrotated)
-    to their ``slot_mapping`` slots and ``rope_paged_attention`` on the rotated queries compute, in one kernel. Split 0
-    of each (sequence, kv head) takes the sequence's own key and value from registers and writes them to the cache
-    (no program of the launch reads that slot), so the model's separate rotation and write kernel, and a launch,
-    go. Only whole-head rotary (rotary_dim == head_dim)."""
-    return rope_paged_attention_triton(q, k_cache, v_cache, block_tables, cu_seqlens_q, q_positions, kv_lens,
-                                       visible_start, cos_sin, scale, config=config, out=out,
-                                       new_kv=(k_new, v_new, slot_mapping))  # fmt: skip
-
-
-def _check_new_kv(q, k_cache, block_tables, cos_sin, k_new, v_new, slot_mapping) -> None:
-    num_tokens, _, head_dim = q.shape
-    expected = (block_tables.shape[0], k_cache.shape[2], head_dim)
-    if num_tokens != block_tables.shape[0]:
-        raise ValueError(f"new_kv: one query token a sequence, got {num_tokens} for {block_tables.shape[0]}")
-    if cos_sin is None or cos_sin.shape[1] != head_dim:
-        raise ValueError("new_kv: needs position-free keys rotated over the whole head (cos_sin [P, head_dim])")
-    for name, t in (("k_new", k_new), ("v_new", v_new)):
-        if tuple(t.shape) != expected or t.dtype != k_cache.dtype or t.stride(-1) != 1:
-            raise ValueError(f"new_kv: {name} must be {list(expected)} in {k_cache.dtype} with unit last stride, "
-                             f"got {list(t.shape)} {t.dtype}")  # fmt: skip
-    if tuple(slot_mapping.shape) != (num_tokens,):
-        raise ValueError(f"new_kv: slot_mapping must be [{num_tokens}], got {list(slot_mapping.shape)}")
 
 
 def offsets_fit_int32(*tensors: torch.Tensor | None) -> bool:

@@ -311,31 +311,3 @@ def test_a_mixed_steps_decodes_read_apart_from_its_dense_prefill_match_the_refer
     for hint in (24, 0):
         actual = rope_paged_attention(*args, num_decode_seqs=hint)
         assert_close(actual, expected, atol=3e-2, rtol=3e-2, what=f"hint {hint}")
-
-
-@pytest.mark.parametrize("splits", [None, 8], ids=["default", "8_splits"])
-def test_rope_write_attend_on_cuda_matches_rope_the_write_and_attention_apart(splits):
-    """The fused decode launch on the H200 (bf16, the 8B model's heads, 64 decodes over 300-4,700 keys in 8k-wide
-    tables, so the default config splits them): the written caches bitwise, the output against the three steps."""
-    from ops import apply_rope, rope_paged_attention_ref
-    from ops.testing import SeqSpec, assert_close, make_problem
-    from ops.triton_kernel import rope_write_attend
-
-    seqs = [SeqSpec.decode(300 + 71 * i) for i in range(64)] + [SeqSpec(700, ((699, 700),), ((699, 700),))]
-    p = make_problem(seqs, 32, 8, 128, 16, torch.bfloat16, seed=5, device="cuda")
-    n = p.q.shape[0]
-    wide = torch.full((n, 8192 // 16), -1, dtype=torch.int32, device="cuda")
-    wide[:, : p.block_tables.shape[1]] = p.block_tables
-    qkv = torch.randn(n, 48 * 128, device="cuda", dtype=torch.bfloat16)
-    q, k_new, v_new = (t.view(n, -1, 128) for t in qkv.split([32 * 128, 8 * 128, 8 * 128], dim=-1))
-    pos = p.q_positions
-    slots = wide[torch.arange(n, device="cuda"), pos // 16].long() * 16 + pos % 16
-    k_want, v_want = p.k_cache.clone(), p.v_cache.clone()
-    k_want.view(-1, 8, 128).index_copy_(0, slots, k_new)
-    v_want.view(-1, 8, 128).index_copy_(0, slots, v_new)
-    tail = (p.cu_seqlens_q, pos, p.kv_lens, p.visible_start, p.cos_sin, p.scale)
-    expected = rope_paged_attention_ref(apply_rope(q, pos, p.cos_sin), k_want, v_want, wide, *tail)
-    config = None if splits is None else {"NUM_SPLITS": splits}
-    got = rope_write_attend(q, k_new, v_new, slots, p.k_cache, p.v_cache, wide, *tail, config=config)
-    assert torch.equal(p.k_cache, k_want) and torch.equal(p.v_cache, v_want)
-    assert_close(got, expected, atol=3e-2, rtol=3e-2, what=f"splits {splits}")

@@ -131,12 +131,6 @@ class RMSNorm(nn.Module):
         return self.fn(x, self.weight, self.eps)
 
 
-def fused_decode_applies(q: torch.Tensor, meta: StepMetadata) -> bool:
-    """Whether a step's attention may take `rope_write_attend` (MINIPIC_FUSED_WRITE=1): on CUDA, where the op runs
-    its Triton kernel, with one query token a sequence (a decode step, or single-token chunks)."""
-    return q.is_cuda and meta.decode_mirror is None and q.shape[0] == meta.block_tables.shape[0]
-
-
 def paged_attention(q, meta: StepMetadata, k_cache, v_cache, cos_sin, scale: float) -> torch.Tensor:
     """The op over the paged cache; `cos_sin` None: the keys are stored rotated (the vanilla mode)."""
     return rope_paged_attention(
@@ -158,10 +152,6 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.position_free = position_free
         self.scale = self.head_dim**-0.5
-        # NOTE: an experiment, off by default until measured (bench/gpu_fused_write.py, part next82): a CUDA decode
-        # step's RoPE, K/V write and attention in one launch (ops.triton_kernel.rope_write_attend)
-        self.fused_decode = (position_free and cfg.rope_dim == self.head_dim
-                             and os.environ.get("MINIPIC_FUSED_WRITE") == "1")  # fmt: skip
 
     def forward(self, x, meta: StepMetadata, kv_layer: torch.Tensor, cos_sin) -> torch.Tensor:
         """kv_layer: this layer's K and V caches, [2, blocks, B, KVH, D]."""
@@ -173,19 +163,11 @@ class Attention(nn.Module):
         if self.q_norm is not None:
             q = self.kernels.rms_norm(q, self.q_norm.weight, self.q_norm.eps)
             k = self.kernels.rms_norm(k, self.k_norm.weight, self.k_norm.eps)
-        k_cache, v_cache = kv_layer.unbind(0)  # (blocks, B, KVH, D) each
-        if self.fused_decode and fused_decode_applies(q, meta):
-            from ops.triton_kernel import rope_write_attend
-
-            out = rope_write_attend(
-                q, k, v, meta.slot_mapping, k_cache, v_cache, meta.block_tables, meta.cu_seqlens_q, meta.positions,
-                meta.kv_lens, meta.visible_start, cos_sin, self.scale,
-            )  # fmt: skip
-            return self.o_proj(out.reshape(num_tokens, self.q_size))
         # NOTE: the vanilla baseline stores keys rotated; position-free keys are rotated by the op at read time
         q = self.kernels.rope_and_write_kv(
             q, k, v, meta.positions, cos_sin, meta.slot_mapping, kv_layer.flatten(1, 2), not self.position_free
         )
+        k_cache, v_cache = kv_layer.unbind(0)  # (blocks, B, KVH, D) each
         if meta.decode_mirror is not None:
             out = meta.decode_mirror.attend(self.layer_idx, q, k, v, self.scale)  # (T, H, D); k unrotated
         else:
