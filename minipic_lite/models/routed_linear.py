@@ -187,7 +187,8 @@ def through_blas(library: str):
 
 
 def choose_library(seconds: dict[str, float]) -> str:
-    """ "cublaslt" where it beats "cublas" (`seconds`: {"cublas": s, "cublaslt": s}) by LT_MARGIN, else "cublas"."""
+    """The library a row count takes: cuBLASLt where it beats cuBLAS by LT_MARGIN, else cuBLAS (`seconds`:
+    {"cublas": s, "cublaslt": s})."""
     return "cublaslt" if seconds["cublaslt"] < seconds["cublas"] * (1 - LT_MARGIN) else "cublas"
 
 
