@@ -173,3 +173,23 @@ def test_many_row_routing_off_keeps_the_default_library(monkeypatch):
     wrap_linears(model)
     assert route_many_row_linears(model, [2, 64], timer=lambda *a: 1.0, cublaslt=recording([])) == {}
     assert all(m.by_rows == {} for m in model.modules() if isinstance(m, RoutedLinear))
+
+
+def test_a_failing_cublaslt_leaves_the_default_with_a_warning(caplog):
+    """A torch built without cuBLASLt (where preferring it raises, as on this CPU build) must not stop the engine's
+    start-up."""
+    model = Block()
+    wrap_linears(model)
+
+    def timer(fn, group, x):
+        fn(x, group[0].weight, group[0].bias)
+        return 1.0
+
+    def unavailable(x, weight, bias):  # torch's own message on such a build
+        raise RuntimeError("Cannot set preferred backend to cuBLASLt if PyTorch has not been compiled with cuBLASLt.")
+
+    timings = route_many_row_linears(model, [2, 8], timer=timer, cublaslt=unavailable)
+    assert {t["chosen"] for rows in timings.values() for t in rows.values()} == {"cublas"}
+    assert timings[(4, 8, False)][2] == {"cublas": 1.0, "cublaslt": float("inf"), "chosen": "cublas"}
+    assert all(m.by_rows == {} for m in model.modules() if isinstance(m, RoutedLinear))
+    assert "cuBLASLt left out for (8, 12, True) at 2 rows" in caplog.text

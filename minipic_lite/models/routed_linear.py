@@ -196,7 +196,8 @@ def route_many_row_linears(model: nn.Module, rows: list[int], timer=None, cublas
     """Time, per shape group of `model`'s RoutedLinears (CUDA, weights loaded) and per row count of `rows` (the
     CUDA graphs' buckets; one row is `route_one_row_linears`'s), F.linear through torch's default library (cuBLAS)
     and `cublaslt` (default: `through_blas("cublaslt")`), and route that row count to cuBLASLt where
-    `choose_library` says so. `MINIPIC_CUBLASLT=0` keeps the default everywhere. `timer(fn, group, x)` -> seconds
+    `choose_library` says so; where cuBLASLt fails (a torch built without it) the default stays, with a warning.
+    `MINIPIC_CUBLASLT=0` keeps the default everywhere. `timer(fn, group, x)` -> seconds
     (default: CUDA-graph replays). Returns {(in, out, bias): {rows: {"cublas": s, "cublaslt": s, "chosen": name}}}
     (empty when off)."""
     if os.environ.get("MINIPIC_CUBLASLT", "1") == "0":
@@ -209,7 +210,12 @@ def route_many_row_linears(model: nn.Module, rows: list[int], timer=None, cublas
             w = group[0].weight
             for n in sorted(set(rows) - {1}):
                 x = torch.randn(n, w.shape[1], device=w.device, dtype=w.dtype)
-                seconds = {"cublas": timer(F.linear, group, x), "cublaslt": timer(cublaslt, group, x)}
+                seconds = {"cublas": timer(F.linear, group, x)}
+                try:
+                    seconds["cublaslt"] = timer(cublaslt, group, x)
+                except Exception as e:  # noqa: BLE001 (a torch built without cuBLASLt: the default still works)
+                    logger.warning("cuBLASLt left out for %s at %d rows: %s: %s", key, n, type(e).__name__, e)
+                    seconds["cublaslt"] = float("inf")
                 chosen = choose_library(seconds)
                 if chosen == "cublaslt":
                     for m in group:
