@@ -16,6 +16,7 @@ the timing was wall time of eager calls back to back: the small projections meas
     python bench/gpu_gemm_shapes.py --tiny                                                  # the CPU: runs
     python bench/gpu_gemm_shapes.py --split-k --rows 64    # F.linear beside a Triton split-K matmul (16 configs)
     python bench/gpu_gemm_shapes.py --blas --rows 1,17,64  # F.linear through cuBLAS and through cuBLASLt
+    python bench/gpu_gemm_shapes.py --few-rows --rows 2,4,8  # cuBLAS beside few-row reductions (weights read once)
 """
 
 from __future__ import annotations
@@ -54,6 +55,13 @@ def gemv_silu_as_reduction(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     gate = (x[:, None, :].float() * w[:half].float()).sum(-1)
     up = (x[:, None, :].float() * w[half:].float()).sum(-1)
     return (F.silu(gate) * up).to(x.dtype)  # (1, I)
+
+
+def few_rows_as_reduction(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x [M, K] @ w [N, K]^T for a few rows M, as a sum over K laid out [N, M]: the M outputs of a weight row are
+    neighbours, so the M lanes that load one weight element read the same address (one pass over w, as the one-row
+    reduction makes); returned as its [M, N] transpose (a view)."""
+    return (w[:, None, :].float() * x[None, :, :].float()).sum(-1).to(x.dtype).t()
 
 
 @triton.jit
@@ -185,6 +193,9 @@ def main() -> None:
     parser.add_argument("--l2-warm", action="store_true", help="F.linear only, its weights read from HBM (cold) beside "
                         "the same weight every call (warm: L2 holds those under its size), for what reading the next "
                         "matmul's weights into L2 ahead could save")  # fmt: skip
+    parser.add_argument("--few-rows", action="store_true", help="cuBLAS beside the product as a reduction over K "
+                        "laid out so that each weight element is read once for every row (few_rows_as_reduction), "
+                        "compiled with the one-row probe's options and with Inductor's defaults")  # fmt: skip
     parser.add_argument("--blas", action="store_true", help="F.linear through torch's preferred BLAS library: "
                         "cuBLAS (the default) beside cuBLASLt (TORCH_BLAS_PREFER_CUBLASLT=1), each with its own "
                         "heuristic's kernel")  # fmt: skip
@@ -215,6 +226,14 @@ def main() -> None:
                 table = {"cold": lambda x, w: F.linear(x, w), "l2_warm": lambda x, w: F.linear(x, w)}
             if args.blas:
                 table = {library: blas_linear(library) for library in ("cublas", "cublaslt")}
+            if args.few_rows:
+                from minipic_lite.models.routed_linear import ONE_ROW_OPTIONS
+
+                table = {
+                    "linear": lambda x, w: F.linear(x, w),
+                    "rows_tuned": torch.compile(few_rows_as_reduction, dynamic=False, options=ONE_ROW_OPTIONS),
+                    "rows_red": torch.compile(few_rows_as_reduction, dynamic=False),
+                }
             for variant, fn in table.items():
                 reference = reference_for("linear" if args.l2_warm else variant, xs[0], ws[0])
                 got = fn(xs[0], ws[0]).float().reshape(reference.shape)
