@@ -74,6 +74,11 @@ def rope_and_write_kv(q, k, v, positions, cos_sin, slot_mapping, kv_rows, rotate
 
 
 ROPE_WRITE_OPTIONS = {"combo_kernels": True}  # horizontal fusion of independent kernels (Triton only)
+# NOTE: an experiment, off until measured on the H200 (part next85): Inductor writes the norms over a hidden size
+# past 1,024 as looped reductions (triton_red_*: the sum of squares in one loop, the scaling in a second that reads
+# the row again), 2.5-2.7 us a call in the decode profiles, where SiLU-up over more bytes takes 1.1-2.2.
+# `triton.multi_kernel` 2 makes Inductor write them as persistent reductions (the row read once, in registers).
+PERSISTENT_NORM_OPTIONS = {"triton.multi_kernel": 2}
 
 
 @dataclass(frozen=True)
@@ -87,8 +92,13 @@ class Kernels:
 
     @classmethod
     def compiled(cls) -> Kernels:
-        fns = (rms_norm, add_rms_norm, silu_and_mul)
-        return cls(*(compile_kernel(fn) for fn in fns), compile_kernel(rope_and_write_kv, options=ROPE_WRITE_OPTIONS))
+        norm = PERSISTENT_NORM_OPTIONS if os.environ.get("MINIPIC_PERSISTENT_NORM") == "1" else None
+        return cls(
+            compile_kernel(rms_norm, options=norm),
+            compile_kernel(add_rms_norm, options=norm),
+            compile_kernel(silu_and_mul),
+            compile_kernel(rope_and_write_kv, options=ROPE_WRITE_OPTIONS),
+        )
 
 
 RECOMPILE_LIMIT = 64  # compiled entries per function, across every engine of the process
