@@ -586,9 +586,9 @@ if want next78; then  # int32 key, value and cos/sin offsets in the read kernel 
         step "read_new_$round" 60 env READ_SWEEP=0 python3 bench/gpu_read_profile.py --out "$OUT" --cases $cases
     done
 fi
-if want next85; then  # (not yet run) decode at 2-8 rows: cuBLAS reads the projections' weights at 0.72-0.80 of the
-    # copy rate where the one-row reduction reaches 0.85-0.87 (next83's probe): the product as a reduction laid out
-    # so that each weight element serves every row (few_rows_as_reduction) beside cuBLAS, before any engine route
+if want next85; then  # (not yet run) decode at 2-8 rows: a pass over the layers at 2 rows through cuBLAS took 1.07-1.31x
+    # the one-row reductions' at one row (next83's probe): the product as a reduction laid out so that each weight
+    # element serves every row (few_rows_as_reduction) beside cuBLAS, before any engine route
     step gemm_few_rows 200 python3 bench/gpu_gemm_shapes.py --few-rows --rows 2,4,8 \
         --out "$OUT/gpu_gemm_few_rows_${GIT_SHA}_h200.json"
     # the norms as persistent reductions (MINIPIC_PERSISTENT_NORM=1, models/llama.py): their GPU tests
