@@ -591,9 +591,12 @@ if want next85; then  # (not yet run) decode at 2-8 rows: a pass over the layers
     # element serves every row (few_rows_as_reduction) beside cuBLAS, before any engine route
     step gemm_few_rows 200 python3 bench/gpu_gemm_shapes.py --few-rows --rows 2,4,8 \
         --out "$OUT/gpu_gemm_few_rows_${GIT_SHA}_h200.json"
-    # the norms as persistent reductions (MINIPIC_PERSISTENT_NORM=1, models/llama.py): their GPU tests
+    # the norms as persistent reductions (MINIPIC_PERSISTENT_NORM=1, models/llama.py): their GPU tests, then the
+    # kernels alone (looped, persistent, a hand-written Triton kernel) at 1 / 24 / 64 rows
     step gpu_tests_norm 120 python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider -p no:logging --tb=short \
         -k "norm"
+    step norms 120 env GIT_SHA=$GIT_SHA python3 bench/gpu_small_kernels.py --norms-only --tag norms
+    cp bench/results/gpu_small_kernels_*_norms.json "$OUT"/ 2>/dev/null
 fi
 if want next85b; then  # (not yet run) the engine's decode at batch 1 and 64 with the norms looped (the default) and
     # persistent (MINIPIC_PERSISTENT_NORM=1), alternated

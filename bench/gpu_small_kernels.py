@@ -1,5 +1,5 @@
-"""Two of the small kernels in a cached prompt's step on the H200 (issue 10): the split-KV merge and cuBLAS's
-split-K reduction.
+"""Small kernels of a step on the H200 (issues 10, 13): the split-KV merge, cuBLAS's split-K reduction, and the
+residual add + RMSNorm.
 
 A cached 8 x 2,048 prompt's step (17 new tokens in a (2, 32) graph bucket, Llama-3-8B shape) runs ~10 kernels a
 layer; its profile (`ttft_spans-785ef88-cuda-b32.json`) holds the merge of the short read's 16 splits at 5.4 us a
@@ -13,7 +13,12 @@ layer (the decode's merge of 32 splits takes 2.3) and, after `o` and after `down
   `CUBLAS_WORKSPACE_CONFIG=:0:0 CUBLASLT_WORKSPACE_SIZE=0` (no workspace: no split-K reduction) to see what a
   projection costs without its reduction kernel.
 
-    python bench/gpu_small_kernels.py [--tag NAME] [--projections-only]   # -> bench/results/gpu_small_kernels_*
+- the residual add + RMSNorm at Llama-3-8B's hidden size (`--norms-only`: 1, 24 and 64 rows, 32 calls a graph as
+  a step's layers make them) as Inductor compiles it by default (a looped reduction), with PERSISTENT_NORM_OPTIONS
+  (`MINIPIC_PERSISTENT_NORM=1`: a persistent one), and as a hand-written Triton kernel (one program a row, the row
+  in registers), each checked against the eager function.
+
+    python bench/gpu_small_kernels.py [--tag NAME] [--projections-only | --norms-only]   # -> bench/results/...
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ import sys
 from pathlib import Path
 
 import torch
+import triton
+import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -103,18 +110,90 @@ def measure_projections(device) -> dict:
     return results
 
 
+@triton.jit
+def _add_rms_norm_kernel(x_ptr, delta_ptr, weight_ptr, sum_ptr, out_ptr, eps, N: tl.constexpr, BLOCK: tl.constexpr):
+    """One row a program: sum = x + delta (in the input dtype), out = weight * (sum * rsqrt(mean(sum^2) + eps)), the
+    statistics in float32 and the scaled row rounded to the input dtype before the weight (as `add_rms_norm`)."""
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < N
+    # NOTE: 16-bit products and sums written as float32 ones rounded once, as torch computes them (and as the
+    # interpreter, which has no bfloat16 arithmetic, can run them)
+    x = tl.load(x_ptr + row * N + cols, mask=mask, other=0.0)
+    delta = tl.load(delta_ptr + row * N + cols, mask=mask, other=0.0)
+    total = (x.to(tl.float32) + delta.to(tl.float32)).to(x.dtype)
+    tl.store(sum_ptr + row * N + cols, total, mask=mask)
+    h = total.to(tl.float32)
+    h = h * tl.rsqrt(tl.sum(h * h, axis=0) / N + eps)
+    weight = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * N + cols, (weight * h.to(x.dtype).to(tl.float32)).to(x.dtype), mask=mask)
+
+
+def triton_add_rms_norm(x, delta, weight, eps):
+    total, out = torch.empty_like(x), torch.empty_like(x)
+    n = x.shape[-1]
+    _add_rms_norm_kernel[(x.shape[0],)](x, delta, weight, total, out, eps, N=n, BLOCK=triton.next_power_of_2(n),
+                                        num_warps=8)  # fmt: skip
+    return total, out
+
+
+def measure_norms(device) -> dict:
+    """Each variant's microseconds a call (a graph of 32 calls on 32 layers' buffers, median of 20 replays) and the
+    kernels it launched, at 1, 24 and 64 rows of Llama-3-8B's hidden size."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from minipic_lite.models.llama import PERSISTENT_NORM_OPTIONS, add_rms_norm, compile_kernel
+
+    variants = {"looped": compile_kernel(add_rms_norm), "persistent": compile_kernel(add_rms_norm,
+                options=PERSISTENT_NORM_OPTIONS), "triton": triton_add_rms_norm}  # fmt: skip
+    results = {}
+    for rows in (1, 24, 64):
+        layers = [[torch.randn(rows, HIDDEN, device=device, dtype=torch.bfloat16) for _ in range(2)]
+                  + [torch.randn(HIDDEN, device=device, dtype=torch.bfloat16)] for _ in range(32)]  # fmt: skip
+        want = add_rms_norm(*layers[0], 1e-5)
+        for name, fn in variants.items():
+            got = fn(*layers[0], 1e-5)
+            torch.testing.assert_close(got[0], want[0])
+            torch.testing.assert_close(got[1], want[1], atol=2e-2, rtol=2e-2)
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                for args in layers:
+                    fn(*args, 1e-5)
+            times = []
+            for _ in range(20):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                graph.replay()
+                end.record()
+                end.synchronize()
+                times.append(start.elapsed_time(end) * 1e3 / len(layers))
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                graph.replay()
+                torch.cuda.synchronize()
+            kernels = {e.key[:70]: e.self_device_time_total / e.count for e in prof.key_averages()
+                       if e.self_device_time_total > 0}  # fmt: skip
+            results[f"{name}_{rows}"] = {"us_per_call_median": sorted(times)[len(times) // 2], "kernel_us": kernels}
+            print(name, rows, json.dumps(results[f"{name}_{rows}"]), flush=True)
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tag", default="default")
     parser.add_argument("--projections-only", action="store_true")
+    parser.add_argument("--norms-only", action="store_true")
     args = parser.parse_args()
     device = torch.device("cuda")
     env = {k: os.environ.get(k) for k in ("CUBLAS_WORKSPACE_CONFIG", "CUBLASLT_WORKSPACE_SIZE")}
     result = {"bench": "gpu_small_kernels", "git_sha": os.environ.get("GIT_SHA", "unknown"), "env": env,
               "device": torch.cuda.get_device_name()}  # fmt: skip
-    if not args.projections_only:
-        result["merges"] = measure_merges(Clock(False), device)
-    result["projections"] = measure_projections(device)
+    if args.norms_only:
+        result["norms"] = measure_norms(device)
+    else:
+        if not args.projections_only:
+            result["merges"] = measure_merges(Clock(False), device)
+        result["projections"] = measure_projections(device)
     out = Path(__file__).parent / "results" / f"gpu_small_kernels_{result['git_sha']}_h200_{args.tag}.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"saved {out}")
