@@ -72,9 +72,30 @@ def measure_merges(clock: Clock, device) -> dict:
     return results
 
 
-def measure_projections(device) -> dict:
+def replayed(one_pass, calls: int) -> tuple[float, list]:
+    """`one_pass` (warmed up) captured as a CUDA graph: the median microseconds a call over 20 replays (`calls` calls
+    a pass), and torch.profiler's averages of one more replay."""
     from torch.profiler import ProfilerActivity, profile
 
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        one_pass()
+    times = []
+    for _ in range(20):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / calls)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        graph.replay()
+        torch.cuda.synchronize()
+    return sorted(times)[len(times) // 2], list(prof.key_averages())
+
+
+def measure_projections(device) -> dict:
     results = {}
     for name, (k, n) in PROJECTIONS.items():
         weight_bytes = k * n * 2
@@ -88,24 +109,9 @@ def measure_projections(device) -> dict:
                     torch.mm(x, w.t())
 
             one_pass()
-            torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                one_pass()
-            times = []
-            for _ in range(20):
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                graph.replay()
-                end.record()
-                end.synchronize()
-                times.append(start.elapsed_time(end) * 1e3 / copies)
-            with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                graph.replay()
-                torch.cuda.synchronize()
-            kernels = {e.key[:70]: e.count / copies for e in prof.key_averages() if e.self_device_time_total > 0}
-            results[f"{name}_{rows}"] = {"us_per_call_median": sorted(times)[len(times) // 2],
-                                         "kernels_per_call": kernels}  # fmt: skip
+            us, events = replayed(one_pass, copies)
+            kernels = {e.key[:70]: e.count / copies for e in events if e.self_device_time_total > 0}
+            results[f"{name}_{rows}"] = {"us_per_call_median": us, "kernels_per_call": kernels}
             print(name, rows, json.dumps(results[f"{name}_{rows}"]), flush=True)
     return results
 
@@ -140,8 +146,6 @@ def triton_add_rms_norm(x, delta, weight, eps):
 def measure_norms(device) -> dict:
     """Each variant's microseconds a call (a graph of 32 calls on 32 layers' buffers, median of 20 replays) and the
     kernels it launched, at 1, 24 and 64 rows of Llama-3-8B's hidden size."""
-    from torch.profiler import ProfilerActivity, profile
-
     from minipic_lite.models.llama import PERSISTENT_NORM_OPTIONS, add_rms_norm, compile_kernel
 
     variants = {"looped": compile_kernel(add_rms_norm), "persistent": compile_kernel(add_rms_norm,
@@ -155,25 +159,9 @@ def measure_norms(device) -> dict:
             got = fn(*layers[0], 1e-5)
             torch.testing.assert_close(got[0], want[0])
             torch.testing.assert_close(got[1], want[1], atol=2e-2, rtol=2e-2)
-            torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                for args in layers:
-                    fn(*args, 1e-5)
-            times = []
-            for _ in range(20):
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                graph.replay()
-                end.record()
-                end.synchronize()
-                times.append(start.elapsed_time(end) * 1e3 / len(layers))
-            with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                graph.replay()
-                torch.cuda.synchronize()
-            kernels = {e.key[:70]: e.self_device_time_total / e.count for e in prof.key_averages()
-                       if e.self_device_time_total > 0}  # fmt: skip
-            results[f"{name}_{rows}"] = {"us_per_call_median": sorted(times)[len(times) // 2], "kernel_us": kernels}
+            us, events = replayed(lambda fn=fn, layers=layers: [fn(*args, 1e-5) for args in layers], len(layers))
+            kernels = {e.key[:70]: e.self_device_time_total / e.count for e in events if e.self_device_time_total > 0}
+            results[f"{name}_{rows}"] = {"us_per_call_median": us, "kernel_us": kernels}
             print(name, rows, json.dumps(results[f"{name}_{rows}"]), flush=True)
     return results
 
