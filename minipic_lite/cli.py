@@ -19,6 +19,10 @@ from minipic_lite.config import SPAN_POLICIES
 PROG = "minipic-lite"
 EXIT_RUN_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+DTYPE_HELP = (
+    "default: %(default)s = bfloat16 on CUDA, float32 on the CPU (bfloat16 there: ~1.5x faster on CPUs with "
+    "AVX512-BF16 or AMX, greedy tokens part from float32's at near ties)"
+)
 EXAMPLES = "\n  ".join([
     "examples:",
     f'{PROG} generate "Write a haiku about caches."',
@@ -78,9 +82,7 @@ def build_parser() -> Parser:
     model.add_argument(
         "--device", type=device, default="auto", help="default: %(default)s = cuda when torch sees a GPU"
     )
-    model.add_argument(
-        "--dtype", choices=DTYPES, default="auto", help="default: %(default)s = bfloat16 on CUDA, float32 on the CPU"
-    )
+    model.add_argument("--dtype", choices=DTYPES, default="auto", help=DTYPE_HELP)
     sampling = gen.add_argument_group("sampling")
     temperature = checked(float, "a number >= 0 (0 = greedy)", lambda v: 0 <= v < float("inf"))
     for flag, kind, default, metavar, help_ in [
@@ -102,6 +104,7 @@ def build_parser() -> Parser:
     app.add_argument("--port", type=port, default=7860, help="default: %(default)s")
     app.add_argument("--model", metavar="PATH", help="a .gguf file or a Hugging Face directory (default SmolLM2)")
     app.add_argument("--span-policy", choices=SPAN_POLICIES, default="inline", help="default: %(default)s")
+    app.add_argument("--dtype", choices=DTYPES, default="auto", help=DTYPE_HELP)
     return parser
 
 
@@ -190,7 +193,8 @@ def main(argv: list[str] | None = None) -> int:
             check_model(args.model)
             from ui.__main__ import serve  # NOTE: gradio loads only for this command
 
-            return serve(args.host, args.port, args.model, args.span_policy)
+            dtype = None if args.dtype == "auto" else args.dtype
+            return serve(args.host, args.port, args.model, args.span_policy, dtype)
         prompt_text = read_prompt(args)
         check_model(args.model)
         return run_generate(args, prompt_text)

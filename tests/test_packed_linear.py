@@ -17,6 +17,9 @@ from minipic_lite.models.packed_linear import (
 )
 
 pytestmark = pytest.mark.skipif(not can_pack(torch.device("cpu"), torch.float32), reason="torch lacks oneDNN")
+needs_bf16 = pytest.mark.skipif(
+    not torch.ops.mkldnn._is_mkldnn_bf16_supported(), reason="oneDNN has no bf16 kernels for this CPU"
+)
 
 
 @pytest.mark.parametrize("rows", [1, 7, 64, 300])
@@ -37,6 +40,18 @@ def test_packed_matmul_equals_f_linear_to_fp32_rounding(rows, bias):
     assert err < 1e-5
 
 
+@needs_bf16
+@pytest.mark.parametrize("rows", [1, 7, 64])
+def test_bf16_packed_matmul_equals_f_linear_bit_for_bit(rows):
+    """In bfloat16 F.linear is oneDNN too: the packed route changes the speed, not one bit of the result."""
+    torch.manual_seed(rows)
+    linear = nn.Linear(576, 1536, bias=False, dtype=torch.bfloat16)
+    route = MatmulRoute(packed=True)
+    x = torch.randn(rows, 576, dtype=torch.bfloat16)
+    out = PackedLinear(linear, route)(x)
+    assert out.dtype == torch.bfloat16 and torch.equal(out, F.linear(x, linear.weight))
+
+
 def test_pack_linears_replaces_every_linear_and_shares_one_route():
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Sequential(nn.Linear(16, 4, bias=False)))
     route = pack_linears(model)
@@ -54,10 +69,11 @@ def test_the_packed_route_starts_where_its_wins_run_to_the_largest_probe(wins, e
     assert first_of_winning_tail((1, 2, 4, 8), wins) == expected
 
 
-def test_packed_min_rows_times_both_routes_and_leaves_the_route_off():
-    model = nn.Sequential(nn.Linear(64, 256), nn.Linear(256, 64))
+@pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.bfloat16, marks=needs_bf16)])
+def test_packed_min_rows_times_both_routes_and_leaves_the_route_off(dtype):
+    model = nn.Sequential(nn.Linear(64, 256, dtype=dtype), nn.Linear(256, 64, dtype=dtype))
     route = pack_linears(model)
-    assert packed_min_rows(model) in (1, 2, 4, 8, None)
+    assert packed_min_rows(model) in (1, 2, 4, 8, None)  # its probes take the weights' dtype
     assert route.packed is False
 
 

@@ -408,3 +408,16 @@ def test_build_demo_and_the_cli_subcommand(llm, capsys):
     assert exit_info.value.code == 0 and "--port" in capsys.readouterr().out
     assert cli.main(["ui", "--model", "/no/such/model"]) == cli.EXIT_USAGE
     assert "minipic-lite ui: error: unknown model" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, expected", [([], None), (["--dtype", "bfloat16"], "bfloat16")])
+def test_both_app_commands_pass_the_dtype_to_the_engine(monkeypatch, argv, expected):
+    """`minipic-lite ui --dtype D` and `python -m ui --dtype D` load the model in D; auto leaves the device's."""
+    import ui.__main__ as entry
+    from minipic_lite import cli
+
+    calls = []
+    monkeypatch.setattr(entry, "serve", lambda *args: calls.append(args) or 0)
+    assert cli.main(["ui", *argv]) == 0
+    assert entry.main(argv) == 0
+    assert [call[4] for call in calls] == [expected, expected]
