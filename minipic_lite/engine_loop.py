@@ -64,19 +64,21 @@ class EngineLoop:
         self._put(lambda: self._add(requests, sink))
 
     def call(self, fn: Callable[[LLMEngine], object], wait: bool = True):
-        """Run `fn(engine)` on the loop thread between two steps; its result (or None without `wait`)."""
+        """Run `fn(engine)` on the loop thread between two steps; its result, or its error raised here (None
+        without `wait`, or called from the loop thread itself: then an error is logged, the loop serving on)."""
         future: Future = Future()
+        waited = wait and threading.current_thread() is not self._thread
 
         def run() -> None:
             try:
                 future.set_result(fn(self.engine))
             except Exception as e:
                 future.set_exception(e)
+                if not waited:
+                    raise  # NOTE: nobody reads the future: `_take_inbox` logs it
 
         self._put(run)
-        if wait and threading.current_thread() is not self._thread:
-            return future.result()
-        return None
+        return future.result() if waited else None
 
     def abort(self, request_id: str, wait: bool = True) -> None:
         """Finish a request now: its blocks are freed and its sink gets a final output ("abort")."""

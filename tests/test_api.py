@@ -237,3 +237,34 @@ def test_a_model_without_a_tokenizer_takes_token_ids_and_says_so_for_text(tmp_pa
     (out,) = llm.generate([[5, 6, 7, 8]], params, use_tqdm=False)
     assert len(out.token_ids) == 4 and out.text == ""
     llm.close()
+
+
+def test_span_markers_are_smollm2s_tokens_where_the_tokenizer_has_them_and_none_elsewhere(llm):
+    """The markers are tokens of the model's own vocabulary: SmolLM2's unused <repo_name> / <reponame> / <file_sep>.
+    A tokenizer without them (its unknown token comes back) leaves the engine with no span markers."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    from minipic_lite.config import ControlTokens
+    from minipic_lite.llm import default_control_tokens
+
+    ours = default_control_tokens(llm.tokenizer)
+    ids = llm.tokenizer.convert_tokens_to_ids(["<repo_name>", "<reponame>", "<file_sep>"])
+    assert (ours.ssep_id, ours.pdep_id, ours.pad_id) == tuple(ids) and len(set(ids)) == 3
+    assert llm.config.control == ours
+    vocab = {"[UNK]": 0, "hello": 1, "<repo_name>": 2}  # one marker of three: still none
+    other = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="[UNK]")), unk_token="[UNK]"
+    )
+    assert default_control_tokens(other) == ControlTokens()
+
+
+def test_prompts_of_a_type_generate_cannot_take_name_it(llm):
+    with pytest.raises(TypeError, match="prompts must be text, token ids, chat messages, a Prompt or a list of these"):
+        llm.generate(3.5, GREEDY8, use_tqdm=False)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="asks for CUDA where torch sees none")
+def test_asking_for_cuda_without_a_gpu_is_a_clear_error():
+    with pytest.raises(ValueError, match="device='cuda' was asked for, but torch sees no CUDA device"):
+        mp.LLM(device="cuda")

@@ -143,3 +143,13 @@ def test_cache_many_and_count_lookups_equal_the_one_block_calls(pairs):
     fast.count_lookups(fast.peek_many(block_hashes))
     assert plain.lookup_many(block_hashes) == fast.peek_many(block_hashes)
     assert (fast.num_lookups, fast.num_hits) == (plain.num_lookups, plain.num_hits)
+
+
+@pytest.mark.parametrize("size", [0, -3])
+def test_a_pool_or_host_tier_of_no_blocks_is_refused_naming_the_size(size):
+    from minipic_lite.host_tier import HostTier
+
+    with pytest.raises(ValueError, match=f"num_blocks must be positive, got {size}"):
+        BlockPool(size)
+    with pytest.raises(ValueError, match=f"the host tier needs at least one slot, got {size}"):
+        HostTier(size)

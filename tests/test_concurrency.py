@@ -319,6 +319,24 @@ def test_a_failing_step_reaches_every_caller_in_flight_and_the_loop_keeps_servin
     assert_idle(llm)
 
 
+def test_a_call_that_fails_reaches_its_caller_or_the_log_and_the_loop_keeps_serving(llm, solo, caplog):
+    """`call` raises fn's error in the caller that waits; with nobody waiting (wait=False, as AsyncLLM aborts) the
+    error is logged instead of dropped; either way the next request runs as before."""
+
+    def broken(engine):
+        raise KeyError("injected call failure")
+
+    with pytest.raises(KeyError, match="injected call failure"):
+        run_with_timeout(llm._loop.call, broken)
+    with caplog.at_level("ERROR", logger="minipic_lite.engine_loop"):
+        llm._loop.call(broken, wait=False)
+        (out,) = run_with_timeout(lambda: llm.generate([PROMPTS[0]], GREEDY, use_tqdm=False))
+    assert out.token_ids == solo[PROMPTS[0]]
+    (record,) = [r for r in caplog.records if "a queued call failed" in r.getMessage()]
+    assert "injected call failure" in str(record.exc_info[1])
+    assert_idle(llm)
+
+
 def test_a_sink_that_raises_aborts_its_request_and_the_others_finish(llm, solo):
     """A streaming consumer that is gone (its sink raises, e.g. its event loop closed) stops its request at its first
     token; a generate() beside it gets its own tokens."""

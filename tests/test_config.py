@@ -94,3 +94,51 @@ def test_kernels_compile_on_cuda_unless_eager_or_turned_off(model_dir, monkeypat
     assert (compiles_kernels(cpu), compiles_kernels(cuda), compiles_kernels(eager)) == (False, True, False)
     monkeypatch.setenv("MINIPIC_COMPILE", "0")
     assert not compiles_kernels(cuda)
+
+
+@pytest.mark.parametrize(
+    "rope",
+    [{"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, {"rope_parameters": {"rope_type": "yarn"}}],
+)
+def test_a_scaled_rope_is_refused_naming_its_type(tmp_path, rope):
+    """Llama 3.1's and YaRN's scaled RoPE are not implemented: a clear error at load, not wrong logits later."""
+    (tmp_path / "config.json").write_text(json.dumps({**LLAMA, **rope}))
+    kind = next(iter(rope.values()))["rope_type"]
+    with pytest.raises(ValueError, match=f"unsupported rope_type '{kind}': only plain RoPE is implemented"):
+        ModelConfig.from_dir(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({**LLAMA, "rope_parameters": {"rope_type": "default"}}))
+    assert ModelConfig.from_dir(tmp_path).max_position == 128
+
+
+@pytest.mark.parametrize(("use", "expected"), [(True, 64), (False, 128)])
+def test_a_sliding_window_bounds_the_context_to_the_window(tmp_path, use, expected):
+    """No sliding-window attention here: a model whose window is in use serves prompts up to the window (where full
+    attention is the same thing) and refuses longer ones by name; Qwen2's unused window (use_sliding_window false)
+    leaves its positions as they are."""
+    (tmp_path / "config.json").write_text(json.dumps({**LLAMA, "sliding_window": 64, "use_sliding_window": use}))
+    model = ModelConfig.from_dir(tmp_path)
+    assert model.max_position == expected
+    with pytest.raises(ValueError, match=f"max_model_len={expected + 1} is past the model's {expected} positions"):
+        EngineConfig.from_options(tmp_path, model, "cpu", ControlTokens(), max_model_len=expected + 1)
+
+
+def test_layer_types_must_name_every_layer():
+    fields = dict(architecture="qwen3_5_text", vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2,
+                  num_heads=4, num_kv_heads=2, head_dim=8, rms_norm_eps=1e-6, rope_theta=1e4, max_position=128,
+                  tie_word_embeddings=False)  # fmt: skip
+    with pytest.raises(ValueError, match="layer_types names 3 layers, the model has 2"):
+        ModelConfig(**fields, layer_types=("linear_attention",) * 2 + ("full_attention",))
+    assert ModelConfig(**fields, layer_types=("linear_attention", "full_attention")).num_attention_layers == 1
+
+
+@pytest.mark.parametrize(
+    ("options", "ok"),
+    [({"position_free": True}, False), ({"position_free": False, "host_cache_gib": 1.0}, False),
+     ({"position_free": False}, True)],
+)  # fmt: skip
+def test_the_rerotate_baseline_needs_rotated_keys_and_no_host_tier(options, ok):
+    if ok:
+        assert CacheConfig(rerotate_spans=True, **options).rerotate_spans
+        return
+    with pytest.raises(ValueError, match="rerotate_spans .* needs position_free=False and no host tier"):
+        CacheConfig(rerotate_spans=True, **options)

@@ -157,3 +157,24 @@ def test_runner_prepare_works_outside_inference_mode(llm):
     for seq_id in ids:
         engine.abort(seq_id)
     engine.pool.check_integrity()
+
+
+def test_past_its_budget_the_op_serves_and_the_mirror_catches_up_after(llm, paged_llm, monkeypatch):
+    """A mirror that holds 8 requests of 64 keys, two requests in one batch: while the longer one holds more than
+    64 keys the op serves every decode step (prepare declines), and once it has finished the mirror serves the other
+    again, first copying the keys the op's steps wrote; the tokens are the paged op's throughout."""
+    runner = llm.engine.runner
+    mirror = DecodeMirror(llm.config.model, position_free=True, max_bytes=0)
+    mirror.max_bytes = 8 * 64 * mirror.token_bytes  # MIN_SLOTS x MIN_CAPACITY: the first allocation, no growth
+    monkeypatch.setattr(runner, "decode_mirror", mirror)
+    plans, prepare = [], mirror.prepare
+    monkeypatch.setattr(mirror, "prepare", lambda *args: plans.append(prepare(*args)) or plans[-1])
+    prompts = [PROMPTS[2], PROMPTS[0]]  # 21 and 5 tokens: 21 + 50 keys pass 64, 5 + 56 never do
+    params = [mp.SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in (50, 56)]
+    ours = llm.generate(prompts, params, use_tqdm=False)
+    assert [o.token_ids for o in ours] == [o.token_ids for o in paged_llm.generate(prompts, params)]
+    served = [plan is not None for plan in plans]
+    first_declined = served.index(False)
+    assert all(served[:first_declined]) and not any(served[first_declined:49]) and all(served[49:])
+    assert plans[-1].num_slots == 2 and plans[-1].length == 5 + 55  # the slot kept, its keys caught up
+    assert mirror.k.shape[1] == 8 and mirror.k.shape[3] == 64  # it never grew past its budget

@@ -148,3 +148,61 @@ def test_the_memo_holds_across_steps_and_drops_an_entry_once_a_hash_of_it_change
     assert kv.match(a) == ["miss", "hit", "hit"]
     kv.free(b)
     kv.check_integrity()
+
+
+class StartsOver(dict):
+    """The memo's dict, counting how often it is emptied."""
+
+    clears = 0
+
+    def clear(self):
+        StartsOver.clears += 1
+        super().clear()
+
+
+class SmallLogKVCacheManager(KVCacheManager):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.match_memo = StartsOver()
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("policy", ["isps", "barrier"])
+def test_the_memo_starting_over_past_its_log_changes_no_decision(seed, policy, monkeypatch):
+    """Past MAX_CHANGED_LOG logged hashes every memo entry is dropped and the log emptied (the entries' positions
+    in it would be stale); here the log holds 8 hashes, so a run starts over many times, scheduling as before."""
+    monkeypatch.setattr("minipic_lite.kv_cache_manager.MAX_CHANGED_LOG", 8)
+    rng = random.Random(100 + seed)
+    prompts = rag_prompts(rng, num_prompts=12, num_docs=4)
+    arrivals = sorted(rng.choice([0, rng.randrange(1, 20)]) for _ in prompts)
+    max_tokens = [rng.randrange(1, 8) for _ in prompts]
+    longest = max(-(-(len(p) + 8) // B) for p in prompts)
+    args = (prompts, arrivals, max_tokens, SchedulerConfig(4, 24, 1024, 1, policy), 2 * longest, 0)
+    StartsOver.clears = 0
+    expected = replay(PlainScheduler, PlainKVCacheManager, *args)
+    assert replay(Scheduler, SmallLogKVCacheManager, *args) == expected
+    assert StartsOver.clears > 0
+
+
+def test_a_memo_entry_sees_a_change_logged_after_the_log_started_over(monkeypatch):
+    """The log starts over once it passes MAX_CHANGED_LOG, and every entry with it: an entry that outlived it would
+    look for changes from its old position in the new log and miss the document another prompt starts computing."""
+    monkeypatch.setattr("minipic_lite.kv_cache_manager.MAX_CHANGED_LOG", 12)
+    kv = KVCacheManager(32)
+    doc = [S, 30, 31, 32, 33, 34, 35, 36]
+    a = span_request("a", [20, 21, 22, PAD, *doc, P, 60, 61])
+    unrelated = [Request(f"o{i}", [40 + i] * 13, SamplingParams(), B, ROOT) for i in range(2)]
+    assert kv.allocate_prompt(unrelated[0])
+    kv.publish(unrelated[0], 12)
+    assert kv.match(a) == ["miss"] * 3 and kv.match_memo[a].checked == len(kv.changed) > 0
+    assert kv.allocate_prompt(unrelated[1])
+    kv.publish(unrelated[1], 12)  # the log passes 12: each prompt logs 9 (3 pending, 3 published, 3 done)
+    c = span_request("c", [70, 71, 72, PAD, S, 80, 81, 82, P, 60])
+    kv.match(c)  # a match that is not in the memo finds the log full: log and memo start over
+    assert len(kv.changed) == 0 and a not in kv.match_memo
+    b = span_request("b", [25, 26, 27, PAD, *doc, P, 60, 62])
+    assert kv.allocate_prompt(b)  # b computes the document: pending for a
+    assert kv.match(a) == ["miss", "pending", "pending"]
+    for req in (b, *unrelated):
+        kv.free(req)
+    kv.check_integrity()
