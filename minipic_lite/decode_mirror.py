@@ -39,10 +39,11 @@ class MirrorStep:
     mirror: DecodeMirror
     slots: torch.Tensor  # [num_seqs] slot of each decode token
     positions: torch.Tensor  # [num_seqs]
-    cos_sin: torch.Tensor
+    cos_sin_rows: torch.Tensor  # [num_seqs, rotary_dim]: the RoPE rows of the step's keys, looked up once a step
     mask: torch.Tensor  # [num_slots, 1, 1, length] bool: key j visible from the slot's query
     num_slots: int
     length: int
+    in_order: bool  # slots are 0, 1, ..., num_slots - 1: the queries need no scatter into slot order, nor back
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
         return self.mirror.attend(self, layer, q, k, v, scale)
@@ -84,8 +85,8 @@ class DecodeMirror:
         slot_ids = torch.tensor(slots)
         positions = torch.tensor([s.kv_len - 1 for s in out.scheduled])
         return MirrorStep(
-            self, slot_ids, positions, cos_sin, self._mask(slot_ids, positions, visible_start, num_slots, length),
-            num_slots, length,
+            self, slot_ids, positions, cos_sin[positions], self._mask(slot_ids, positions, visible_start, num_slots,
+            length), num_slots, length, slots == list(range(num_slots)),
         )  # fmt: skip
 
     def _free_slot(self) -> int:
@@ -140,12 +141,12 @@ class DecodeMirror:
     def attend(self, step: MirrorStep, layer: int, q, k, v, scale: float) -> torch.Tensor:
         """q [n, H, D], this step's k/v [n, KVH, D] (keys unrotated in both modes: the model's rope_and_write_kv
         rotates the vanilla mode's keys on their way into the cache only) -> [n, H, D]."""
-        k = rotate_with_rows(k.float(), step.cos_sin[step.positions])
-        self.k[layer, step.slots, :, step.positions] = k  # (n, KVH, D)
+        self.k[layer, step.slots, :, step.positions] = rotate_with_rows(k.float(), step.cos_sin_rows)  # (n, KVH, D)
         self.v[layer, step.slots, :, step.positions] = v.float()
         group = self.num_heads // self.num_kv_heads
-        queries = q.new_zeros(step.num_slots, self.num_kv_heads, group, self.head_dim, dtype=torch.float32)
-        queries[step.slots] = q.float().view(-1, self.num_kv_heads, group, self.head_dim)
+        queries = q.float().view(-1, self.num_kv_heads, group, self.head_dim)
+        if not step.in_order:  # NOTE: a slot between two requests' has no query this step: zeros, output dropped
+            queries = queries.new_zeros(step.num_slots, *queries.shape[1:]).index_copy_(0, step.slots, queries)
         out = F.scaled_dot_product_attention(
             queries,  # (S, KVH, G, D): the G query heads of a kv head as query rows
             self.k[layer, : step.num_slots, :, : step.length],  # (S, KVH, length, D)
@@ -153,4 +154,5 @@ class DecodeMirror:
             attn_mask=step.mask,
             scale=scale,
         )  # (S, KVH, G, D)
-        return out[step.slots].reshape(-1, self.num_heads, self.head_dim).to(q.dtype)
+        out = out if step.in_order else out[step.slots]
+        return out.reshape(-1, self.num_heads, self.head_dim).to(q.dtype)
