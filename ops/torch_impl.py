@@ -12,6 +12,12 @@ Per group of sequences with similar query counts:
 Sequences are grouped by ``ceil(log2(q_len))`` so a mixed batch (one 512-token prefill chunk + 31 decode
 tokens) does not pad every decode sequence to 512 query rows: padding waste stays under 2x per group.
 Math in float32 (inputs are upcast), output in ``q``'s dtype.
+
+A group of long query runs (prefill chunks: ``RUNS_MIN_QUERIES`` or more a sequence) goes run by run instead
+(``attend_runs``): a sequence's queries are cut where ``visible_start`` changes, and each run reads only its own
+window of keys, causally (SDPA's ``is_causal``, which skips the masked half) where the run's queries are its
+window's keys. A span attends to itself alone, so a prompt of many spans costs the sum of its spans' squares,
+not the square of their sum, the CPU's side of "each span attends only to itself".
 """
 
 from __future__ import annotations
@@ -20,6 +26,8 @@ import torch
 import torch.nn.functional as F
 
 from ops.rope import rotate_in_place_
+
+RUNS_MIN_QUERIES = 32  # a group whose sequences have this many queries or more goes run by run (attend_runs)
 
 
 def group_by_query_len(q_lens: list[int]) -> list[list[int]]:
@@ -109,6 +117,54 @@ def attend_group(
     out[token_ids] = o.reshape(num_seqs * max_q, *q.shape[1:])[slots].to(out.dtype)
 
 
+def query_runs(visible_start: list[int]) -> list[tuple[int, int]]:
+    """[start, end) of each run of equal ``visible_start`` in one sequence's queries."""
+    cuts = [i for i in range(1, len(visible_start)) if visible_start[i] != visible_start[i - 1]]
+    bounds = [0, *cuts, len(visible_start)]
+    return list(zip(bounds[:-1], bounds[1:], strict=True))
+
+
+def attend_runs(
+    out: torch.Tensor,
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    q_positions: torch.Tensor,
+    kv_lens: torch.Tensor,
+    visible_start: torch.Tensor,
+    cos_sin: torch.Tensor | None,
+    scale: float,
+) -> None:
+    """``attend_group``'s result, one sequence and one run of equal ``visible_start`` at a time: the run's
+    queries read keys [start, last position] only; causally where they are exactly those keys' positions (a span,
+    a prompt from its start), through a mask over that window where not (a final part that sees the spans before
+    it, a chunk after cached blocks, a hole where blocks hit)."""
+    cu, positions, starts = cu_seqlens_q.tolist(), q_positions.tolist(), visible_start.tolist()
+    group = q.shape[1] // k_cache.shape[2]
+    for s in range(block_tables.shape[0]):
+        kv_len = int(kv_lens[s])
+        k = gather_padded_kv(k_cache, block_tables[s : s + 1], kv_lens[s : s + 1], kv_len)[0].float()  # (kv, H_kv, d)
+        v = gather_padded_kv(v_cache, block_tables[s : s + 1], kv_lens[s : s + 1], kv_len)[0].float()
+        if cos_sin is not None:
+            k = rotate_in_place_(k, cos_sin[:kv_len])  # a fresh copy: the cache is untouched
+        first = cu[s]
+        for a, b in query_runs(starts[cu[s] : cu[s + 1]]):
+            pos = positions[first + a : first + b]
+            start, end = starts[first + a], pos[-1] + 1
+            # NOTE: 4-D (a batch of one): torch's CPU flash kernel takes 4-D inputs; 3-D ones went to its math path
+            keys = k[start:end].repeat_interleave(group, dim=1).transpose(0, 1)[None]  # (1, H, window, d)
+            values = v[start:end].repeat_interleave(group, dim=1).transpose(0, 1)[None]
+            queries = q[first + a : first + b].float().transpose(0, 1)[None]  # (1, H, n, d)
+            if pos == list(range(start, end)):
+                o = F.scaled_dot_product_attention(queries, keys, values, is_causal=True, scale=scale)
+            else:
+                seen = torch.arange(start, end, device=q.device)[None, :] <= q_positions[first + a : first + b, None]
+                o = F.scaled_dot_product_attention(queries, keys, values, attn_mask=seen, scale=scale)
+            out[first + a : first + b] = o[0].transpose(0, 1).to(out.dtype)  # (n, H, d)
+
+
 def rope_paged_attention_torch(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -140,7 +196,9 @@ def rope_paged_attention_torch(
             tables, lens = block_tables[idx], kv_lens[idx]
             pos, vis, q_g = q_positions[token_ids], visible_start[token_ids], q[token_ids]
         out_g = out if token_ids is None else torch.empty_like(q_g)
-        attend_group(out_g, q_g, k_cache, v_cache, tables, cu_g, pos, lens, vis, cos_sin, scale, max_q)
+        attend = attend_runs if min(q_lens[s] for s in seq_ids) >= RUNS_MIN_QUERIES else attend_group
+        args = (out_g, q_g, k_cache, v_cache, tables, cu_g, pos, lens, vis, cos_sin, scale)
+        attend(*args) if attend is attend_runs else attend_group(*args, max_q)
         if token_ids is not None:
             out[token_ids] = out_g
     return out

@@ -317,6 +317,45 @@ def test_torch_matches_reference_many_blocks(scenario, position_free):
     check_against_ref(problem, "torch", f"torch {scenario}")
 
 
+@pytest.mark.parametrize("min_queries", [1, 10**9], ids=["every_group_by_runs", "no_group_by_runs"])
+@pytest.mark.parametrize("position_free", [True, False], ids=["rope", "stored"])
+@pytest.mark.parametrize("scenario", list(SCENARIOS) + list(LARGE_SCENARIOS))
+def test_torch_by_runs_and_in_padded_groups_both_match_reference(scenario, position_free, min_queries, monkeypatch):
+    """The two ways of the torch path, each forced on every group (decodes, holes, spans, finals, chunks after
+    cached blocks): each matches the reference."""
+    monkeypatch.setattr("ops.torch_impl.RUNS_MIN_QUERIES", min_queries)
+    specs = {**SCENARIOS, **LARGE_SCENARIOS}[scenario]
+    problem = make_problem(
+        specs, 9, 3, 64, 16, position_free=position_free, seed=11, repeat_block=True, share_span=True
+    )
+    check_against_ref(problem, "torch", f"torch {scenario} min_queries={min_queries}")
+
+
+def test_query_runs_cut_where_visible_start_changes():
+    from ops.torch_impl import query_runs
+
+    assert query_runs([0, 0, 0]) == [(0, 3)]
+    assert query_runs([0, 0, 4, 4, 4, 9, 0, 0]) == [(0, 2), (2, 5), (5, 6), (6, 8)]
+    assert query_runs([7]) == [(0, 1)]
+
+
+def test_a_span_prompts_long_runs_read_only_their_own_windows(monkeypatch):
+    """A prefill of a lead, two spans and a final: the runs path takes it (every sequence has 32 queries or more),
+    the spans and the lead attend causally over their own keys (three is_causal calls), the final through a mask
+    over the whole prompt, and the result is the reference's."""
+    import torch.nn.functional as F
+
+    calls = []
+    sdpa = F.scaled_dot_product_attention
+    monkeypatch.setattr(
+        "ops.torch_impl.F.scaled_dot_product_attention",
+        lambda q, k, v, **kw: calls.append((k.shape[-2], kw.get("is_causal", False))) or sdpa(q, k, v, **kw),
+    )
+    problem = make_problem([SeqSpec(128, ((0, 128),), ((16, 64), (64, 112)))], 9, 3, 64, 16, seed=2)
+    check_against_ref(problem, "torch", "a span prompt by runs")
+    assert calls == [(16, True), (48, True), (48, True), (128, False)]
+
+
 def test_auto_uses_torch_on_cpu():
     problem = make_problem(SCENARIOS["mixed"], 8, 2, 64, 16, seed=5)
     auto = rope_paged_attention(*problem.args())
