@@ -20,8 +20,8 @@ PROG = "minipic-lite"
 EXIT_RUN_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DTYPE_HELP = (
-    "default: %(default)s = bfloat16 on CUDA, float32 on the CPU (bfloat16 there: ~1.5x faster on CPUs with "
-    "AVX512-BF16 or AMX, greedy tokens part from float32's at near ties)"
+    "default: %(default)s = bfloat16 on CUDA, float32 on the CPU (bfloat16 there: 1.3-1.5x faster on CPUs with "
+    "AVX512-BF16 or AMX; its greedy tokens part from float32's at near ties)"
 )
 EXAMPLES = "\n  ".join([
     "examples:",

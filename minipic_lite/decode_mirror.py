@@ -84,10 +84,9 @@ class DecodeMirror:
             entry.num_mirrored = s.kv_len  # the step's own key is appended by attend()
         slot_ids = torch.tensor(slots)
         positions = torch.tensor([s.kv_len - 1 for s in out.scheduled])
-        return MirrorStep(
-            self, slot_ids, positions, cos_sin[positions], self._mask(slot_ids, positions, visible_start, num_slots,
-            length), num_slots, length, slots == list(range(num_slots)),
-        )  # fmt: skip
+        mask = self._mask(slot_ids, positions, visible_start, num_slots, length)
+        in_order = slots == list(range(num_slots))
+        return MirrorStep(self, slot_ids, positions, cos_sin[positions], mask, num_slots, length, in_order)
 
     def _free_slot(self) -> int:
         used = {e.slot for e in self.entries.values()}

@@ -196,9 +196,11 @@ def rope_paged_attention_torch(
             tables, lens = block_tables[idx], kv_lens[idx]
             pos, vis, q_g = q_positions[token_ids], visible_start[token_ids], q[token_ids]
         out_g = out if token_ids is None else torch.empty_like(q_g)
-        attend = attend_runs if min(q_lens[s] for s in seq_ids) >= RUNS_MIN_QUERIES else attend_group
         args = (out_g, q_g, k_cache, v_cache, tables, cu_g, pos, lens, vis, cos_sin, scale)
-        attend(*args) if attend is attend_runs else attend_group(*args, max_q)
+        if min(q_lens[s] for s in seq_ids) >= RUNS_MIN_QUERIES:
+            attend_runs(*args)  # prefill chunks: each run over its own window of keys
+        else:
+            attend_group(*args, max_q)
         if token_ids is not None:
             out[token_ids] = out_g
     return out
