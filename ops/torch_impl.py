@@ -57,6 +57,22 @@ def gather_padded_kv(
     return kv[:, :max_kv]
 
 
+def gather_rotated_kv(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    kv_lens: torch.Tensor,
+    max_kv: int,
+    cos_sin: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keys and values of each sequence in float32, ``[n, max_kv, H_kv, d]`` each, key j rotated at position j in
+    position-free mode (``cos_sin`` given). The gather is a fresh copy, so rotating it in place leaves the cache
+    untouched."""
+    k = gather_padded_kv(k_cache, block_tables, kv_lens, max_kv).float()
+    v = gather_padded_kv(v_cache, block_tables, kv_lens, max_kv).float()
+    return (k if cos_sin is None else rotate_in_place_(k, cos_sin[:max_kv])), v
+
+
 def attend_group(
     out: torch.Tensor,
     q: torch.Tensor,
@@ -75,13 +91,7 @@ def attend_group(
     device = q.device
     num_seqs = block_tables.shape[0]
     max_kv = int(kv_lens.max())
-    # -- gather (and rotate) keys and values --
-    k = gather_padded_kv(k_cache, block_tables, kv_lens, max_kv)  # (n, max_kv, H_kv, d), a fresh copy
-    k = k.float() if k.dtype != torch.float32 else k
-    v = gather_padded_kv(v_cache, block_tables, kv_lens, max_kv).float()  # (n, max_kv, H_kv, d)
-    if cos_sin is not None:
-        # NOTE: k is a fresh float32 copy (gathered), so rotating it in place leaves the cache untouched.
-        k = rotate_in_place_(k, cos_sin[:max_kv])  # key j rotated at position j
+    k, v = gather_rotated_kv(k_cache, v_cache, block_tables, kv_lens, max_kv, cos_sin)  # (n, max_kv, H_kv, d) each
     # -- pad queries per sequence: token t of seq s goes to row s * max_q + (t - cu[s]) --
     q_lens = cu_seqlens_q[1:] - cu_seqlens_q[:-1]  # (n,)
     seq_of_token = torch.repeat_interleave(torch.arange(num_seqs, device=device), q_lens)  # (T_g,)
@@ -144,11 +154,9 @@ def attend_runs(
     cu, positions, starts = cu_seqlens_q.tolist(), q_positions.tolist(), visible_start.tolist()
     group = q.shape[1] // k_cache.shape[2]
     for s in range(block_tables.shape[0]):
-        kv_len = int(kv_lens[s])
-        k = gather_padded_kv(k_cache, block_tables[s : s + 1], kv_lens[s : s + 1], kv_len)[0].float()  # (kv, H_kv, d)
-        v = gather_padded_kv(v_cache, block_tables[s : s + 1], kv_lens[s : s + 1], kv_len)[0].float()
-        if cos_sin is not None:
-            k = rotate_in_place_(k, cos_sin[:kv_len])  # a fresh copy: the cache is untouched
+        one = slice(s, s + 1)
+        k, v = gather_rotated_kv(k_cache, v_cache, block_tables[one], kv_lens[one], int(kv_lens[s]), cos_sin)
+        k, v = k[0], v[0]  # (kv_len, H_kv, d)
         first = cu[s]
         for a, b in query_runs(starts[cu[s] : cu[s + 1]]):
             pos = positions[first + a : first + b]
