@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from minipic_lite.config import ModelConfig
-from ops.rope import rotate_with_rows
+from ops.rope import RotationTables, rotate_with_rows
 
 MIN_SLOTS, MIN_CAPACITY = 8, 64  # the first allocation; both then grow by doubling
 
@@ -39,11 +39,15 @@ class MirrorStep:
     mirror: DecodeMirror
     slots: torch.Tensor  # [num_seqs] slot of each decode token
     positions: torch.Tensor  # [num_seqs]
-    cos_sin_rows: torch.Tensor  # [num_seqs, rotary_dim]: the RoPE rows of the step's keys, looked up once a step
+    rope: RotationTables  # the rotation at the step's positions, built once a step for every layer's q and k
     mask: torch.Tensor  # [num_slots, 1, 1, length] bool: key j visible from the slot's query
     num_slots: int
     length: int
     in_order: bool  # slots are 0, 1, ..., num_slots - 1: the queries need no scatter into slot order, nor back
+
+    def rotate(self, x: torch.Tensor) -> torch.Tensor:
+        """x [n, heads, D] rotated at the step's positions, in float32."""
+        return self.rope.rotate(x)
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
         return self.mirror.attend(self, layer, q, k, v, scale)
@@ -86,7 +90,8 @@ class DecodeMirror:
         positions = torch.tensor([s.kv_len - 1 for s in out.scheduled])
         mask = self._mask(slot_ids, positions, visible_start, num_slots, length)
         in_order = slots == list(range(num_slots))
-        return MirrorStep(self, slot_ids, positions, cos_sin[positions], mask, num_slots, length, in_order)
+        rope = RotationTables.build(cos_sin[positions], self.head_dim)
+        return MirrorStep(self, slot_ids, positions, rope, mask, num_slots, length, in_order)
 
     def _free_slot(self) -> int:
         used = {e.slot for e in self.entries.values()}
@@ -138,9 +143,9 @@ class DecodeMirror:
     # -- in each layer ---------------------------------------------------------------------------------
 
     def attend(self, step: MirrorStep, layer: int, q, k, v, scale: float) -> torch.Tensor:
-        """q [n, H, D], this step's k/v [n, KVH, D] (keys unrotated in both modes: the model's rope_and_write_kv
-        rotates the vanilla mode's keys on their way into the cache only) -> [n, H, D]."""
-        self.k[layer, step.slots, :, step.positions] = rotate_with_rows(k.float(), step.cos_sin_rows)  # (n, KVH, D)
+        """q [n, H, D] rotated, this step's keys [n, KVH, D] rotated in float32 (`MirrorStep.rotate`) and values
+        [n, KVH, D] -> [n, H, D]."""
+        self.k[layer, step.slots, :, step.positions] = k  # (n, KVH, D)
         self.v[layer, step.slots, :, step.positions] = v.float()
         group = self.num_heads // self.num_kv_heads
         queries = q.float().view(-1, self.num_kv_heads, group, self.head_dim)

@@ -6,8 +6,9 @@ import re
 import pytest
 import torch
 
-from minipic_lite.models.llama import Kernels, add_rms_norm, compile_kernel, silu_and_mul
+from minipic_lite.models.llama import Kernels, add_rms_norm, compile_kernel, eager_add_rms_norm, rms_norm, silu_and_mul
 from ops import apply_rope, rope_cos_sin
+from ops.rope import RotationTables, rotate_with_rows
 
 
 def test_compiled_kernels_equal_eager():
@@ -54,6 +55,33 @@ def test_add_rms_norm_is_the_residual_add_then_norm():
     torch.testing.assert_close(normed, expected)
     gate, up = torch.randn(4, 8), torch.randn(4, 8)
     torch.testing.assert_close(silu_and_mul(torch.cat([gate, up], -1)), gate * torch.sigmoid(gate) * up)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_the_eager_norm_gives_the_explicit_forms_bits(dtype):
+    """The CPU runs `eager_rms_norm` (one F.rms_norm call); transformers and Inductor the explicit form."""
+    torch.manual_seed(0)
+    for width in (64, 576, 2048):  # SmolLM2's head and hidden sizes, and a wider one
+        x, delta, w = (
+            (torch.randn(33, width) * 4).to(dtype),
+            torch.randn(33, width).to(dtype),
+            torch.randn(width).to(dtype),
+        )
+        summed, normed = eager_add_rms_norm(x, delta, w, 1e-5)
+        assert torch.equal(summed, x + delta) and torch.equal(normed, rms_norm(x + delta, w, 1e-5))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("head_dim,rotary_dim", [(64, 64), (128, 64), (64, 16)], ids=["full", "half", "quarter"])
+def test_rotation_tables_give_rotate_with_rows_bits(dtype, head_dim, rotary_dim):
+    """The decode mirror rotates with tables built once a step; `rotate_with_rows` is the reference."""
+    torch.manual_seed(0)
+    cos_sin, positions = rope_cos_sin(4096, rotary_dim), torch.tensor([0, 1, 17, 4095, 600])
+    x = (torch.randn(5, 3, head_dim) * 8).to(dtype)
+    rotated = RotationTables.build(cos_sin[positions], head_dim).rotate(x)
+    assert rotated.dtype == torch.float32
+    assert torch.equal(rotated, rotate_with_rows(x.float(), cos_sin[positions]))
+    assert torch.equal(rotated.to(dtype), apply_rope(x, positions, cos_sin))
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])

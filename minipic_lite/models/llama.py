@@ -49,6 +49,17 @@ def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps
     return x, rms_norm(x, weight, eps)
 
 
+def eager_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """`rms_norm` for eager steps (the CPU's): its float32 statistics in one `F.rms_norm` call, the same bits
+    (tests/test_models.py) in four dispatched ops where the explicit form takes eight."""
+    return weight * F.rms_norm(x.float(), x.shape[-1:], eps=eps).to(x.dtype)
+
+
+def eager_add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float):
+    x = x + delta
+    return x, eager_rms_norm(x, weight, eps)
+
+
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up
@@ -85,8 +96,8 @@ PERSISTENT_NORM_OPTIONS = {"triton.multi_kernel": 2}
 class Kernels:
     """The elementwise functions the model calls: eager, or compiled by torch.compile (dynamic shapes)."""
 
-    rms_norm: object = rms_norm
-    add_rms_norm: object = add_rms_norm
+    rms_norm: object = eager_rms_norm
+    add_rms_norm: object = eager_add_rms_norm
     silu_and_mul: object = silu_and_mul
     rope_and_write_kv: object = rope_and_write_kv
 
@@ -173,16 +184,25 @@ class Attention(nn.Module):
         if self.q_norm is not None:
             q = self.kernels.rms_norm(q, self.q_norm.weight, self.q_norm.eps)
             k = self.kernels.rms_norm(k, self.k_norm.weight, self.k_norm.eps)
-        # NOTE: the vanilla baseline stores keys rotated; position-free keys are rotated by the op at read time
-        q = self.kernels.rope_and_write_kv(
-            q, k, v, meta.positions, cos_sin, meta.slot_mapping, kv_layer.flatten(1, 2), not self.position_free
-        )
-        k_cache, v_cache = kv_layer.unbind(0)  # (blocks, B, KVH, D) each
         if meta.decode_mirror is not None:
-            out = meta.decode_mirror.attend(self.layer_idx, q, k, v, self.scale)  # (T, H, D); k unrotated
+            out = self._attend_mirror(q, k, v, meta, kv_layer)
         else:
+            # NOTE: the vanilla baseline stores keys rotated; position-free keys are rotated by the op at read time
+            q = self.kernels.rope_and_write_kv(
+                q, k, v, meta.positions, cos_sin, meta.slot_mapping, kv_layer.flatten(1, 2), not self.position_free
+            )
+            k_cache, v_cache = kv_layer.unbind(0)  # (blocks, B, KVH, D) each
             out = paged_attention(q, meta, k_cache, v_cache, cos_sin if self.position_free else None, self.scale)
         return self.o_proj(out.reshape(num_tokens, self.q_size))
+
+    def _attend_mirror(self, q, k, v, meta: StepMetadata, kv_layer: torch.Tensor) -> torch.Tensor:
+        """The CPU's decode step (decode_mirror.py): q and k rotated with the step's tables, built once for every
+        layer, the cache written (keys rotated in the vanilla mode, as `rope_and_write_kv` does), then the mirror."""
+        mirror = meta.decode_mirror
+        k_rotated = mirror.rotate(k)  # (T, KVH, D) float32
+        write_kv(k if self.position_free else k_rotated.to(k.dtype), v, meta.slot_mapping, kv_layer.flatten(1, 2))
+        q = mirror.rotate(q).to(q.dtype)  # NOTE: rounded as apply_rope rounds it
+        return mirror.attend(self.layer_idx, q, k_rotated, v, self.scale)  # (T, H, D)
 
 
 class MLP(nn.Module):
