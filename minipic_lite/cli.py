@@ -15,6 +15,7 @@ import sys
 import time
 
 from minipic_lite.config import SPAN_POLICIES
+from minipic_lite.sampling_params import SEED_MAX, SEED_MIN
 
 PROG = "minipic-lite"
 EXIT_RUN_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
@@ -85,12 +86,13 @@ def build_parser() -> Parser:
     model.add_argument("--dtype", choices=DTYPES, default="auto", help=DTYPE_HELP)
     sampling = gen.add_argument_group("sampling")
     temperature = checked(float, "a number >= 0 (0 = greedy)", lambda v: 0 <= v < float("inf"))
+    seed = checked(int, "an integer in [-2**63, 2**64 - 1]", lambda v: SEED_MIN <= v <= SEED_MAX)
     for flag, kind, default, metavar, help_ in [
         ("--max-tokens", checked(int, "an integer >= 1", lambda v: v >= 1), 128, "N", ""),
         ("--temperature", temperature, 0.0, "T", "0 = greedy"),
         ("--top-p", checked(float, "a number in (0, 1]", lambda v: 0 < v <= 1), 1.0, "P", "nucleus sampling"),
         ("--top-k", checked(int, "an integer >= 0", lambda v: v >= 0), 0, "K", "0 = no cut"),
-        ("--seed", checked(int, "an integer"), None, "S", "seed for sampling"),
+        ("--seed", seed, None, "S", "seed for sampling"),
     ]:
         sampling.add_argument(
             flag, type=kind, default=default, metavar=metavar, help=f"{help_} (default: %(default)s)".lstrip()

@@ -125,9 +125,33 @@ class ModelConfig:
     def rope_dim(self) -> int:
         return self.rotary_dim or self.head_dim
 
+    @staticmethod
+    def read_json(model_dir: Path) -> dict:
+        """The directory's config.json as a dict; a file that is not a JSON object is a ValueError naming it."""
+        path = Path(model_dir) / "config.json"
+        try:
+            cfg = json.loads(path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ValueError(f"{path} is not valid JSON: {e}") from None
+        if not isinstance(cfg, dict):
+            raise ValueError(f"{path} holds a {type(cfg).__name__}, not a JSON object")
+        return cfg
+
+    @classmethod
+    def model_type(cls, model_dir: Path) -> str:
+        """config.json's model_type ("?" where it names none): models/registry.py says which ones run."""
+        return str(cls.read_json(model_dir).get("model_type", "?"))
+
     @classmethod
     def from_dir(cls, model_dir: Path) -> ModelConfig:
-        cfg = json.loads((Path(model_dir) / "config.json").read_text())
+        cfg = cls.read_json(model_dir)
+        try:
+            return cls._from_json(cfg)
+        except KeyError as e:
+            raise ValueError(f"{Path(model_dir) / 'config.json'} lacks {e.args[0]!r}") from None
+
+    @classmethod
+    def _from_json(cls, cfg: dict) -> ModelConfig:
         arch = cfg.get("model_type", "?")  # NOTE: models/registry.py says which ones run
         if isinstance(cfg.get("text_config"), dict):  # the released Qwen3.5 layout: the text part of it
             cfg = {"eos_token_id": cfg.get("eos_token_id"), **cfg["text_config"]}
@@ -254,9 +278,10 @@ class SchedulerConfig:
     def __post_init__(self):
         if self.span_policy not in SPAN_POLICIES:
             raise ValueError(f"span_policy must be one of {', '.join(SPAN_POLICIES)}, got {self.span_policy!r}")
-        for name in ("num_scheduler_steps", "max_num_seqs", "max_num_batched_tokens"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        for name in ("num_scheduler_steps", "max_num_seqs", "max_num_batched_tokens", "max_model_len"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
         ahead = self.span_ahead_tokens
         if ahead is not None and (not isinstance(ahead, int) or isinstance(ahead, bool) or ahead < 0):
             raise ValueError(f"span_ahead_tokens must be None or an integer >= 0, got {ahead!r}")

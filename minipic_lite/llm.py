@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import queue
+import re
 import weakref
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -37,6 +38,13 @@ PromptType = str | Sequence[int] | Sequence[dict] | Prompt
 
 def _is_chat(x) -> bool:
     return isinstance(x, list | tuple) and bool(x) and all(isinstance(m, dict) for m in x)
+
+
+def _check_messages(messages) -> None:
+    """Chat messages as transformers' templates read them: each a dict with a "role" and a "content" string."""
+    for j, m in enumerate(messages):
+        if not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+            raise ValueError(f'message {j} must have a "role" and a "content" string, got {m!r}')
 
 
 def _is_token_ids(x) -> bool:
@@ -100,12 +108,10 @@ class LLM:
         control_tokens: ControlTokens | None = None,
         **options,
     ):
-        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        if device.startswith("cuda") and not torch.cuda.is_available():
-            raise ValueError("device='cuda' was asked for, but torch sees no CUDA device")
+        device = checked_device(device)
         model_dir = resolve_model_dir(model)
+        model_class(ModelConfig.model_type(model_dir))  # an unsupported family fails here, before its fields are read
         model_config = ModelConfig.from_dir(model_dir)
-        model_class(model_config.architecture)  # an unsupported family fails here, before any weight is read
         self.tokenizer = load_tokenizer(model_dir)
         control = control_tokens or (default_control_tokens(self.tokenizer) if self.tokenizer else ControlTokens())
         options.setdefault("checkpoint_turn_start_id", chat_turn_start_id(self.tokenizer))
@@ -137,6 +143,7 @@ class LLM:
         if isinstance(prompt, str):
             return self.tokenizer.encode(prompt, add_special_tokens=False), prompt
         if _is_chat(prompt):
+            _check_messages(prompt)
             text = self.tokenizer.apply_chat_template(list(prompt), tokenize=False, add_generation_prompt=True)
             return self.tokenizer.encode(text, add_special_tokens=False), text
         if isinstance(prompt, list | tuple):
@@ -262,6 +269,21 @@ def get_default_llm() -> LLM:
     return _default_llm
 
 
+DEVICE_PATTERN = re.compile(r"cpu|cuda(:\d+)?")
+
+
+def checked_device(device) -> str:
+    """`LLM(device=...)`: "cpu", "cuda", "cuda:N" or a torch.device of them; None: cuda when torch sees a GPU."""
+    if device is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    name = str(device) if isinstance(device, torch.device) else device
+    if not isinstance(name, str) or not DEVICE_PATTERN.fullmatch(name):
+        raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N' (None: cuda when torch sees a GPU), got {device!r}")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device={name!r} was asked for, but torch sees no CUDA device")
+    return name
+
+
 def generate(
     prompts,
     sampling_params: SamplingParams | None = None,
@@ -276,9 +298,13 @@ def generate(
     `minipic_lite.generate("Hello", max_tokens=32).text`: one prompt gives one `RequestOutput`, a list of
     prompts a list. Pass `sampling_params`, or SamplingParams fields as keywords (default: greedy).
     """
+    fields = {"max_tokens": max_tokens, "temperature": temperature, **kwargs}
+    given = [k for k, v in fields.items() if v is not None]
+    if sampling_params is not None and given:
+        raise TypeError(f"pass sampling_params or SamplingParams fields as keywords, not both (got {', '.join(given)})")
     if sampling_params is None:
-        fields = {"max_tokens": max_tokens, "temperature": 0.0 if temperature is None else temperature}
-        sampling_params = SamplingParams(**{k: v for k, v in fields.items() if v is not None}, **kwargs)
+        fields["temperature"] = 0.0 if temperature is None else temperature
+        sampling_params = SamplingParams(**{k: v for k, v in fields.items() if v is not None})
     single = _is_single(prompts)
     outputs = get_default_llm().generate(prompts, sampling_params, use_tqdm=use_tqdm)
     return outputs[0] if single else outputs

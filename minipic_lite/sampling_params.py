@@ -23,7 +23,8 @@ class SamplingParams:
     def __post_init__(self):
         object.__setattr__(self, "stop", (self.stop,) if isinstance(self.stop, str) else tuple(self.stop))
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+        object.__setattr__(self, "max_tokens", _integer("max_tokens", self.max_tokens, "an integer >= 1"))
+        if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
         for name in ("temperature", "top_p"):  # NOTE: a string from a form would fail below with a message naming none
             value = getattr(self, name)
@@ -31,19 +32,33 @@ class SamplingParams:
                 raise TypeError(f"{name} must be a number, got {type(value).__name__}")
         if not math.isfinite(self.temperature) or self.temperature < 0:
             raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
-        if not isinstance(self.top_k, int) or self.top_k < 0:
+        object.__setattr__(self, "top_k", _integer("top_k", self.top_k, "an integer >= 0 (0 disables it)"))
+        if self.top_k < 0:
             raise ValueError(f"top_k must be an integer >= 0 (0 disables it), got {self.top_k!r}")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if self.seed is not None and not isinstance(self.seed, int):
-            raise TypeError(f"seed must be an int or None, got {type(self.seed).__name__}")
+        if self.seed is not None:
+            object.__setattr__(self, "seed", _integer("seed", self.seed, "an int or None"))
+            if not SEED_MIN <= self.seed <= SEED_MAX:  # NOTE: past these torch.Generator fails inside the step
+                raise ValueError(f"seed must lie in [-2**63, 2**64 - 1] (a 64-bit seed), got {self.seed!r}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise ValueError(f"stop must be non-empty strings, got {self.stop!r}")
         if self.stop and not self.detokenize:
             raise ValueError("stop strings need detokenize=True")
-        if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
+        if any(isinstance(t, bool) or not isinstance(t, numbers.Integral) or t < 0 for t in self.stop_token_ids):
             raise ValueError(f"stop_token_ids must be non-negative ints, got {self.stop_token_ids!r}")
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
 
     @property
     def is_greedy(self) -> bool:
         return self.temperature == 0.0
+
+
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # what torch.Generator.manual_seed takes
+
+
+def _integer(name: str, value, expected: str) -> int:
+    """`value` as a Python int (numpy's integers too); a bool, a float or a string is a TypeError naming `name`."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be {expected}, got {type(value).__name__}")
+    return int(value)

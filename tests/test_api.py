@@ -44,6 +44,10 @@ def test_nonsense_sampling_params_are_rejected(kwargs, message):
         ({"top_p": None}, "top_p must be a number, got NoneType"),
         ({"temperature": True}, "temperature must be a number, got bool"),
         ({"seed": "1"}, "seed must be an int or None, got str"),
+        ({"seed": True}, "seed must be an int or None, got bool"),  # NOTE: a bool is an int to Python
+        ({"max_tokens": True}, "max_tokens must be an integer >= 1, got bool"),
+        ({"max_tokens": 8.0}, "max_tokens must be an integer >= 1, got float"),
+        ({"top_k": True}, "top_k must be an integer >= 0"),
     ],
 )
 def test_sampling_params_of_the_wrong_type_name_themselves(kwargs, message):
@@ -51,8 +55,22 @@ def test_sampling_params_of_the_wrong_type_name_themselves(kwargs, message):
         mp.SamplingParams(**kwargs)
 
 
+@pytest.mark.parametrize("seed", [2**64, -(2**63) - 1], ids=["past-2**64", "below-int64"])
+def test_a_seed_torch_cannot_take_is_refused_before_it_reaches_a_step(seed):
+    """torch.Generator takes [-2**63, 2**64 - 1]; past it the step failed for every running request."""
+    with pytest.raises(ValueError, match=r"seed must lie in \[-2\*\*63, 2\*\*64 - 1\]"):
+        mp.SamplingParams(seed=seed)
+    for edge in (2**64 - 1, -(2**63)):
+        torch.Generator().manual_seed(mp.SamplingParams(seed=edge).seed)
+
+
 def test_numpy_scalars_are_numbers_to_sampling_params():
     assert mp.SamplingParams(temperature=np.float32(0.5), top_p=np.float64(0.9)).temperature == 0.5
+    params = mp.SamplingParams(
+        max_tokens=np.int64(5), top_k=np.int32(3), seed=np.uint64(7), stop_token_ids=[np.int64(2)]
+    )
+    assert (params.max_tokens, params.top_k, params.seed, params.stop_token_ids) == (5, 3, 7, (2,))
+    assert all(type(v) is int for v in (params.max_tokens, params.top_k, params.seed, *params.stop_token_ids))
 
 
 @pytest.mark.parametrize(
@@ -86,6 +104,57 @@ def test_integer_token_ids_of_any_kind_are_taken_as_their_values(llm):
 def test_prompt_of_the_wrong_type_is_a_type_error(llm):
     with pytest.raises(TypeError, match="prompt 0"):
         llm.generate([3.5], GREEDY8, use_tqdm=False)
+
+
+def test_a_chat_message_without_role_or_content_names_itself(llm):
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user"}]
+    with pytest.raises(ValueError, match=r"prompt 1: message 1 must have a \"role\" and a \"content\" string"):
+        llm.generate(["Hello", messages], GREEDY8, use_tqdm=False)
+    assert_engine_idle(llm)
+
+
+@pytest.mark.parametrize(
+    ("device", "message"),
+    [(123, "got 123"), ("tpu", "got 'tpu'"), ("CUDA", "got 'CUDA'"), ("cuda:x", "got 'cuda:x'")],
+)
+def test_a_device_llm_cannot_take_is_named(device, message):
+    with pytest.raises(ValueError, match=f"device must be 'cpu', 'cuda' or 'cuda:N' .*{message}"):
+        mp.LLM(device=device)
+
+
+def test_devices_llm_takes():
+    from minipic_lite.llm import checked_device
+
+    assert checked_device("cpu") == checked_device(torch.device("cpu")) == "cpu"
+    assert checked_device(None) == ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def test_a_model_that_is_not_a_path_is_a_type_error():
+    with pytest.raises(TypeError, match="model must be a path \\(a str or os.PathLike\\) or None, got int"):
+        mp.LLM(42)
+
+
+def test_a_config_json_of_another_family_or_broken_names_the_problem(tmp_path):
+    (tmp_path / "config.json").write_text('{"model_type": "gpt2", "n_embd": 768, "n_layer": 12}')
+    with pytest.raises(ValueError, match="unsupported model_type 'gpt2': this engine runs"):
+        mp.LLM(str(tmp_path))
+    (tmp_path / "config.json").write_text('{"model_type": "llama", "vocab_size": 64}')
+    with pytest.raises(ValueError, match="config.json lacks 'hidden_size'"):
+        mp.LLM(str(tmp_path))
+    (tmp_path / "config.json").write_text("not json")
+    with pytest.raises(ValueError, match="config.json is not valid JSON"):
+        mp.LLM(str(tmp_path))
+
+
+def test_module_level_generate_takes_params_or_keywords_not_both():
+    """Keywords beside a SamplingParams were dropped without a word (max_tokens=3 gave its 20 tokens)."""
+    params = mp.SamplingParams(max_tokens=20, temperature=0.0)
+    with pytest.raises(TypeError, match="not both \\(got max_tokens\\)"):
+        mp.generate("Hello", params, max_tokens=3)
+    with pytest.raises(TypeError, match="not both \\(got bogus\\)"):
+        mp.generate("Hello", params, bogus=1)
+    with pytest.raises(TypeError, match="bogus"):
+        mp.generate("Hello", bogus=1)
 
 
 def test_unknown_model_path_and_unsupported_gguf(tmp_path):

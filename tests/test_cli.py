@@ -81,6 +81,10 @@ USAGE_ERRORS = {
     "top-p-zero": (["generate", "hi", "--top-p", "0"], "--top-p: must be a number in (0, 1]"),
     "top-k-negative": (["generate", "hi", "--top-k", "-5"], "--top-k: must be an integer >= 0"),
     "seed-not-int": (["generate", "hi", "--seed", "x"], "--seed: must be an integer"),
+    "seed-past-64-bits": (
+        ["generate", "hi", "--seed", str(2**64)],
+        "--seed: must be an integer in [-2**63, 2**64 - 1]",
+    ),
     "bad-device": (["generate", "hi", "--device", "tpu"], "--device: must be auto, cpu, cuda or cuda:N"),
     "bad-dtype": (["generate", "hi", "--dtype", "int8"], "--dtype: invalid choice"),
     "missing-model": (["generate", "hi", "--model", "no/such/dir"], "unknown model 'no/such/dir'"),

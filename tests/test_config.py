@@ -50,6 +50,9 @@ def test_from_options_applies_the_device_defaults(model_dir):
         ({"num_blocks": 0}, "num_blocks"),
         ({"max_num_seqs": 0}, "max_num_seqs"),
         ({"num_scheduler_steps": 0}, "num_scheduler_steps"),
+        ({"max_model_len": 0}, "max_model_len must be a positive integer, got 0"),
+        ({"max_model_len": -5}, "max_model_len must be a positive integer, got -5"),
+        ({"max_num_batched_tokens": 1.5}, "max_num_batched_tokens must be a positive integer, got 1.5"),
         ({"max_model_len": 129}, "max_model_len=129 is past the model's 128 positions"),
     ],
 )

@@ -47,3 +47,33 @@ def test_span_reuse(capsys):
     doc_blocks = [b for b in results["block_attention"][1].cache_report if b.label.startswith("doc")]
     assert doc_blocks and all(b.is_hit for b in doc_blocks)  # each document, moved to another offset, is reused
     assert not any(b.is_hit for b in results["prefix"][1].cache_report)  # other order: prefix caching misses
+
+
+def readme_python_blocks() -> list[str]:
+    import re
+
+    readme = (EXAMPLES.parent / "README.md").read_text()
+    section = readme[readme.index("## Use it from Python") :]
+    section = section[: section.index("\n## ", 1)]
+    return re.findall(r"```python\n(.*?)```", section, flags=re.S)
+
+
+def test_the_readmes_python_section_runs_as_written(capsys):
+    """The two blocks of "Use it from Python": the first as a script, the asyncio one inside a coroutine (its
+    top-level `await` is a notebook's or `python -m asyncio`'s)."""
+    import asyncio
+    import textwrap
+
+    first, async_block = readme_python_blocks()
+    namespace: dict = {}
+    exec(compile(first, "README.md (Python)", "exec"), namespace)  # noqa: S102 (the README's own code)
+    llm, outs = namespace["llm"], namespace["outs"]
+    import minipic_lite as mp
+
+    assert llm is mp.get_default_llm()  # one engine, not two
+    assert len(outs) == 3 and all(o.finished for o in outs) and outs[0].metrics.ttft > 0
+    assert capsys.readouterr().out  # the stream printed its partial texts
+    body = "async def readme():\n" + textwrap.indent(async_block, "    ")
+    exec(compile(body, "README.md (asyncio)", "exec"), namespace)  # noqa: S102
+    asyncio.run(namespace["readme"]())
+    assert not llm.engine.has_unfinished()

@@ -14,7 +14,9 @@ import hashlib
 import importlib.util
 import json
 import os
+import shutil
 import sys
+import tempfile
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -52,6 +54,8 @@ def default_gguf_path() -> Path:
 def model_source(model: str | os.PathLike | None) -> Path:
     """The directory or .gguf file that `model` names (None = the embedded SmolLM2), checked without loading
     anything (no torch, no transformers): the CLI calls it before it loads a model."""
+    if model is not None and not isinstance(model, str | os.PathLike):
+        raise TypeError(f"model must be a path (a str or os.PathLike) or None, got {type(model).__name__}")
     path = default_gguf_path() if model is None else Path(model).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
@@ -98,25 +102,40 @@ def convert_gguf(path: Path) -> Path:
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    with conversion_progress(path, out) as next_stage:
-        next_stage()
-        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-        next_stage()
-        hf_model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name)
-        next_stage()
-        tmp = out.with_name(out.name + ".tmp")
-        tmp.mkdir(parents=True, exist_ok=True)
-        state = {k: v.contiguous() for k, v in hf_model.state_dict().items()}
-        if hf_model.config.tie_word_embeddings:
-            state.pop("lm_head.weight", None)
-        save_file(state, tmp / "model.safetensors", metadata={"format": "pt"})
-        config = hf_model.config.to_dict()
-        config.pop("quantization_config", None)
-        (tmp / "config.json").write_text(json.dumps(config, indent=2))
-        next_stage()
-        tokenizer.save_pretrained(tmp)
-    tmp.rename(out)  # NOTE: atomic publish, so a crash mid-convert never leaves a half cache behind.
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # NOTE: a folder of this process's own: two first starts at once (the app and a `generate`) each convert
+    tmp = Path(tempfile.mkdtemp(prefix=out.name + ".tmp-", dir=out.parent))
+    tmp.chmod(0o755)  # NOTE: mkdtemp makes it 0700; the cache stays readable as before
+    try:
+        with conversion_progress(path, out) as next_stage:
+            next_stage()
+            tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+            next_stage()
+            hf_model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name)
+            next_stage()
+            state = {k: v.contiguous() for k, v in hf_model.state_dict().items()}
+            if hf_model.config.tie_word_embeddings:
+                state.pop("lm_head.weight", None)
+            save_file(state, tmp / "model.safetensors", metadata={"format": "pt"})
+            config = hf_model.config.to_dict()
+            config.pop("quantization_config", None)
+            (tmp / "config.json").write_text(json.dumps(config, indent=2))
+            next_stage()
+            tokenizer.save_pretrained(tmp)
+        publish(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # NOTE: gone after publish; a failed conversion leaves nothing
     return out
+
+
+def publish(tmp: Path, out: Path) -> None:
+    """Rename the finished `tmp` to `out` (atomic: a crash mid-convert never leaves a half cache behind); where
+    another process published `out` first, its copy stands and `tmp` is dropped by the caller."""
+    try:
+        tmp.rename(out)
+    except OSError:
+        if not (out / "model.safetensors").is_file():
+            raise
 
 
 @contextmanager
