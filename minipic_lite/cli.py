@@ -97,6 +97,10 @@ def build_parser() -> Parser:
         sampling.add_argument(
             flag, type=kind, default=default, metavar=metavar, help=f"{help_} (default: %(default)s)".lstrip()
         )
+    nonempty = checked(str, "a non-empty string", bool)
+    sampling.add_argument("--stop", type=nonempty, action="append", default=[], metavar="TEXT",
+                          help="stop before this text (repeat for several)")  # fmt: skip
+    sampling.add_argument("--ignore-eos", action="store_true", help="generate --max-tokens whatever the model says")
     gen.add_argument("--stream", action="store_true", help="print the reply as it is generated")
     app = sub.add_parser(
         "ui", help="serve the web app (needs the [ui] extra)", description="Serve the web app (no share link)."
@@ -157,7 +161,10 @@ def run_generate(args, prompt_text: str) -> int:
     llm = LLM(args.model, device=auto(args.device), dtype=auto(args.dtype))
     load_time = time.perf_counter() - start
     prompt = prompt_text if args.raw else [{"role": "user", "content": prompt_text}]
-    params = SamplingParams(**{k: getattr(args, k) for k in ("max_tokens", "temperature", "top_p", "top_k", "seed")})
+    if llm.tokenizer is None:
+        raise UsageError(f"{llm.config.model_dir} ships no tokenizer: the command line needs one (Python: token ids)")
+    names = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "ignore_eos")
+    params = SamplingParams(**{k: getattr(args, k) for k in names})
     output = stream_to_stdout(llm, prompt, params) if args.stream else llm.generate([prompt], params, use_tqdm=False)[0]
     if not args.stream:
         print(output.text)

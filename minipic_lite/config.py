@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import difflib
 import json
+import logging
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+
+logger = logging.getLogger(__name__)
 
 GIB = 1 << 30
 DEFAULT_BLOCK_SIZE = 16
@@ -346,17 +350,28 @@ class EngineConfig:
         scheduler = SchedulerConfig(**_pop_fields(options, SchedulerConfig))
         engine = {k: options.pop(k) for k in ENGINE_OPTIONS & options.keys()}
         if options:
-            raise TypeError(f"unknown option {', '.join(map(repr, options))}: the options are named in config.py")
+            raise TypeError(
+                f"unknown option {', '.join(map(_named_like, options))}: the options are named in config.py"
+            )
         if scheduler.max_model_len > model.max_position:
             raise ValueError(
                 f"max_model_len={scheduler.max_model_len} is past the model's {model.max_position} positions "
                 f"(max_position_embeddings in {Path(model_dir) / 'config.json'})"
             )
         dtype = dtype or ("bfloat16" if is_cuda else "float32")
+        if dtype == "float16" and not is_cuda:
+            logger.warning("float16 on the CPU has no fast kernels: many times slower than float32 or bfloat16")
         return cls(model_dir, model, cache, scheduler, control, device, dtype, **engine)
 
 
 ENGINE_OPTIONS = {"enforce_eager", "load_format"}  # the EngineConfig fields that are LLM(...) keywords
+
+
+def _named_like(option: str) -> str:
+    """`option` quoted, with the known option nearest to it (vLLM's gpu_memory_utilization is memory_utilization)."""
+    known = {f.name for c in (CacheConfig, SchedulerConfig) for f in fields(c)} | ENGINE_OPTIONS | {"dtype"}
+    near = difflib.get_close_matches(option, sorted(known), n=1)
+    return f"{option!r} (did you mean {near[0]!r}?)" if near else repr(option)
 
 
 def _pop_fields(options: dict, config_class) -> dict:

@@ -84,6 +84,10 @@ class EngineLoop:
         """Finish a request now: its blocks are freed and its sink gets a final output ("abort")."""
         self.call(lambda engine: self._abort(request_id), wait)
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def close(self) -> None:
         """Stop the loop thread (requests in flight are aborted). Safe to call twice."""
         if not self._closed:

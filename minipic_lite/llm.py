@@ -238,7 +238,9 @@ class LLM:
                 finished = output.finished
                 yield output
         finally:
-            if not finished:  # the consumer stopped early: free the request's blocks
+            # NOTE: the consumer stopped early: free the request's blocks. A stream left open at interpreter exit is
+            # closed after the loop (weakref.finalize closed it, aborting its requests): nothing left to free
+            if not finished and not self._loop.closed:
                 self.abort(req.request_id)
 
     def abort(self, request_id: str) -> None:

@@ -337,3 +337,21 @@ def test_prompts_of_a_type_generate_cannot_take_name_it(llm):
 def test_asking_for_cuda_without_a_gpu_is_a_clear_error():
     with pytest.raises(ValueError, match="device='cuda' was asked for, but torch sees no CUDA device"):
         mp.LLM(device="cuda")
+
+
+def test_a_stream_left_open_at_exit_ends_quietly(tmp_path):
+    """A stream half read when the interpreter exits: its finalizer ran after the loop had closed and printed
+    "Exception ignored in: <generator LLM._stream> ... TypeError" on stderr."""
+    import subprocess
+    import sys
+
+    save_tiny_llama(tmp_path / "tiny")
+    script = (
+        "import minipic_lite as mp\n"
+        f"llm = mp.LLM({str(tmp_path / 'tiny')!r}, device='cpu')\n"
+        "stream = llm.stream([1, 2, 3], mp.SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True))\n"
+        "print(len(next(stream).token_ids))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "1", done.stderr
+    assert "Exception ignored" not in done.stderr and "Traceback" not in done.stderr, done.stderr

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import minipic_lite as mp
-from tests.conftest import write_gguf
+from tests.conftest import save_tiny_llama, write_gguf
 
 ROOT = Path(__file__).resolve().parent.parent
 PROBE_MARK = "heavy modules imported: "
@@ -55,7 +55,19 @@ def test_help_and_version_import_no_torch(args):
 def test_generate_help_shows_every_option_with_its_default():
     code, out, _ = run_cli("generate", "--help")
     assert code == 0
-    for option in ("--file", "--stream", "--seed", "--top-p", "--top-k", "--device", "--model", "--dtype", "--raw"):
+    options = (
+        "--file",
+        "--stream",
+        "--seed",
+        "--top-p",
+        "--top-k",
+        "--device",
+        "--model",
+        "--dtype",
+        "--raw",
+        "--stop",
+    )
+    for option in (*options, "--ignore-eos"):
         assert option in out
     assert "default: 128" in out and "default: 0.0" in out  # max tokens, temperature
 
@@ -164,6 +176,23 @@ def test_file_prompt_gives_the_api_reply(tmp_path, expected_reply):
     assert out == expected_reply + "\n"
     (summary,) = err.splitlines()  # no progress bars, no warnings: the one-line summary
     assert summary.startswith("[") and "generated" in summary and "ttft" in summary
+
+
+def test_stop_and_ignore_eos_give_the_api_reply(llm):
+    prompt, stop = "1, 2, 3, 4,", " 9"
+    params = mp.SamplingParams(max_tokens=24, temperature=0.0, stop=[stop], ignore_eos=True)
+    expected = llm.generate(prompt, params, use_tqdm=False)[0]
+    assert expected.finish_reason == "stop"  # the stop string is met before the 24 tokens
+    code, out, err = run_cli("generate", "--raw", prompt, "--max-tokens", "24", "--stop", stop, "--ignore-eos")
+    assert code == 0, err
+    assert out == expected.text + "\n" and "(stop)" in err
+
+
+def test_a_model_without_a_tokenizer_is_a_usage_error(tmp_path):
+    save_tiny_llama(tmp_path / "tiny")  # config and weights only
+    code, out, err = run_cli("generate", "hi", "--model", str(tmp_path / "tiny"))
+    assert code == 2 and out == "" and err.count("\n") == 1, err
+    assert "ships no tokenizer: the command line needs one" in err
 
 
 # -- the first-contact commands ---------------------------------------------------------------------------

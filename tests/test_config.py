@@ -66,6 +66,23 @@ def test_unknown_option_is_a_type_error(model_dir):
         EngineConfig.from_options(model_dir, ModelConfig.from_dir(model_dir), "cpu", ControlTokens(), max_num_tokens=1)
 
 
+def test_an_unknown_option_names_the_nearest_known_one(model_dir):
+    with pytest.raises(TypeError, match="'gpu_memory_utilization' \\(did you mean 'memory_utilization'\\?\\)"):
+        EngineConfig.from_options(model_dir, ModelConfig.from_dir(model_dir), "cpu", ControlTokens(),
+                                  gpu_memory_utilization=0.9)  # fmt: skip
+    with pytest.raises(TypeError, match="unknown option 'xyzzy': the options"):
+        EngineConfig.from_options(model_dir, ModelConfig.from_dir(model_dir), "cpu", ControlTokens(), xyzzy=1)
+
+
+def test_float16_on_the_cpu_warns_that_it_is_slow(model_dir, caplog):
+    model = ModelConfig.from_dir(model_dir)
+    for device, dtype in (("cpu", "float32"), ("cpu", "bfloat16"), ("cuda", "float16"), ("cpu", "float16")):
+        EngineConfig.from_options(model_dir, model, device, ControlTokens(), dtype)
+    assert [r.message for r in caplog.records] == [
+        "float16 on the CPU has no fast kernels: many times slower than float32 or bfloat16"
+    ]
+
+
 def test_heads_must_group(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({**LLAMA, "num_key_value_heads": 3}))
     with pytest.raises(ValueError, match="not a multiple of num_kv_heads=3"):
