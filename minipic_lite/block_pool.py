@@ -110,10 +110,6 @@ class BlockPool:
         blocks = self.blocks
         return [block_id for block_id in islice(self.free_queue, num_blocks) if blocks[block_id].block_hash is not None]
 
-    def num_free_among(self, block_ids: Iterable[int]) -> int:
-        """How many of these blocks (each as often as listed) sit in the free queue: those of ref 0."""
-        return sum(map(self.free_queue.__contains__, block_ids))
-
     def num_free_distinct(self, block_ids: Iterable[int | None]) -> int:
         """How many distinct blocks among these (None: no block) sit in the free queue: those of ref 0."""
         return len(self.free_queue.keys() & block_ids)  # NOTE: one pass in C (a cached prompt lists a thousand)
@@ -124,12 +120,10 @@ class BlockPool:
             raise NoFreeBlocksError("no free KV blocks")
         block_id, _ = self.free_queue.popitem(last=False)
         block = self.blocks[block_id]
-        if block.block_hash is not None:
-            # NOTE: another block may have taken the hash over (see cache()); only drop our own entry.
-            if self.hash_to_block.get(block.block_hash) == block_id:
-                del self.hash_to_block[block.block_hash]
-                if self.on_evict is not None:
-                    self.on_evict(block_id, block.block_hash)
+        if block.block_hash is not None:  # NOTE: its hash maps to it: cache() never publishes a hash twice
+            del self.hash_to_block[block.block_hash]
+            if self.on_evict is not None:
+                self.on_evict(block_id, block.block_hash)
             block.block_hash = None
         block.ref_cnt = 1
         return block_id
@@ -185,3 +179,7 @@ class BlockPool:
         assert set(self.free_queue).isdisjoint(in_use), "a block in use sits in the free queue"
         for block_hash, block_id in self.hash_to_block.items():
             assert self.blocks[block_id].block_hash == block_hash, f"hash map points at block {block_id} wrongly"
+        for b in self.blocks:
+            assert b.block_hash is None or self.hash_to_block.get(b.block_hash) == b.block_id, (
+                f"block {b.block_id}'s hash is not published under it"
+            )

@@ -46,7 +46,7 @@ class HitGuard:
         return not self.has_refused
 
     def _hits_through(self, req: Request) -> dict[int, None]:
-        # NOTE: a snapshot: admissions leave the queue while it is walked (their hits are held, safe from eviction)
+        # NOTE: a snapshot, so that one walk serves the step's questions even if the queue changes between them
         self.queue = iter(list(self.waiting)) if self.queue is None else self.queue
         for waiting in self.queue if req not in self.walked else ():
             self.walked.add(waiting)

@@ -155,11 +155,10 @@ class KVCacheManager:
 
     def num_blocks_to_admit(self, req: Request) -> int:
         """Blocks that admitting `req` now would take out of the free queue: all of its prompt's blocks but those
-        other requests hold (hits in use, pending)."""
+        other requests hold (hits in use, pending), a free hit that the prompt lists twice taken once. (A hybrid
+        may take more: `allocate_prompt` computes its hits past the deepest saved state again.)"""
         kinds, found = self._match(req)
-        hit_ids = filter(is_found, blocks_of_kind(kinds, HIT, found))
-        num_held = kinds.count(PENDING) + kinds.count(HIT) - self.pool.num_free_among(hit_ids)
-        return req.num_blocks_for(len(req.token_ids)) - num_held
+        return self._plan_admission(kinds, found, req.num_blocks_for(len(req.token_ids)))[2]
 
     def allocate_prompt(self, req: Request) -> bool:
         """Give every block of the prompt (see the module doc). False, with nothing taken, if blocks are short."""

@@ -1,0 +1,30 @@
+"""The host tier's LRU order on its own: a store or a load makes a hash the most recently used, and a full tier
+hands out the slot of the least recently used hash."""
+
+from minipic_lite.host_tier import HostTier
+
+
+def test_a_full_host_tier_evicts_its_least_recently_stored_hash():
+    host = HostTier(2)
+    assert (host.store(b"a"), host.store(b"b")) == (0, 1)
+    assert host.store(b"c") == 0  # "a" is the oldest: its slot goes
+    assert b"a" not in host and b"b" in host and b"c" in host
+    host.check_integrity()
+
+
+def test_storing_a_hash_again_makes_it_the_most_recent():
+    host = HostTier(2)
+    host.store(b"a"), host.store(b"b")
+    assert host.store(b"a") is None  # here already: no copy
+    assert host.store(b"c") == 1  # now "b" is the oldest
+    assert b"b" not in host and b"a" in host
+    host.check_integrity()
+
+
+def test_loading_a_hash_makes_it_the_most_recent():
+    host = HostTier(2)
+    host.store(b"a"), host.store(b"b")
+    assert host.load(b"a") == 0
+    assert host.store(b"c") == 1  # "b" goes, not the "a" just loaded
+    assert b"b" not in host and b"a" in host and host.num_loaded == 1 and host.num_stored == 3
+    host.check_integrity()
