@@ -19,7 +19,9 @@ block_size = llm.config.cache.block_size  # every full block but the one holding
 assert again.num_cached_tokens == (len(again.prompt_token_ids) - 1) // block_size * block_size > 0
 assert again.token_ids == first.token_ids
 
+shown = ""
 for partial in llm.stream("Once upon a time", mp.SamplingParams(max_tokens=12, temperature=0.0)):
-    print(partial.text, end="\r")
+    print(partial.text[len(shown) :], end="", flush=True)  # each step's new text (partial.text is all of it so far)
+    shown = partial.text
 print()
 print(llm.stats())
