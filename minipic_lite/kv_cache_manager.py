@@ -154,30 +154,28 @@ class KVCacheManager:
         self.pool.refresh(self.hit_block_ids(req))
 
     def num_blocks_to_admit(self, req: Request) -> int:
-        """Blocks that admitting `req` now would take out of the free queue: all of its prompt's blocks but those
-        other requests hold (hits in use, pending), a free hit that the prompt lists twice taken once. (A hybrid
-        may take more: `allocate_prompt` computes its hits past the deepest saved state again.)"""
+        """Blocks that admitting `req` now would take out of the free queue (what `allocate_prompt` takes): all of
+        its prompt's blocks but those other requests hold (hits in use, pending), a free hit listed twice once."""
+        kinds, found, _ = self._usable_match(req)
+        return self._plan_admission(kinds, found, req.num_blocks_for(len(req.token_ids)))[3]
+
+    def _usable_match(self, req: Request) -> tuple[list[str], list[int | None], int | None]:
+        """match() as an admission may use it, and a hybrid's resume point (None for others): a hybrid reuses KV only
+        up to a saved recurrent state, and computes every block past it again."""
         kinds, found = self._match(req)
-        return self._plan_admission(kinds, found, req.num_blocks_for(len(req.token_ids)))[2]
+        if self.states is None:
+            return kinds, found, None
+        num_usable = next((i for i, kind in enumerate(kinds) if kind not in (HIT, HOST)), len(kinds))
+        resume = self.states.resume_point(req, num_usable)
+        return kinds[: resume // req.block_size], found[: resume // req.block_size], resume
 
     def allocate_prompt(self, req: Request) -> bool:
         """Give every block of the prompt (see the module doc). False, with nothing taken, if blocks are short."""
-        kinds, found = self._match(req)
+        kinds, found, resume = self._usable_match(req)
         hashes = req.block_hashes
-        if self.states is not None:  # NOTE: a hybrid reuses KV only up to a saved recurrent state
-            num_usable = next((i for i, kind in enumerate(kinds) if kind not in (HIT, HOST)), len(kinds))
-            resume = self.states.resume_point(req, num_usable)
-            kinds, found = kinds[: resume // req.block_size], found[: resume // req.block_size]  # NOTE: past it,
-            # every block is computed again
         num_blocks = req.num_blocks_for(len(req.token_ids))
         self.pool.count_lookups(found)  # NOTE: match() found them, and nothing changed since (its memo holds)
-        hits, sources, num_to_take = self._plan_admission(kinds, found, num_blocks)
-        if num_to_take > self.pool.num_blocks:
-            # NOTE: a copy holds its source until the forward, so a prompt of documents cached at other offsets
-            # can need more blocks than the whole cache: it would wait forever. Computing them again fits any
-            # cache that holds the request.
-            kinds = [MISS if kind == REROTATE else kind for kind in kinds]
-            hits, sources, num_to_take = self._plan_admission(kinds, found, num_blocks)
+        kinds, hits, sources, num_to_take = self._plan_admission(kinds, found, num_blocks)
         if not self.pool.can_allocate(num_to_take):
             return False
         req.waiting_blocks = set()
@@ -226,8 +224,19 @@ class KVCacheManager:
         return True
 
     def _plan_admission(self, kinds: list[str], found: list[int | None], num_blocks: int):
-        """Hits and copy sources (the block of each prompt block of that kind, None elsewhere), and how many blocks
-        the admission takes out of the free queue: fresh ones, and hits and sources that sit there."""
+        """The kinds the admission goes by, its hits and copy sources (the block of each prompt block of that kind,
+        None elsewhere), and how many blocks it takes out of the free queue: fresh ones, and hits and sources that
+        sit there."""
+        hits, sources, num_to_take = self._count_admission(kinds, found, num_blocks)
+        if num_to_take > self.pool.num_blocks:
+            # NOTE: a copy holds its source until the forward, so a prompt of documents cached at other offsets
+            # can need more blocks than the whole cache: it would wait forever. Computing them again fits any
+            # cache that holds the request.
+            kinds = [MISS if kind == REROTATE else kind for kind in kinds]
+            hits, sources, num_to_take = self._count_admission(kinds, found, num_blocks)
+        return kinds, hits, sources, num_to_take
+
+    def _count_admission(self, kinds: list[str], found: list[int | None], num_blocks: int):
         hits = blocks_of_kind(kinds, HIT, found)
         sources = blocks_of_kind(kinds, REROTATE, found) if self.rerotate else []
         # NOTE: hits and copy sources leave the free queue while this admission allocates its fresh blocks

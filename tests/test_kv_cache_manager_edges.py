@@ -104,3 +104,22 @@ def test_a_hybrid_resumes_past_blocks_that_come_back_from_the_host_tier():
     assert second.num_resumed_tokens == 32 and kv.num_host_hits == 4  # through blocks 4-7, loaded from the host
     assert out.scheduled[-1].query_ranges == [(32, 48)]
     kv.check_integrity()
+
+
+def test_a_hybrid_admission_is_counted_as_it_computes_hits_past_its_resume_point_again():
+    """num_blocks_to_admit left out that a hybrid recomputes the hits past its deepest saved state: a prompt that
+    shares 10 blocks with a running request (checkpoints after 16, 32 and 48 tokens) resumes at 32 and takes 2 more
+    fresh blocks than its 10 hits suggest; predicted 6 where it took 8."""
+    states = StateCache(4, 8, 100, CheckpointPlanner("balanced", 3, B, "balanced"), "lru")
+    kv = KVCacheManager(40, states=states)
+    sched = Scheduler(SchedulerConfig(4, 256, 1024), kv)
+    first = make_request("a", range(64), B, max_tokens=50)
+    sched.add(first)
+    while first.num_output_tokens < 2:  # its prefill (chunks cut at the checkpoints), then a decode step
+        out = sched.schedule()
+        sched.postprocess(out, [[7] if s.do_sample else [] for s in out.scheduled], lambda r: False)
+    assert first.saved_checkpoints == [16, 32, 48] and first in sched.running  # its blocks stay in use
+    second = make_request("c", list(range(40)) + list(range(100, 124)), B, max_tokens=1)
+    assert kv.match(second)[:11] == [HIT] * 10 + [MISS]
+    assert taken_by_admission(kv, second) == (8, 8)
+    assert second.num_resumed_tokens == 32
