@@ -4,26 +4,10 @@ beside waiting requests and at a block boundary, and the books kept for finished
 
 from collections import deque
 
-from minipic_lite.config import ControlTokens, SchedulerConfig
-from minipic_lite.hashing import root_hash
+from minipic_lite.config import SchedulerConfig
 from minipic_lite.kv_cache_manager import KVCacheManager
-from minipic_lite.request import Request
-from minipic_lite.sampling_params import SamplingParams
 from minipic_lite.scheduler import Scheduler
-from minipic_lite.spans import span_layout
-
-B = 4
-S, P, PAD = 1, 2, 3
-CONTROL = ControlTokens(ssep_id=S, pdep_id=P, pad_id=PAD)
-ROOT = root_hash("test-scheduler-edges")
-DOC = [S, 30, 31, 32, 33, 34, 35, 36]  # an SSEP span of two blocks
-DOC2 = [S, 40, 41, 42, 43, 44, PAD, PAD]
-
-
-def request(request_id, token_ids, max_tokens=2):
-    token_ids = list(token_ids)
-    params = SamplingParams(max_tokens=max_tokens)
-    return Request(request_id, token_ids, params, B, ROOT, span_layout(token_ids, CONTROL, B))
+from tests.test_span_scheduling import DOC, DOC2, PAD, P, S, request
 
 
 def scheduler(num_blocks=32, budget=256, max_num_seqs=8, policy="inline", span_ahead_tokens=None, steps=1):

@@ -25,8 +25,8 @@ DOC2 = [S, 40, 41, 42, 43, 44, PAD, PAD]
 
 
 def request(request_id, token_ids, max_tokens=2):
-    params = SamplingParams(max_tokens=max_tokens)
-    return Request(request_id, list(token_ids), params, B, ROOT, span_layout(token_ids, CONTROL, B))
+    token_ids, params = list(token_ids), SamplingParams(max_tokens=max_tokens)
+    return Request(request_id, token_ids, params, B, ROOT, span_layout(token_ids, CONTROL, B))
 
 
 def scheduler(num_blocks=32, budget=256, max_num_seqs=8, policy="inline", num_host_blocks=0, span_ahead_tokens=None):
