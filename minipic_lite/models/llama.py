@@ -50,8 +50,8 @@ def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps
 
 
 def eager_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """`rms_norm` for eager steps (the CPU's): its float32 statistics in one `F.rms_norm` call, the same bits
-    (tests/test_models.py) in four dispatched ops where the explicit form takes eight."""
+    """`rms_norm` for eager steps (the CPU's): its float32 statistics in one `F.rms_norm` call, in four dispatched ops
+    where the explicit form takes eight; on the CPU the same bits (tests/test_model_kernels.py)."""
     return weight * F.rms_norm(x.float(), x.shape[-1:], eps=eps).to(x.dtype)
 
 
