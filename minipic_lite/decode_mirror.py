@@ -58,7 +58,8 @@ class DecodeMirror:
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.position_free = position_free
         self.max_bytes = max_bytes
-        self.k = torch.empty(cfg.num_layers, 0, cfg.num_kv_heads, 0, cfg.head_dim)  # (L, slots, KVH, cap, D)
+        # NOTE: a hybrid's attention layers only (its linear ones keep recurrent state)
+        self.k = torch.empty(cfg.num_attention_layers, 0, cfg.num_kv_heads, 0, cfg.head_dim)  # (L, slots, KVH, cap, D)
         self.v = torch.empty_like(self.k)
         self.entries: dict[str, MirrorEntry] = {}  # request_id -> its slot
 

@@ -185,7 +185,7 @@ class ModelRunner:
         self.host_cache = self._allocate_host_tier(config.cache.host_cache_gib)
         self.sampler = Sampler(self.device)
         self.decode_mirror = None
-        if self.device.type == "cpu" and config.cache.cpu_decode_mirror and not cfg.is_hybrid:
+        if self.device.type == "cpu" and config.cache.cpu_decode_mirror:
             mirror_bytes = int(config.cache.cpu_kv_cache_gib * GIB)
             self.decode_mirror = DecodeMirror(cfg, config.cache.position_free, mirror_bytes)
         self.graphs = None

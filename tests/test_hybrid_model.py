@@ -314,3 +314,23 @@ def test_dummy_weights_of_a_hybrid_keep_its_norms_and_decays_in_range_and_genera
     assert all(torch.equal(params[n], again[n]) for n in params)
     (out,) = llm.generate([list(range(5, 40))], mp.SamplingParams(max_tokens=6, **GREEDY), use_tqdm=False)
     assert len(out.token_ids) == 6 and all(0 <= t < 256 for t in out.token_ids)
+
+
+@pytest.mark.parametrize("position_free", [True, False], ids=["position_free", "rotated_keys"])
+def test_the_hybrid_decodes_through_the_cpu_mirror_as_through_the_paged_op(tmp_path, monkeypatch, position_free):
+    """Its attention layers take the decode mirror (decode_mirror.py) as the Llama family's do: the same tokens
+    as the paged op, steps served by the mirror, and the same paged cache written. Two attention layers among four,
+    so that each must find its own keys in the mirror."""
+    path = tmp_path / "two_attention_layers"
+    make_hybrid(path, layer_types=["linear_attention", "full_attention"] * 2)
+    ours, paged = _llm(path, position_free=position_free), _llm(path, position_free=position_free)
+    paged.engine.runner.decode_mirror = None
+    mirror = ours.engine.runner.decode_mirror
+    served, prepare = [], mirror.prepare
+    monkeypatch.setattr(mirror, "prepare", lambda *args: served.append(prepare(*args)) or served[-1])
+    prompts, params = _prompts(3, [40, 9, 70], seed=5), mp.SamplingParams(max_tokens=16, **GREEDY)
+    outs = ours.generate(prompts, params, use_tqdm=False)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in paged.generate(prompts, params, use_tqdm=False)]
+    assert len(served) >= 15 and all(step is not None for step in served)
+    assert mirror.k.shape[0] == ours.config.model.num_attention_layers < ours.config.model.num_layers
+    assert max_abs_err(ours.engine.runner.kv_cache, paged.engine.runner.kv_cache) < 1e-4

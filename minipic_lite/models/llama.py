@@ -160,6 +160,17 @@ def paged_attention(q, meta: StepMetadata, k_cache, v_cache, cos_sin, scale: flo
     )  # (T, H, D)  # fmt: skip
 
 
+def attend_through_mirror(q, k, v, meta: StepMetadata, kv_layer, layer_idx: int, position_free: bool, scale: float):
+    """The CPU's decode step (decode_mirror.py) for an attention layer's q [T, H, D], k and v [T, KVH, D]: q and k
+    rotated with the step's tables, built once for every layer; the paged cache written (keys rotated in the vanilla
+    mode, as `rope_and_write_kv` does); then attention over the mirror -> [T, H, D]."""
+    mirror = meta.decode_mirror
+    k_rotated = mirror.rotate(k)  # (T, KVH, D) float32
+    write_kv(k if position_free else k_rotated.to(k.dtype), v, meta.slot_mapping, kv_layer.flatten(1, 2))
+    q = mirror.rotate(q).to(q.dtype)  # NOTE: rounded as apply_rope rounds it
+    return mirror.attend(layer_idx, q, k_rotated, v, scale)  # (T, H, D)
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, position_free: bool, kernels: Kernels, layer_idx: int):
         super().__init__()
@@ -185,7 +196,7 @@ class Attention(nn.Module):
             q = self.kernels.rms_norm(q, self.q_norm.weight, self.q_norm.eps)
             k = self.kernels.rms_norm(k, self.k_norm.weight, self.k_norm.eps)
         if meta.decode_mirror is not None:
-            out = self._attend_mirror(q, k, v, meta, kv_layer)
+            out = attend_through_mirror(q, k, v, meta, kv_layer, self.layer_idx, self.position_free, self.scale)
         else:
             # NOTE: the vanilla baseline stores keys rotated; position-free keys are rotated by the op at read time
             q = self.kernels.rope_and_write_kv(
@@ -194,15 +205,6 @@ class Attention(nn.Module):
             k_cache, v_cache = kv_layer.unbind(0)  # (blocks, B, KVH, D) each
             out = paged_attention(q, meta, k_cache, v_cache, cos_sin if self.position_free else None, self.scale)
         return self.o_proj(out.reshape(num_tokens, self.q_size))
-
-    def _attend_mirror(self, q, k, v, meta: StepMetadata, kv_layer: torch.Tensor) -> torch.Tensor:
-        """The CPU's decode step (decode_mirror.py): q and k rotated with the step's tables, built once for every
-        layer, the cache written (keys rotated in the vanilla mode, as `rope_and_write_kv` does), then the mirror."""
-        mirror = meta.decode_mirror
-        k_rotated = mirror.rotate(k)  # (T, KVH, D) float32
-        write_kv(k if self.position_free else k_rotated.to(k.dtype), v, meta.slot_mapping, kv_layer.flatten(1, 2))
-        q = mirror.rotate(q).to(q.dtype)  # NOTE: rounded as apply_rope rounds it
-        return mirror.attend(self.layer_idx, q, k_rotated, v, self.scale)  # (T, H, D)
 
 
 class MLP(nn.Module):
