@@ -2,6 +2,7 @@
 assertions check what they teach (hits counted, answers equal to the explicit-mask oracle, ...). They are
 committed without outputs."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,9 @@ def test_the_notebooks_are_all_here_and_committed_without_outputs():
     for path in NOTEBOOKS:
         cells = [c for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
         assert all(not c.outputs and c.execution_count is None for c in cells), f"{path.name} has outputs"
+        # NOTE: the file as committed (nbformat.read fills missing ids in, and warns: a hard error to come)
+        stored = json.loads(path.read_text())["cells"]
+        assert all("id" in c for c in stored), f"{path.name} has cells without an id: nbformat.write it once"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
