@@ -160,30 +160,48 @@ def paged_attention(q, meta: StepMetadata, k_cache, v_cache, cos_sin, scale: flo
     )  # (T, H, D)  # fmt: skip
 
 
-def attend_through_mirror(q, k, v, meta: StepMetadata, kv_layer, layer_idx: int, position_free: bool, scale: float):
-    """The CPU's decode step (decode_mirror.py) for an attention layer's q [T, H, D], k and v [T, KVH, D]: q and k
-    rotated with the step's tables, built once for every layer; the paged cache written (keys rotated in the vanilla
-    mode, as `rope_and_write_kv` does); then attention over the mirror -> [T, H, D]."""
-    mirror = meta.decode_mirror
-    k_rotated = mirror.rotate(k)  # (T, KVH, D) float32
-    write_kv(k if position_free else k_rotated.to(k.dtype), v, meta.slot_mapping, kv_layer.flatten(1, 2))
-    q = mirror.rotate(q).to(q.dtype)  # NOTE: rounded as apply_rope rounds it
-    return mirror.attend(layer_idx, q, k_rotated, v, scale)  # (T, H, D)
+class PagedAttention(nn.Module):
+    """What every family's attention layer shares: the step's RoPE, its K/V written to the paged cache before
+    attention reads it (DESIGN §2), and attention over the cache through the op, or at a CPU decode step over the
+    decode mirror (decode_mirror.py). The subclass adds its projections and norms."""
 
-
-class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, position_free: bool, kernels: Kernels, layer_idx: int):
         super().__init__()
         self.kernels = kernels
-        self.layer_idx = layer_idx
+        self.layer_idx = layer_idx  # among the attention layers: its K/V in the paged cache and the mirror
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.position_free = position_free
+        self.scale = self.head_dim**-0.5
+
+    def attend(self, q, k, v, meta: StepMetadata, kv_layer: torch.Tensor, cos_sin) -> torch.Tensor:
+        """q [T, H, D], k and v [T, KVH, D] (unrotated), kv_layer [2, blocks, B, KVH, D] -> [T, H, D]."""
+        if meta.decode_mirror is not None:
+            return self._attend_mirror(q, k, v, meta, kv_layer)
+        # NOTE: the vanilla baseline stores keys rotated; position-free keys are rotated by the op at read time
+        q = self.kernels.rope_and_write_kv(
+            q, k, v, meta.positions, cos_sin, meta.slot_mapping, kv_layer.flatten(1, 2), not self.position_free
+        )
+        k_cache, v_cache = kv_layer.unbind(0)  # (blocks, B, KVH, D) each
+        return paged_attention(q, meta, k_cache, v_cache, cos_sin if self.position_free else None, self.scale)
+
+    def _attend_mirror(self, q, k, v, meta: StepMetadata, kv_layer: torch.Tensor) -> torch.Tensor:
+        """q and k rotated with the step's tables, built once for every layer; the paged cache written (keys rotated
+        in the vanilla mode, as `rope_and_write_kv` does); then attention over the mirror."""
+        mirror = meta.decode_mirror
+        k_rotated = mirror.rotate(k)  # (T, KVH, D) float32
+        write_kv(k if self.position_free else k_rotated.to(k.dtype), v, meta.slot_mapping, kv_layer.flatten(1, 2))
+        q = mirror.rotate(q).to(q.dtype)  # NOTE: rounded as apply_rope rounds it
+        return mirror.attend(self.layer_idx, q, k_rotated, v, self.scale)  # (T, H, D)
+
+
+class Attention(PagedAttention):
+    def __init__(self, cfg: ModelConfig, position_free: bool, kernels: Kernels, layer_idx: int):
+        super().__init__(cfg, position_free, kernels, layer_idx)
         self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias)
         self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
-        self.position_free = position_free
-        self.scale = self.head_dim**-0.5
 
     def forward(self, x, meta: StepMetadata, kv_layer: torch.Tensor, cos_sin) -> torch.Tensor:
         """kv_layer: this layer's K and V caches, [2, blocks, B, KVH, D]."""
@@ -195,15 +213,7 @@ class Attention(nn.Module):
         if self.q_norm is not None:
             q = self.kernels.rms_norm(q, self.q_norm.weight, self.q_norm.eps)
             k = self.kernels.rms_norm(k, self.k_norm.weight, self.k_norm.eps)
-        if meta.decode_mirror is not None:
-            out = attend_through_mirror(q, k, v, meta, kv_layer, self.layer_idx, self.position_free, self.scale)
-        else:
-            # NOTE: the vanilla baseline stores keys rotated; position-free keys are rotated by the op at read time
-            q = self.kernels.rope_and_write_kv(
-                q, k, v, meta.positions, cos_sin, meta.slot_mapping, kv_layer.flatten(1, 2), not self.position_free
-            )
-            k_cache, v_cache = kv_layer.unbind(0)  # (blocks, B, KVH, D) each
-            out = paged_attention(q, meta, k_cache, v_cache, cos_sin if self.position_free else None, self.scale)
+        out = self.attend(q, k, v, meta, kv_layer, cos_sin)  # (T, H, D)
         return self.o_proj(out.reshape(num_tokens, self.q_size))
 
 

@@ -27,15 +27,7 @@ from torch.nn import functional as F
 
 from minipic_lite.config import ModelConfig, cdiv
 from minipic_lite.models import gated_delta_rule as gdr
-from minipic_lite.models.llama import (
-    MLP,
-    CausalLM,
-    Kernels,
-    RMSNorm,
-    attend_through_mirror,
-    compile_kernel,
-    paged_attention,
-)
+from minipic_lite.models.llama import MLP, CausalLM, Kernels, PagedAttention, RMSNorm, compile_kernel
 from minipic_lite.models.step import RecurrentStep, StepMetadata, host_tensor
 
 
@@ -138,22 +130,16 @@ def _fla_kernels(device: torch.device):
     return chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
 
 
-class GatedAttention(nn.Module):
+class GatedAttention(PagedAttention):
     """Full attention with q/k RMSNorm, partial rotary and a sigmoid output gate (per head and dim)."""
 
     def __init__(self, cfg: ModelConfig, position_free: bool, kernels: Kernels, hybrid: HybridKernels, index: int):
-        super().__init__()
-        self.kernels = kernels
-        self.index = index  # among the attention layers: its K/V in the paged cache and the CPU decode mirror
-        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        super().__init__(cfg, position_free, kernels, index)
         # NOTE: q_proj's rows are [q | gate] per head: (heads, 2·head_dim)
         self.qkv_proj = nn.Linear(cfg.hidden_size, 2 * self.q_size + 2 * self.kv_size, bias=cfg.attention_bias)
         self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=cfg.attention_bias)
         self.q_norm = Norm1p(self.head_dim, cfg.rms_norm_eps, hybrid.rms_norm_1p)
         self.k_norm = Norm1p(self.head_dim, cfg.rms_norm_eps, hybrid.rms_norm_1p)
-        self.position_free = position_free
-        self.scale = self.head_dim**-0.5
 
     def forward(self, x, meta: StepMetadata, kv_layer: torch.Tensor, cos_sin) -> torch.Tensor:
         """kv_layer: this layer's K and V caches, [2, blocks, B, KVH, D]."""
@@ -161,15 +147,7 @@ class GatedAttention(nn.Module):
         q_gate, k, v = self.qkv_proj(x).split([2 * self.q_size, self.kv_size, self.kv_size], dim=-1)
         q, gate = q_gate.view(num_tokens, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)  # (T, H, D) each
         k = self.k_norm(k.view(num_tokens, self.num_kv_heads, self.head_dim))  # (T, KVH, D)
-        q, v = self.q_norm(q), v.view_as(k)
-        if meta.decode_mirror is not None:
-            out = attend_through_mirror(q, k, v, meta, kv_layer, self.index, self.position_free, self.scale)
-        else:
-            q = self.kernels.rope_and_write_kv(
-                q, k, v, meta.positions, cos_sin, meta.slot_mapping, kv_layer.flatten(1, 2), not self.position_free
-            )
-            k_cache, v_cache = kv_layer.unbind(0)  # (blocks, B, KVH, D) each
-            out = paged_attention(q, meta, k_cache, v_cache, cos_sin if self.position_free else None, self.scale)
+        out = self.attend(self.q_norm(q), k, v.view_as(k), meta, kv_layer, cos_sin)  # (T, H, D)
         out = out.reshape(num_tokens, self.q_size) * torch.sigmoid(gate.reshape(num_tokens, self.q_size))
         return self.o_proj(out)
 
