@@ -1,0 +1,32 @@
+"""Edges of the request record (request.py) that the main tests leave open: what a preemption resets, and which
+SSEP spans a prompt may compute ahead."""
+
+from minipic_lite.config import ControlTokens
+from minipic_lite.hashing import root_hash
+from minipic_lite.request import Request, RequestStatus
+from minipic_lite.sampling_params import SamplingParams
+from minipic_lite.spans import span_layout
+
+ROOT = root_hash("test_request_edges")
+CONTROL = ControlTokens(ssep_id=1, pdep_id=2, pad_id=3)
+B = 4
+
+
+def test_reset_for_recompute_forgets_waiting_and_published_blocks_and_keeps_the_outputs():
+    req = Request("r", [10, 11, 12, 13, 14], SamplingParams(max_tokens=4), B, ROOT)
+    req.append_token(9)
+    req.block_table, req.waiting_blocks, req.num_published_blocks = [4, 5], {1}, 1
+    req.status = RequestStatus.RUNNING
+    req.reset_for_recompute()
+    assert req.waiting_blocks == set() and req.num_published_blocks == 0
+    assert req.num_output_tokens == 1 and req.output_token_ids == [9]
+
+
+def test_an_ssep_span_that_ends_the_prompt_is_not_computed_ahead():
+    # [20 21 22 PAD] [S 30 31 32]: the span holds the last prompt token, which the request itself must compute
+    prompt = [20, 21, 22, 3, 1, 30, 31, 32]
+    req = Request("r", prompt, SamplingParams(), B, ROOT, span_layout(prompt, CONTROL, B))
+    assert req.span_segments() == ()
+    longer = prompt + [2, 40]  # a PDEP question after it: now the span can be computed ahead
+    req = Request("s", longer, SamplingParams(), B, ROOT, span_layout(longer, CONTROL, B))
+    assert [(s.start, s.end) for s in req.span_segments()] == [(4, 8)]

@@ -1,0 +1,88 @@
+"""Edges of state_cache.py that the main tests leave open: a save is planned only while its chunk is scheduled,
+only for a request that holds a live slot, and once per planned position; a reset drops pending copies; the slot
+check counts every slot; a checkpoint's size counts the conv window in the model dtype."""
+
+import pytest
+import torch
+
+from minipic_lite.checkpoints.planner import CheckpointPlanner
+from minipic_lite.state_cache import StateCache, StateOps, StateTensors
+from tests.sched_factory import make_request
+
+B = 4
+
+
+def states_and_request():
+    states = StateCache(2, 4, 100, CheckpointPlanner("balanced", 1, B, "balanced"))
+    req = make_request("a", range(16), B)
+    return states, req
+
+
+def test_a_save_is_planned_while_its_chunk_is_scheduled_not_when_the_step_publishes_again():
+    states, req = states_and_request()
+    states.attach(req, 0)
+    req.checkpoint_positions = [8]
+    req.num_computed_tokens = 8  # the step that computed [0, 8) ran; postprocess publishes [0, 8) again
+    states.plan_saves(req, 8)
+    assert states.ops.save == [] and req.saved_checkpoints == []
+    req.num_computed_tokens = 4  # a chunk [4, 8) is being scheduled
+    states.plan_saves(req, 8)
+    assert states.ops.save == [(req.state_slot, 0)] and req.saved_checkpoints == [8]
+
+
+def test_a_request_without_a_live_slot_plans_no_save():
+    states, req = states_and_request()
+    req.checkpoint_positions = [8]
+    states.plan_saves(req, 8)
+    assert states.ops.save == [] and req.saved_checkpoints == [] and states.stats.num_saved == 0
+
+
+def test_a_request_saves_each_planned_position_once_even_after_the_store_forgot_it():
+    states, req = states_and_request()
+    states.attach(req, 0)
+    req.checkpoint_positions = [8]
+    states.plan_saves(req, 8)
+    states.take_ops()
+    states.reset()  # a failed step: every checkpoint forgotten
+    states.plan_saves(req, 8)  # the chunk [0, 8) scheduled again
+    assert states.ops.save == [] and req.saved_checkpoints == [8] and states.stats.num_saved == 1
+
+
+def test_reset_drops_the_pending_copies_with_the_checkpoints():
+    states, req = states_and_request()
+    states.attach(req, 0)
+    req.checkpoint_positions = [8]
+    states.plan_saves(req, 8)
+    assert (states.ops.zero, states.ops.save) == ([req.state_slot], [(req.state_slot, 0)])
+    states.reset()
+    ops = states.take_ops()
+    assert (ops.zero, ops.load, ops.save) == ([], [], [])
+    assert list(states.free_ckpt_ids) == [1, 2, 3, 0] and states.by_hash == {}
+
+
+def test_check_integrity_catches_a_slot_neither_free_nor_live():
+    states, req = states_and_request()
+    states.attach(req, 0)
+    states.check_integrity([req.state_slot])
+    with pytest.raises(AssertionError, match=r"free \+ live state slots != total"):
+        states.check_integrity([])
+
+
+def test_a_checkpoint_holds_the_conv_window_in_the_model_dtype_and_the_state_in_float32():
+    conv_shape, ssm_shape = (2, 3, 4), (2, 5, 6, 7)  # per slot: [linear_layers, ...]
+    checkpoint_bytes = 2 * 3 * 4 * 2 + 2 * 5 * 6 * 7 * 4  # bfloat16 conv, float32 state: 48 + 1680
+    tensors = StateTensors((conv_shape, ssm_shape), 3, 2 * checkpoint_bytes + 1, torch.bfloat16, "cpu")
+    assert (tensors.checkpoint_bytes, tensors.num_checkpoints) == (checkpoint_bytes, 2)
+    assert tensors.conv.shape == (2, 3, 3, 4) and tensors.conv.dtype == torch.bfloat16
+    assert tensors.ckpt_ssm.shape == (2, 2, 5, 6, 7) and tensors.ckpt_ssm.dtype == torch.float32
+
+
+def test_before_forward_zeroes_both_states_of_a_fresh_slot_and_loads_both_of_a_resumed_one():
+    tensors = StateTensors(((1, 2, 3), (1, 2, 2, 2)), 2, 4 * 56, torch.float32, "cpu")  # 4 checkpoints
+    tensors.conv.fill_(5.0)
+    tensors.ssm.fill_(5.0)  # slots 0 and 1 hold an earlier request's states
+    tensors.ckpt_conv[:, 3].fill_(7.0)
+    tensors.ckpt_ssm[:, 3].fill_(7.0)
+    tensors.before_forward(StateOps(zero=[0], load=[(3, 1)]))
+    assert tensors.conv[:, 0].eq(0).all() and tensors.ssm[:, 0].eq(0).all()
+    assert tensors.conv[:, 1].eq(7).all() and tensors.ssm[:, 1].eq(7).all()

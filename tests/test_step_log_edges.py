@@ -1,0 +1,32 @@
+"""Edges of the step log (step_log.py) that test_step_log leaves open: a decode past the prompt counts no prompt
+tokens, and a record counts the step's sequences."""
+
+from minipic_lite.chunks import ScheduledSeq, SchedulerOutput
+from minipic_lite.request import Request
+from minipic_lite.sampling_params import SamplingParams
+from minipic_lite.step_log import StepLog, count_tokens
+from tests.sched_factory import ROOT
+
+B = 4
+
+
+def request(request_id: str, num_outputs: int = 0) -> Request:
+    req = Request(request_id, list(range(10, 25)), SamplingParams(), B, ROOT)  # 15 prompt tokens
+    for token in range(num_outputs):
+        req.append_token(50 + token)
+    return req
+
+
+def test_a_decode_past_the_prompt_counts_no_prompt_tokens():
+    req = request("a", num_outputs=2)
+    out = SchedulerOutput([ScheduledSeq(req, [(16, 17)], 17, do_sample=True)])
+    assert count_tokens(out) == (0, 0, 1)
+
+
+def test_a_record_counts_the_steps_sequences():
+    a, b = request("a", 1), request("b", 1)
+    log = StepLog()
+    decodes = [ScheduledSeq(a, [(15, 16)], 16, do_sample=True), ScheduledSeq(b, [(15, 16)], 16, do_sample=True)]
+    log.record(SchedulerOutput(decodes, num_steps=3), now=1.5)
+    (record,) = log.records()
+    assert (record.num_steps, record.num_seqs, record.num_decode_tokens, record.time) == (3, 2, 6, 1.5)
