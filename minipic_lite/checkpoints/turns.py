@@ -23,21 +23,18 @@ def branch_points(token_ids, turn_start_id: int) -> list[int]:
 
 def snap_to_turns(positions, points, bin_size: int) -> list[int]:
     """`positions` with each branch point (rounded down to the grid), deepest first, in the place of the deepest
-    position at or below it that is not a branch point already; a point with no position below it is skipped.
+    position below it (none of them is a branch point already: those placed so far lie deeper); a point that is a
+    position already stays, and a point with no position below it is skipped.
 
     A checkpoint at c serves the requests that leave at depths ≥ c from c; moved up to a branch point s ≥ c, it
     serves those that leave at s or deeper s − c tokens deeper, and those in [c, s) from the next one down.
     """
     if bin_size < 1:
         raise ValueError(f"bin_size must be >= 1 token, got {bin_size}")
-    plan, taken = set(positions), set()
+    plan = set(positions)
     for point in sorted({bin_size * (p // bin_size) for p in points} - {0}, reverse=True):
-        if point in plan:
-            taken.add(point)
-            continue
-        below = [c for c in plan - taken if c < point]
-        if below:
+        below = [c for c in plan if c < point]
+        if point not in plan and below:
             plan.remove(max(below))
             plan.add(point)
-            taken.add(point)
     return sorted(plan)
