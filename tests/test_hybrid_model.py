@@ -103,6 +103,14 @@ def test_prefill_logits_match_transformers_in_float64(hybrid, tmp_path, layout):
         assert max_abs_err(logits, ref) <= 1e-4
 
 
+def _hf_greedy(hf, token_ids, max_new_tokens):
+    mask = torch.ones(1, len(token_ids), dtype=torch.long)
+    with torch.no_grad():
+        expected = hf.generate(torch.tensor([token_ids]), attention_mask=mask, max_new_tokens=max_new_tokens,
+                               do_sample=False, eos_token_id=None, pad_token_id=0)  # fmt: skip
+    return expected[0, len(token_ids) :].tolist()
+
+
 def test_greedy_tokens_equal_transformers_generate(hybrid):
     """Chunked prefill (64-token budget: chunks end mid-prompt), batched decode, prefix hits + resumes."""
     path, hf = hybrid
@@ -113,13 +121,20 @@ def test_greedy_tokens_equal_transformers_generate(hybrid):
     outs = llm.generate(prompts, params, use_tqdm=False)
     again = llm.generate(prompts, params, use_tqdm=False)  # now from checkpoints
     for token_ids, out, out2 in zip(prompts, outs, again, strict=True):
-        mask = torch.ones(1, len(token_ids), dtype=torch.long)
-        with torch.no_grad():
-            expected = hf.generate(torch.tensor([token_ids]), attention_mask=mask, max_new_tokens=12, do_sample=False,
-                                   eos_token_id=None, pad_token_id=0)  # fmt: skip
-        assert out.token_ids == expected[0, len(token_ids) :].tolist()
+        assert out.token_ids == _hf_greedy(hf, token_ids, 12)
         assert out2.token_ids == out.token_ids
     assert sum(o.state_report.resume_position > 0 for o in again) >= 4
+
+
+def test_a_state_slot_used_again_starts_from_zero(hybrid):
+    """Two slots, six requests: the later four each take a slot an earlier request left holding its recurrent state
+    (no prefix hits, so each starts from a zeroed slot, not a loaded checkpoint)."""
+    path, hf = hybrid
+    llm = _llm(path, max_num_seqs=2, enable_prefix_caching=False)
+    prompts = _prompts(6, [40, 9, 70, 25, 3, 50], seed=5)
+    outs = llm.generate(prompts, mp.SamplingParams(max_tokens=8, **GREEDY), use_tqdm=False)
+    assert [o.token_ids for o in outs] == [_hf_greedy(hf, p, 8) for p in prompts]
+    assert llm.engine.kv.states.num_slots == 2 and len(llm.engine.kv.states.free_slots) == 2
 
 
 def test_config_of_the_hybrid(hybrid):
