@@ -81,11 +81,12 @@ class StateCache(CheckpointStore):
         """Reserve a checkpoint when this step's chunk ends at one of the request's planned positions."""
         # NOTE: only while the chunk is being scheduled (it ends past num_computed_tokens): after the step
         # (postprocess publishes too) the slot moves on with the next token, so saving then would be wrong.
+        # A request computing a planned position again (re-admitted after preemption) saves it again if the store
+        # has forgotten it meanwhile: the state is at hand for one copy; `reserve` skips one still saved.
         if (
             num_tokens <= req.num_computed_tokens
             or req.state_slot is None
             or num_tokens not in (req.checkpoint_positions or ())
-            or num_tokens in req.saved_checkpoints
             or num_tokens % req.block_size
         ):
             return
@@ -94,7 +95,8 @@ class StateCache(CheckpointStore):
         )
         if ckpt_id is not None:
             self.ops.save.append((req.state_slot, ckpt_id))
-            req.saved_checkpoints.append(num_tokens)
+            if num_tokens not in req.saved_checkpoints:
+                req.saved_checkpoints.append(num_tokens)
 
     def take_ops(self) -> StateOps:
         """This step's copies; loads taken now run before any later eviction, so their pins drop."""

@@ -1,6 +1,7 @@
 """Edges of state_cache.py that the main tests leave open: a save is planned only while its chunk is scheduled,
-only for a request that holds a live slot, and once per planned position; a reset drops pending copies; the slot
-check counts every slot; a checkpoint's size counts the conv window in the model dtype."""
+only for a request that holds a live slot, and for a position passed again only once the store forgot it; a reset
+drops pending copies; the slot check counts every slot; a checkpoint's size counts the conv window in the model
+dtype."""
 
 import pytest
 import torch
@@ -37,15 +38,24 @@ def test_a_request_without_a_live_slot_plans_no_save():
     assert states.ops.save == [] and req.saved_checkpoints == [] and states.stats.num_saved == 0
 
 
-def test_a_request_saves_each_planned_position_once_even_after_the_store_forgot_it():
+def test_a_request_computing_a_planned_position_again_saves_it_again_only_if_the_store_forgot_it():
+    """Re-admitted after preemption (its slot released, then a fresh one from position 0): the checkpoint still
+    saved is just used again; once the store has forgotten it, the new pass saves it again (listed once)."""
     states, req = states_and_request()
     states.attach(req, 0)
     req.checkpoint_positions = [8]
     states.plan_saves(req, 8)
     states.take_ops()
-    states.reset()  # a failed step: every checkpoint forgotten
-    states.plan_saves(req, 8)  # the chunk [0, 8) scheduled again
-    assert states.ops.save == [] and req.saved_checkpoints == [8] and states.stats.num_saved == 1
+    for forget in (False, True):
+        states.release(req)
+        if forget:
+            states.reset()
+        states.attach(req, 0)  # the same plan: a re-admission keeps it
+        states.plan_saves(req, 8)  # the chunk [0, 8) scheduled again
+        saves = states.take_ops().save
+        assert saves == ([(req.state_slot, states.by_hash[req.block_hashes[1]].ckpt_id)] if forget else [])
+        assert req.saved_checkpoints == [8]
+    assert states.stats.num_saved == 2
 
 
 def test_reset_drops_the_pending_copies_with_the_checkpoints():
