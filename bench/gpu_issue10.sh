@@ -586,7 +586,7 @@ if want next78; then  # int32 key, value and cos/sin offsets in the read kernel 
         step "read_new_$round" 60 env READ_SWEEP=0 python3 bench/gpu_read_profile.py --out "$OUT" --cases $cases
     done
 fi
-if want next86; then  # the GPU tests at this tree (stops 41-42 changed the GPU path: one PagedAttention for both families,
+if want next86; then  # (run at b3d97df; MINIPIC_PERSISTENT_NORM removed after: no gain) the GPU tests at this tree (stops 41-42 changed the GPU path: one PagedAttention for both families,
     # an eager step's norms through F.rms_norm), then next85b's decode with the norms looped and persistent
     # (MINIPIC_PERSISTENT_NORM=1) alternated twice, then the norm kernels alone (next85's second half)
     step gpu_tests 150 python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider -p no:logging --tb=short
@@ -598,7 +598,7 @@ if want next86; then  # the GPU tests at this tree (stops 41-42 changed the GPU 
     step norms 60 env GIT_SHA=$GIT_SHA python3 bench/gpu_small_kernels.py --norms-only --tag norms
     cp bench/results/gpu_small_kernels_*_norms.json "$OUT"/ 2>/dev/null
 fi
-if want next85; then  # (not yet run) decode at 2-8 rows: a pass over the layers at 2 rows through cuBLAS took 1.07-1.31x
+if want next85; then  # (its norm half run in next86 at b3d97df; MINIPIC_PERSISTENT_NORM removed after) decode at 2-8 rows: a pass over the layers at 2 rows through cuBLAS took 1.07-1.31x
     # the one-row reductions' at one row (next83's probe): the product as a reduction laid out so that each weight
     # element serves every row (few_rows_as_reduction) beside cuBLAS, before any engine route
     step gemm_few_rows 200 python3 bench/gpu_gemm_shapes.py --few-rows --rows 2,4,8 \
@@ -610,7 +610,7 @@ if want next85; then  # (not yet run) decode at 2-8 rows: a pass over the layers
     step norms 120 env GIT_SHA=$GIT_SHA python3 bench/gpu_small_kernels.py --norms-only --tag norms
     cp bench/results/gpu_small_kernels_*_norms.json "$OUT"/ 2>/dev/null
 fi
-if want next85b; then  # (not yet run) the engine's decode at batch 1 and 64 with the norms looped (the default) and
+if want next85b; then  # (run as next86 at b3d97df; MINIPIC_PERSISTENT_NORM removed after) the engine's decode at batch 1 and 64 with the norms looped (the default) and
     # persistent (MINIPIC_PERSISTENT_NORM=1), alternated
     for round in 1 2; do
         engine_decode "decode_looped_norm_$round" 100 new "$OUT/gpu_decode_${GIT_SHA}_looped_norm_$round.json"

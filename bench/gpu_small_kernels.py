@@ -14,9 +14,9 @@ layer (the decode's merge of 32 splits takes 2.3) and, after `o` and after `down
   projection costs without its reduction kernel.
 
 - the residual add + RMSNorm at Llama-3-8B's hidden size (`--norms-only`: 1, 24 and 64 rows, 32 calls a graph as
-  a step's layers make them) as Inductor compiles it by default (a looped reduction), with PERSISTENT_NORM_OPTIONS
-  (`MINIPIC_PERSISTENT_NORM=1`: a persistent one), and as a hand-written Triton kernel (one program a row, the row
-  in registers), each checked against the eager function.
+  a step's layers make them) as Inductor compiles it by default (a looped reduction), with Inductor's
+  `triton.multi_kernel` 2 (it may write a persistent reduction beside the looped one and launch the faster), and as a
+  hand-written Triton kernel (one program a row, the row in registers), each checked against the eager function.
 
     python bench/gpu_small_kernels.py [--tag NAME] [--projections-only | --norms-only]   # -> bench/results/...
 """
@@ -146,10 +146,10 @@ def triton_add_rms_norm(x, delta, weight, eps):
 def measure_norms(device) -> dict:
     """Each variant's microseconds a call (a graph of 32 calls on 32 layers' buffers, median of 20 replays) and the
     kernels it launched, at 1, 24 and 64 rows of Llama-3-8B's hidden size."""
-    from minipic_lite.models.llama import PERSISTENT_NORM_OPTIONS, add_rms_norm, compile_kernel
+    from minipic_lite.models.llama import add_rms_norm, compile_kernel
 
     variants = {"looped": compile_kernel(add_rms_norm), "persistent": compile_kernel(add_rms_norm,
-                options=PERSISTENT_NORM_OPTIONS), "triton": triton_add_rms_norm}  # fmt: skip
+                options={"triton.multi_kernel": 2}), "triton": triton_add_rms_norm}  # fmt: skip
     results = {}
     for rows in (1, 24, 64):
         layers = [[torch.randn(rows, HIDDEN, device=device, dtype=torch.bfloat16) for _ in range(2)]

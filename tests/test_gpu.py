@@ -204,42 +204,6 @@ def test_steps_routed_to_cublaslt_give_the_eager_tokens(tiny_dir, monkeypatch):
     assert torch.backends.cuda.preferred_blas_library() == before
 
 
-@pytest.mark.parametrize("persistent", [False, True], ids=["default", "persistent"])
-def test_the_norms_over_a_wide_hidden_size_are_persistent_reductions_when_asked(persistent):
-    """At Llama-3-8B's hidden size (4,096, past Inductor's 1,024 for a persistent reduction) the compiled residual
-    add + RMSNorm launches a looped reduction by default and a persistent one with PERSISTENT_NORM_OPTIONS
-    (MINIPIC_PERSISTENT_NORM=1: Inductor may write both and pick, so the launched kernel is what is checked); both
-    equal the eager function."""
-    from torch.profiler import ProfilerActivity, profile
-
-    from minipic_lite.models.llama import PERSISTENT_NORM_OPTIONS, add_rms_norm, compile_kernel
-
-    fn = compile_kernel(add_rms_norm, options=PERSISTENT_NORM_OPTIONS if persistent else None, dynamic=False)
-    x, delta = (torch.randn(64, 4096, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    weight = torch.randn(4096, device="cuda", dtype=torch.bfloat16)
-    got_x, got_norm = fn(x, delta, weight, 1e-5)  # compiles
-    want_x, want_norm = add_rms_norm(x, delta, weight, 1e-5)
-    torch.testing.assert_close(got_x, want_x)
-    torch.testing.assert_close(got_norm, want_norm, atol=2e-2, rtol=2e-2)
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn(x, delta, weight, 1e-5)
-        torch.cuda.synchronize()
-    launched = [e.key for e in prof.key_averages() if e.key.startswith("triton_")]
-    assert len(launched) == 1 and launched[0].startswith("triton_per_" if persistent else "triton_red_"), launched
-
-
-def test_persistent_norms_give_the_eager_tokens(tiny_dir, monkeypatch):
-    """The engine with MINIPIC_PERSISTENT_NORM=1 (graphs, compiled kernels) against the eager engine."""
-    monkeypatch.setenv("MINIPIC_PERSISTENT_NORM", "1")
-    kwargs = dict(device="cuda", dtype="float32", max_model_len=256, max_num_seqs=8, num_blocks=256)
-    ours, eager = mp.LLM(str(tiny_dir), **kwargs), mp.LLM(str(tiny_dir), enforce_eager=True, **kwargs)
-    gen = torch.Generator().manual_seed(6)
-    prompts = [torch.randint(6, 512, (n,), generator=gen).tolist() for n in (5, 17, 40)]
-    params = mp.SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
-    outs = [llm.generate(prompts, params, use_tqdm=False) for llm in (ours, eager)]
-    assert [o.token_ids for o in outs[0]] == [o.token_ids for o in outs[1]]
-
-
 def test_the_compiled_kv_write_is_one_kernel_at_decode():
     """A decode step's keys and values go into one layer's caches with one Triton kernel (two index copies took
     two on the H200), in place."""

@@ -85,11 +85,6 @@ def rope_and_write_kv(q, k, v, positions, cos_sin, slot_mapping, kv_rows, rotate
 
 
 ROPE_WRITE_OPTIONS = {"combo_kernels": True}  # horizontal fusion of independent kernels (Triton only)
-# NOTE: an experiment, off until measured on the H200 (parts next85, next85b): Inductor writes the norms over a
-# hidden size past 1,024 as looped reductions (triton_red_*: the row taken in chunks), 2.5-2.7 us a call in the
-# decode profiles, where SiLU-up over more bytes takes 1.1-2.2. `triton.multi_kernel` 2 makes Inductor write them
-# as persistent reductions (the whole row in registers at once).
-PERSISTENT_NORM_OPTIONS = {"triton.multi_kernel": 2}
 
 
 @dataclass(frozen=True)
@@ -103,10 +98,9 @@ class Kernels:
 
     @classmethod
     def compiled(cls) -> Kernels:
-        norm = PERSISTENT_NORM_OPTIONS if os.environ.get("MINIPIC_PERSISTENT_NORM") == "1" else None
         return cls(
-            compile_kernel(rms_norm, options=norm),
-            compile_kernel(add_rms_norm, options=norm),
+            compile_kernel(rms_norm),
+            compile_kernel(add_rms_norm),
             compile_kernel(silu_and_mul),
             compile_kernel(rope_and_write_kv, options=ROPE_WRITE_OPTIONS),
         )
