@@ -586,9 +586,9 @@ if want next78; then  # int32 key, value and cos/sin offsets in the read kernel 
         step "read_new_$round" 60 env READ_SWEEP=0 python3 bench/gpu_read_profile.py --out "$OUT" --cases $cases
     done
 fi
-if want next87; then  # the engine's decode in three more processes (next86: batch 64 at 0.739-0.766 of each process's
+if want next87; then  # the engine's decode in two more processes (next86: batch 64 at 0.739-0.766 of each process's
     # roofline), the GPU test next86 did not reach in its limit, and the cached 8 x 2,048 TTFT once
-    for round in 1 2 3; do
+    for round in 1 2; do
         engine_decode "decode_$round" 70 new "$OUT/gpu_decode_${GIT_SHA}_next87_$round.json"
     done
     step gpu_tests_mixed 60 python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider -p no:logging --tb=short \
