@@ -1,0 +1,178 @@
+"""Edges of the engine loop (engine_loop.py) that test_concurrency leaves open, on a stand-in engine (no model): a
+call made on the loop thread does not wait for itself, a finished request leaves no sink behind, an idle loop runs
+no step, and close() from the loop thread returns."""
+
+import threading
+import time
+from types import SimpleNamespace
+
+import torch
+
+from minipic_lite.engine_loop import EngineLoop, fewer_cpu_threads
+from minipic_lite.outputs import RequestMetrics, RequestOutput
+
+WAIT_S = 10  # a hang fails the test after this long instead of blocking the suite
+
+
+def output(request_id: str, num_tokens: int, finish_reason: str | None) -> RequestOutput:
+    return RequestOutput(request_id, None, [1], "", [7] * num_tokens, 0, finish_reason is not None, finish_reason,
+                         RequestMetrics(0.0))  # fmt: skip
+
+
+class CountingEngine:
+    """Stands in for LLMEngine on the loop: a step gives every request one token (streamed), a request finishes at
+    its `max_tokens`; it counts its steps and its prefix-cache resets."""
+
+    def __init__(self):
+        self.runner = SimpleNamespace(device=torch.device("cpu"))
+        self.kv = SimpleNamespace(reset_prefix_cache=self._reset)
+        self.requests: dict[str, list[int]] = {}  # id -> [tokens so far, max_tokens]
+        self.num_steps = self.num_resets = 0
+
+    def _reset(self) -> None:
+        self.num_resets += 1
+
+    def add(self, req) -> None:
+        if req.request_id in self.requests:
+            raise ValueError(f"request id {req.request_id!r} is already in use")
+        self.requests[req.request_id] = [0, req.max_tokens]
+
+    def step(self) -> list[RequestOutput]:
+        self.num_steps += 1
+        outputs = []
+        for request_id, progress in list(self.requests.items()):
+            progress[0] += 1
+            done = progress[0] == progress[1]
+            if done:
+                del self.requests[request_id]
+            outputs.append(output(request_id, progress[0], "length" if done else None))
+        return outputs
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        progress = self.requests.pop(request_id, None)
+        return None if progress is None else output(request_id, progress[0], "abort")
+
+
+def request(request_id: str, max_tokens: int) -> SimpleNamespace:
+    return SimpleNamespace(request_id=request_id, max_tokens=max_tokens)
+
+
+def run(loop: EngineLoop, max_tokens: int = 3) -> list[RequestOutput]:
+    """One request through the loop to its final output."""
+    outs, done = [], threading.Event()
+
+    def sink(out):
+        outs.append(out)
+        if out.finished:
+            done.set()
+
+    loop.submit([request("r", max_tokens)], sink)
+    assert done.wait(WAIT_S), "the request never finished"
+    return outs
+
+
+def test_a_cuda_engine_already_on_one_torch_thread_is_left_alone(monkeypatch, caplog):
+    """Nothing to lower: no set_num_threads call and no warning."""
+    calls = []
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    monkeypatch.setattr(torch, "set_num_threads", calls.append)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    with caplog.at_level("WARNING", logger="minipic_lite.engine_loop"):
+        fewer_cpu_threads(torch.device("cuda"))
+    assert calls == [] and caplog.records == []
+
+
+def test_the_loop_thread_of_a_cuda_engine_drops_to_one_torch_thread_once_the_engine_is_built(monkeypatch):
+    """The loop calls fewer_cpu_threads on its own thread after the build (loading weights keeps every thread)."""
+    events = []
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 16)
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: events.append((n, threading.current_thread())))
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+
+    def build():
+        events.append("built")
+        engine = CountingEngine()
+        engine.runner.device = torch.device("cuda")
+        return engine
+
+    loop = EngineLoop(build)
+    assert events == ["built", (1, loop._thread)]
+    loop.close()
+
+
+def test_a_call_made_on_the_loop_thread_runs_after_it_instead_of_waiting_for_itself():
+    """A function run by the loop that calls the loop (a sink aborting, say) gets None back at once; what it queued
+    runs next. Waiting there would wait on the loop's own thread forever."""
+    loop = EngineLoop(CountingEngine)
+    order, inner_ran = [], threading.Event()
+
+    def inner(engine):
+        order.append("inner")
+        inner_ran.set()
+        return "inner result"
+
+    def outer(engine):
+        order.append(("outer got", loop.call(inner)))
+
+    loop.call(outer, wait=False)
+    assert inner_ran.wait(WAIT_S), "the loop waited on itself"
+    assert order == [("outer got", None), "inner"]
+    loop.close()
+
+
+def test_aborting_a_request_that_is_not_in_flight_is_a_no_op():
+    """An abort that comes after its request finished (a UI's cancel racing the last token): nothing to deliver."""
+    loop = EngineLoop(CountingEngine)
+    run(loop)
+    assert loop.abort("r") is None and loop.abort("never-submitted") is None
+    loop.close()
+
+
+def test_a_finished_request_leaves_no_sink_and_the_idle_loop_runs_no_step():
+    engine = CountingEngine()
+    loop = EngineLoop(lambda: engine)
+    outs = run(loop, max_tokens=3)
+    assert [(len(o.token_ids), o.finished) for o in outs] == [(1, False), (2, False), (3, True)]
+    assert loop.call(lambda e: dict(loop._sinks)) == {}
+    num_steps = engine.num_steps
+    assert num_steps == 3
+    threading.Event().wait(0.05)  # idle: the loop blocks on its inbox
+    assert loop.call(lambda e: e.num_steps) == num_steps
+    loop.close()
+
+
+def test_an_idle_loop_waits_on_its_inbox_without_spinning():
+    """With nothing in flight the loop blocks on its inbox: a loop that polled it would burn a core (the process's
+    CPU time over 0.3 s of idling would be about 0.3 s)."""
+    loop = EngineLoop(CountingEngine)
+    run(loop)
+    cpu_before = time.process_time()
+    time.sleep(0.3)
+    assert time.process_time() - cpu_before < 0.1
+    loop.close()
+
+
+def test_a_failed_step_leaves_no_sink_and_the_idle_loop_runs_no_step():
+    engine = CountingEngine()
+
+    def failing_step():
+        engine.num_steps += 1
+        raise RuntimeError("injected")
+
+    engine.step = failing_step
+    loop = EngineLoop(lambda: engine)
+    got, done = [], threading.Event()
+    loop.submit([request("a", 5), request("b", 5)], lambda out: got.append(out) or done.set())
+    assert done.wait(WAIT_S)
+    assert loop.call(lambda e: (dict(loop._sinks), dict(e.requests), e.num_steps, e.num_resets)) == ({}, {}, 1, 1)
+    assert [str(e) for e in got] == ["injected", "injected"]
+    loop.close()
+
+
+def test_close_from_the_loop_thread_returns_and_the_loop_ends():
+    """close() in a function the loop runs (an LLM collected on the loop thread closes its loop there): it returns
+    instead of joining its own thread, and the loop ends once that function returns."""
+    loop = EngineLoop(CountingEngine)
+    assert loop.call(lambda engine: loop.close()) is None
+    loop._thread.join(WAIT_S)
+    assert loop.closed and not loop._thread.is_alive()
