@@ -1,0 +1,69 @@
+"""Edges of the engine (engine.py) that the main tests leave open, on a tiny random Llama (no tokenizer): the first
+and last ids of the vocabulary and a prompt one token short of the context are taken, the cache statistics of a
+known run are exact, and an abort counts once, frees the id and is a no-op the second time."""
+
+import pytest
+
+import minipic_lite as mp
+from tests.conftest import save_tiny_llama
+
+GREEDY4 = mp.SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True, detokenize=False)
+PROMPT = list(range(5, 45))  # 40 tokens: blocks of 16 -> 2 full blocks and 8 tokens
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    return save_tiny_llama(tmp_path_factory.mktemp("tiny_llama"))
+
+
+def tiny_llm(tiny_dir) -> mp.LLM:
+    return mp.LLM(str(tiny_dir), device="cpu", max_model_len=128, num_blocks=16)
+
+
+def test_the_ends_of_the_vocabulary_and_a_prompt_one_short_of_the_context_are_taken(tiny_dir):
+    llm = tiny_llm(tiny_dir)
+    vocab, max_len = llm.config.model.vocab_size, llm.config.scheduler.max_model_len
+    assert (vocab, max_len) == (32000, 128)
+    llm.engine.validate([0, vocab - 1], GREEDY4)
+    llm.engine.validate([1] * (max_len - 1), GREEDY4)
+    with pytest.raises(TypeError, match="sampling params must be a SamplingParams, got dict"):
+        llm.engine.validate([1, 2], {"max_tokens": 4})
+    llm.close()
+
+
+def test_cache_stats_of_one_prompt_run_twice(tiny_dir):
+    """The second run hits the two full blocks (the last token's block is computed); 4 steps a run."""
+    llm = tiny_llm(tiny_dir)
+    for _ in range(2):
+        llm.generate([PROMPT], GREEDY4, use_tqdm=False)
+    stats, s = llm.stats(), llm.engine.stats
+    expected = {
+        "num_blocks": 16, "num_free_blocks": 16, "num_used_blocks": 0, "num_cached_blocks": 2,
+        "block_hit_rate": 2 / 4,  # two lookups a run: the full blocks
+        "prompt_token_hit_rate": 32 / 80, "num_running": 0, "num_waiting": 0, "num_preemptions": 0, "num_aborted": 0,
+        "num_hit_blocks": 2, "num_computed_blocks": 3 + 1, "prompt_block_hit_rate": 2 / 6,
+        "num_computed_tokens": (40 + 3) + (8 + 3),
+    }  # fmt: skip
+    assert {k: stats[k] for k in expected} == expected
+    assert s.num_steps == 8 and stats["mean_step_ms"] == 1e3 * s.total_step_time / 8 > 0
+    llm.close()
+
+
+def test_running_and_waiting_counts_and_an_abort_that_counts_once(tiny_dir):
+    llm = tiny_llm(tiny_dir)
+    engine = llm.engine  # NOTE: driven directly: nothing is in flight on the loop
+    ids = [engine.add_request(PROMPT, GREEDY4, request_id=i) for i in ("a", "b")]
+    assert ids == ["a", "b"]
+    assert (llm.stats()["num_waiting"], llm.stats()["num_running"]) == (2, 0)
+    engine.step()
+    assert (llm.stats()["num_waiting"], llm.stats()["num_running"]) == (0, 2)
+    final = engine.abort("a")
+    assert (final.finished, final.finish_reason, len(final.token_ids)) == (True, "abort", 1)
+    assert engine.abort("a") is None and llm.stats()["num_aborted"] == 1
+    assert engine.add_request(PROMPT, GREEDY4, request_id="a") == "a"  # the id is free again
+    with pytest.raises(ValueError, match="request id 'b' is already in use"):
+        engine.add_request(PROMPT, GREEDY4, request_id="b")
+    while engine.has_unfinished():
+        engine.step()
+    assert not engine.requests and llm.stats()["num_used_blocks"] == 0
+    llm.close()
