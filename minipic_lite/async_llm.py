@@ -45,7 +45,9 @@ class AsyncLLM:
                 finished = output.finished
                 yield output
         finally:
-            if not finished:  # cancelled, or the consumer left: free the request's blocks (no waiting here)
+            # NOTE: cancelled, or the consumer left: free the request's blocks (no waiting here). A generator closed
+            # after its LLM was (asyncio finalizes it later) has nothing left to free: close() aborted it
+            if not finished and not self.llm._loop.closed:
                 self.llm._loop.abort(req.request_id, wait=False)
 
     async def abort(self, request_id: str) -> None:
