@@ -1,0 +1,93 @@
+"""Edges of the public API (llm.py) that test_api leaves open, on a tiny random Llama (no tokenizer) or none at all:
+prompts and params in tuples, an empty batch, options the caller gives, composed prompts' markers and labels,
+device names, and the module-level generate's keywords."""
+
+import pytest
+import torch
+
+import minipic_lite as mp
+import minipic_lite.llm as llm_module
+from minipic_lite.config import ControlTokens
+from minipic_lite.llm import checked_device
+from minipic_lite.prompts import Prompt
+from tests.conftest import save_tiny_llama
+
+CONTROL = ControlTokens(ssep_id=1, pdep_id=2, pad_id=3)
+SPAN_PROMPT = (20, 21, 22, 3, 1, 30, 31, 32, 2, 40)  # block size 4: [20 21 22 PAD] [SSEP 30 31 32] [PDEP 40]
+
+
+def greedy(max_tokens: int) -> mp.SamplingParams:
+    return mp.SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, detokenize=False)
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    return save_tiny_llama(tmp_path_factory.mktemp("tiny_llama"))
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_dir):
+    llm = mp.LLM(str(tiny_dir), device="cpu", max_model_len=128, num_blocks=64, block_size=4, control_tokens=CONTROL)
+    yield llm
+    llm.close()
+
+
+def test_prompts_and_params_in_tuples_pair_up_and_come_back_in_the_prompts_order(tiny):
+    """The first prompt runs longer (it finishes last) and still comes first; token ids give no prompt text."""
+    outs = tiny.generate(([5, 6, 7], [8, 9]), (greedy(5), greedy(2)), use_tqdm=False)
+    assert [(o.prompt_token_ids, len(o.token_ids), o.prompt) for o in outs] == [([5, 6, 7], 5, None), ([8, 9], 2, None)]
+
+
+def test_an_empty_batch_generates_nothing(tiny):
+    assert tiny.generate([], greedy(2), use_tqdm=False) == []
+
+
+def test_the_options_the_caller_gives_are_kept(tiny_dir, tiny):
+    assert tiny.config.control == CONTROL
+    llm = mp.LLM(str(tiny_dir), device="cpu", max_model_len=128, num_blocks=16, checkpoint_turn_start_id=7)
+    assert llm.config.cache.checkpoint_turn_start_id == 7 and llm.config.control == ControlTokens()
+    llm.close()
+
+
+def test_a_composed_prompt_carries_its_labels_and_its_markers_are_checked(tiny_dir, tiny):
+    prompt = Prompt(SPAN_PROMPT, 4, CONTROL, ("sys", "doc", "q"))
+    (out,) = tiny.generate(prompt, greedy(2), use_tqdm=False)
+    assert [block.label for block in out.cache_report] == ["sys", "doc", "q"]
+    for other in (Prompt(SPAN_PROMPT, 8, CONTROL), Prompt(SPAN_PROMPT, 4, ControlTokens(1, 2, 4))):
+        with pytest.raises(ValueError, match=f"composed for block_size {other.block_size} and .*llm.composer"):
+            tiny.generate(other, greedy(2), use_tqdm=False)
+    rotated = mp.LLM(str(tiny_dir), device="cpu", max_model_len=128, num_blocks=64, block_size=4,
+                     control_tokens=CONTROL, position_free=False)  # fmt: skip
+    with pytest.raises(ValueError, match="prompt 0: span marker SSEP at index 4: span semantics need position_free"):
+        rotated.generate(prompt, greedy(2), use_tqdm=False)  # a composed prompt asks for spans: not ignored
+    rotated.close()
+
+
+def test_a_device_name_is_cpu_cuda_or_cuda_and_a_number():
+    with pytest.raises(ValueError, match="device must be 'cpu', 'cuda' or 'cuda:N' .*got 'cuda:'"):
+        checked_device("cuda:")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="device='cuda:1' was asked for, but torch sees no CUDA device"):
+            checked_device("cuda:1")
+
+
+class RecordingLLM:
+    """Stands in for the default LLM: records what the module-level generate passes, one output per prompt."""
+
+    def __init__(self):
+        self.calls = []
+
+    def generate(self, prompts, params, use_tqdm):
+        self.calls.append((prompts, params, use_tqdm))
+        return [f"output of {p}" for p in llm_module.normalize_prompts(prompts)]
+
+
+def test_module_level_generate_takes_keywords_as_params_and_gives_a_list_for_a_list(monkeypatch):
+    recorder = RecordingLLM()
+    monkeypatch.setattr(llm_module, "get_default_llm", lambda: recorder)
+    assert mp.generate("a", max_tokens=3, temperature=0.5, top_k=2) == "output of a"
+    assert mp.generate(["b"]) == ["output of b"]  # a list of one prompt is a list
+    assert recorder.calls == [
+        ("a", mp.SamplingParams(max_tokens=3, temperature=0.5, top_k=2), False),
+        (["b"], mp.SamplingParams(temperature=0.0), False),  # greedy unless told
+    ]
