@@ -141,6 +141,17 @@ def test_a_finished_request_leaves_no_sink_and_the_idle_loop_runs_no_step():
     loop.close()
 
 
+def test_outputs_of_a_request_added_to_the_engine_directly_are_skipped_and_it_runs_on():
+    """The loop routes only its own requests' outputs: one that a caller added to the engine itself (say, a benchmark)
+    streams nowhere and is not taken for a request whose consumer left."""
+    engine = CountingEngine()
+    loop = EngineLoop(lambda: engine)
+    loop.call(lambda e: e.add(request("direct", 10)))
+    run(loop, max_tokens=3)
+    assert loop.call(lambda e: dict(e.requests)) == {"direct": [3, 10]}
+    loop.close()
+
+
 def test_an_idle_loop_waits_on_its_inbox_without_spinning():
     """With nothing in flight the loop blocks on its inbox: a loop that polled it would burn a core (the process's
     CPU time over 0.3 s of idling would be about 0.3 s)."""
