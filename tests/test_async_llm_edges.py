@@ -1,10 +1,11 @@
 """Edges of AsyncLLM (async_llm.py) that test_concurrency leaves open, over an engine loop of a stand-in engine (no
-model): a generator closed after its LLM was closed."""
+model): what generate() asks of its LLM, and a generator closed after its LLM was closed."""
 
 import asyncio
 
 from minipic_lite.async_llm import AsyncLLM
 from minipic_lite.engine_loop import EngineLoop
+from minipic_lite.sampling_params import SamplingParams
 from tests.test_engine_loop_edges import CountingEngine, request
 
 
@@ -28,6 +29,20 @@ class StubLLM:
 
     def close(self) -> None:
         self._loop.close()
+
+
+def test_generate_streams_its_request_with_default_params_under_its_id():
+    stub = StubLLM()
+
+    async def collect():
+        return [out async for out in AsyncLLM.from_llm(stub).generate("3 tokens", request_id="mine")]
+
+    outs = asyncio.run(collect())
+    assert stub.asked == [(["3 tokens"], [SamplingParams()], True, "mine")]
+    assert [(o.request_id, len(o.token_ids), o.finished) for o in outs] == [
+        ("mine", 1, False), ("mine", 2, False), ("mine", 3, True)
+    ]  # fmt: skip
+    stub.close()
 
 
 def test_a_generator_closed_after_its_llm_was_closed_ends_quietly():
