@@ -67,3 +67,16 @@ def test_running_and_waiting_counts_and_an_abort_that_counts_once(tiny_dir):
         engine.step()
     assert not engine.requests and llm.stats()["num_used_blocks"] == 0
     llm.close()
+
+
+def test_host_tier_stats_of_a_prompt_read_back_from_the_host(tiny_dir):
+    """8 device blocks (one request's worth) and a host tier of 8 blocks of 4 KiB: three other prompts of 40 tokens
+    evict the first one's two full blocks to the host; run again it evicts two more and reads its own two back."""
+    llm = mp.LLM(str(tiny_dir), device="cpu", max_model_len=128, num_blocks=8, host_cache_gib=8 * 4096 / 2**30)
+    assert (llm.engine.runner.block_bytes, llm.stats()["num_host_blocks"]) == (4096, 8)
+    prompts = [PROMPT, *(list(range(start, start + 40)) for start in (100, 200, 300)), PROMPT]
+    outs = [llm.generate([prompt], GREEDY4, use_tqdm=False)[0] for prompt in prompts]
+    assert [o.num_cached_tokens for o in outs] == [0, 0, 0, 0, 32]
+    stats = llm.stats()
+    assert (stats["num_host_hit_blocks"], stats["host_bytes_moved"]) == (2, (4 + 2) * 4096)  # 4 stored, 2 loaded
+    llm.close()
