@@ -27,6 +27,9 @@ class StubLLM:
     def abort(self, request_id: str) -> None:
         self._loop.abort(request_id)
 
+    def stats(self) -> dict:
+        return self._loop.call(lambda engine: {"requests": dict(engine.requests)})
+
     def close(self) -> None:
         self._loop.close()
 
@@ -42,6 +45,23 @@ def test_generate_streams_its_request_with_default_params_under_its_id():
     assert [(o.request_id, len(o.token_ids), o.finished) for o in outs] == [
         ("mine", 1, False), ("mine", 2, False), ("mine", 3, True)
     ]  # fmt: skip
+    stub.close()
+
+
+def test_a_consumer_that_leaves_early_aborts_its_request_while_the_event_loop_runs_on():
+    """Closing the generator (here at once, as `async with aclosing(...)` does) queues the abort: a server's event loop
+    lives on, so the request must not run to its max_tokens (the engine loop's own fallback, a sink that raises,
+    comes only once the event loop is closed)."""
+    stub = StubLLM()
+    async_llm = AsyncLLM.from_llm(stub)
+
+    async def main():
+        gen = async_llm.generate(f"{10**9} tokens")
+        await anext(gen)
+        await gen.aclose()
+        return await asyncio.to_thread(async_llm.stats)  # queued after the abort
+
+    assert asyncio.run(main()) == {"requests": {}}
     stub.close()
 
 
