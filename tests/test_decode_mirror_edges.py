@@ -1,0 +1,72 @@
+"""Edges of the CPU decode mirror (decode_mirror.py) that test_decode_mirror leaves open: its budget counts exactly
+the bytes it allocates, a growth that fits the budget to the byte is taken, and a request's keys are copied once,
+and again after a preemption."""
+
+import torch
+
+from minipic_lite.config import ModelConfig, SchedulerConfig
+from minipic_lite.decode_mirror import MIN_CAPACITY, MIN_SLOTS, DecodeMirror
+from minipic_lite.hashing import root_hash
+from minipic_lite.kv_cache_manager import KVCacheManager
+from minipic_lite.request import Request
+from minipic_lite.sampling_params import SamplingParams
+from minipic_lite.scheduler import Scheduler
+
+B = 4
+
+
+def tiny_config() -> ModelConfig:
+    return ModelConfig("llama", 64, 32, 64, 2, 4, 2, 8, 1e-6, 10000.0, 256, False)  # 2 layers, 2 kv heads, D = 8
+
+
+def test_the_budget_counts_the_bytes_allocated_and_an_exact_fit_is_taken():
+    mirror = DecodeMirror(tiny_config(), position_free=True, max_bytes=0)
+    assert mirror.token_bytes == 2 * 2 * 2 * 8 * 4  # a key and a value of each layer and kv head, float32
+    first = MIN_SLOTS * MIN_CAPACITY * mirror.token_bytes  # the first allocation, whatever it is asked to hold
+    mirror.max_bytes = first - 1
+    assert not mirror._reserve(1, 1) and mirror.k.numel() == 0
+    mirror.max_bytes = first
+    assert mirror._reserve(1, 1) and mirror.k.nbytes + mirror.v.nbytes == first
+
+
+def decoding(num_requests: int):
+    """A scheduler whose requests (prompts of 5, 6, ... tokens) have had their prefill: each next step decodes."""
+    sched = Scheduler(SchedulerConfig(8, 64, 256), KVCacheManager(32))
+    seqs = [
+        Request(str(i), list(range(5 + i)), SamplingParams(max_tokens=8), B, root_hash("t"))
+        for i in range(num_requests)
+    ]
+    for seq in seqs:
+        sched.add(seq)
+    out = sched.schedule()
+    sched.postprocess(out, [[1] for _ in out.scheduled], lambda seq: False)
+    return sched, seqs
+
+
+def decode_step(mirror, sched, kv_cache, cos_sin):
+    out = sched.schedule()
+    step = mirror.prepare(out, kv_cache, cos_sin, torch.zeros(len(out.scheduled), dtype=torch.int32))
+    sched.postprocess(out, [[1] for _ in out.scheduled], lambda seq: False)
+    return step
+
+
+def first_key_row(kv_cache, seq) -> torch.Tensor:
+    return kv_cache[0, :, seq.block_table[0], 0]  # (L, KVH, D): key 0 of each layer
+
+
+def test_a_request_is_mirrored_once_and_again_from_scratch_after_a_preemption():
+    """Key 0, changed in the paged cache after it was mirrored: a request's later steps keep the mirrored copy (each
+    key is copied and rotated once in its life, also for a request preempted before), and a request whose preemption
+    count moved (recomputed) copies it again."""
+    mirror = DecodeMirror(tiny_config(), position_free=False, max_bytes=1 << 20)  # NOTE: keys copied as they are
+    sched, (seq,) = decoding(1)
+    seq.num_preemptions = 1  # mirrored for the first time after an earlier preemption
+    kv_cache, cos_sin = torch.randn(2, 2, 33, B, 2, 8), torch.randn(256, 8)
+    decode_step(mirror, sched, kv_cache, cos_sin)
+    mirrored = first_key_row(kv_cache, seq).clone()
+    kv_cache[0] += 1.0
+    step = decode_step(mirror, sched, kv_cache, cos_sin)
+    assert step.slots.tolist() == [0] and torch.equal(mirror.k[:, 0, :, 0], mirrored)
+    seq.num_preemptions = 2  # recomputed since the last step
+    (slot,) = decode_step(mirror, sched, kv_cache, cos_sin).slots.tolist()
+    assert torch.equal(mirror.k[:, slot, :, 0], first_key_row(kv_cache, seq))
