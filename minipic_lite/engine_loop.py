@@ -17,6 +17,7 @@ A sink that raises (its consumer is gone) aborts its request.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import queue
@@ -177,4 +178,6 @@ class EngineLoop:
         for request_id, sink in list(self._sinks.items()):
             self.engine.abort(request_id)
             self._sinks.pop(request_id, None)
-            sink(error)
+            # NOTE: a consumer that is gone (its sink raises) must not end the loop: the others still get the error
+            with contextlib.suppress(Exception):
+                sink(error)

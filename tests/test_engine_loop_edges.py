@@ -180,6 +180,33 @@ def test_a_failed_step_leaves_no_sink_and_the_idle_loop_runs_no_step():
     loop.close()
 
 
+def test_a_failed_step_whose_consumer_is_gone_reaches_the_others_and_the_loop_serves_on():
+    """A step raises while a consumer is gone (its sink raises, e.g. an AsyncLLM whose event loop closed): the others
+    still get the error and the loop keeps serving. Before, that sink's error ended the loop thread: the requests after
+    it were never aborted and every later call waited forever."""
+    engine = CountingEngine()
+
+    def failing_step():
+        raise RuntimeError("injected")
+
+    engine.step = failing_step
+    loop = EngineLoop(lambda: engine)
+    got, done = [], threading.Event()
+
+    def gone(out):
+        raise RuntimeError("consumer gone")
+
+    loop.submit([request("gone", 5)], gone)
+    loop.submit([request("here", 5)], lambda out: got.append(out) or done.set())
+    assert done.wait(WAIT_S) and [str(e) for e in got] == ["injected"]
+    result = []
+    caller = threading.Thread(target=lambda: result.append(loop.call(lambda e: dict(e.requests))), daemon=True)
+    caller.start()
+    caller.join(WAIT_S)
+    assert result == [{}], "the loop stopped serving"
+    loop.close()
+
+
 def test_close_from_the_loop_thread_returns_and_the_loop_ends():
     """close() in a function the loop runs (an LLM collected on the loop thread closes its loop there): it returns
     instead of joining its own thread, and the loop ends once that function returns."""
