@@ -70,3 +70,22 @@ def test_a_request_is_mirrored_once_and_again_from_scratch_after_a_preemption():
     seq.num_preemptions = 2  # recomputed since the last step
     (slot,) = decode_step(mirror, sched, kv_cache, cos_sin).slots.tolist()
     assert torch.equal(mirror.k[:, slot, :, 0], first_key_row(kv_cache, seq))
+
+
+def test_attention_of_requests_in_slots_out_of_order_is_each_requests_own():
+    """Two requests in slots 0 and 2 (the one between finished): each query attends to its own slot's keys, its own
+    step's key included, as one SDPA call per request would."""
+    mirror = DecodeMirror(tiny_config(), position_free=True, max_bytes=1 << 20)
+    sched, seqs = decoding(3)
+    kv_cache, cos_sin = torch.randn(2, 2, 33, B, 2, 8), torch.randn(256, 8)
+    decode_step(mirror, sched, kv_cache, cos_sin)
+    sched.finish(seqs[1], "stop")
+    step = decode_step(mirror, sched, kv_cache, cos_sin)
+    assert step.slots.tolist() == [0, 2] and not step.in_order
+    q, k, v = torch.randn(2, 4, 8), torch.randn(2, 2, 8), torch.randn(2, 2, 8)  # 4 heads over 2 kv heads
+    out = step.attend(0, q, k, v, scale=0.35)
+    for row, (slot, position) in enumerate(zip(step.slots.tolist(), step.positions.tolist(), strict=True)):
+        keys, values = mirror.k[0, slot, :, : position + 1], mirror.v[0, slot, :, : position + 1]  # (KVH, n, D)
+        assert torch.equal(keys[:, position], k[row]) and torch.equal(values[:, position], v[row])
+        expected = torch.nn.functional.scaled_dot_product_attention(q[row].view(2, 2, 8), keys, values, scale=0.35)
+        torch.testing.assert_close(out[row], expected.reshape(4, 8))
