@@ -6,6 +6,7 @@ import pytest
 
 import minipic_lite as mp
 from tests.conftest import save_tiny_llama
+from tests.hybrid_models import make_hybrid
 
 GREEDY4 = mp.SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True, detokenize=False)
 PROMPT = list(range(5, 45))  # 40 tokens: blocks of 16 -> 2 full blocks and 8 tokens
@@ -80,3 +81,31 @@ def test_host_tier_stats_of_a_prompt_read_back_from_the_host(tiny_dir):
     stats = llm.stats()
     assert (stats["num_host_hit_blocks"], stats["host_bytes_moved"]) == (2, (4 + 2) * 4096)  # 4 stored, 2 loaded
     llm.close()
+
+
+def test_a_hybrid_resumed_from_a_checkpoint_gets_its_cache_report_and_counts_its_resumed_tokens(tmp_path):
+    """A tiny random hybrid, one prompt of 70 tokens run twice with a checkpoint planned at 48: the second run resumes
+    there, its report (built at its first chunk, which starts at 48) shows the 3 blocks it hit, and the statistics
+    count 48 tokens resumed and 70 + 22 recomputed."""
+    make_hybrid(tmp_path, seed=1)
+    engine = mp.LLM(str(tmp_path), device="cpu", dtype="float32", num_blocks=96, max_model_len=512,
+                    max_num_batched_tokens=64).engine  # fmt: skip
+    prompt = list(range(100, 170))
+
+    def run():
+        req = engine.make_request(prompt, GREEDY4)
+        req.checkpoint_positions = [48]
+        engine.add(req)
+        while True:
+            for out in engine.step():
+                if out.finished:
+                    return out
+
+    first, second = run(), run()
+    assert (first.state_report.resume_position, first.state_report.num_recomputed_tokens) == (0, 70)
+    assert (second.state_report.resume_position, second.state_report.num_recomputed_tokens) == (48, 22)
+    assert (len(second.cache_report), second.cache_report.num_hit_blocks) == (5, 3)
+    stats = engine.cache_stats()
+    assert {k: stats[k] for k in ("num_resumed_tokens", "num_recomputed_prompt_tokens", "num_hit_blocks")} == {
+        "num_resumed_tokens": 48, "num_recomputed_prompt_tokens": 70 + 22, "num_hit_blocks": 3
+    }  # fmt: skip
