@@ -91,3 +91,9 @@ def test_module_level_generate_takes_keywords_as_params_and_gives_a_list_for_a_l
         ("a", mp.SamplingParams(max_tokens=3, temperature=0.5, top_k=2), False),
         (["b"], mp.SamplingParams(temperature=0.0), False),  # greedy unless told
     ]
+
+
+@pytest.mark.parametrize("message", [{"content": "hi"}, {"role": 1, "content": "hi"}, {"role": "user", "content": 2}])
+def test_a_chat_message_needs_a_role_string_and_a_content_string(message):
+    with pytest.raises(ValueError, match=r'message 1 must have a "role" and a "content" string'):
+        llm_module._check_messages([{"role": "system", "content": "Be brief."}, message])
