@@ -1,0 +1,81 @@
+"""Edges of the CPU's packed matmuls (models/packed_linear.py) and the CUDA routes' library switch
+(models/routed_linear.py) that their tests leave open, with no model: float32 packs wherever oneDNN is (the packed
+tests skip themselves where can_pack says no, so a can_pack that refused float32 passed them), the packed route keeps
+an input's leading dims, only the last probe winning still packs, the probe compares the routes' own times (a stand-in
+clock), and through_blas restores the library it found, also when the call fails."""
+
+import pytest
+import torch
+from torch import nn
+
+from minipic_lite.models import packed_linear, routed_linear
+from minipic_lite.models.packed_linear import (
+    MatmulRoute,
+    PackedLinear,
+    can_pack,
+    first_of_winning_tail,
+    pack_linears,
+    packed_min_rows,
+)
+
+HAS_ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+needs_onednn = pytest.mark.skipif(not HAS_ONEDNN, reason="torch lacks oneDNN")
+
+
+def test_float32_packs_on_the_cpu_wherever_onednn_is():
+    assert can_pack(torch.device("cpu"), torch.float32) == HAS_ONEDNN
+    assert not can_pack(torch.device("cpu"), torch.float16) and not can_pack(torch.device("meta"), torch.float32)
+
+
+@needs_onednn
+def test_the_packed_route_keeps_the_inputs_leading_dims():
+    torch.manual_seed(0)
+    linear = PackedLinear(nn.Linear(8, 4), MatmulRoute(packed=True))
+    x = torch.randn(2, 3, 8)
+    out = linear(x)
+    assert out.shape == (2, 3, 4)
+    torch.testing.assert_close(out, torch.nn.functional.linear(x, linear.weight, linear.bias))
+
+
+def test_only_the_last_probe_winning_packs_from_there():
+    assert first_of_winning_tail((1, 2, 4, 8), [False, False, False, True]) == 8
+
+
+@needs_onednn
+def test_the_probe_packs_from_the_fewest_rows_where_its_own_times_say_packed_wins(monkeypatch):
+    """A stand-in clock: a call takes 2 ticks packed, and F.linear 1 tick below 4 rows, 3 from 4 rows on."""
+    clock = [0.0]
+
+    def timed_forward(self, x):
+        clock[0] += 2.0 if self.route.packed else (1.0 if x.shape[0] < 4 else 3.0)
+        return x
+
+    monkeypatch.setattr(PackedLinear, "forward", timed_forward)
+    monkeypatch.setattr(packed_linear.time, "perf_counter", lambda: clock[0])
+    model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8))
+    route = pack_linears(model)
+    assert packed_min_rows(model) == 4 and route.packed is False
+
+
+def test_through_blas_sets_the_library_for_the_call_and_restores_the_one_it_found(monkeypatch):
+    """On a stand-in for torch's setting (a CPU torch refuses cuBLASLt)."""
+    library, seen = ["cublas"], []
+
+    def preferred(backend=None):
+        if backend is not None:
+            library[0] = backend
+        return library[0]
+
+    def linear(x, weight, bias):
+        seen.append(library[0])
+        if x is None:
+            raise RuntimeError("the call failed")
+        return x
+
+    monkeypatch.setattr(torch.backends.cuda, "preferred_blas_library", preferred)
+    monkeypatch.setattr(routed_linear.F, "linear", linear)
+    through = routed_linear.through_blas("cublaslt")
+    assert through("x", None, None) == "x" and (seen, library) == (["cublaslt"], ["cublas"])
+    with pytest.raises(RuntimeError, match="the call failed"):
+        through(None, None, None)
+    assert library == ["cublas"]
