@@ -1,0 +1,109 @@
+"""Edges of the config (config.py) that test_config leaves open, no model: what a Llama config.json that leaves a
+field out means (transformers' LlamaConfig defaults are the oracle: one kv head per head, rms_norm_eps 1e-6,
+untied embeddings), the rope fields of `rope_parameters`, a list of eos ids, a top-level eos beside a `text_config`,
+a sliding window wider than the context, Qwen3.5's default conv kernel, layer_types that name too few layers, a
+config.json that is not an object or names no model_type, and the inclusive ends of each option's range."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from minipic_lite.config import (
+    CacheConfig,
+    ControlTokens,
+    EngineConfig,
+    LinearAttentionConfig,
+    ModelConfig,
+    SchedulerConfig,
+)
+
+LLAMA = {"model_type": "llama", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64,
+         "num_hidden_layers": 2, "num_attention_heads": 4, "max_position_embeddings": 128}  # fmt: skip
+
+
+def test_fields_left_out_take_transformers_defaults():
+    from transformers import LlamaConfig
+
+    hf, cfg = LlamaConfig(), ModelConfig._from_json(LLAMA)
+    assert cfg.num_kv_heads == cfg.num_heads == 4  # no num_key_value_heads: multi-head attention
+    assert (cfg.rms_norm_eps, cfg.rope_theta) == (hf.rms_norm_eps, hf.rope_parameters["rope_theta"]) == (1e-6, 1e4)
+    assert cfg.tie_word_embeddings is hf.tie_word_embeddings is False
+    assert cfg.eos_token_ids == () and cfg.max_position == 128
+
+
+def test_rope_parameters_eos_lists_and_a_text_configs_top_level_eos_are_read():
+    rope = {"rope_type": None, "rope_theta": 500000.0}  # no type named: plain RoPE
+    cfg = ModelConfig._from_json({**LLAMA, "rope_parameters": rope, "eos_token_id": [2, 7]})
+    assert (cfg.rope_theta, cfg.eos_token_ids) == (500000.0, (2, 7))
+    nested = ModelConfig._from_json({"model_type": "llama", "eos_token_id": 5, "text_config": LLAMA})
+    assert nested.eos_token_ids == (5,) and nested.hidden_size == 32
+
+
+def test_a_sliding_window_wider_than_the_context_leaves_the_context():
+    assert ModelConfig._from_json({**LLAMA, "sliding_window": 4096}).max_position == 128
+
+
+def test_qwen3_5s_conv_kernel_defaults_to_transformers():
+    from transformers import Qwen3_5TextConfig
+
+    shapes = {"linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 16,
+              "linear_value_head_dim": 16}  # fmt: skip
+    assert LinearAttentionConfig.from_hf(shapes).conv_kernel == Qwen3_5TextConfig().linear_conv_kernel_dim == 4
+
+
+def test_layer_types_that_name_too_few_layers_are_refused():
+    cfg = ModelConfig._from_json(LLAMA)
+    fields = {f: getattr(cfg, f) for f in cfg.__dataclass_fields__}
+    with pytest.raises(ValueError, match="layer_types names 1 layers, the model has 2"):
+        ModelConfig(**{**fields, "layer_types": ("full_attention",)})
+
+
+def test_a_config_json_that_is_no_object_or_names_no_model_type(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps([1, 2]))
+    with pytest.raises(ValueError, match="config.json holds a list, not a JSON object"):
+        ModelConfig.read_json(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 64}))
+    assert ModelConfig.model_type(tmp_path) == "?"
+
+
+def test_the_inclusive_ends_of_the_options():
+    assert CacheConfig(memory_utilization=1.0).memory_utilization == 1.0  # (0, 1]
+    cache = CacheConfig(checkpoint_turn_start_id=0, state_cache_gib=0.0, checkpoints_per_entry=0)  # 0: none of them
+    assert (cache.checkpoint_turn_start_id, cache.state_cache_gib, cache.checkpoints_per_entry) == (0, 0.0, 0)
+    with pytest.raises(ValueError, match="state_eviction must be one of lru, flops, got ''"):
+        CacheConfig(state_eviction="")
+    assert SchedulerConfig(span_ahead_tokens=0).span_ahead_tokens == 0
+    with pytest.raises(ValueError, match="span_ahead_tokens must be None or an integer >= 0, got True"):
+        SchedulerConfig(span_ahead_tokens=True)
+    with pytest.raises(ValueError, match="max_num_seqs must be a positive integer, got True"):
+        SchedulerConfig(max_num_seqs=True)
+
+
+def test_caches_of_other_dtypes_or_of_the_rerotate_baseline_never_alias():
+    model = ModelConfig._from_json(LLAMA)
+    plain = EngineConfig(Path("m"), model, CacheConfig(position_free=False))
+    assert (
+        plain.hash_namespace
+        != EngineConfig(Path("m"), model, CacheConfig(position_free=False), dtype="bfloat16").hash_namespace
+    )
+    rerotate = EngineConfig(Path("m"), model, CacheConfig(position_free=False, rerotate_spans=True))
+    assert plain.hash_namespace != rerotate.hash_namespace
+
+
+def test_float16_warns_on_the_cpu_only(caplog):
+    """test_config's check sees one warning over four devices and dtypes: not which of them gave it."""
+    model = ModelConfig._from_json(LLAMA)
+    EngineConfig.from_options(Path("m"), model, "cuda", ControlTokens(), "float16")
+    assert caplog.records == []
+    EngineConfig.from_options(Path("m"), model, "cpu", ControlTokens(), "float16")
+    assert [r.message for r in caplog.records] == [
+        "float16 on the CPU has no fast kernels: many times slower than float32 or bfloat16"
+    ]
+
+
+def test_an_unknown_option_names_a_known_one_that_is_only_near(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA))
+    model = ModelConfig.from_dir(tmp_path)
+    with pytest.raises(TypeError, match=r"unknown option 'max_seqs' \(did you mean 'max_num_seqs'\?\)"):
+        EngineConfig.from_options(tmp_path, model, "cpu", ControlTokens(), max_seqs=8)
