@@ -1,0 +1,83 @@
+"""Edges of the Triton op's host-side config rules (ops/triton_kernel.py) that test_rope_paged_attention leaves open,
+no kernel launched: the path thresholds of `pick_config`'s docstring at their ends (decode-like up to 16 query rows a
+sequence, short prefills up to SHORT_PREFILL_ROWS, the dense path past it), rows per sequence rounded up, and the next
+power of two of a power of two being itself."""
+
+import pytest
+import torch
+
+from ops import triton_kernel as tk
+
+
+@pytest.fixture
+def h200(monkeypatch):
+    """pick_config on CUDA as an H200 sees it (132 SMs, TMA), without a GPU."""
+    monkeypatch.setattr(tk, "_num_sms", lambda index: 132)
+    monkeypatch.setattr(tk, "_has_tma", lambda index: True)
+    return torch.device("cuda", 0)
+
+
+def path_of(cfg: dict) -> str:
+    """The docstring's paths: decode-like 16-row tiles of 4 warps; a short prefill's one 128-row tile a sequence, 8
+    warps, keys rotated in the kernel; the dense path (which pre-rotates into its gathered scratch)."""
+    tiles = (cfg["BLOCK_M"], cfg["num_warps"], cfg["PRE_ROTATE"])
+    if cfg["DENSE"]:
+        return "dense"
+    return {(16, 4, False): "decode", (128, 8, False): "short"}.get(tiles, f"other {tiles}")
+
+
+@pytest.mark.parametrize(
+    ("rows", "expected"),
+    [(16, "decode"), (17, "short"), (tk.SHORT_PREFILL_ROWS, "short"), (tk.SHORT_PREFILL_ROWS + 1, "dense")],
+)
+def test_the_paths_change_just_past_16_and_short_prefill_rows(h200, rows, expected):
+    """One sequence, GQA group 1 (rows = tokens), bf16, over 4k keys."""
+    cfg = tk.pick_config(rows, 1, 8, 1, 128, 4096, True, h200, table_elem_size=2)
+    assert path_of(cfg) == expected, cfg
+    assert cfg["TABLE_AHEAD"] == (expected != "dense")  # measured at head_dim 128 in 16 bits: decode and short reads
+
+
+def test_a_tile_holds_a_whole_gqa_group(h200):
+    """256 query heads a kv head: one decode token's rows are more than any tile shape's 128."""
+    cfg = tk.pick_config(1, 1, 1, 256, 128, 4096, True, h200, table_elem_size=2)
+    assert cfg["BLOCK_M"] == 256 and cfg["DENSE"] and not cfg["ONE_TOKEN_SEQS"]  # the dense kernel has no such mode
+
+
+@pytest.mark.parametrize(("num_seqs", "splits", "stages"), [(10, 4, 3), (5, 8, 2)])
+def test_a_bf16_decode_keeps_three_stages_up_to_deep_pipeline_max_splits(h200, num_seqs, splits, stages):
+    """528 programs (4 an SM) over num_seqs x 8 kv heads: 6 splits a tile fit, 4 taken; or 13, 8 taken."""
+    cfg = tk.pick_config(num_seqs, num_seqs, 8, 4, 128, 4096, True, h200, table_elem_size=2)
+    assert (cfg["NUM_SPLITS"], cfg["num_stages"]) == (splits, stages)
+
+
+def test_rows_per_sequence_round_up():
+    assert tk.rows_per_sequence(17, 2, 4) == 36  # 8.5 tokens a sequence -> 9, times the group
+    assert tk.rows_per_sequence(16, 2, 4) == 32
+
+
+def test_the_next_power_of_two_of_a_power_of_two_is_itself():
+    assert [tk._next_pow2(x) for x in (1, 2, 3, 4, 5, 8, 9)] == [1, 2, 4, 4, 8, 8, 16]
+
+
+def test_each_split_keeps_at_least_min_keys():
+    """768 keys hold 3 splits of 256: the power of two at most that is 2."""
+    assert tk.splits_to_fill(1000, 1, 768) == 2 and tk.splits_to_fill(1000, 1, 1024) == 4
+
+
+def test_config_for_args_is_pick_configs_choice_for_the_launchs_shapes(h200):
+    """A bf16 decode of one token with 32 query heads over 8 kv heads, tables of 512 blocks of 16 (8,192 keys) and a
+    bf16 cos/sin table: stand-ins that carry the shapes, device and element sizes a CUDA launch has."""
+    from types import SimpleNamespace
+
+    q = SimpleNamespace(shape=(1, 32, 128), device=h200, element_size=lambda: 2)
+    k_cache = SimpleNamespace(shape=(600, 16, 8, 128))
+    block_tables = SimpleNamespace(shape=(1, 512))
+    cos_sin = SimpleNamespace(element_size=lambda: 2)
+    expected = tk.pick_config(1, 1, 8, 4, 128, 8192, True, h200, elem_size=2, table_elem_size=2)
+    assert tk.config_for_args(q, k_cache, block_tables, cos_sin) == expected
+    assert expected["NUM_SPLITS"] == tk.LONG_DECODE_SPLITS and expected["TABLE_AHEAD"]  # a long bf16 decode
+
+
+def test_an_element_two_to_the_31_from_the_first_does_not_fit_int32():
+    assert tk.offsets_fit_int32(torch.empty(2**31, device="meta"))  # the last element 2^31 - 1 from the first
+    assert not tk.offsets_fit_int32(torch.empty(2**31 + 1, device="meta"))
