@@ -30,13 +30,14 @@ def test_compile_kernel_raises_the_recompile_limit_and_keeps_the_callers_options
     calls = []
     monkeypatch.setattr(torch, "compile", lambda fn, **kw: calls.append(kw) or fn)
     monkeypatch.setattr(llama, "pdl_requested", lambda: True)
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 8)
-    llama.compile_kernel(llama.rms_norm, options={"combo_kernels": True})
-    assert torch._dynamo.config.recompile_limit == llama.RECOMPILE_LIMIT
+    # NOTE: Dynamo's own patch, not monkeypatch: monkeypatch's undo deleted the option (every later compile failed)
+    with torch._dynamo.config.patch(recompile_limit=8):
+        llama.compile_kernel(llama.rms_norm, options={"combo_kernels": True})
+        assert torch._dynamo.config.recompile_limit == llama.RECOMPILE_LIMIT
     assert calls[-1]["options"] == {"triton.enable_pdl": True, "combo_kernels": True}
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 100)
-    llama.compile_kernel(llama.rms_norm)
-    assert torch._dynamo.config.recompile_limit == 100  # raised, never lowered
+    with torch._dynamo.config.patch(recompile_limit=100):
+        llama.compile_kernel(llama.rms_norm)
+        assert torch._dynamo.config.recompile_limit == 100  # raised, never lowered
 
 
 def test_compile_takes_the_compiled_kernels(tiny_dir, monkeypatch):
