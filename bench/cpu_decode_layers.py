@@ -54,11 +54,12 @@ class Layers:
         self.k = [torch.randn(shape) for _ in self.layers]
         self.v = [torch.randn(shape) for _ in self.layers]
         norms = [layer.input_layernorm.weight for layer in self.layers[1:]] + [model.norm.weight]
-        self.weights = [
-            (a.qkv_proj.weight, a.o_proj.weight, layer.post_attention_layernorm.weight, layer.mlp.gate_up_proj.weight,
-             layer.mlp.down_proj.weight, next_norm)
-            for layer, a, next_norm in ((lay, lay.self_attn, n) for lay, n in zip(self.layers, norms, strict=True))
-        ]  # fmt: skip
+        self.weights = []  # each layer's (qkv, o, post-attention norm, gate_up, down, the next layer's input norm)
+        for layer, next_norm in zip(self.layers, norms, strict=True):
+            a, mlp = layer.self_attn, layer.mlp
+            norm = layer.post_attention_layernorm.weight
+            projections = (a.qkv_proj.weight, a.o_proj.weight, mlp.gate_up_proj.weight, mlp.down_proj.weight)
+            self.weights.append((*projections[:2], norm, *projections[2:], next_norm))
 
     def attend(self, i: int, q, k_rotated, v) -> torch.Tensor:
         """q [1, H, D] bf16, k_rotated [1, KVH, D] fp32, v [1, KVH, D] -> [1, H * D] bf16 (the mirror's math)."""
