@@ -46,7 +46,7 @@ class Layers:
     """The model's decode layers at one token, with a fixed attention mirror of `keys` keys a layer."""
 
     def __init__(self, model, keys: int):
-        self.model, self.cfg, self.layers = model, model.cfg, model.layers
+        self.cfg, self.layers = model.cfg, model.layers
         cfg = self.cfg
         self.heads, self.kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.rope = RotationTables.build(model.cos_sin[torch.tensor([keys - 1])], self.head_dim)
