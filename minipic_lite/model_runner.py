@@ -29,7 +29,14 @@ from minipic_lite.config import (
 from minipic_lite.decode_mirror import DecodeMirror
 from minipic_lite.kv_cache_manager import Rerotate
 from minipic_lite.models.llama import compile_kernel, rope_table
-from minipic_lite.models.packed_linear import can_pack, drop_packed_weights, pack_linears, packed_min_rows
+from minipic_lite.models.packed_linear import (
+    can_pack,
+    can_route,
+    decode_routes,
+    drop_packed_weights,
+    pack_linears,
+    route_for_rows,
+)
 from minipic_lite.models.registry import model_class
 from minipic_lite.models.routed_linear import one_row_candidates, route_many_row_linears, route_one_row_linears
 from minipic_lite.models.step import HostStep, RecurrentStep, StepInputs, StepMetadata, host_tensor
@@ -160,13 +167,13 @@ class ModelRunner:
         self.dtype = getattr(torch, config.dtype)
         self.block_size = config.cache.block_size
         self.model = build_model(config)
-        # CPU: decode steps of at least `packed_min_rows` rows (timed here) take weights prepacked for oneDNN,
-        # other steps F.linear (models/packed_linear.py)
-        self.packed_min_rows = None
-        if can_pack(self.device, self.dtype):
-            pack_linears(self.model)
-            self.packed_min_rows = packed_min_rows(self.model)
-            if self.packed_min_rows is None:
+        # CPU: decode steps take, per row count, the fastest of F.linear, weights prepacked for oneDNN and the C loop
+        # (timed here); other steps F.linear (models/packed_linear.py, models/native_gemv.py)
+        self.decode_routes = {}
+        if can_route(self.device, self.dtype):
+            pack_linears(self.model, pack=can_pack(self.device, self.dtype))
+            self.decode_routes = decode_routes(self.model)
+            if "packed" not in self.decode_routes.values():
                 drop_packed_weights(self.model)
         # CUDA: one-row steps (batch-1 decode) take Inductor's reduction for the projections where it beats cuBLAS,
         # and the graphs' other row counts cuBLASLt where it does (timed here and below; models/routed_linear.py)
@@ -316,11 +323,11 @@ class ModelRunner:
         for s in out.scheduled:
             req, B = s.seq, self.block_size
             host.add_chunk(req.token_ids, req.block_table, s.query_ranges, s.kv_len, req.visible_start, s.do_sample, B)
-        if shape is not None:  # NOTE: graphs serve neither hybrids nor the CPU's packed weights and decode mirror
+        if shape is not None:  # NOTE: graphs serve neither hybrids nor the CPU's decode routes and decode mirror
             return self.graphs.static.stage(host, shape)
         meta = StepMetadata.build(host, self.device)
-        min_rows = self.packed_min_rows
-        meta.use_packed_weights = out.is_decode_only and min_rows is not None and len(host.input_ids) >= min_rows
+        if out.is_decode_only:
+            meta.cpu_matmul = route_for_rows(self.decode_routes, len(host.input_ids))
         if self.state_tensors is not None:
             st = self.state_tensors
             st.before_forward(out.state_ops)  # NOTE: zero / load slots before the forward reads them

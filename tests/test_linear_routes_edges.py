@@ -1,8 +1,8 @@
 """Edges of the CPU's packed matmuls (models/packed_linear.py) and the CUDA routes' library switch
 (models/routed_linear.py) that their tests leave open, with no model: float32 packs wherever oneDNN is (the packed
 tests skip themselves where can_pack says no, so a can_pack that refused float32 passed them), the packed route keeps
-an input's leading dims, only the last probe winning still packs, the probe compares the routes' own times (a stand-in
-clock), and through_blas restores the library it found, also when the call fails."""
+an input's leading dims, the probe compares the routes' own times (a stand-in clock), and through_blas restores the
+library it found, also when the call fails."""
 
 import pytest
 import torch
@@ -13,9 +13,8 @@ from minipic_lite.models.packed_linear import (
     MatmulRoute,
     PackedLinear,
     can_pack,
-    first_of_winning_tail,
+    decode_routes,
     pack_linears,
-    packed_min_rows,
 )
 
 HAS_ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
@@ -30,31 +29,38 @@ def test_float32_packs_on_the_cpu_wherever_onednn_is():
 @needs_onednn
 def test_the_packed_route_keeps_the_inputs_leading_dims():
     torch.manual_seed(0)
-    linear = PackedLinear(nn.Linear(8, 4), MatmulRoute(packed=True))
+    linear = PackedLinear(nn.Linear(8, 4), MatmulRoute(kind="packed"))
     x = torch.randn(2, 3, 8)
     out = linear(x)
     assert out.shape == (2, 3, 4)
     torch.testing.assert_close(out, torch.nn.functional.linear(x, linear.weight, linear.bias))
 
 
-def test_only_the_last_probe_winning_packs_from_there():
-    assert first_of_winning_tail((1, 2, 4, 8), [False, False, False, True]) == 8
-
-
 @needs_onednn
-def test_the_probe_packs_from_the_fewest_rows_where_its_own_times_say_packed_wins(monkeypatch):
-    """A stand-in clock: a call takes 2 ticks packed, and F.linear 1 tick below 4 rows, 3 from 4 rows on."""
+def test_the_probe_takes_at_each_row_count_the_route_its_own_times_say_is_fastest(monkeypatch):
+    """A stand-in clock: a call takes 2 ticks packed; F.linear 1 tick below 4 rows, 3 from 4 rows on; the C loop
+    0.5 at one row, 4 above (the layers are told they can take it)."""
     clock = [0.0]
+    ticks = {
+        "packed": lambda rows: 2.0,
+        "linear": lambda rows: 1.0 if rows < 4 else 3.0,
+        "native": lambda rows: 0.5 if rows == 1 else 4.0,
+    }
 
     def timed_forward(self, x):
-        clock[0] += 2.0 if self.route.packed else (1.0 if x.shape[0] < 4 else 3.0)
+        clock[0] += ticks[self.route.kind](x.shape[0])
         return x
 
     monkeypatch.setattr(PackedLinear, "forward", timed_forward)
     monkeypatch.setattr(packed_linear.time, "perf_counter", lambda: clock[0])
     model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8))
     route = pack_linears(model)
-    assert packed_min_rows(model) == 4 and route.packed is False
+    for m in model:
+        m.native = True
+    assert decode_routes(model) == {1: "native", 2: "linear", 4: "packed", 8: "packed"}
+    assert route.kind == "linear"
+    model[1].native = False  # a layer the loop cannot take: the probe leaves the loop out
+    assert decode_routes(model) == {1: "linear", 2: "linear", 4: "packed", 8: "packed"}
 
 
 def test_through_blas_sets_the_library_for_the_call_and_restores_the_one_it_found(monkeypatch):

@@ -1,4 +1,5 @@
-"""CPU matmuls: oneDNN-prepacked weights for decode steps, F.linear (MKL) for everything else."""
+"""CPU matmuls: decode steps on oneDNN-prepacked weights or the native C loop (the probe picks per row count),
+F.linear (MKL) for everything else."""
 
 import pytest
 import torch
@@ -10,10 +11,10 @@ from minipic_lite.models.packed_linear import (
     MatmulRoute,
     PackedLinear,
     can_pack,
+    decode_routes,
     drop_packed_weights,
-    first_of_winning_tail,
     pack_linears,
-    packed_min_rows,
+    route_for_rows,
 )
 
 pytestmark = pytest.mark.skipif(not can_pack(torch.device("cpu"), torch.float32), reason="torch lacks oneDNN")
@@ -32,7 +33,7 @@ def test_packed_matmul_equals_f_linear_to_fp32_rounding(rows, bias):
     x = torch.randn(rows, 576)
     expected = x.double() @ linear.weight.double().T + (linear.bias.double() if bias else 0)
     assert torch.equal(packed(x), F.linear(x, linear.weight, linear.bias))  # route off: MKL exactly
-    route.packed = True
+    route.kind = "packed"
     out = packed(x)
     assert out.shape == (rows, 960)
     err = (out.double() - expected).abs().max().item() / expected.abs().max().item()
@@ -46,7 +47,7 @@ def test_bf16_packed_matmul_equals_f_linear_bit_for_bit(rows):
     """In bfloat16 F.linear is oneDNN too: the packed route changes the speed, not one bit of the result."""
     torch.manual_seed(rows)
     linear = nn.Linear(576, 1536, bias=False, dtype=torch.bfloat16)
-    route = MatmulRoute(packed=True)
+    route = MatmulRoute(kind="packed")
     x = torch.randn(rows, 576, dtype=torch.bfloat16)
     out = PackedLinear(linear, route)(x)
     assert out.dtype == torch.bfloat16 and torch.equal(out, F.linear(x, linear.weight))
@@ -61,56 +62,62 @@ def test_pack_linears_replaces_every_linear_and_shares_one_route():
 
 
 @pytest.mark.parametrize(
-    "wins, expected",
-    [([True] * 4, 1), ([False, False, True, True], 4), ([True, False, True, True], 4),
-     ([True, True, True, False], None), ([False] * 4, None)],
+    "routes, rows, expected",
+    [({1: "native", 2: "native", 4: "packed", 8: "packed"}, 1, "native"),
+     ({1: "native", 2: "native", 4: "packed", 8: "packed"}, 3, "native"),
+     ({1: "native", 2: "native", 4: "packed", 8: "packed"}, 4, "packed"),
+     ({1: "native", 2: "linear", 4: "packed", 8: "linear"}, 64, "linear"),
+     ({2: "packed", 4: "linear"}, 1, "packed"),
+     ({}, 5, "linear")],
 )  # fmt: skip
-def test_the_packed_route_starts_where_its_wins_run_to_the_largest_probe(wins, expected):
-    assert first_of_winning_tail((1, 2, 4, 8), wins) == expected
+def test_a_step_takes_the_route_chosen_at_the_largest_probe_not_above_its_rows(routes, rows, expected):
+    assert route_for_rows(routes, rows) == expected
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.bfloat16, marks=needs_bf16)])
-def test_packed_min_rows_times_both_routes_and_leaves_the_route_off(dtype):
+def test_decode_routes_times_every_route_the_layers_hold_and_leaves_the_route_off(dtype):
     model = nn.Sequential(nn.Linear(64, 256, dtype=dtype), nn.Linear(256, 64, dtype=dtype))
     route = pack_linears(model)
-    assert packed_min_rows(model) in (1, 2, 4, 8, None)  # its probes take the weights' dtype
-    assert route.packed is False
+    routes = decode_routes(model)
+    assert set(routes) == {1, 2, 4, 8} and set(routes.values()) <= {"linear", "packed", "native"}
+    assert route.kind == "linear"
+    drop_packed_weights(model)  # without the packed copies the probe cannot choose them
+    assert "packed" not in decode_routes(model).values()
 
 
-def test_the_step_contract_routes_decode_steps_to_the_packed_weights(llm):
+def test_the_step_contract_routes_decode_steps_to_the_probes_choice(llm):
     engine = llm.engine
     route = engine.runner.model.matmul_route
-    min_rows, engine.runner.packed_min_rows = engine.runner.packed_min_rows, 1  # the start-up timing aside
+    routes, engine.runner.decode_routes = engine.runner.decode_routes, {1: "packed"}  # the start-up timing aside
     request_id = engine.add_request(llm.encode("The capital of France is")[0], mp.SamplingParams(max_tokens=3))
     out = engine.scheduler.schedule()  # prefill
-    assert engine.runner.prepare(out).meta.use_packed_weights is False
+    assert engine.runner.prepare(out).meta.cpu_matmul == "linear"
     engine.scheduler.postprocess(out, engine.runner.execute(out), engine._stops)
-    assert route.packed is False  # the model set the route from the step's metadata
+    assert route.kind == "linear"  # the model set the route from the step's metadata
     out = engine.scheduler.schedule()  # decode
-    assert engine.runner.prepare(out).meta.use_packed_weights is True
+    assert engine.runner.prepare(out).meta.cpu_matmul == "packed"
     engine.scheduler.postprocess(out, engine.runner.execute(out), engine._stops)
-    assert route.packed is True
+    assert route.kind == "packed"
     engine.abort(request_id)
-    engine.runner.packed_min_rows = 2  # a decode step of one row stays on F.linear
+    engine.runner.decode_routes = {1: "linear", 2: "native"}  # a decode step of one row stays on F.linear
     request_id = engine.add_request(llm.encode("The capital of France is")[0], mp.SamplingParams(max_tokens=3))
     for _ in range(2):  # prefill, then decode
         out = engine.scheduler.schedule()
-        assert engine.runner.prepare(out).meta.use_packed_weights is False
+        assert engine.runner.prepare(out).meta.cpu_matmul == "linear"
         engine.scheduler.postprocess(out, engine.runner.execute(out), engine._stops)
     engine.abort(request_id)
-    engine.runner.packed_min_rows = min_rows
+    engine.runner.decode_routes = routes
 
 
 def test_an_engine_whose_probe_never_packs_frees_the_packed_copies(monkeypatch):
-    """When F.linear wins at every probed row count, the packed weights (as large as the model's) are freed and
-    every step runs F.linear."""
-    monkeypatch.setattr("minipic_lite.model_runner.packed_min_rows", lambda model: None)
+    """When the packed weights win at no probed row count, they (as large as the model's) are freed."""
+    monkeypatch.setattr("minipic_lite.model_runner.decode_routes", lambda model: {1: "native", 8: "linear"})
     llm = mp.LLM(max_model_len=256)
     model = llm.engine.runner.model
     linears = [m for m in model.modules() if isinstance(m, PackedLinear)]
     assert linears and all(m.packed is None for m in linears)
     out = llm.generate("The capital of France is", mp.SamplingParams(max_tokens=4, temperature=0.0))[0]
-    assert len(out.token_ids) == 4 and model.matmul_route.packed is False
+    assert len(out.token_ids) == 4 and model.matmul_route.kind == "native"  # its last step a one-row decode
     llm.close()
 
 
@@ -119,6 +126,6 @@ def test_drop_packed_weights_keeps_the_f_linear_route():
     model = nn.Sequential(linear)
     route = pack_linears(model)
     drop_packed_weights(model)
-    route.packed = True  # even if asked, a layer without its packed copy runs F.linear
+    route.kind = "packed"  # even if asked, a layer without its packed copy runs F.linear
     x = torch.randn(3, 8)
     assert model[0].packed is None and torch.equal(model(x), F.linear(x, linear.weight, linear.bias))

@@ -263,7 +263,7 @@ class CausalLM(nn.Module):
 
     def _follow_step(self, meta: StepMetadata) -> None:
         if self.matmul_route is not None:
-            self.matmul_route.packed = meta.use_packed_weights  # the step contract picks the matmul route
+            self.matmul_route.kind = meta.cpu_matmul  # the step contract picks the matmul route
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(N, vocab) in the model's dtype: greedy decoding takes their argmax as they are (a float32 copy of a

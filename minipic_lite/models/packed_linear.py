@@ -1,11 +1,11 @@
-"""Linear layers whose weights are also prepacked for oneDNN: the CPU's decode matmuls.
+"""The CPU's linear layers: at decode steps, oneDNN with prepacked weights or the native C loop; else F.linear.
 
-At decode shapes oneDNN with weights prepacked once (what Inductor's `freezing` does) can beat MKL's `F.linear`;
-which one wins depends on the CPU and the row count (README, "CPU matmuls by step kind", has the figures), so
-`packed_min_rows` times both on the model's own matmuls at start-up. oneDNN's fp32 sums round differently (2-3x
-MKL's error), which would break the 1e-4 logits bound that prefill is held to against transformers. So only
-decode steps may take the packed weights and every other step takes `F.linear`: the step contract says which
-(`StepMetadata.use_packed_weights`), and the model sets the shared `MatmulRoute` from it.
+At decode shapes oneDNN with weights prepacked once (what Inductor's `freezing` does) can beat MKL's `F.linear`, and
+the C loop of native_gemv.py can beat both at one or two rows; which one wins depends on the CPU and the row count
+(README, "CPU matmuls by step kind"), so `decode_routes` times each on the model's own matmuls at start-up.
+oneDNN's fp32 sums round differently (2-3x MKL's error), which would break the 1e-4 logits bound that prefill is
+held to against transformers. So only decode steps may take another route and every other step takes `F.linear`:
+the step contract says which (`StepMetadata.cpu_matmul`), and the model sets the shared `MatmulRoute` from it.
 bfloat16 packs too where oneDNN has bf16 kernels for the CPU (AVX512-BF16 or AMX): there `F.linear` gives the
 packed route's results bit for bit, but slower at decode shapes (on 2 cores of an AMD EPYC, SmolLM2's matmuls at
 one row 195 us on average against 117 packed; a batch-1 decode step 39 ms against 27, and 40 in float32 packed).
@@ -20,15 +20,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from minipic_lite.models import native_gemv
+
 PACK_BATCH_HINT = 32  # oneDNN picks its blocking for this many rows; any row count still works
 ROUTE_PROBE_ROWS = (1, 2, 4, 8)  # decode row counts timed at start-up to pick the route
+ROUTES = ("linear", "packed", "native")  # F.linear (MKL); oneDNN's prepacked weights; native_gemv's C loop
 
 
 @dataclass
 class MatmulRoute:
     """Shared by every PackedLinear of a model; the model's forward sets it from its StepMetadata."""
 
-    packed: bool = False  # True: oneDNN with prepacked weights (decode steps); False: F.linear (MKL)
+    kind: str = "linear"  # one of ROUTES; only decode steps take another than "linear"
 
 
 def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
@@ -41,50 +44,65 @@ def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
     )
 
 
-class PackedLinear(nn.Module):
-    """`nn.Linear` plus a oneDNN-packed copy of its weight, taken when `route.packed` is set."""
+def can_route(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether a CPU model of this dtype has a decode route besides F.linear: oneDNN's packing or the C loop."""
+    native = device.type == "cpu" and dtype in native_gemv.DTYPES and native_gemv.load() is not None
+    return can_pack(device, dtype) or native
 
-    def __init__(self, linear: nn.Linear, route: MatmulRoute):
+
+class PackedLinear(nn.Module):
+    """`nn.Linear` plus, where oneDNN packs its dtype, a prepacked copy of its weight; `route.kind` picks the
+    matmul (`packed` without the copy, or `native` where the C loop cannot run, falls back to F.linear)."""
+
+    def __init__(self, linear: nn.Linear, route: MatmulRoute, pack: bool = True):
         super().__init__()
         self.weight = linear.weight
         self.bias = linear.bias
         self.route = route
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), PACK_BATCH_HINT)
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), PACK_BATCH_HINT) if pack else None
+        self.native = native_gemv.load() is not None and native_gemv.supports(linear.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.route.packed or self.packed is None:
+        kind = self.route.kind
+        if kind == "native" and self.native:
+            return native_gemv.native_gemv(x, self.weight, self.bias)
+        if kind != "packed" or self.packed is None:
             return F.linear(x, self.weight, self.bias)
         rows = x.reshape(-1, x.shape[-1])  # (N, in)
         out = torch.ops.mkldnn._linear_pointwise(rows, self.packed, self.bias, "none", [], "")  # (N, out)
         return out.view(*x.shape[:-1], out.shape[-1])
 
 
-def pack_linears(model: nn.Module) -> MatmulRoute:
-    """Replace every `nn.Linear` of `model` (weights loaded) by a PackedLinear; returns their shared route."""
+def pack_linears(model: nn.Module, pack: bool = True) -> MatmulRoute:
+    """Replace every `nn.Linear` of `model` (weights loaded) by a PackedLinear, with its packed copy when `pack`;
+    returns their shared route."""
     route = model.matmul_route = MatmulRoute()
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, nn.Linear):
-                setattr(parent, name, PackedLinear(child, route))
+                setattr(parent, name, PackedLinear(child, route, pack))
     return route
 
 
 def drop_packed_weights(model: nn.Module) -> None:
-    """Free the packed copies (as large as the weights) when the probe found F.linear faster at every row count."""
+    """Free the packed copies (as large as the weights) when the probe never chose them."""
     for m in model.modules():
         if isinstance(m, PackedLinear):
             m.packed = None
 
 
-def packed_min_rows(model: nn.Module, probe_rows: tuple[int, ...] = ROUTE_PROBE_ROWS) -> int | None:
-    """The fewest rows from which the packed weights beat F.linear at every probed count, timed on `model`'s
-    own matmuls (one pass per route after a warm-up); the largest probe speaks for larger batches, and None
-    (never packed) when F.linear wins there."""
+def decode_routes(model: nn.Module, probe_rows: tuple[int, ...] = ROUTE_PROBE_ROWS) -> dict[int, str]:
+    """{rows: the fastest route at that many rows} for each probed row count, timed on `model`'s own matmuls (one
+    pass per route after a warm-up). The routes timed: F.linear, the packed weights where the layers hold them, the
+    C loop where every layer can take it."""
     linears = [m for m in model.modules() if isinstance(m, PackedLinear)]
     route = linears[0].route
+    kinds = ["linear"]
+    kinds += ["packed"] if all(m.packed is not None for m in linears) else []
+    kinds += ["native"] if all(m.native for m in linears) else []
 
-    def seconds(rows: int, packed: bool) -> float:
-        route.packed = packed
+    def seconds(rows: int, kind: str) -> float:
+        route.kind = kind
         inputs = [torch.zeros(rows, m.weight.shape[1], dtype=m.weight.dtype) for m in linears]
         for _ in range(2):  # the first pass warms the caches and oneDNN's primitives
             start = time.perf_counter()
@@ -92,15 +110,19 @@ def packed_min_rows(model: nn.Module, probe_rows: tuple[int, ...] = ROUTE_PROBE_
                 m(x)
         return time.perf_counter() - start
 
+    def fastest(rows: int) -> str:
+        times = {kind: seconds(rows, kind) for kind in kinds}
+        return min(times, key=times.get)
+
     with torch.inference_mode():
-        wins = [seconds(rows, True) < seconds(rows, False) for rows in probe_rows]
-    route.packed = False
-    return first_of_winning_tail(probe_rows, wins)
+        routes = {rows: fastest(rows) for rows in probe_rows}
+    route.kind = "linear"
+    return routes
 
 
-def first_of_winning_tail(probe_rows: tuple[int, ...], wins: list[bool]) -> int | None:
-    """The first probe of the longest run of wins that reaches the last probe; None when the last one lost."""
-    first = len(probe_rows)
-    while first > 0 and wins[first - 1]:
-        first -= 1
-    return probe_rows[first] if first < len(probe_rows) else None
+def route_for_rows(routes: dict[int, str], rows: int) -> str:
+    """The route of a decode step of `rows` rows: the one chosen at the largest probed count not above it (the
+    smallest probe's below every probe; "linear" when nothing was probed)."""
+    probed = sorted(routes)
+    below = [r for r in probed if r <= rows]
+    return routes[below[-1]] if below else (routes[probed[0]] if probed else "linear")

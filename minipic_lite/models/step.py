@@ -128,8 +128,8 @@ class StepMetadata:
     positions: torch.Tensor  # [num_tokens] int64
     kv_lens: torch.Tensor  # [num_seqs] int32
     visible_start: torch.Tensor  # [num_tokens] int32
-    # CPU decode steps: oneDNN-packed weights (models/packed_linear.py) instead of F.linear
-    use_packed_weights: bool = False
+    # CPU decode steps: the matmul route (models/packed_linear.py: "linear", "packed" or "native"); else "linear"
+    cpu_matmul: str = "linear"
     # CPU decode steps: attention over contiguous per-request keys instead of the op (decode_mirror.py)
     decode_mirror: MirrorStep | None = None
     # hybrid models: the state slots of the step's sequences (models/qwen3_5.py)

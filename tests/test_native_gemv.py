@@ -1,0 +1,131 @@
+"""The CPU's native decode matmul (models/native_gemv.py) held to F.linear, and its build: cached per source,
+compiler and CPU; off with a reason where it cannot run, the engine then on oneDNN."""
+
+import logging
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import minipic_lite as mp
+from minipic_lite.models import native_gemv
+from minipic_lite.models.native_gemv import native_gemv as gemv
+from minipic_lite.models.packed_linear import MatmulRoute, PackedLinear
+
+pytestmark = pytest.mark.skipif(native_gemv.load() is None, reason="no C compiler or not Linux: the loop is off")
+
+
+@pytest.fixture
+def fresh_load(monkeypatch, tmp_path):
+    """`load()` run afresh (its cache cleared before and after) into an empty cache directory."""
+    monkeypatch.setenv("MINIPIC_CACHE_DIR", str(tmp_path))
+    native_gemv.load.cache_clear()
+    yield native_gemv.load
+    native_gemv.load.cache_clear()
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 8, 13])
+@pytest.mark.parametrize("k", [576, 100, 7])  # 100 and 7: a sum whose length no vector width divides
+@pytest.mark.parametrize("bias", [False, True])
+def test_float32_equals_f_linear_to_float32_rounding(rows, k, bias):
+    torch.manual_seed(rows * k)
+    linear = nn.Linear(k, 333, bias=bias)
+    x = torch.randn(rows, k)
+    exact = x.double() @ linear.weight.double().T + (linear.bias.double() if bias else 0)
+    out = gemv(x, linear.weight, linear.bias)
+    assert out.dtype == torch.float32 and out.shape == (rows, 333)
+    scale = exact.abs().max().item()
+    mkl = F.linear(x, linear.weight, linear.bias)
+    err, mkl_err = ((y.double() - exact).abs().max().item() / scale for y in (out, mkl))
+    print(f"relative error {err:.2e}, F.linear's {mkl_err:.2e}")
+    assert err < 1e-6
+
+
+@pytest.mark.parametrize("rows", [1, 2, 5])
+def test_bfloat16_is_the_float32_sum_rounded_to_nearest_even(rows):
+    """A sum of one product of two bf16 numbers is exact in float32, so the output must be torch's rounding of it
+    bit for bit; longer sums part from F.linear's (oneDNN's order of additions) by at most one bf16 step."""
+    torch.manual_seed(rows)
+    x, w = torch.randn(rows, 1, dtype=torch.bfloat16), torch.randn(4096, 1, dtype=torch.bfloat16)
+    assert torch.equal(gemv(x, w), (x.float() @ w.float().T).to(torch.bfloat16))
+    x, w = torch.randn(rows, 576, dtype=torch.bfloat16), torch.randn(960, 576, dtype=torch.bfloat16)
+    out, ref = gemv(x, w), F.linear(x, w)
+    step = ref.float().abs() * 2**-7  # one bf16 step (8 significant bits) at the value's scale
+    assert out.dtype == torch.bfloat16 and bool(((out.float() - ref.float()).abs() <= step).all())
+    assert (out == ref).float().mean() > 0.9
+
+
+def test_special_values_pass_through_as_torch_passes_them():
+    x = torch.tensor([[1.0, 2.0], [float("nan"), 0.0], [float("inf"), 1.0], [3e38, 3e38]], dtype=torch.bfloat16)
+    w = torch.tensor([[1.0, 1.0], [0.0, 1.0]], dtype=torch.bfloat16)
+    out = gemv(x, w)
+    ref = (x.float() @ w.float().T).to(torch.bfloat16)  # exact float32 sums, rounded
+    assert torch.equal(out.isnan(), ref.isnan()) and torch.equal(out[~ref.isnan()], ref[~ref.isnan()])
+    assert out[1].isnan().all() and out[3, 0].isinf()  # 6e38 is past float32's range
+
+
+def test_leading_dims_are_kept_and_an_unsupported_weight_is_refused():
+    torch.manual_seed(0)
+    w = torch.randn(6, 8)
+    x = torch.randn(2, 3, 8)
+    torch.testing.assert_close(gemv(x, w), F.linear(x, w))
+    assert gemv(x, w).shape == (2, 3, 6)
+    assert native_gemv.supports(w) and not native_gemv.supports(w.t())  # transposed: not contiguous
+    assert not native_gemv.supports(w.half()) and not native_gemv.supports(w[0])
+
+
+def test_the_native_route_runs_the_loop_and_falls_back_to_f_linear_where_the_layer_cannot(monkeypatch):
+    torch.manual_seed(0)
+    calls = []
+    monkeypatch.setattr(native_gemv, "native_gemv", lambda x, w, b: calls.append(x.shape) or F.linear(x, w, b))
+    linear = PackedLinear(nn.Linear(16, 8), MatmulRoute(kind="native"), pack=False)
+    x = torch.randn(2, 16)
+    linear(x)
+    assert calls == [(2, 16)]
+    linear.native = False  # e.g. a weight the loop does not support
+    torch.testing.assert_close(linear(x), F.linear(x, linear.weight, linear.bias))
+    assert calls == [(2, 16)]
+
+
+def test_the_build_is_cached_and_keyed_by_the_cpu(fresh_load, tmp_path, monkeypatch):
+    assert fresh_load() is not None
+    (path,) = (tmp_path / "native").glob("gemv-*.so")
+    mtime = path.stat().st_mtime_ns
+    native_gemv.load.cache_clear()
+    assert fresh_load() is not None and path.stat().st_mtime_ns == mtime  # read from the cache, not rebuilt
+    monkeypatch.setattr(native_gemv, "_cpu_signature", lambda: "another CPU")
+    native_gemv.load.cache_clear()
+    assert fresh_load() is not None
+    assert len(list((tmp_path / "native").glob("gemv-*.so"))) == 2  # -march=native: one library per CPU
+
+
+@pytest.mark.parametrize(
+    "env, reason",
+    [({"MINIPIC_NATIVE_GEMV": "0"}, "MINIPIC_NATIVE_GEMV=0"),
+     ({"CC": "/bin/false"}, "its build failed (/bin/false exited with 1")],
+)  # fmt: skip
+def test_where_it_cannot_run_load_says_why_and_returns_none(fresh_load, monkeypatch, caplog, env, reason):
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with caplog.at_level(logging.INFO, logger="minipic_lite.models.native_gemv"):
+        assert fresh_load() is None
+    assert reason in caplog.text and "decode steps use oneDNN" in caplog.text
+
+
+def test_without_the_loop_an_engine_decodes_on_onednn_with_the_same_tokens(monkeypatch, llm):
+    """With the loop off the engine's probe leaves it out; float32 greedy tokens are the same as the loop's."""
+    params = mp.SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    prompt = "The history of the printing press"
+    routes, llm.engine.runner.decode_routes = llm.engine.runner.decode_routes, {1: "native"}
+    on = llm.generate(prompt, params)[0].token_ids
+    llm.engine.runner.decode_routes = routes
+    monkeypatch.setenv("MINIPIC_NATIVE_GEMV", "0")
+    native_gemv.load.cache_clear()
+    try:
+        off = mp.LLM(max_model_len=256)
+        assert "native" not in off.engine.runner.decode_routes.values()
+        assert off.generate(prompt, params)[0].token_ids == on
+        off.close()
+    finally:
+        native_gemv.load.cache_clear()
