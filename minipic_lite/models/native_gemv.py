@@ -48,35 +48,26 @@ static inline uint16_t f32_to_bf16(float f) {  /* round to nearest even, as torc
     return (uint16_t)(u >> 16);
 }
 
-/* y[m, n] = x[m, k] @ w[n, k]^T: x float32, w and y bfloat16 */
-void gemv_bf16(const float* x, const uint16_t* w, uint16_t* y, int64_t m, int64_t n, int64_t k, int threads) {
-    #pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t r = 0; r < n; ++r) {
-        const uint16_t* row = w + r * k;
-        for (int64_t i = 0; i < m; ++i) {
-            const float* xi = x + i * k;
-            float acc = 0.0f;
-            #pragma omp simd reduction(+:acc)
-            for (int64_t j = 0; j < k; ++j) acc += bf16_to_f32(row[j]) * xi[j];
-            y[i * n + r] = f32_to_bf16(acc);
-        }
-    }
-}
+static inline float f32_to_f32(float f) { return f; }
 
-/* y[m, n] = x[m, k] @ w[n, k]^T, all float32 */
-void gemv_f32(const float* x, const float* w, float* y, int64_t m, int64_t n, int64_t k, int threads) {
-    #pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t r = 0; r < n; ++r) {
-        const float* row = w + r * k;
-        for (int64_t i = 0; i < m; ++i) {
-            const float* xi = x + i * k;
-            float acc = 0.0f;
-            #pragma omp simd reduction(+:acc)
-            for (int64_t j = 0; j < k; ++j) acc += row[j] * xi[j];
-            y[i * n + r] = acc;
-        }
+/* y[m, n] = x[m, k] @ w[n, k]^T: x float32; w and y of type T, read through LOAD and written through STORE */
+#define GEMV(NAME, T, LOAD, STORE)                                                                          \
+    void NAME(const float* x, const T* w, T* y, int64_t m, int64_t n, int64_t k, int threads) {             \
+        _Pragma("omp parallel for num_threads(threads) schedule(static)")                                  \
+        for (int64_t r = 0; r < n; ++r) {                                                                  \
+            const T* row = w + r * k;                                                                      \
+            for (int64_t i = 0; i < m; ++i) {                                                              \
+                const float* xi = x + i * k;                                                               \
+                float acc = 0.0f;                                                                          \
+                _Pragma("omp simd reduction(+:acc)")                                                       \
+                for (int64_t j = 0; j < k; ++j) acc += LOAD(row[j]) * xi[j];                               \
+                y[i * n + r] = STORE(acc);                                                                 \
+            }                                                                                              \
+        }                                                                                                  \
     }
-}
+
+GEMV(gemv_bf16, uint16_t, bf16_to_f32, f32_to_bf16)
+GEMV(gemv_f32, float, f32_to_f32, f32_to_f32)
 """
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
 DTYPES = (torch.float32, torch.bfloat16)
