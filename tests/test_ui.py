@@ -421,3 +421,17 @@ def test_both_app_commands_pass_the_dtype_to_the_engine(monkeypatch, argv, expec
     assert cli.main(["ui", *argv]) == 0
     assert entry.main(argv) == 0
     assert [call[4] for call in calls] == [expected, expected]
+
+
+@pytest.mark.parametrize(
+    "reason, expected",
+    [(None, "r-1: generating…"),
+     ("length", "r-1: done: it reached the new-token limit (length)"),
+     ("stop", "r-1: done: the model ended its answer (stop)"),
+     ("abort", "r-1: stopped before the end (abort)"),
+     ("other", "r-1: done (other)")],
+)  # fmt: skip
+def test_the_status_line_says_in_words_where_a_request_stands(reason, expected):
+    from ui.handlers import status_line
+
+    assert status_line("r-1", reason) == expected

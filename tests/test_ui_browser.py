@@ -88,7 +88,7 @@ def wait_finished(page, request_id_before: str = "") -> str:
             seen.append(answer)
         text = status(page)
         request_id = text.split(":")[0]
-        if request_id.startswith("ui-") and request_id != request_id_before and text.endswith(("length", "stop")):
+        if request_id.startswith("ui-") and request_id != request_id_before and text.endswith(("(length)", "(stop)")):
             seen.append(page.locator("#answer textarea").input_value())
             return seen
         time.sleep(0.05)

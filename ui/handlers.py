@@ -28,6 +28,13 @@ from ui.timeline import timeline_frame
 
 APP_STREAM = "this app's prompts"
 BENCH_STREAMS = ("system_prompts", "essay_questions")
+# what a request's finish_reason means to someone watching the app (the reason itself stays in brackets)
+FINISH_WORDS = {
+    None: "generating…",
+    "length": "done: it reached the new-token limit",
+    "stop": "done: the model ended its answer",
+    "abort": "stopped before the end",
+}
 BENCH_STREAM_REQUESTS = 60
 
 
@@ -75,7 +82,7 @@ class Handlers:
                     self.last_grid[session] = grid
                 if out.state_report is not None:  # hybrids: the checkpoints saved so far and the resume point
                     self.last_axis[session] = (request_id, token_axis(out.state_report, len(out.prompt_token_ids)))
-                yield out.text, summary_markdown(out), grid, f"{request_id}: {out.finish_reason or 'generating'}"
+                yield out.text, summary_markdown(out), grid, status_line(request_id, out.finish_reason)
         finally:
             stream.close()  # NOTE: a generator left early (tab closed, event cancelled) aborts its request here
             self.monitor.finish(request_id)
@@ -164,3 +171,9 @@ def bench_stream(name: str) -> list[list[int]]:
     if name not in STREAMS:
         raise InputError(f"Unknown stream {name!r}: choose one of {APP_STREAM!r}, {', '.join(STREAMS)}.")
     return tokenize(STREAMS[name](StreamSpec(num_requests=BENCH_STREAM_REQUESTS, num_prefixes=8)), load_tokenizer())
+
+
+def status_line(request_id: str, finish_reason: str | None) -> str:
+    """The line under the answer: the request, where it stands in words, and the engine's finish_reason."""
+    words = FINISH_WORDS.get(finish_reason, "done")
+    return f"{request_id}: {words}" + (f" ({finish_reason})" if finish_reason else "")
