@@ -129,3 +129,18 @@ def test_without_the_loop_an_engine_decodes_on_onednn_with_the_same_tokens(monke
         off.close()
     finally:
         native_gemv.load.cache_clear()
+
+
+def test_a_cpu_model_has_a_decode_route_where_onednn_packs_or_the_loop_runs(monkeypatch):
+    from minipic_lite.models import packed_linear
+
+    cpu = torch.device("cpu")
+    assert packed_linear.can_route(cpu, torch.float32) and packed_linear.can_route(cpu, torch.bfloat16)
+    assert not packed_linear.can_route(cpu, torch.float16)  # neither packs nor takes float16
+    assert not packed_linear.can_route(torch.device("meta"), torch.float32)
+    monkeypatch.setattr(packed_linear, "can_pack", lambda device, dtype: False)  # a torch without oneDNN
+    assert packed_linear.can_route(cpu, torch.bfloat16)  # the loop alone is a route
+    model = nn.Sequential(nn.Linear(64, 128, dtype=torch.bfloat16))
+    packed_linear.pack_linears(model, pack=False)
+    assert model[0].packed is None and model[0].native
+    assert set(packed_linear.decode_routes(model).values()) <= {"linear", "native"}
