@@ -101,13 +101,19 @@ def test_the_build_is_cached_and_keyed_by_the_cpu(fresh_load, tmp_path, monkeypa
 
 
 @pytest.mark.parametrize(
-    "env, reason",
-    [({"MINIPIC_NATIVE_GEMV": "0"}, "MINIPIC_NATIVE_GEMV=0"),
-     ({"CC": "/bin/false"}, "its build failed (/bin/false exited with 1")],
+    "env, patches, reason",
+    [({"MINIPIC_NATIVE_GEMV": "0"}, {}, "MINIPIC_NATIVE_GEMV=0"),
+     ({"CC": "/bin/false"}, {}, "its build failed (/bin/false exited with 1"),
+     ({}, {"platform.system": lambda: "Darwin"}, "it is built for Linux only (this is Darwin)"),
+     ({}, {"shutil.which": lambda name: None}, "no C compiler (cc or gcc) on PATH"),
+     ({}, {"_torch_uses_gnu_openmp": lambda: False}, "torch's OpenMP runtime is not GNU's libgomp")],
 )  # fmt: skip
-def test_where_it_cannot_run_load_says_why_and_returns_none(fresh_load, monkeypatch, caplog, env, reason):
+def test_where_it_cannot_run_load_says_why_and_returns_none(fresh_load, monkeypatch, caplog, env, patches, reason):
+    monkeypatch.delenv("CC", raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
+    for name, value in patches.items():
+        monkeypatch.setattr(f"minipic_lite.models.native_gemv.{name}", value)
     with caplog.at_level(logging.INFO, logger="minipic_lite.models.native_gemv"):
         assert fresh_load() is None
     assert reason in caplog.text and "decode steps use oneDNN" in caplog.text
