@@ -150,3 +150,14 @@ def test_a_cpu_model_has_a_decode_route_where_onednn_packs_or_the_loop_runs(monk
     packed_linear.pack_linears(model, pack=False)
     assert model[0].packed is None and model[0].native
     assert set(packed_linear.decode_routes(model).values()) <= {"linear", "native"}
+
+
+def test_a_failed_build_logs_the_compilers_errors_on_one_line(fresh_load, monkeypatch, caplog, tmp_path):
+    compiler = tmp_path / "fake-cc"
+    script = ["#!/bin/sh", '[ "$1" = --version ] && exit 0', 'echo "gemv.c:1: error: boom" >&2', 'echo "one more" >&2']
+    compiler.write_text("\n".join([*script, "exit 3", ""]))
+    compiler.chmod(0o755)
+    monkeypatch.setenv("CC", str(compiler))
+    with caplog.at_level(logging.INFO, logger="minipic_lite.models.native_gemv"):
+        assert fresh_load() is None
+    assert f"its build failed ({compiler} exited with 3: gemv.c:1: error: boom one more)" in caplog.text

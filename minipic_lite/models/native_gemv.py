@@ -101,7 +101,8 @@ def load() -> ctypes.CDLL | None:
         try:
             lib = ctypes.CDLL(str(_build()))
         except (OSError, subprocess.SubprocessError) as e:
-            reason = f"its build failed ({str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__})"
+            message = " ".join(str(e).split())[:300] or type(e).__name__  # the compiler's errors on one line
+            reason = f"its build failed ({message})"
         else:
             for fn in (lib.gemv_bf16, lib.gemv_f32):
                 fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3 + [ctypes.c_int]
