@@ -28,6 +28,7 @@ from ui.timeline import timeline_frame
 
 APP_STREAM = "this app's prompts"
 BENCH_STREAMS = ("system_prompts", "essay_questions")
+BENCH_STREAM_REQUESTS = 60
 # what a request's finish_reason means to someone watching the app (the reason itself stays in brackets)
 FINISH_WORDS = {
     None: "generating…",
@@ -35,7 +36,6 @@ FINISH_WORDS = {
     "stop": "done: the model ended its answer",
     "abort": "stopped before the end",
 }
-BENCH_STREAM_REQUESTS = 60
 
 
 class Handlers:
