@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from minipic_lite.config import ModelConfig
+from minipic_lite.models import native
 from ops.rope import RotationTables, rotate_with_rows
 
 MIN_SLOTS, MIN_CAPACITY = 8, 64  # the first allocation; both then grow by doubling
@@ -38,9 +39,10 @@ class MirrorStep:
 
     mirror: DecodeMirror
     slots: torch.Tensor  # [num_seqs] slot of each decode token
-    positions: torch.Tensor  # [num_seqs]
+    positions: torch.Tensor  # [num_seqs]: the last key each query sees (its own)
+    visible_start: torch.Tensor  # [num_seqs] int64: the first
     rope: RotationTables  # the rotation at the step's positions, built once a step for every layer's q and k
-    mask: torch.Tensor  # [num_slots, 1, 1, length] bool: key j visible from the slot's query
+    mask: torch.Tensor | None  # [num_slots, 1, 1, length] bool: key j visible from the slot's query (SDPA only)
     num_slots: int
     length: int
     in_order: bool  # slots are 0, 1, ..., num_slots - 1: the queries need no scatter into slot order, nor back
@@ -58,6 +60,10 @@ class DecodeMirror:
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.position_free = position_free
         self.max_bytes = max_bytes
+        # NOTE: the C kernel (models/native.py) where it runs and takes these heads, else SDPA over a mask
+        self.native = native.load() is not None and native.supports_attention(
+            cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        )
         # NOTE: a hybrid's attention layers only (its linear ones keep recurrent state)
         self.k = torch.empty(cfg.num_attention_layers, 0, cfg.num_kv_heads, 0, cfg.head_dim)  # (L, slots, KVH, cap, D)
         self.v = torch.empty_like(self.k)
@@ -89,10 +95,11 @@ class DecodeMirror:
             entry.num_mirrored = s.kv_len  # the step's own key is appended by attend()
         slot_ids = torch.tensor(slots)
         positions = torch.tensor([s.kv_len - 1 for s in out.scheduled])
-        mask = self._mask(slot_ids, positions, visible_start, num_slots, length)
+        visible_start = visible_start.long().contiguous()
+        mask = None if self.native else self._mask(slot_ids, positions, visible_start, num_slots, length)
         in_order = slots == list(range(num_slots))
         rope = RotationTables.build(cos_sin[positions], self.head_dim)
-        return MirrorStep(self, slot_ids, positions, rope, mask, num_slots, length, in_order)
+        return MirrorStep(self, slot_ids, positions, visible_start, rope, mask, num_slots, length, in_order)
 
     def _free_slot(self) -> int:
         used = {e.slot for e in self.entries.values()}
@@ -136,7 +143,7 @@ class DecodeMirror:
         # NOTE: a slot with no request this step sees key 0 only (no empty softmax row); its output is dropped.
         first = torch.zeros(num_slots, dtype=torch.long)
         last = torch.zeros(num_slots, dtype=torch.long)
-        first[slots] = visible_start.long()
+        first[slots] = visible_start
         last[slots] = positions
         keys = torch.arange(length)
         return ((keys >= first[:, None]) & (keys <= last[:, None])).view(num_slots, 1, 1, length)
@@ -150,6 +157,10 @@ class DecodeMirror:
         self.v[layer, step.slots, :, step.positions] = v.float()
         group = self.num_heads // self.num_kv_heads
         queries = q.float().view(-1, self.num_kv_heads, group, self.head_dim)
+        if self.native:  # each query reads its own slot's keys: no mask, no slot order
+            k_layer, v_layer, first, last = self.k[layer], self.v[layer], step.visible_start, step.positions
+            out = native.decode_attention(queries.contiguous(), k_layer, v_layer, step.slots, first, last, scale)
+            return out.view(-1, self.num_heads, self.head_dim).to(q.dtype)
         if not step.in_order:  # NOTE: a slot between two requests' has no query this step: zeros, output dropped
             queries = queries.new_zeros(step.num_slots, *queries.shape[1:]).index_copy_(0, step.slots, queries)
         out = F.scaled_dot_product_attention(

@@ -168,7 +168,7 @@ class ModelRunner:
         self.block_size = config.cache.block_size
         self.model = build_model(config)
         # CPU: decode steps take, per row count, the fastest of F.linear, weights prepacked for oneDNN and the C loop
-        # (timed here); other steps F.linear (models/packed_linear.py, models/native_gemv.py)
+        # (timed here); other steps F.linear (models/packed_linear.py, models/native.py)
         self.decode_routes = {}
         if can_route(self.device, self.dtype):
             pack_linears(self.model, pack=can_pack(self.device, self.dtype))

@@ -1,7 +1,7 @@
 """The CPU's linear layers: at decode steps, oneDNN with prepacked weights or the native C loop; else F.linear.
 
 At decode shapes oneDNN with weights prepacked once (what Inductor's `freezing` does) can beat MKL's `F.linear`, and
-the C loop of native_gemv.py can beat both at one or two rows; which one wins depends on the CPU and the row count
+the C loop of native.py can beat both at one or two rows; which one wins depends on the CPU and the row count
 (README, "CPU matmuls by step kind"), so `decode_routes` times each on the model's own matmuls at start-up.
 oneDNN's fp32 sums round differently (2-3x MKL's error), which would break the 1e-4 logits bound that prefill is
 held to against transformers. So only decode steps may take another route and every other step takes `F.linear`:
@@ -20,11 +20,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from minipic_lite.models import native_gemv
+from minipic_lite.models import native
 
 PACK_BATCH_HINT = 32  # oneDNN picks its blocking for this many rows; any row count still works
 ROUTE_PROBE_ROWS = (1, 2, 4, 8)  # decode row counts timed at start-up to pick the route
-ROUTES = ("linear", "packed", "native")  # F.linear (MKL); oneDNN's prepacked weights; native_gemv's C loop
+ROUTES = ("linear", "packed", "native")  # F.linear (MKL); oneDNN's prepacked weights; native.py's C loop
 
 
 @dataclass
@@ -46,8 +46,8 @@ def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
 
 def can_route(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether a CPU model of this dtype has a decode route besides F.linear: oneDNN's packing or the C loop."""
-    native = device.type == "cpu" and dtype in native_gemv.DTYPES and native_gemv.load() is not None
-    return can_pack(device, dtype) or native
+    has_loop = device.type == "cpu" and dtype in native.DTYPES and native.load() is not None
+    return can_pack(device, dtype) or has_loop
 
 
 class PackedLinear(nn.Module):
@@ -60,12 +60,12 @@ class PackedLinear(nn.Module):
         self.bias = linear.bias
         self.route = route
         self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), PACK_BATCH_HINT) if pack else None
-        self.native = native_gemv.load() is not None and native_gemv.supports(linear.weight)
+        self.native = native.load() is not None and native.supports(linear.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         kind = self.route.kind
         if kind == "native" and self.native:
-            return native_gemv.native_gemv(x, self.weight, self.bias)
+            return native.native_gemv(x, self.weight, self.bias)
         if kind != "packed" or self.packed is None:
             return F.linear(x, self.weight, self.bias)
         rows = x.reshape(-1, x.shape[-1])  # (N, in)

@@ -1,4 +1,4 @@
-"""The CPU's native decode matmul (models/native_gemv.py) held to F.linear, and its build: cached per source,
+"""The CPU's native decode matmul (models/native.py) held to F.linear, and its build: cached per source,
 compiler and CPU; off with a reason where it cannot run, the engine then on oneDNN."""
 
 import logging
@@ -9,20 +9,20 @@ import torch.nn.functional as F
 from torch import nn
 
 import minipic_lite as mp
-from minipic_lite.models import native_gemv
-from minipic_lite.models.native_gemv import native_gemv as gemv
+from minipic_lite.models import native
+from minipic_lite.models.native import native_gemv as gemv
 from minipic_lite.models.packed_linear import MatmulRoute, PackedLinear
 
-pytestmark = pytest.mark.skipif(native_gemv.load() is None, reason="no C compiler or not Linux: the loop is off")
+pytestmark = pytest.mark.skipif(native.load() is None, reason="no C compiler or not Linux: the loop is off")
 
 
 @pytest.fixture
 def fresh_load(monkeypatch, tmp_path):
     """`load()` run afresh (its cache cleared before and after) into an empty cache directory."""
     monkeypatch.setenv("MINIPIC_CACHE_DIR", str(tmp_path))
-    native_gemv.load.cache_clear()
-    yield native_gemv.load
-    native_gemv.load.cache_clear()
+    native.load.cache_clear()
+    yield native.load
+    native.load.cache_clear()
 
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 8, 13])
@@ -71,14 +71,14 @@ def test_leading_dims_are_kept_and_an_unsupported_weight_is_refused():
     x = torch.randn(2, 3, 8)
     torch.testing.assert_close(gemv(x, w), F.linear(x, w))
     assert gemv(x, w).shape == (2, 3, 6)
-    assert native_gemv.supports(w) and not native_gemv.supports(w.t())  # transposed: not contiguous
-    assert not native_gemv.supports(w.half()) and not native_gemv.supports(w[0])
+    assert native.supports(w) and not native.supports(w.t())  # transposed: not contiguous
+    assert not native.supports(w.half()) and not native.supports(w[0])
 
 
 def test_the_native_route_runs_the_loop_and_falls_back_to_f_linear_where_the_layer_cannot(monkeypatch):
     torch.manual_seed(0)
     calls = []
-    monkeypatch.setattr(native_gemv, "native_gemv", lambda x, w, b: calls.append(x.shape) or F.linear(x, w, b))
+    monkeypatch.setattr(native, "native_gemv", lambda x, w, b: calls.append(x.shape) or F.linear(x, w, b))
     linear = PackedLinear(nn.Linear(16, 8), MatmulRoute(kind="native"), pack=False)
     x = torch.randn(2, 16)
     linear(x)
@@ -90,19 +90,19 @@ def test_the_native_route_runs_the_loop_and_falls_back_to_f_linear_where_the_lay
 
 def test_the_build_is_cached_and_keyed_by_the_cpu(fresh_load, tmp_path, monkeypatch):
     assert fresh_load() is not None
-    (path,) = (tmp_path / "native").glob("gemv-*.so")
+    (path,) = (tmp_path / "native").glob("kernels-*.so")
     mtime = path.stat().st_mtime_ns
-    native_gemv.load.cache_clear()
+    native.load.cache_clear()
     assert fresh_load() is not None and path.stat().st_mtime_ns == mtime  # read from the cache, not rebuilt
-    monkeypatch.setattr(native_gemv, "_cpu_signature", lambda: "another CPU")
-    native_gemv.load.cache_clear()
+    monkeypatch.setattr(native, "_cpu_signature", lambda: "another CPU")
+    native.load.cache_clear()
     assert fresh_load() is not None
-    assert len(list((tmp_path / "native").glob("gemv-*.so"))) == 2  # -march=native: one library per CPU
+    assert len(list((tmp_path / "native").glob("kernels-*.so"))) == 2  # -march=native: one library per CPU
 
 
 @pytest.mark.parametrize(
     "env, patches, reason",
-    [({"MINIPIC_NATIVE_GEMV": "0"}, {}, "MINIPIC_NATIVE_GEMV=0"),
+    [({"MINIPIC_NATIVE": "0"}, {}, "MINIPIC_NATIVE=0"),
      ({"CC": "/bin/false"}, {}, "its build failed (/bin/false exited with 1"),
      ({}, {"platform.system": lambda: "Darwin"}, "it is built for Linux only (this is Darwin)"),
      ({}, {"shutil.which": lambda name: None}, "no C compiler (cc or gcc) on PATH"),
@@ -113,8 +113,8 @@ def test_where_it_cannot_run_load_says_why_and_returns_none(fresh_load, monkeypa
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     for name, value in patches.items():
-        monkeypatch.setattr(f"minipic_lite.models.native_gemv.{name}", value)
-    with caplog.at_level(logging.INFO, logger="minipic_lite.models.native_gemv"):
+        monkeypatch.setattr(f"minipic_lite.models.native.{name}", value)
+    with caplog.at_level(logging.INFO, logger="minipic_lite.models.native"):
         assert fresh_load() is None
     assert reason in caplog.text and "decode steps use oneDNN" in caplog.text
 
@@ -126,15 +126,15 @@ def test_without_the_loop_an_engine_decodes_on_onednn_with_the_same_tokens(monke
     routes, llm.engine.runner.decode_routes = llm.engine.runner.decode_routes, {1: "native"}
     on = llm.generate(prompt, params)[0].token_ids
     llm.engine.runner.decode_routes = routes
-    monkeypatch.setenv("MINIPIC_NATIVE_GEMV", "0")
-    native_gemv.load.cache_clear()
+    monkeypatch.setenv("MINIPIC_NATIVE", "0")
+    native.load.cache_clear()
     try:
         off = mp.LLM(max_model_len=256)
         assert "native" not in off.engine.runner.decode_routes.values()
         assert off.generate(prompt, params)[0].token_ids == on
         off.close()
     finally:
-        native_gemv.load.cache_clear()
+        native.load.cache_clear()
 
 
 def test_a_cpu_model_has_a_decode_route_where_onednn_packs_or_the_loop_runs(monkeypatch):
@@ -158,6 +158,6 @@ def test_a_failed_build_logs_the_compilers_errors_on_one_line(fresh_load, monkey
     compiler.write_text("\n".join([*script, "exit 3", ""]))
     compiler.chmod(0o755)
     monkeypatch.setenv("CC", str(compiler))
-    with caplog.at_level(logging.INFO, logger="minipic_lite.models.native_gemv"):
+    with caplog.at_level(logging.INFO, logger="minipic_lite.models.native"):
         assert fresh_load() is None
     assert f"its build failed ({compiler} exited with 3: gemv.c:1: error: boom one more)" in caplog.text
