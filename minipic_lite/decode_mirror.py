@@ -56,18 +56,29 @@ class MirrorStep:
 
 
 class DecodeMirror:
-    def __init__(self, cfg: ModelConfig, position_free: bool, max_bytes: int):
+    def __init__(self, cfg: ModelConfig, position_free: bool, max_bytes: int, dtype: torch.dtype = torch.float32):
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.position_free = position_free
         self.max_bytes = max_bytes
-        # NOTE: the C kernel (models/native.py) where it runs and takes these heads, else SDPA over a mask
-        self.native = native.load() is not None and native.supports_attention(
+        # NOTE: the C kernel (models/native.py) where it runs and takes these heads, else SDPA over a mask. The
+        # kernel reads a bf16 model's keys and values in bf16 (rotated in float32, then rounded: half the bytes of a
+        # step's largest read at long contexts); SDPA's CPU kernel is slower in bf16, so its mirror is float32.
+        self.can_native = native.load() is not None and native.supports_attention(
             cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         )
+        self.dtype = dtype
         # NOTE: a hybrid's attention layers only (its linear ones keep recurrent state)
         self.k = torch.empty(cfg.num_attention_layers, 0, cfg.num_kv_heads, 0, cfg.head_dim)  # (L, slots, KVH, cap, D)
         self.v = torch.empty_like(self.k)
         self.entries: dict[str, MirrorEntry] = {}  # request_id -> its slot
+        self.use_native(True)
+
+    def use_native(self, on: bool) -> None:
+        """Attend through the C kernel (where it can run) or through SDPA from the next step on, the copies kept in
+        the type that path reads (tests and benchmarks compare the two in one engine)."""
+        self.native = on and self.can_native
+        store = self.dtype if self.native and self.dtype in native.DTYPES else torch.float32
+        self.k, self.v = self.k.to(store), self.v.to(store)
 
     @property
     def token_bytes(self) -> int:
@@ -136,7 +147,7 @@ class DecodeMirror:
         if self.position_free:
             keys = rotate_with_rows(keys, cos_sin[positions])
         self.k[:, entry.slot, :, start:end] = keys.transpose(1, 2)  # (L, KVH, m, D)
-        self.v[:, entry.slot, :, start:end] = flat[1].index_select(1, rows).float().transpose(1, 2)
+        self.v[:, entry.slot, :, start:end] = flat[1].index_select(1, rows).transpose(1, 2)
 
     @staticmethod
     def _mask(slots, positions, visible_start, num_slots: int, length: int) -> torch.Tensor:
@@ -153,8 +164,8 @@ class DecodeMirror:
     def attend(self, step: MirrorStep, layer: int, q, k, v, scale: float) -> torch.Tensor:
         """q [n, H, D] rotated, this step's keys [n, KVH, D] rotated in float32 (`MirrorStep.rotate`) and values
         [n, KVH, D] -> [n, H, D]."""
-        self.k[layer, step.slots, :, step.positions] = k  # (n, KVH, D)
-        self.v[layer, step.slots, :, step.positions] = v.float()
+        self.k[layer, step.slots, :, step.positions] = k.to(self.k.dtype)  # (n, KVH, D)
+        self.v[layer, step.slots, :, step.positions] = v.to(self.v.dtype)
         group = self.num_heads // self.num_kv_heads
         queries = q.float().view(-1, self.num_kv_heads, group, self.head_dim)
         if self.native:  # each query reads its own slot's keys: no mask, no slot order

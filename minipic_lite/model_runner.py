@@ -194,7 +194,7 @@ class ModelRunner:
         self.decode_mirror = None
         if self.device.type == "cpu" and config.cache.cpu_decode_mirror:
             mirror_bytes = int(config.cache.cpu_kv_cache_gib * GIB)
-            self.decode_mirror = DecodeMirror(cfg, config.cache.position_free, mirror_bytes)
+            self.decode_mirror = DecodeMirror(cfg, config.cache.position_free, mirror_bytes, self.dtype)
         self.graphs = None
         self.blas_timings = {}
         if self.device.type == "cuda" and not config.enforce_eager and not cfg.is_hybrid:

@@ -107,9 +107,9 @@ def test_the_mirror_on_the_kernel_decodes_the_tokens_of_the_mirror_on_sdpa(llm):
     params = mp.SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
     prompts = ["The history of the printing press", "Write a haiku about caches. " * 12, "2 + 2 ="]
     on = [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
-    mirror.native = False
+    mirror.use_native(False)
     try:
         off = [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
     finally:
-        mirror.native = True
+        mirror.use_native(True)
     assert on == off

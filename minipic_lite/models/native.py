@@ -89,6 +89,7 @@ ATTENTION_SOURCE = r"""
 #define MAX_D 256
 typedef float vf __attribute__((vector_size(4 * W)));
 typedef int32_t vi __attribute__((vector_size(4 * W)));
+typedef uint16_t vh __attribute__((vector_size(2 * W)));
 #if defined(__clang__)
 #define SHUFFLE(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
 #else
@@ -98,6 +99,14 @@ typedef int32_t vi __attribute__((vector_size(4 * W)));
 static inline vf load(const float* p) { vf v; memcpy(&v, p, sizeof v); return v; }
 static inline void store(float* p, vf v) { memcpy(p, &v, sizeof v); }
 static inline vf splat(float x) { return (vf){0} + x; }
+
+/* W floats of a key or value row from element i of a float32 or a bfloat16 (its upper 16 bits) mirror */
+static inline vf load_kv(const void* base, int64_t i, const int bf16) {
+    if (!bf16) return load((const float*)base + i);
+    vh h;
+    memcpy(&h, (const uint16_t*)base + i, sizeof h);
+    return (vf)(__builtin_convertvector(h, vi) << 16);
+}
 
 /* The lane sums of 16 vectors in one: a tree of shuffles and adds (15 adds, where one sum each takes 4 x 15).
    Each level adds the lower and upper halves of each group of lanes, two vectors into one, so lane i of the result
@@ -137,11 +146,12 @@ static inline vf exp2_neg(vf x) {
     return p * (vf)((n + 127) << 23);
 }
 
-/* G queries qh [G, D] (scaled by scale_log2e) against len <= CHUNK keys and values ([len, D] rows): the chunk's
-   unnormalized softmax, base 2: its maxima m [G], sums l [G] and weighted values acc [G, D] */
+/* G queries qh [G, D] (scaled by scale_log2e) against len <= CHUNK keys and values ([len, D] rows from element
+   `row` of k and v): the chunk's unnormalized softmax, base 2: its maxima m [G], sums l [G] and weighted values
+   acc [G, D] */
 static inline __attribute__((always_inline)) void attend_chunk(
-    const float* qh, const float* kb, const float* vb, int64_t len, int64_t G, const int64_t D, float scale_log2e,
-    float* m, float* l, float* acc) {
+    const float* qh, const void* k, const void* v, int64_t row, const int bf16, int64_t len, int64_t G,
+    const int64_t D, float scale_log2e, float* m, float* l, float* acc) {
     const int64_t C = D / W;
     float s[MAX_G][CHUNK + W];
     for (int64_t g = 0; g < G; ++g) {  /* -- scores, 16 keys at a time -- */
@@ -150,9 +160,9 @@ static inline __attribute__((always_inline)) void attend_chunk(
         for (int64_t j0 = 0; j0 < len; j0 += W) {
             vf p[W];
             for (int64_t jj = 0; jj < W; ++jj) {
-                const float* kj = kb + (j0 + jj < len ? j0 + jj : len - 1) * D;  /* past len: the last key again */
-                vf a = q[0] * load(kj);
-                for (int64_t c = 1; c < C; ++c) a += q[c] * load(kj + c * W);
+                int64_t kj = row + (j0 + jj < len ? j0 + jj : len - 1) * D;  /* past len: the last key again */
+                vf a = q[0] * load_kv(k, kj, bf16);
+                for (int64_t c = 1; c < C; ++c) a += q[c] * load_kv(k, kj + c * W, bf16);
                 p[BIT_REVERSED[jj]] = a;
             }
             store(&s[g][j0], lane_sums(p));
@@ -173,18 +183,19 @@ static inline __attribute__((always_inline)) void attend_chunk(
         for (int64_t c = 0; c < C; ++c) a[c] = (vf){0};
         for (int64_t j = 0; j < len; ++j) {
             vf p = splat(s[g][j]);
-            for (int64_t c = 0; c < C; ++c) a[c] += p * load(vb + j * D + c * W);
+            for (int64_t c = 0; c < C; ++c) a[c] += p * load_kv(v, row + j * D + c * W, bf16);
         }
         for (int64_t c = 0; c < C; ++c) store(acc + g * D + c * W, a[c]);
     }
 }
 
 /* Decode attention over contiguous per-slot keys: query i (G heads of each of kvh kv heads, q and out [n, kvh, G, D],
-   float32) sees keys first[i]..last[i] of slot slots[i]; key j of slot s, kv head h is the row
-   k + s * stride_slot + h * stride_head + j * D (values alike); D % 16 == 0, D <= 256, G <= 16 */
-void decode_attention_f32(const float* q, const float* k, const float* v, float* out, const int64_t* slots,
-                          const int64_t* first, const int64_t* last, int64_t n, int64_t kvh, int64_t G, int64_t D,
-                          int64_t stride_slot, int64_t stride_head, float scale, int threads) {
+   float32) sees keys first[i]..last[i] of slot slots[i]; key j of slot s, kv head h is the row at element
+   s * stride_slot + h * stride_head + j * D of k (values alike), float32 or, with bf16, bfloat16;
+   D % 16 == 0, D <= 256, G <= 16 */
+void decode_attention(const float* q, const void* k, const void* v, float* out, const int64_t* slots,
+                      const int64_t* first, const int64_t* last, int64_t n, int64_t kvh, int64_t G, int64_t D,
+                      int64_t stride_slot, int64_t stride_head, int bf16, float scale, int threads) {
     const float scale_log2e = scale * 1.4426950408889634f;
     int64_t chunks = 1;  /* -- work items: (query, kv head, chunk of keys) -- */
     for (int64_t i = 0; i < n; ++i) {
@@ -207,10 +218,14 @@ void decode_attention_f32(const float* q, const float* k, const float* v, float*
         }
         const float* qh = q + (i * kvh + h) * G * D;
         int64_t row = slots[i] * stride_slot + h * stride_head + j0 * D, len = j1 - j0 + 1;
-        /* NOTE: D as a constant where it is common, so the loops over a row's vectors unroll into registers */
-        if (D == 64) attend_chunk(qh, k + row, v + row, len, G, 64, scale_log2e, m, l, acc);
-        else if (D == 128) attend_chunk(qh, k + row, v + row, len, G, 128, scale_log2e, m, l, acc);
-        else attend_chunk(qh, k + row, v + row, len, G, D, scale_log2e, m, l, acc);
+        /* NOTE: the mirror's type and D as constants where D is common, so that each call compiles to its own
+           loops, those over a row's vectors unrolled into registers */
+#define ATTEND(BF16, DIM) attend_chunk(qh, k, v, row, BF16, len, G, DIM, scale_log2e, m, l, acc)
+        if (bf16) {
+            if (D == 64) ATTEND(1, 64); else if (D == 128) ATTEND(1, 128); else ATTEND(1, D);
+        } else {
+            if (D == 64) ATTEND(0, 64); else if (D == 128) ATTEND(0, 128); else ATTEND(0, D);
+        }
     }
     #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t r = 0; r < n * kvh * G; ++r) {  /* -- merge the chunks by their maxima -- */
@@ -270,7 +285,7 @@ def supports_attention(num_heads: int, num_kv_heads: int, head_dim: int) -> bool
 
 def decode_attention(
     q: torch.Tensor,  # [n, kv_heads, G, D] float32, contiguous
-    k: torch.Tensor,  # [slots, kv_heads, capacity, D] float32, contiguous (a layer of the decode mirror)
+    k: torch.Tensor,  # [slots, kv_heads, capacity, D] float32 or bfloat16, contiguous (a layer of the decode mirror)
     v: torch.Tensor,  # [slots, kv_heads, capacity, D]
     slots: torch.Tensor,  # [n] int64: query i reads slot slots[i] ...
     first: torch.Tensor,  # [n] int64: ... keys first[i] ...
@@ -281,9 +296,11 @@ def decode_attention(
     (`supports_attention`). Call only where `load()` is not None."""
     n, num_kv_heads, group, head_dim = q.shape
     out = torch.empty_like(q)
-    load().decode_attention_f32(
+    assert k.dtype == v.dtype and k.dtype in DTYPES and q.dtype == torch.float32
+    load().decode_attention(
         q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), slots.data_ptr(), first.data_ptr(),
-        last.data_ptr(), n, num_kv_heads, group, head_dim, k.stride(0), k.stride(1), scale, torch.get_num_threads(),
+        last.data_ptr(), n, num_kv_heads, group, head_dim, k.stride(0), k.stride(1), k.dtype == torch.bfloat16,
+        scale, torch.get_num_threads(),
     )  # fmt: skip
     return out
 
@@ -303,8 +320,8 @@ def load() -> ctypes.CDLL | None:
                 fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3 + [ctypes.c_int]
                 fn.restype = None
             ptr, i64 = ctypes.c_void_p, ctypes.c_int64
-            lib.decode_attention_f32.argtypes = [ptr] * 7 + [i64] * 6 + [ctypes.c_float, ctypes.c_int]
-            lib.decode_attention_f32.restype = None
+            lib.decode_attention.argtypes = [ptr] * 7 + [i64] * 6 + [ctypes.c_int, ctypes.c_float, ctypes.c_int]
+            lib.decode_attention.restype = None
             return lib
     logger.info("the native CPU kernels are off: %s; decode steps use oneDNN and SDPA", reason)
     return None
