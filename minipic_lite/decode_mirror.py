@@ -4,7 +4,8 @@ On the GPU the Triton op reads paged keys and rotates them in registers. On the 
 gathers every key of every request into a padded tensor and rotates it, every step (ops/torch_impl.py), several
 times slower than attention over contiguous keys (README, "The CPU decode mirror"). Within one
 request key j always sits at position j, so its rotated copy stays valid for the request's life: the mirror
-rotates each key once, a decode step appends one key per request and runs one SDPA call over all slots.
+rotates each key once, a decode step appends one key per request and attends over all slots in one call: the C kernel
+of models/native.py where it runs (copies in a bf16 model's dtype), else SDPA over a mask (copies in float32).
 
 The paged cache stays the truth. The mirror copies from it what it lacks (a prefill, cache hits, steps it did
 not serve), and a request that is absent from a decode step (finished, preempted) gives its slot back.

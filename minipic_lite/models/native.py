@@ -1,19 +1,16 @@
 """The CPU's decode step in C: the matmul (a few rows times a weight matrix) and attention over the decode mirror.
 
 A decode step reads every weight and every cached key and value once and does two flops with each, so it should run
-at the rate the machine reads memory; the torch kernels do not at one row. On 2 cores of an AMD EPYC (AVX512-BF16):
+at the rate the machine reads memory; torch's CPU kernels do not at one row (README, "The CPU's decode matmul in C"
+and "The CPU's decode attention in C", for the measures).
 
-- the matmul: SmolLM2's 120 layer projections one after another in bfloat16 took 11.1-11.5 ms on oneDNN (19 GB/s)
-  where only reading the same matrices in the same order took 7.0 (30 GB/s); the loop below took 7.2-8.0 ms, and in
-  float32 9.7 ms against oneDNN's 19.4 (README, "The CPU's decode matmul"). The textbook loop: for each weight
-  row, one dot product per input row, the compiler vectorizing the sum (`omp simd`), the weight rows shared among
-  torch's OpenMP threads. Sums in float32; a bf16 output is rounded to nearest even, as torch rounds.
-- attention: one query token per sequence against its mirror slot's keys (decode_mirror.py), G query heads per kv
-  head. SDPA's CPU kernel took 450-480 us a layer over 4,096 keys (float32, 3 kv heads x 64 dims: 6.3 MB at
-  ~13 GB/s); reading them alone 204. The kernel below cuts the keys into chunks of 256 (the work items of torch's
-  threads), computes the chunk's scores 16 keys at a time (their dot products summed across vector lanes by one
-  tree of shuffles), the softmax's exponentials as a polynomial, and the weighted sum of values, then merges the
-  chunks by their maxima (flash-decoding's merge) (README, "The CPU's decode attention").
+- The matmul: the textbook loop. For each weight row, one dot product per input row, the compiler vectorizing the
+  sum (`omp simd`), the weight rows shared among torch's OpenMP threads. Sums in float32; a bf16 output is rounded
+  to nearest even, as torch rounds.
+- Attention: one query token per sequence against its mirror slot's keys (decode_mirror.py), G query heads per kv
+  head. The keys are cut into chunks of 256 (the work items of torch's threads); in each, the scores 16 keys at a
+  time (their dot products summed across vector lanes by one tree of shuffles), the softmax's exponentials as a
+  polynomial, the weighted sum of values; then the chunks are merged by their maxima (flash-decoding's merge).
 
 The C compiler builds both once per machine (`cc -O3 -march=native -fopenmp`) into the cache
 (MINIPIC_CACHE_DIR/native, keyed by the source, the compiler and the CPU), and ctypes loads it.
