@@ -24,7 +24,9 @@ from minipic_lite.config import ModelConfig
 from minipic_lite.models import native
 from ops.rope import RotationTables, rotate_with_rows
 
-MIN_SLOTS, MIN_CAPACITY = 8, 64  # the first allocation; both then grow by doubling
+# NOTE: the first allocation; both then grow by doubling. One slot first: a lone long request takes one slot's
+# bytes (8 slots of 8,192 keys put SmolLM2's float32 mirror past its 2 GiB budget at 6,000 tokens, and the op served)
+MIN_SLOTS, MIN_CAPACITY = 1, 64
 
 
 @dataclass(slots=True)

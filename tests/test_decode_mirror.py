@@ -133,7 +133,7 @@ def test_slots_are_reused_and_dropped_requests_give_theirs_back():
     sched.postprocess(out, [[1] for _ in out.scheduled], lambda seq: False)
     out = sched.schedule()  # decode
     step = mirror.prepare(out, kv_cache, cos_sin, torch.zeros(3, dtype=torch.int32))
-    assert step.slots.tolist() == [0, 1, 2] and step.length == 8 and mirror.k.shape[1:4] == (8, 2, 64)
+    assert step.slots.tolist() == [0, 1, 2] and step.length == 8 and mirror.k.shape[1:4] == (4, 2, 64)  # 1 -> 4 slots
     assert [mirror.entries[s.request_id].num_mirrored for s in seqs] == [6, 7, 8]
     # the keys copied from the paged cache are the cache's keys, rotated at their positions
     seq = seqs[1]
@@ -175,12 +175,12 @@ def test_runner_prepare_works_outside_inference_mode(llm):
 
 
 def test_past_its_budget_the_op_serves_and_the_mirror_catches_up_after(llm, paged_llm, monkeypatch):
-    """A mirror that holds 8 requests of 64 keys, two requests in one batch: while the longer one holds more than
+    """A mirror that holds 2 requests of 64 keys, two requests in one batch: while the longer one holds more than
     64 keys the op serves every decode step (prepare declines), and once it has finished the mirror serves the other
     again, first copying the keys the op's steps wrote; the tokens are the paged op's throughout."""
     runner = llm.engine.runner
     mirror = DecodeMirror(llm.config.model, position_free=True, max_bytes=0)
-    mirror.max_bytes = 8 * 64 * mirror.token_bytes  # MIN_SLOTS x MIN_CAPACITY: the first allocation, no growth
+    mirror.max_bytes = 2 * 64 * mirror.token_bytes  # two slots of MIN_CAPACITY keys: no growth past them
     monkeypatch.setattr(runner, "decode_mirror", mirror)
     plans, prepare = [], mirror.prepare
     monkeypatch.setattr(mirror, "prepare", lambda *args: plans.append(prepare(*args)) or plans[-1])
@@ -192,4 +192,4 @@ def test_past_its_budget_the_op_serves_and_the_mirror_catches_up_after(llm, page
     first_declined = served.index(False)
     assert all(served[:first_declined]) and not any(served[first_declined:49]) and all(served[49:])
     assert plans[-1].num_slots == 2 and plans[-1].length == 5 + 55  # the slot kept, its keys caught up
-    assert mirror.k.shape[1] == 8 and mirror.k.shape[3] == 64  # it never grew past its budget
+    assert mirror.k.shape[1] == 2 and mirror.k.shape[3] == 64  # it never grew past its budget

@@ -29,6 +29,15 @@ def test_the_budget_counts_the_bytes_allocated_and_an_exact_fit_is_taken():
     assert mirror._reserve(1, 1) and mirror.k.nbytes + mirror.v.nbytes == first
 
 
+def test_a_lone_long_request_takes_one_slot_of_the_budget():
+    """The slot axis starts at one: a budget of one slot of 8,192 keys holds a request of 6,000 (where eight slots to
+    start with would have put it past the budget, and the op would have served every step)."""
+    mirror = DecodeMirror(tiny_config(), position_free=True, max_bytes=0)
+    mirror.max_bytes = 8192 * mirror.token_bytes
+    assert mirror._reserve(1, 6000) and mirror.k.shape[1] == 1 and mirror.k.shape[3] == 8192
+    assert not mirror._reserve(2, 6000) and mirror.k.shape[1] == 1  # two would pass it: the op serves that step
+
+
 def decoding(num_requests: int):
     """A scheduler whose requests (prompts of 5, 6, ... tokens) have had their prefill: each next step decodes."""
     sched = Scheduler(SchedulerConfig(8, 64, 256), KVCacheManager(32))
