@@ -152,6 +152,14 @@ def test_a_cpu_model_has_a_decode_route_where_onednn_packs_or_the_loop_runs(monk
     assert set(packed_linear.decode_routes(model).values()) <= {"linear", "native"}
 
 
+def test_clang_is_told_to_link_torchs_openmp_runtime():
+    """Clang's own -fopenmp links LLVM's libomp (a second thread pool beside torch's libgomp, and often absent)."""
+    gcc = native.compiler_flags("cc (Debian 12.2.0-14) 12.2.0")
+    clang = native.compiler_flags("Debian clang version 14.0.6\nTarget: x86_64-pc-linux-gnu")
+    assert gcc == native.FLAGS and "-fopenmp" in gcc
+    assert "-fopenmp=libgomp" in clang and "-fopenmp" not in clang and len(clang) == len(gcc)
+
+
 def test_a_failed_build_logs_the_compilers_errors_on_one_line(fresh_load, monkeypatch, caplog, tmp_path):
     compiler = tmp_path / "fake-cc"
     script = ["#!/bin/sh", '[ "$1" = --version ] && exit 0', 'echo "gemv.c:1: error: boom" >&2', 'echo "one more" >&2']

@@ -350,7 +350,8 @@ def _build() -> Path:
     """The library's path in the cache, compiled there first when missing (atomically: written aside, renamed)."""
     compiler = _compiler()
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
-    key = hashlib.sha256("\0".join([SOURCE, compiler, version, *FLAGS, _cpu_signature()]).encode()).hexdigest()[:16]
+    flags = compiler_flags(version)
+    key = hashlib.sha256("\0".join([SOURCE, compiler, version, *flags, _cpu_signature()]).encode()).hexdigest()[:16]
     path = cache_root() / "native" / f"kernels-{key}.so"
     if path.exists():
         return path
@@ -358,12 +359,18 @@ def _build() -> Path:
     with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
         src, lib = Path(tmp) / "kernels.c", Path(tmp) / path.name
         src.write_text(SOURCE)
-        command = [compiler, *FLAGS, str(src), "-o", str(lib)]
+        command = [compiler, *flags, str(src), "-o", str(lib)]
         result = subprocess.run(command, capture_output=True, text=True, timeout=120)
         if result.returncode != 0:
             raise OSError(f"{compiler} exited with {result.returncode}: {result.stderr.strip()[-500:]}")
         lib.replace(path)
     return path
+
+
+def compiler_flags(version: str) -> tuple[str, ...]:
+    """FLAGS for the compiler whose `--version` printed `version`: Clang's `-fopenmp` links LLVM's OpenMP runtime,
+    a second thread pool beside torch's libgomp (and often not installed), so it is told to take libgomp."""
+    return tuple("-fopenmp=libgomp" if flag == "-fopenmp" and "clang" in version else flag for flag in FLAGS)
 
 
 def _cpu_signature() -> str:
