@@ -105,7 +105,7 @@ static inline vf load_kv(const void* base, int64_t i, const int bf16) {
     return (vf)(__builtin_convertvector(h, vi) << 16);
 }
 
-/* The lane sums of 16 vectors in one: a tree of shuffles and adds (15 adds, where one sum each takes 4 x 15).
+/* The lane sums of 16 vectors in one: a tree of shuffles and 15 vector adds (16 separate sums take 4 each: 64).
    Each level adds the lower and upper halves of each group of lanes, two vectors into one, so lane i of the result
    holds the sum of p[bit-reversed i]. */
 static const int BIT_REVERSED[W] = {0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15};
