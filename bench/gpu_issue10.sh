@@ -588,11 +588,11 @@ if want next78; then  # int32 key, value and cos/sin offsets in the read kernel 
 fi
 if want next88; then  # next87 on a machine with no carried cache (a fresh checkout): the first decode process compiles
     for round in 1 2 3; do
-        engine_decode "decode_$round" 160 new "$OUT/gpu_decode_${GIT_SHA}_next88_$round.json"
+        engine_decode "decode_$round" $((round == 1 ? 160 : 90)) new "$OUT/gpu_decode_${GIT_SHA}_next88_$round.json"
     done
-    step gpu_tests_mixed 90 python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider -p no:logging --tb=short \
+    step gpu_tests_mixed 80 python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider -p no:logging --tb=short \
         -k "mixed_steps"
-    step ttft 130 python3 $TTFT_8X2048 --tag=-next88
+    step ttft 110 python3 $TTFT_8X2048 --tag=-next88
     cp bench/results/ttft_spans-*next88* "$OUT"/ 2>/dev/null
 fi
 if want next87b; then  # next87's decode alone (what device time is left): two more processes
