@@ -9,7 +9,9 @@
 No caller holds a lock across a model step: the loop alone calls the engine, and it takes the inbox between
 steps. The loop thread also builds the engine, so every torch op of the engine runs on one thread: on the CPU each
 thread that runs torch ops keeps an OpenMP pool, and two pools on one machine throttle each other (libgomp stops
-spinning once it manages more threads than cores: SmolLM2 decoded at two thirds of the speed on 2 cores).
+spinning once it manages more threads than cores: SmolLM2 decoded at two thirds of the speed on 2 cores). The
+pools of other threads are let go (`release_openmp_threads`): a caller's as it hands the loop work, the loop's own
+whenever it waits for some, so the caller's torch work between calls runs at full speed too.
 On CUDA the loop thread runs torch with one intra-op thread once the engine is built (`fewer_cpu_threads`).
 A sink is a callable that takes a `RequestOutput` (or the exception of a failed step); it must not block.
 A sink that raises (its consumer is gone) aborts its request.
@@ -18,12 +20,15 @@ A sink that raises (its consumer is gone) aborts its request.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
 import logging
 import os
 import queue
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
+from pathlib import Path
 
 import torch
 
@@ -47,6 +52,30 @@ def fewer_cpu_threads(device: torch.device) -> None:
         torch.set_num_threads(1)
 
 
+@functools.cache
+def _pause_openmp() -> Callable[[int], int] | None:
+    """libgomp's `omp_pause_resource_all` where torch runs on libgomp (there it frees the calling thread's pool
+    alone), else None: LLVM's and Intel's runtimes pause every thread of the process."""
+    if not torch.backends.openmp.is_available():
+        return None
+    try:
+        maps = Path("/proc/self/maps").read_text().splitlines()
+    except OSError:  # not Linux
+        return None
+    path = next((line.split()[-1] for line in maps if "/libgomp" in line), None)
+    return getattr(ctypes.CDLL(path), "omp_pause_resource_all", None) if path else None  # NOTE: GCC 9+
+
+
+def release_openmp_threads() -> bool:
+    """Let this thread's idle OpenMP pool go (its next torch op starts a new one, a thread start or two): libgomp
+    counts every thread pool of the process, and once they hold more threads than cores each spin-waits at most
+    100 turns between parallel regions instead of 300,000, so an idle pool beside a busy one slows the busy one's
+    many small regions (the README's "One OpenMP pool"). True if a pool could be let go (none inside a parallel
+    region)."""
+    pause = _pause_openmp()
+    return pause is not None and pause(1) == 0  # NOTE: 1 = omp_pause_soft
+
+
 class EngineLoop:
     def __init__(self, build: Callable[[], LLMEngine]):
         """Start the loop thread and build the engine on it with `build()`; its error is raised here."""
@@ -56,6 +85,7 @@ class EngineLoop:
         built: Future = Future()
         self._thread = threading.Thread(target=self._run, args=(build, built), name="minipic-engine-loop", daemon=True)
         self._thread.start()
+        release_openmp_threads()  # NOTE: the caller's own pool, if any, while the loop builds
         self.engine: LLMEngine = built.result()
 
     # -- from any thread ---------------------------------------------------------------------------------
@@ -100,6 +130,8 @@ class EngineLoop:
     def _put(self, item) -> None:
         if self._closed:
             raise RuntimeError("the engine loop is closed")
+        if threading.current_thread() is not self._thread:
+            release_openmp_threads()  # NOTE: the caller's pool, idle while the loop serves it
         self._inbox.put(item)
 
     # -- on the loop thread ------------------------------------------------------------------------------
@@ -122,6 +154,8 @@ class EngineLoop:
 
     def _take_inbox(self, block: bool) -> bool:
         """Run what callers queued (waiting for something when idle); False once closed."""
+        if block and self._inbox.empty():
+            release_openmp_threads()  # NOTE: idle: the loop's pool would slow the callers' own torch work
         try:
             item = self._inbox.get(block=block)
         except queue.Empty:
