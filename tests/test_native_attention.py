@@ -113,3 +113,15 @@ def test_the_mirror_on_the_kernel_decodes_the_tokens_of_the_mirror_on_sdpa(llm):
     finally:
         mirror.use_native(True)
     assert on == off
+
+
+def test_scratch_that_cannot_be_allocated_is_a_memory_error():
+    """A key range whose partial sums would take 2^50 bytes (past any address space): the kernel's scratch fails to
+    allocate, it returns before reading a key, and the call raises (no crash, no garbage out)."""
+    k, v = mirror_layer(1, 1, 16, 64, seed=0)
+    q = torch.randn(1, 1, 1, 64)
+    slots, first, last = ranges((0, 0, 2**50 // 4 // 64 * 256 - 1))
+    with pytest.raises(MemoryError, match="partial sums of 1 queries x 1 kv heads"):
+        native.decode_attention(q, k, v, slots, first, last, 0.125)
+    out = native.decode_attention(q, k, v, *ranges((0, 0, 15)), 0.125)  # the library serves on
+    assert max_err(out, exact_attention(q, k, v, *ranges((0, 0, 15)), 0.125)) < 2e-6

@@ -189,8 +189,8 @@ static inline __attribute__((always_inline)) void attend_chunk(
 /* Decode attention over contiguous per-slot keys: query i (G heads of each of kvh kv heads, q and out [n, kvh, G, D],
    float32) sees keys first[i]..last[i] of slot slots[i]; key j of slot s, kv head h is the row at element
    s * stride_slot + h * stride_head + j * D of k (values alike), float32 or, with bf16, bfloat16;
-   D % 16 == 0, D <= 256, G <= 16 */
-void decode_attention(const float* q, const void* k, const void* v, float* out, const int64_t* slots,
+   D % 16 == 0, D <= 256, G <= 16. Returns 0, or 1 where its scratch could not be allocated (nothing written) */
+int decode_attention(const float* q, const void* k, const void* v, float* out, const int64_t* slots,
                       const int64_t* first, const int64_t* last, int64_t n, int64_t kvh, int64_t G, int64_t D,
                       int64_t stride_slot, int64_t stride_head, int bf16, float scale, int threads) {
     const float scale_log2e = scale * 1.4426950408889634f;
@@ -203,6 +203,12 @@ void decode_attention(const float* q, const void* k, const void* v, float* out, 
     float* part_m = malloc(sizeof(float) * items * G);
     float* part_l = malloc(sizeof(float) * items * G);
     float* part_o = malloc(sizeof(float) * items * G * D);
+    if (!part_m || !part_l || !part_o) {
+        free(part_m);
+        free(part_l);
+        free(part_o);
+        return 1;
+    }
     #pragma omp parallel for num_threads(threads) schedule(dynamic)
     for (int64_t it = 0; it < items; ++it) {
         int64_t i = it / (kvh * chunks), h = (it / chunks) % kvh, c = it % chunks;
@@ -243,6 +249,7 @@ void decode_attention(const float* q, const void* k, const void* v, float* out, 
     free(part_m);
     free(part_l);
     free(part_o);
+    return 0;
 }
 """
 SOURCE = GEMV_SOURCE + ATTENTION_SOURCE
@@ -294,11 +301,13 @@ def decode_attention(
     n, num_kv_heads, group, head_dim = q.shape
     out = torch.empty_like(q)
     assert k.dtype == v.dtype and k.dtype in DTYPES and q.dtype == torch.float32
-    load().decode_attention(
+    failed = load().decode_attention(
         q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), slots.data_ptr(), first.data_ptr(),
         last.data_ptr(), n, num_kv_heads, group, head_dim, k.stride(0), k.stride(1), k.dtype == torch.bfloat16,
         scale, torch.get_num_threads(),
     )  # fmt: skip
+    if failed:
+        raise MemoryError(f"decode attention: no memory for the partial sums of {n} queries x {num_kv_heads} kv heads")
     return out
 
 
@@ -318,7 +327,7 @@ def load() -> ctypes.CDLL | None:
                 fn.restype = None
             ptr, i64 = ctypes.c_void_p, ctypes.c_int64
             lib.decode_attention.argtypes = [ptr] * 7 + [i64] * 6 + [ctypes.c_int, ctypes.c_float, ctypes.c_int]
-            lib.decode_attention.restype = None
+            lib.decode_attention.restype = ctypes.c_int
             return lib
     logger.info("the native CPU kernels are off: %s; decode steps use oneDNN and SDPA", reason)
     return None
