@@ -120,7 +120,9 @@ def test_memo_and_one_lookahead_schedule_exactly_as_the_plain_scheduler(seed, po
     max_tokens = [rng.randrange(1, 10) for _ in prompts]
     longest = max(-(-(len(p) + 10) // B) for p in prompts)
     num_blocks = rng.choice([longest + 2, 2 * longest, 8 * longest])  # tight (preemptions) to roomy
-    config = SchedulerConfig(rng.choice([2, 4, 8]), rng.choice([8, 24, 64]), 1024, rng.choice([1, 4]), policy)
+    config = SchedulerConfig(
+        rng.choice([2, 4, 8]), rng.choice([8, 24, 64]), 1024, rng.choice([1, 4]), span_policy=policy
+    )
     args = (prompts, arrivals, max_tokens, config, num_blocks, host)
     expected = replay(PlainScheduler, PlainKVCacheManager, *args)
     assert replay(Scheduler, KVCacheManager, *args) == expected
@@ -177,7 +179,7 @@ def test_the_memo_starting_over_past_its_log_changes_no_decision(seed, policy, m
     arrivals = sorted(rng.choice([0, rng.randrange(1, 20)]) for _ in prompts)
     max_tokens = [rng.randrange(1, 8) for _ in prompts]
     longest = max(-(-(len(p) + 8) // B) for p in prompts)
-    args = (prompts, arrivals, max_tokens, SchedulerConfig(4, 24, 1024, 1, policy), 2 * longest, 0)
+    args = (prompts, arrivals, max_tokens, SchedulerConfig(4, 24, 1024, 1, span_policy=policy), 2 * longest, 0)
     StartsOver.clears = 0
     expected = replay(PlainScheduler, PlainKVCacheManager, *args)
     assert replay(Scheduler, SmallLogKVCacheManager, *args) == expected

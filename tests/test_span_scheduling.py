@@ -452,6 +452,46 @@ def test_isps_asks_no_lookahead_while_every_waiting_prompts_spans_are_had_and_no
     assert b.cached_block_ids == {1, 2} and b.num_output_tokens == 2
 
 
+def test_a_prompt_queued_behind_one_seen_complete_still_gets_its_spans_computed_ahead():
+    """The lookahead is skipped only while EVERY waiting prompt it could take was seen with no missing span: one
+    that joins the queue behind such a prompt has its span computed ahead in the next step."""
+    sched = scheduler(max_num_seqs=2, policy="isps")
+    a = request("a", [20, 21, 22, PAD, P, 60, 61], max_tokens=8)  # no spans: a and x take the two seats
+    x = request("x", [23, 21, 22, PAD, P, 60, 61], max_tokens=8)
+    b = request("b", [25, 26, 27, PAD] + DOC2 + [P, 60, 62])
+    for req in (a, x, b):
+        sched.add(req)
+    step(sched)  # a and x prefill, b's span beside them
+    step(sched)  # b's span is cached: b is seen complete
+    c = request("c", [28, 29, 30, PAD] + DOC + [P, 60, 63])
+    sched.add(c)
+    third = step(sched)
+    assert [(s.seq.request_id, s.query_ranges) for s in third.scheduled] == [
+        ("a", [(8, 9)]),
+        ("x", [(8, 9)]),
+        ("c/span1", [(0, 8)]),
+    ]
+    run(sched)
+    assert c.cached_block_ids == {1, 2} and c.num_output_tokens == 2
+
+
+def test_a_span_prefill_takes_no_span_past_the_tokens_it_may_compute_this_step():
+    """A span prefill whose first span fills the room exactly (here the cap of 8 tokens) holds that span alone: the
+    next span waits for a later unit instead of holding blocks it cannot compute yet."""
+    sched = scheduler(max_num_seqs=1, policy="isps", span_ahead_tokens=8)
+    a = request("a", [20, 21, 22, PAD, P, 60, 61], max_tokens=6)  # no spans: it takes the only seat
+    b = request("b", [25, 26, 27, PAD] + DOC + DOC2 + [P, 60, 62])
+    sched.add(a)
+    sched.add(b)
+    first = step(sched)
+    assert [(s.seq.request_id, s.query_ranges) for s in first.scheduled] == [("a", [(0, 7)]), ("b/span1", [(0, 8)])]
+    assert b.started_spans == {1}
+    second = step(sched)
+    assert [(s.seq.request_id, s.query_ranges) for s in second.scheduled] == [("a", [(7, 8)]), ("b/span2", [(0, 8)])]
+    run(sched)
+    assert b.cached_block_ids == {1, 2, 3, 4} and b.num_output_tokens == 2
+
+
 def test_a_block_lost_by_eviction_or_a_dropped_pending_one_counts():
     kv = KVCacheManager(3)
     r = request("r", [S, 30, 31, 32, 33, 34, 35, 36, 37])  # two full blocks, then the last token's
@@ -493,6 +533,52 @@ def test_spans_computed_ahead_outlive_blocks_of_requests_that_finished_since_on_
         return len(computed)  # every computed position: prefills, span prefills, decodes
 
     assert computed_tokens(policy) == computed_tokens("inline") == 95
+
+
+# fmt: off
+TIGHT_BATCHES = {
+    # four seats, 18 blocks, a budget of 24: the three prompts' spans are computed ahead, then their finals are
+    # admitted while the spans of those behind the head wait in the LRU queue
+    "spans_of_every_waiting_prompt_kept_young": ([
+        [41, 10, 26, 18, 42, PAD, PAD, PAD, S, 20, 37, 29, 52, PAD, PAD, PAD, S, 55, 49, 19, 52, 27, 36, 38, 51, 48,
+         PAD, PAD, S, 20, 37, 29, 52, PAD, PAD, PAD, P, 34, 18, 29],
+        [53, 16, PAD, PAD, S, 48, 26, 39, 26, 43, 50, 13, 14, 24, 49, 41, 49, PAD, PAD, PAD, S, 15, 22, 26, 53, 52,
+         39, 53, 53, 26, 52, 19, P, 31, 23, 23],
+        [57, 56, 33, 48, S, 55, 49, 19, 52, 27, 36, 38, 51, 48, PAD, PAD, S, 25, 42, 45, 43, 31, 12, 31, P, 50, 31, 59],
+    ], [7, 4, 4], dict(num_blocks=18, budget=24, max_num_seqs=4)),
+    # two seats, 19 blocks: one span prefill holds several spans, whose fresh blocks together would take the old end
+    # of the LRU queue where the hits of the prompts ahead sit
+    "a_units_spans_guarded_together": ([
+        [43, 26, PAD, PAD, S, 36, 20, 48, 19, 54, 17, 46, S, 57, 16, 17, 59, PAD, PAD, PAD, S, 36, 20, 48, 19, 54, 17,
+         46, S, 59, 43, 15, 30, 46, 29, 18, 20, 42, 16, 32, 45, PAD, PAD, PAD, P, 13, 48, 48],
+        [42, PAD, PAD, PAD, S, 51, 58, 15, 14, 26, 39, 55, 56, 54, 28, PAD, S, 57, 16, 17, 59, PAD, PAD, PAD, P, 23,
+         36, 22],
+        [42, 41, 54, PAD, S, 51, 58, 15, 14, 26, 39, 55, 56, 54, 28, PAD, S, 42, 56, 20, 37, 35, 26, 40, 18, 25, PAD,
+         PAD, S, 50, 50, 25, 35, 24, 37, 58, 46, PAD, PAD, PAD, S, 59, 43, 15, 30, 46, 29, 18, 20, 42, 16, 32, 45,
+         PAD, PAD, PAD, P, 15, 59, 38],
+    ], [8, 9, 9], dict(num_blocks=19, budget=64, max_num_seqs=2)),
+}
+# fmt: on
+
+
+@pytest.mark.parametrize("case", TIGHT_BATCHES)
+def test_barrier_on_a_tight_cache_computes_no_more_than_inline(case):
+    """Prompts sharing documents on a cache that holds little more than them: barrier computes every span ahead
+    once, and keeping those spans young (every waiting prompt's, not only the head's) and guarding a span prefill's
+    fresh blocks all together (not span by span) leaves nothing to compute again: exactly inline's token count."""
+    prompts, max_tokens, kwargs = TIGHT_BATCHES[case]
+
+    def computed_tokens(span_policy):
+        sched = scheduler(policy=span_policy, **kwargs)
+        requests = [request(str(i), p, n) for i, (p, n) in enumerate(zip(prompts, max_tokens, strict=True))]
+        for r in requests:
+            sched.add(r)
+        computed = []
+        run(sched, computed)
+        assert all(r.num_output_tokens == n for r, n in zip(requests, max_tokens, strict=True))
+        return len(computed)
+
+    assert computed_tokens("barrier") == computed_tokens("inline")
 
 
 @pytest.mark.parametrize("policy", ["isps", "barrier"])

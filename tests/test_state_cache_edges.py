@@ -1,7 +1,8 @@
 """Edges of state_cache.py that the main tests leave open: a save is planned only while its chunk is scheduled,
 only for a request that holds a live slot, and for a position passed again only once the store forgot it; a reset
-drops pending copies; the slot check counts every slot; a checkpoint's size counts the conv window in the model
-dtype."""
+drops pending copies; the slot check counts every slot and catches a slot held twice or live and free; a re-admission
+keeps its plan; a position inside a block is never saved; a checkpoint's size counts the conv window in the model
+dtype; a save copies both states."""
 
 import pytest
 import torch
@@ -78,6 +79,40 @@ def test_check_integrity_catches_a_slot_neither_free_nor_live():
         states.check_integrity([])
 
 
+def test_check_integrity_catches_a_slot_held_twice_or_live_and_free_at_once():
+    states, req = states_and_request()
+    states.attach(req, 0)
+    other = states.free_slots[0]
+    with pytest.raises(AssertionError, match="a live state slot is held twice"):
+        states.check_integrity([req.state_slot, req.state_slot])
+    with pytest.raises(AssertionError, match="a live state slot is in the free list"):
+        states.check_integrity([req.state_slot, other])
+
+
+def test_a_readmitted_request_keeps_its_plan_and_is_observed_once():
+    """Planned once: re-admitted after preemption it keeps the positions it had (chunks already cut there, saves
+    already listed), and the planner does not count the same prompt as a second request."""
+    states, req = states_and_request()
+    states.attach(req, 0)
+    assert req.checkpoint_positions == [8] and len(states.planner.recent) == 1
+    req.checkpoint_positions = [4, 12]  # as planned under other traffic: the planner would now say [8]
+    states.release(req)
+    states.attach(req, 0)
+    assert req.checkpoint_positions == [4, 12] and len(states.planner.recent) == 1
+
+
+def test_a_planned_position_inside_a_block_is_never_saved():
+    """A state is filed under the hash of the block it ends: one inside a block would be found by a prompt that
+    shares only the blocks before it."""
+    states, req = states_and_request()
+    states.attach(req, 0)
+    req.checkpoint_positions = [6, 8]
+    states.plan_saves(req, 6)
+    assert states.ops.save == [] and req.saved_checkpoints == [] and states.stats.num_saved == 0
+    states.plan_saves(req, 8)
+    assert states.ops.save == [(req.state_slot, 0)] and req.saved_checkpoints == [8]
+
+
 def test_a_checkpoint_holds_the_conv_window_in_the_model_dtype_and_the_state_in_float32():
     conv_shape, ssm_shape = (2, 3, 4), (2, 5, 6, 7)  # per slot: [linear_layers, ...]
     checkpoint_bytes = 2 * 3 * 4 * 2 + 2 * 5 * 6 * 7 * 4  # bfloat16 conv, float32 state: 48 + 1680
@@ -96,3 +131,13 @@ def test_before_forward_zeroes_both_states_of_a_fresh_slot_and_loads_both_of_a_r
     tensors.before_forward(StateOps(zero=[0], load=[(3, 1)]))
     assert tensors.conv[:, 0].eq(0).all() and tensors.ssm[:, 0].eq(0).all()
     assert tensors.conv[:, 1].eq(7).all() and tensors.ssm[:, 1].eq(7).all()
+
+
+def test_after_forward_saves_both_states_of_a_slot_into_its_checkpoint():
+    tensors = StateTensors(((1, 2, 3), (1, 2, 2, 2)), 2, 4 * 56, torch.float32, "cpu")  # 4 checkpoints
+    tensors.conv[:, 1].fill_(5.0)
+    tensors.ssm[:, 1].fill_(6.0)
+    tensors.after_forward(StateOps(save=[(1, 2)]))
+    assert tensors.ckpt_conv[:, 2].eq(5).all() and tensors.ckpt_ssm[:, 2].eq(6).all()
+    assert tensors.ckpt_conv[:, [0, 1, 3]].eq(0).all() and tensors.ckpt_ssm[:, [0, 1, 3]].eq(0).all()
+    tensors.after_forward(None)  # a step of a model without states: nothing to save
