@@ -286,6 +286,8 @@ class SchedulerConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if not isinstance(self.async_scheduling, bool):  # NOTE: e.g. a span policy passed in its position
+            raise ValueError(f"async_scheduling must be True or False, got {self.async_scheduling!r}")
         ahead = self.span_ahead_tokens
         if ahead is not None and (not isinstance(ahead, int) or isinstance(ahead, bool) or ahead < 0):
             raise ValueError(f"span_ahead_tokens must be None or an integer >= 0, got {ahead!r}")

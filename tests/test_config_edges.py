@@ -78,6 +78,8 @@ def test_the_inclusive_ends_of_the_options():
         SchedulerConfig(span_ahead_tokens=True)
     with pytest.raises(ValueError, match="max_num_seqs must be a positive integer, got True"):
         SchedulerConfig(max_num_seqs=True)
+    with pytest.raises(ValueError, match="async_scheduling must be True or False, got 'isps'"):
+        SchedulerConfig(4, 24, 1024, 1, "isps")  # a span policy in async_scheduling's position
 
 
 def test_caches_of_other_dtypes_or_of_the_rerotate_baseline_never_alias():
