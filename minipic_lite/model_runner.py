@@ -35,7 +35,10 @@ from minipic_lite.models.packed_linear import (
     decode_routes,
     drop_packed_weights,
     pack_linears,
+    read_routes,
     route_for_rows,
+    routes_path,
+    write_routes,
 )
 from minipic_lite.models.registry import model_class
 from minipic_lite.models.routed_linear import one_row_candidates, route_many_row_linears, route_one_row_linears
@@ -168,11 +171,16 @@ class ModelRunner:
         self.block_size = config.cache.block_size
         self.model = build_model(config)
         # CPU: decode steps take, per row count, the fastest of F.linear, weights prepacked for oneDNN and the C loop
-        # (timed here); other steps F.linear (models/packed_linear.py, models/native.py)
+        # (timed at the first start on a machine, then read back); other steps F.linear (models/packed_linear.py)
         self.decode_routes = {}
         if can_route(self.device, self.dtype):
-            pack_linears(self.model, pack=can_pack(self.device, self.dtype))
-            self.decode_routes = decode_routes(self.model)
+            routes_file = routes_path(self.model)
+            kept = read_routes(routes_file)
+            pack = can_pack(self.device, self.dtype) and (kept is None or "packed" in kept.values())
+            pack_linears(self.model, pack=pack)
+            self.decode_routes = kept or decode_routes(self.model)
+            if kept is None:
+                write_routes(routes_file, self.decode_routes)
             if "packed" not in self.decode_routes.values():
                 drop_packed_weights(self.model)
         # CUDA: one-row steps (batch-1 decode) take Inductor's reduction for the projections where it beats cuBLAS,

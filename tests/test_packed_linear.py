@@ -7,6 +7,8 @@ from torch import nn
 from torch.nn import functional as F
 
 import minipic_lite as mp
+from minipic_lite import model_runner
+from minipic_lite.models import packed_linear
 from minipic_lite.models.packed_linear import (
     MatmulRoute,
     PackedLinear,
@@ -14,7 +16,10 @@ from minipic_lite.models.packed_linear import (
     decode_routes,
     drop_packed_weights,
     pack_linears,
+    read_routes,
     route_for_rows,
+    routes_path,
+    write_routes,
 )
 
 pytestmark = pytest.mark.skipif(not can_pack(torch.device("cpu"), torch.float32), reason="torch lacks oneDNN")
@@ -112,6 +117,8 @@ def test_the_step_contract_routes_decode_steps_to_the_probes_choice(llm):
 def test_an_engine_whose_probe_never_packs_frees_the_packed_copies(monkeypatch):
     """When the packed weights win at no probed row count, they (as large as the model's) are freed."""
     monkeypatch.setattr("minipic_lite.model_runner.decode_routes", lambda model: {1: "native", 8: "linear"})
+    monkeypatch.setattr("minipic_lite.model_runner.read_routes", lambda path: None)  # no picks kept: the probe runs
+    monkeypatch.setattr("minipic_lite.model_runner.write_routes", lambda path, routes: None)  # nor are these kept
     llm = mp.LLM(max_model_len=256)
     model = llm.engine.runner.model
     linears = [m for m in model.modules() if isinstance(m, PackedLinear)]
@@ -129,3 +136,54 @@ def test_drop_packed_weights_keeps_the_f_linear_route():
     route.kind = "packed"  # even if asked, a layer without its packed copy runs F.linear
     x = torch.randn(3, 8)
     assert model[0].packed is None and torch.equal(model(x), F.linear(x, linear.weight, linear.bias))
+
+
+def test_the_first_start_keeps_the_probes_picks_and_the_next_start_reads_them(monkeypatch, tmp_path):
+    """The probe runs once per machine: a second engine reads the picks back and packs no copies they do not use."""
+    monkeypatch.setattr(packed_linear, "cache_root", lambda: tmp_path)
+    calls = []
+    monkeypatch.setattr(model_runner, "decode_routes", lambda model: calls.append(1) or decode_routes(model))
+    llm = mp.LLM(max_model_len=256)
+    first = llm.engine.runner.decode_routes
+    llm.close()
+    [kept] = (tmp_path / "routes").iterdir()
+    assert len(calls) == 1 and read_routes(kept) == first and set(first) == {1, 2, 4, 8}
+    write_routes(kept, {1: "linear", 2: "native", 4: "linear", 8: "linear"})  # picks that never pack
+    llm = mp.LLM(max_model_len=256)
+    assert len(calls) == 1 and llm.engine.runner.decode_routes == {1: "linear", 2: "native", 4: "linear", 8: "linear"}
+    linears = [m for m in llm.engine.runner.model.modules() if isinstance(m, PackedLinear)]
+    assert linears and all(m.packed is None for m in linears)  # never built, not only dropped
+    out = llm.generate("The capital of France is", mp.SamplingParams(max_tokens=3, temperature=0.0))[0]
+    assert len(out.token_ids) == 3
+    llm.close()
+
+
+def test_kept_picks_read_back_only_when_whole(tmp_path):
+    path = tmp_path / "routes" / "key.json"
+    assert read_routes(path) is None  # none kept
+    write_routes(path, {1: "native", 8: "packed"})
+    assert read_routes(path) == {1: "native", 8: "packed"}
+    for text in ("{", "[1, 2]", "{}", '{"1": "mystery"}', '{"one": "linear"}'):
+        path.write_text(text)
+        assert read_routes(path) is None, text
+    write_routes(tmp_path / "a file" / "routes.json", {1: "linear"}) if (tmp_path / "a file").touch() else None
+    assert not (tmp_path / "a file").is_dir()  # a cache that cannot be written is skipped, no error
+
+
+def test_the_picks_key_changes_with_what_they_depend_on(monkeypatch, tmp_path):
+    monkeypatch.setattr(packed_linear, "cache_root", lambda: tmp_path)
+
+    def model(width=64, dtype=torch.float32):
+        return nn.Sequential(nn.Linear(width, 128, dtype=dtype), nn.Linear(128, width, dtype=dtype))
+
+    path = routes_path(model())
+    assert path.parent == tmp_path / "routes" and routes_path(model()) == path  # the same model: the same picks
+    assert routes_path(model(width=32)) != path and routes_path(model(dtype=torch.bfloat16)) != path
+    threads = torch.get_num_threads()
+    torch.set_num_threads(threads + 1)
+    try:
+        assert routes_path(model()) != path
+    finally:
+        torch.set_num_threads(threads)
+    monkeypatch.setattr(packed_linear.native, "cpu_signature", lambda: "another CPU")
+    assert routes_path(model()) != path

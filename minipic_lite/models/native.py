@@ -360,7 +360,7 @@ def _build() -> Path:
     compiler = _compiler()
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
     flags = compiler_flags(version)
-    key = hashlib.sha256("\0".join([SOURCE, compiler, version, *flags, _cpu_signature()]).encode()).hexdigest()[:16]
+    key = hashlib.sha256("\0".join([SOURCE, compiler, version, *flags, cpu_signature()]).encode()).hexdigest()[:16]
     path = cache_root() / "native" / f"kernels-{key}.so"
     if path.exists():
         return path
@@ -382,7 +382,7 @@ def compiler_flags(version: str) -> tuple[str, ...]:
     return tuple("-fopenmp=libgomp" if flag == "-fopenmp" and "clang" in version else flag for flag in FLAGS)
 
 
-def _cpu_signature() -> str:
+def cpu_signature() -> str:
     """What -march=native compiled for: the CPU's model and feature flags (a cache shared by machines keeps one
     library per kind of CPU)."""
     info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""

@@ -2,7 +2,8 @@
 
 At decode shapes oneDNN with weights prepacked once (what Inductor's `freezing` does) can beat MKL's `F.linear`, and
 the C loop of native.py can beat both at one or two rows; which one wins depends on the CPU and the row count
-(README, "CPU matmuls by step kind"), so `decode_routes` times each on the model's own matmuls at start-up.
+(README, "CPU matmuls by step kind"), so `decode_routes` times each on the model's own matmuls at start-up, once per
+machine: the picks are kept on disk (`read_routes` / `write_routes`) under a key of what they depend on.
 oneDNN's fp32 sums round differently (2-3x MKL's error), which would break the 1e-4 logits bound that prefill is
 held to against transformers. So only decode steps may take another route and every other step takes `F.linear`:
 the step contract says which (`StepMetadata.cpu_matmul`), and the model sets the shared `MatmulRoute` from it.
@@ -13,14 +14,18 @@ one row 195 us on average against 117 packed; a batch-1 decode step 39 ms agains
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from minipic_lite.models import native
+from minipic_lite.models.loader import cache_root
 
 PACK_BATCH_HINT = 32  # oneDNN picks its blocking for this many rows; any row count still works
 ROUTE_PROBE_ROWS = (1, 2, 4, 8)  # decode row counts timed at start-up to pick the route
@@ -126,3 +131,33 @@ def route_for_rows(routes: dict[int, str], rows: int) -> str:
     probed = sorted(routes)
     below = [r for r in probed if r <= rows]
     return routes[below[-1]] if below else (routes[probed[0]] if probed else "linear")
+
+
+def routes_path(model: nn.Module) -> Path:
+    """Where the probe's picks for `model` on this machine are kept (call before `pack_linears`): a file named by a
+    hash of what the picks depend on: the CPU, torch, the C loop's source (and whether it loads), the matmuls' shapes
+    and dtypes, and the thread count."""
+    shapes = sorted({(tuple(m.weight.shape), str(m.weight.dtype)) for m in model.modules() if isinstance(m, nn.Linear)})
+    parts = [native.cpu_signature(), torch.__version__, native.SOURCE, str(native.load() is not None), str(shapes),
+             str(torch.get_num_threads()), str(ROUTE_PROBE_ROWS)]  # fmt: skip
+    return cache_root() / "routes" / f"{hashlib.sha256(chr(0).join(parts).encode()).hexdigest()[:16]}.json"
+
+
+def read_routes(path: Path) -> dict[int, str] | None:
+    """The picks kept at `path`, or None where there are none (or the file is not a valid set of picks)."""
+    try:
+        routes = {int(rows): kind for rows, kind in json.loads(path.read_text()).items()}
+    except (OSError, ValueError, AttributeError):
+        return None
+    return routes if routes and set(routes.values()) <= set(ROUTES) else None
+
+
+def write_routes(path: Path, routes: dict[int, str]) -> None:
+    """Keep the picks (atomically: written aside, renamed); a cache that cannot be written is skipped."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        aside = path.with_suffix(".tmp")
+        aside.write_text(json.dumps(routes))
+        aside.replace(path)
+    except OSError:
+        pass
