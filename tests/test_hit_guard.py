@@ -73,3 +73,17 @@ def test_the_waiting_queue_is_walked_as_it_was_when_first_asked():
     except RuntimeError as err:  # pragma: no cover - the failure the snapshot avoids
         pytest.fail(f"the guard walked the live queue: {err}")
     kv.check_integrity()
+
+
+def test_a_prompt_put_ahead_after_the_first_question_is_not_protected_in_that_step():
+    """The walk goes on through the queue as it was when first asked: w2, put back at the head since (as a preempted
+    request is), is behind w1 in that snapshot, so its hits are not moved and w1's span prefill may evict them."""
+    kv, waiting, (w0, w1, w2) = waiting_prompts()
+    guard = HitGuard(kv, waiting)
+    assert guard.lets(w0, 2)  # would take block 1, w0's hit: w0's hits move
+    assert list(kv.pool.free_queue) == [0, 2, 3, 5, 6, 7, 4, 1]
+    waiting.remove(w2)
+    waiting.appendleft(w2)
+    assert guard.lets(w1, 3)  # would take block 3, w1's hit: w1's hits move, w2's stay and go (blocks 0, 6)
+    assert list(kv.pool.free_queue) == [0, 2, 6, 7, 5, 3, 4, 1] and not guard.has_refused
+    kv.check_integrity()

@@ -28,3 +28,15 @@ def test_loading_a_hash_makes_it_the_most_recent():
     assert host.store(b"c") == 1  # "b" goes, not the "a" just loaded
     assert b"b" not in host and b"a" in host and host.num_loaded == 1 and host.num_stored == 3
     host.check_integrity()
+
+
+def test_a_reset_tier_forgets_every_hash_and_hands_out_all_its_slots_again():
+    """After a failed step the host copies are of unknown contents: reset() drops every hash, and the slots are
+    free again, handed out from slot 0 as in a fresh tier."""
+    host = HostTier(2)
+    host.store(b"a"), host.store(b"b")
+    host.reset()
+    assert b"a" not in host and b"b" not in host
+    assert (host.store(b"c"), host.store(b"d")) == (0, 1)  # both slots free again, none holds a stale hash
+    assert b"a" not in host and b"c" in host and b"d" in host
+    host.check_integrity()

@@ -1,10 +1,12 @@
 """The KV-cache manager at the edges its other tests leave out: admission counts with pending blocks, who inherits a
-pending block, match() after a reset, a hybrid resuming across host-tier hits; integrity after every call."""
+pending block, match() after a reset, a hybrid resuming across host-tier hits, the host tier's copies and LRU around
+admissions and resets; integrity after every call."""
 
 from minipic_lite.checkpoints.planner import CheckpointPlanner
 from minipic_lite.config import ControlTokens, SchedulerConfig
 from minipic_lite.hashing import root_hash
-from minipic_lite.kv_cache_manager import HIT, MISS, PENDING, KVCacheManager
+from minipic_lite.host_tier import BlockCopy
+from minipic_lite.kv_cache_manager import HIT, HOST, MISS, PENDING, REROTATE, KVCacheManager
 from minipic_lite.request import Request
 from minipic_lite.sampling_params import SamplingParams
 from minipic_lite.scheduler import Scheduler
@@ -123,3 +125,85 @@ def test_a_hybrid_admission_is_counted_as_it_computes_hits_past_its_resume_point
     assert kv.match(second)[:11] == [HIT] * 10 + [MISS]
     assert taken_by_admission(kv, second) == (8, 8)
     assert second.num_resumed_tokens == 32
+
+
+def run_and_free(kv, request):
+    """Admit `request`, compute (publish) its whole prompt and free it: its full blocks stay cached (tail first)."""
+    assert kv.allocate_prompt(request)
+    kv.publish(request, len(request.token_ids))
+    kv.free(request)
+    kv.check_integrity()
+
+
+def test_a_block_evicted_again_while_the_host_tier_still_holds_it_is_not_copied_again():
+    """3 blocks, 4 host slots: a's two blocks go to the host (two copies), come back to the device for a2 (two loads)
+    and are evicted again by c. The host still holds them, so c's evictions copy nothing: no copy without a slot."""
+    kv = KVCacheManager(3, num_host_blocks=4)
+    run_and_free(kv, req("a", range(10, 19)))  # blocks 0, 1 cached; 2 holds the partial tail
+    run_and_free(kv, req("b", range(50, 59)))  # evicts a's blocks 1, then 0, to slots 0, 1
+    assert kv.take_copies() == [BlockCopy(True, 1, 0), BlockCopy(True, 0, 1)]
+    a2 = req("a2", range(10, 19))
+    assert kv.match(a2) == [HOST, HOST]
+    run_and_free(kv, a2)  # loads them into blocks 0, 1; evicts b's block 1 (slot 2), then block 2 (slot 3)
+    assert kv.take_copies() == [BlockCopy(False, 0, 1), BlockCopy(True, 1, 2), BlockCopy(False, 1, 0)] + [
+        BlockCopy(True, 2, 3)
+    ]
+    assert kv.allocate_prompt(req("c", range(70, 79)))  # evicts a's blocks 1 and 0 again: the host has them
+    assert kv.take_copies() == [] and kv.host.num_stored == 4
+    assert kv.match(req("a3", range(10, 19))) == [HOST, HOST]
+    kv.check_integrity()
+
+
+def test_host_slots_an_admission_loaded_from_are_evictable_once_it_is_done():
+    """While x's admission loads a0 from the host, a0's slot is pinned (its own evictions take another); after it the
+    slot is an ordinary least recently used one: the next eviction takes it, not the younger b0's."""
+    kv = KVCacheManager(3, num_host_blocks=2)
+    a, b = req("a", range(10, 19)), req("b", range(50, 59))
+    run_and_free(kv, a)
+    run_and_free(kv, b)  # the host holds a1, a0 (oldest first)
+    x = req("x", [10, 11, 12, 13, 90, 91, 92, 93, 94])  # a's first block, then a block of its own
+    assert kv.match(x) == [HOST, MISS]
+    run_and_free(kv, x)  # loads a0; its evictions of b1 and b0 pass over the pinned a0: the host holds a0, b0
+    assert a.block_hashes[0] in kv.host and b.block_hashes[0] in kv.host and not kv.host.pinned
+    assert kv.allocate_prompt(req("y", range(200, 206)))  # evicts x's own block: the oldest slot goes, a0's
+    assert x.block_hashes[1] in kv.host and b.block_hashes[0] in kv.host and a.block_hashes[0] not in kv.host
+    kv.check_integrity()
+
+
+def test_a_reset_forgets_the_host_tier_and_the_copies_queued_by_the_failed_step():
+    """After a failed step no hash may name anything, on the device or in the host tier, and the copies it queued
+    are not run; the reset counts as a loss (the scheduler's note of prompts with nothing missing goes stale)."""
+    kv = KVCacheManager(3, num_host_blocks=4)
+    a = req("a", range(10, 19))
+    run_and_free(kv, a)
+    run_and_free(kv, req("b", range(50, 59)))  # a's blocks go to the host: two copies queued
+    num_losses = kv.num_losses
+    kv.reset_prefix_cache()
+    assert kv.take_copies() == [] and kv.num_losses > num_losses
+    assert a.block_hashes[0] not in kv.host and kv.match(req("a2", range(10, 19))) == [MISS, MISS]
+    kv.check_integrity()
+
+
+def test_a_request_holding_more_blocks_than_a_range_needs_misses_none():
+    """num_missing_blocks is never negative: the scheduler sums it over a burst's requests, where one request's
+    spare blocks must not offset another's need."""
+    kv = KVCacheManager(8)
+    a = req("a", range(10, 19))
+    assert kv.allocate_prompt(a) and len(a.block_table) == 3  # the whole prompt's blocks, taken up front
+    assert [kv.num_missing_blocks(a, n) for n in (0, 4, 12, 13, 17)] == [0, 0, 0, 1, 2]
+    kv.check_integrity()
+
+
+def test_copy_rerotate_goes_by_where_a_reused_block_was_computed_last():
+    """Copy-rerotate keeps rotated keys, so a hit is plain only at the offset its block was computed at. Block 2 held
+    DOC's second block at token 8, then (evicted, taken again) span E's second block at token 4: E is a plain hit at
+    offsets 0 and 4, and must be copied and turned at offsets 4 and 8."""
+    kv = KVCacheManager(4, rerotate=True)
+    run_and_free(kv, req("a", [20, 21, 22, PAD, *DOC, P, 60]))  # lead, DOC at 4 and 8 in blocks 0, 1, 2
+    span_e = [S, 40, 41, 42, 43, 44, 45, 46]
+    b = req("b", [*span_e, P, 61])
+    run_and_free(kv, b)  # E at 0 and 4: takes block 3, then blocks 2 and 1 (DOC evicted)
+    assert kv.pool.peek(b.block_hashes[1]) == 2  # E's second block in block 2, DOC's second block before
+    assert kv.match(req("c", [*span_e, P, 62])) == [HIT, HIT]
+    assert kv.match(req("d", [20, 21, 22, PAD, *span_e, P, 63])) == [HIT, REROTATE, REROTATE]
+    kv.check_integrity()

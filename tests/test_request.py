@@ -6,7 +6,15 @@ import numpy as np
 import pytest
 import torch
 
-from minipic_lite.hashing import chain_hashes, hash_block, hash_block_bytes, root_hash, token_bytes
+from minipic_lite.hashing import (
+    TOKEN_BYTES,
+    chain_hashes,
+    chain_hashes_bytes,
+    hash_block,
+    hash_block_bytes,
+    root_hash,
+    token_bytes,
+)
 from minipic_lite.request import Request, RequestStatus
 from minipic_lite.sampler import Sampler
 from minipic_lite.sampling_params import SamplingParams
@@ -26,6 +34,15 @@ def test_token_bytes_are_int64_little_endian_and_hash_as_the_tokens_do():
     assert token_bytes([1, 258]) == bytes([1, 0, 0, 0, 0, 0, 0, 0, 2, 1, 0, 0, 0, 0, 0, 0])
     data = token_bytes([1, 2, 3, 4])
     assert hash_block_bytes(ROOT, data[16:]) == hash_block(ROOT, [3, 4])
+
+
+def test_chain_hashes_bytes_gives_a_partial_tail_no_hash():
+    """The packed form hashes full blocks only, as `chain_hashes` does: a tail shorter than a block (here 1 of 2
+    tokens) gets none, even when the caller passes its bytes (spans.block_hashes slices runs off packed prompts)."""
+    width = 2 * TOKEN_BYTES
+    h0 = hash_block(ROOT, [1, 2])
+    assert chain_hashes_bytes(ROOT, token_bytes([1, 2, 3, 4, 5]), width) == [h0, hash_block(h0, [3, 4])]
+    assert chain_hashes_bytes(ROOT, token_bytes([1]), width) == [] == chain_hashes_bytes(ROOT, b"", width)
 
 
 def test_request_hashes_blocks_as_they_fill_and_resets_for_recompute():
