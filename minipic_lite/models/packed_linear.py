@@ -29,6 +29,7 @@ from minipic_lite.models.loader import cache_root
 
 PACK_BATCH_HINT = 32  # oneDNN picks its blocking for this many rows; any row count still works
 ROUTE_PROBE_ROWS = (1, 2, 4, 8)  # decode row counts timed at start-up to pick the route
+PROBE_ROUNDS = 3  # passes per route and row count after the warm-up; the best counts
 ROUTES = ("linear", "packed", "native")  # F.linear (MKL); oneDNN's prepacked weights; native.py's C loop
 
 
@@ -96,28 +97,35 @@ def drop_packed_weights(model: nn.Module) -> None:
             m.packed = None
 
 
-def decode_routes(model: nn.Module, probe_rows: tuple[int, ...] = ROUTE_PROBE_ROWS) -> dict[int, str]:
-    """{rows: the fastest route at that many rows} for each probed row count, timed on `model`'s own matmuls (one
-    pass per route after a warm-up). The routes timed: F.linear, the packed weights where the layers hold them, the
-    C loop where every layer can take it."""
+def decode_routes(
+    model: nn.Module, probe_rows: tuple[int, ...] = ROUTE_PROBE_ROWS, rounds: int = PROBE_ROUNDS
+) -> dict[int, str]:
+    """{rows: the fastest route at that many rows} for each probed row count, timed on `model`'s own matmuls: after
+    a warm-up pass per route, `rounds` rounds of one pass per route in turn, each route's best pass counted (the
+    picks are kept for every later start, so one slow pass must not decide them). The routes timed: F.linear, the
+    packed weights where the layers hold them, the C loop where every layer can take it."""
     linears = [m for m in model.modules() if isinstance(m, PackedLinear)]
     route = linears[0].route
     kinds = ["linear"]
     kinds += ["packed"] if all(m.packed is not None for m in linears) else []
     kinds += ["native"] if all(m.native for m in linears) else []
 
-    def seconds(rows: int, kind: str) -> float:
+    def seconds(inputs: list[torch.Tensor], kind: str) -> float:
         route.kind = kind
-        inputs = [torch.zeros(rows, m.weight.shape[1], dtype=m.weight.dtype) for m in linears]
-        for _ in range(2):  # the first pass warms the caches and oneDNN's primitives
-            start = time.perf_counter()
-            for m, x in zip(linears, inputs, strict=True):
-                m(x)
+        start = time.perf_counter()
+        for m, x in zip(linears, inputs, strict=True):
+            m(x)
         return time.perf_counter() - start
 
     def fastest(rows: int) -> str:
-        times = {kind: seconds(rows, kind) for kind in kinds}
-        return min(times, key=times.get)
+        inputs = [torch.zeros(rows, m.weight.shape[1], dtype=m.weight.dtype) for m in linears]
+        for kind in kinds:  # warms the caches and oneDNN's primitives
+            seconds(inputs, kind)
+        best = dict.fromkeys(kinds, float("inf"))
+        for _ in range(rounds):
+            for kind in kinds:
+                best[kind] = min(best[kind], seconds(inputs, kind))
+        return min(best, key=best.get)
 
     with torch.inference_mode():
         routes = {rows: fastest(rows) for rows in probe_rows}
@@ -139,7 +147,7 @@ def routes_path(model: nn.Module) -> Path:
     and dtypes, and the thread count."""
     shapes = sorted({(tuple(m.weight.shape), str(m.weight.dtype)) for m in model.modules() if isinstance(m, nn.Linear)})
     parts = [native.cpu_signature(), torch.__version__, native.SOURCE, str(native.load() is not None), str(shapes),
-             str(torch.get_num_threads()), str(ROUTE_PROBE_ROWS)]  # fmt: skip
+             str(torch.get_num_threads()), str((ROUTE_PROBE_ROWS, PROBE_ROUNDS))]  # fmt: skip
     return cache_root() / "routes" / f"{hashlib.sha256(chr(0).join(parts).encode()).hexdigest()[:16]}.json"
 
 
