@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -164,7 +165,7 @@ def write_routes(path: Path, routes: dict[int, str]) -> None:
     """Keep the picks (atomically: written aside, renamed); a cache that cannot be written is skipped."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        aside = path.with_suffix(".tmp")
+        aside = path.with_suffix(f".{os.getpid()}.tmp")  # NOTE: two processes starting at once write apart
         aside.write_text(json.dumps(routes))
         aside.replace(path)
     except OSError:
