@@ -586,7 +586,8 @@ if want next78; then  # int32 key, value and cos/sin offsets in the read kernel 
         step "read_new_$round" 60 env READ_SWEEP=0 python3 bench/gpu_read_profile.py --out "$OUT" --cases $cases
     done
 fi
-if want next88; then  # next87 on a machine with no carried cache (a fresh checkout): the first decode process compiles
+if want next88; then  # (run at 654e84f on an H100, no H200 came: decode_1 and ttft ran past their limits compiling) next87
+    # on a machine with no carried cache (a fresh checkout): the first decode process compiles
     for round in 1 2 3; do
         engine_decode "decode_$round" $((round == 1 ? 160 : 90)) new "$OUT/gpu_decode_${GIT_SHA}_next88_$round.json"
     done
