@@ -521,18 +521,22 @@ def test_spans_computed_ahead_outlive_blocks_of_requests_that_finished_since_on_
         [18, 17, 54, 33, S, 19, 40, 50, 15, 54, 31, 50, S, 16, 20, 14, P, 58, 35, 34],
     ]
     max_tokens = [2, 5, 3, 4, 2]
+    room = dict(num_blocks=18, budget=64, max_num_seqs=2)
+    inline = computed_tokens(prompts, max_tokens, "inline", **room)
+    assert computed_tokens(prompts, max_tokens, policy, **room) == inline == 95
 
-    def computed_tokens(span_policy):
-        sched = scheduler(num_blocks=18, budget=64, max_num_seqs=2, policy=span_policy)
-        requests = [request(str(i), p, n) for i, (p, n) in enumerate(zip(prompts, max_tokens, strict=True))]
-        for r in requests:
-            sched.add(r)
-        computed = []
-        run(sched, computed)
-        assert all(r.num_output_tokens == n for r, n in zip(requests, max_tokens, strict=True))
-        return len(computed)  # every computed position: prefills, span prefills, decodes
 
-    assert computed_tokens(policy) == computed_tokens("inline") == 95
+def computed_tokens(prompts, max_tokens, span_policy, **kwargs) -> int:
+    """Every position computed (prefills, span prefills, decodes) while a scheduler of `kwargs` runs the prompts
+    to their max_tokens."""
+    sched = scheduler(policy=span_policy, **kwargs)
+    requests = [request(str(i), p, n) for i, (p, n) in enumerate(zip(prompts, max_tokens, strict=True))]
+    for r in requests:
+        sched.add(r)
+    computed = []
+    run(sched, computed)
+    assert all(r.num_output_tokens == n for r, n in zip(requests, max_tokens, strict=True))
+    return len(computed)
 
 
 # fmt: off
@@ -567,18 +571,9 @@ def test_barrier_on_a_tight_cache_computes_no_more_than_inline(case):
     once, and keeping those spans young (every waiting prompt's, not only the head's) and guarding a span prefill's
     fresh blocks all together (not span by span) leaves nothing to compute again: exactly inline's token count."""
     prompts, max_tokens, kwargs = TIGHT_BATCHES[case]
-
-    def computed_tokens(span_policy):
-        sched = scheduler(policy=span_policy, **kwargs)
-        requests = [request(str(i), p, n) for i, (p, n) in enumerate(zip(prompts, max_tokens, strict=True))]
-        for r in requests:
-            sched.add(r)
-        computed = []
-        run(sched, computed)
-        assert all(r.num_output_tokens == n for r, n in zip(requests, max_tokens, strict=True))
-        return len(computed)
-
-    assert computed_tokens("barrier") == computed_tokens("inline")
+    assert computed_tokens(prompts, max_tokens, "barrier", **kwargs) == computed_tokens(
+        prompts, max_tokens, "inline", **kwargs
+    )
 
 
 @pytest.mark.parametrize("policy", ["isps", "barrier"])
