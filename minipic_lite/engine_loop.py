@@ -55,7 +55,7 @@ def fewer_cpu_threads(device: torch.device) -> None:
 @functools.cache
 def _pause_openmp() -> Callable[[int], int] | None:
     """libgomp's `omp_pause_resource_all` where torch runs on libgomp (there it frees the calling thread's pool
-    alone), else None: LLVM's and Intel's runtimes pause every thread of the process."""
+    alone), else None: LLVM's and Intel's runtimes pause as a whole."""
     if not torch.backends.openmp.is_available():
         return None
     try:
