@@ -32,6 +32,7 @@ from pathlib import Path
 
 import torch
 
+from minipic_lite.cpu_threads import ThreadGovernor
 from minipic_lite.engine import LLMEngine
 from minipic_lite.outputs import RequestOutput
 from minipic_lite.request import Request
@@ -144,6 +145,7 @@ class EngineLoop:
             built.set_exception(e)
             return
         fewer_cpu_threads(self.engine.runner.device)  # NOTE: after the build: loading weights keeps every thread
+        self._governor = ThreadGovernor.for_device(self.engine.runner.device)
         built.set_result(self.engine)
         del build, built  # NOTE: the thread lives as long as the engine: hold nothing else
         while self._take_inbox(block=not self._sinks):
@@ -156,6 +158,8 @@ class EngineLoop:
         """Run what callers queued (waiting for something when idle); False once closed."""
         if block and self._inbox.empty():
             release_openmp_threads()  # NOTE: idle: the loop's pool would slow the callers' own torch work
+            if self._governor is not None:
+                self._governor.idle()
         try:
             item = self._inbox.get(block=block)
         except queue.Empty:
@@ -193,6 +197,8 @@ class EngineLoop:
             return
         for output in outputs:
             self._deliver(output)
+        if self._governor is not None:
+            self._governor.after_step()
 
     def _deliver(self, output: RequestOutput) -> None:
         sink = self._sinks.pop(output.request_id) if output.finished else self._sinks.get(output.request_id)

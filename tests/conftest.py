@@ -4,6 +4,9 @@ import os
 
 # NOTE: before anything imports triton: the op's kernel runs on the CPU through Triton's interpreter.
 os.environ.setdefault("TRITON_INTERPRET", "1")
+# NOTE: engines keep the thread count they start with, whatever else loads the machine (cpu_threads.py): a test's
+# tokens must not depend on what runs beside the suite. tests/test_cpu_threads.py turns it back on where it tests it.
+os.environ.setdefault("MINIPIC_ADAPT_THREADS", "0")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
