@@ -10,7 +10,7 @@ import torch
 from minipic_lite import cpu_threads
 from minipic_lite.cpu_threads import INTERVAL_S, ThreadGovernor, busy_seconds, threads_for
 from minipic_lite.engine_loop import EngineLoop
-from minipic_lite.outputs import RequestMetrics, RequestOutput
+from tests.test_engine_loop_edges import CountingEngine, request
 
 
 @pytest.mark.parametrize(
@@ -102,30 +102,14 @@ def test_a_governor_is_made_only_where_the_thread_count_is_left_to_it(monkeypatc
     assert ThreadGovernor.for_device(torch.device("cpu")) is None
 
 
-class OneStepEngine:
-    """Stands in for LLMEngine: a request ends after one step."""
-
-    runner = SimpleNamespace(device=torch.device("cpu"))
-
-    def __init__(self):
-        self.waiting = []
-
-    def add(self, req):
-        self.waiting.append(req.request_id)
-
-    def step(self):
-        done, self.waiting = self.waiting, []
-        return [RequestOutput(r, None, [1], "", [7], 0, True, "length", RequestMetrics(0.0)) for r in done]
-
-
 def test_the_loop_tells_its_governor_of_each_step_and_of_each_wait(monkeypatch):
     calls = []
     governor = SimpleNamespace(after_step=lambda: calls.append("step"), idle=lambda: calls.append("idle"))
     monkeypatch.setattr(ThreadGovernor, "for_device", classmethod(lambda cls, device: governor))
-    loop = EngineLoop(OneStepEngine)
+    loop = EngineLoop(CountingEngine)
     for name in ("a", "b"):
         finished = threading.Event()
-        loop.submit([SimpleNamespace(request_id=name)], lambda out, done=finished: done.set())
+        loop.submit([request(name, max_tokens=1)], lambda out, done=finished: done.set())
         assert finished.wait(10)
         loop.call(lambda engine: None)  # returns once the loop took it: it has waited since the step
     loop.close()
