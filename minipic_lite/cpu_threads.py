@@ -1,10 +1,10 @@
 """A CPU engine's thread count follows the cores that other programs leave free.
 
 torch splits each op's work evenly over its threads, so one thread that shares its core with another program holds
-up every parallel region of a step: SmolLM2 decoded at 3-6 tok/s on 2 threads with one of 2 cores busy, 18.6 on one
-thread, 32 on two when idle (README, "A busy core"). Every `INTERVAL_S` of serving, the loop thread compares the
-CPU time its process used with what the machine's cores (those this process may run on) did: what others used is the
-rest, and the engine takes the cores they leave, rounded, at least one and at most the threads it started with.
+up every parallel region of a step: the engine then runs several times slower than on fewer threads (the README's
+"A busy core" has the figures). Every `INTERVAL_S` of serving, the loop thread compares the CPU time its process
+used with what the machine's cores (those this process may run on) did: what others used is the rest, and the engine
+takes the cores they leave, rounded, at least one and at most the threads it started with.
 Off where the user chose a count (`OMP_NUM_THREADS`), with `MINIPIC_ADAPT_THREADS=0`, or on CUDA (one host thread
 there: `fewer_cpu_threads`). A change of thread count can move float32 sums by a rounding (MKL's matmul splits its
 work by threads): a run on a busy machine need not repeat an idle run's logits bit for bit.
