@@ -28,12 +28,12 @@ import queue
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
-from pathlib import Path
 
 import torch
 
 from minipic_lite.cpu_threads import ThreadGovernor
 from minipic_lite.engine import LLMEngine
+from minipic_lite.models import native
 from minipic_lite.outputs import RequestOutput
 from minipic_lite.request import Request
 
@@ -57,13 +57,7 @@ def fewer_cpu_threads(device: torch.device) -> None:
 def _pause_openmp() -> Callable[[int], int] | None:
     """libgomp's `omp_pause_resource_all` where torch runs on libgomp (there it frees the calling thread's pool
     alone), else None: LLVM's and Intel's runtimes pause as a whole."""
-    if not torch.backends.openmp.is_available():
-        return None
-    try:
-        maps = Path("/proc/self/maps").read_text().splitlines()
-    except OSError:  # not Linux
-        return None
-    path = next((line.split()[-1] for line in maps if "/libgomp" in line), None)
+    path = native.libgomp_path()
     return getattr(ctypes.CDLL(path), "omp_pause_resource_all", None) if path else None  # NOTE: GCC 9+
 
 

@@ -352,7 +352,17 @@ def _compiler() -> str | None:
 
 def _torch_uses_gnu_openmp() -> bool:
     """torch loaded libgomp: then the library's own libgomp.so.1 resolves to that copy (one thread pool)."""
-    return "libgomp" in Path("/proc/self/maps").read_text()
+    return libgomp_path() is not None
+
+
+def libgomp_path() -> str | None:
+    """The path of the libgomp this process loaded (torch's, where it runs on GNU's OpenMP), or None (none, or not
+    Linux)."""
+    try:
+        maps = Path("/proc/self/maps").read_text().splitlines()
+    except OSError:
+        return None
+    return next((line.split()[-1] for line in maps if "/libgomp" in line), None)
 
 
 def _build() -> Path:
