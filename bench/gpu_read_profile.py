@@ -213,16 +213,6 @@ def sweep_for(name: str) -> list[dict]:
             "short16k_cold": grid(TILE_N=(32,), num_warps=(4, 8), num_stages=(2, 3), NUM_SPLITS=(32, 64)),
             "b1x8k": grid(TILE_N=(64, 128), num_warps=(4, 8), num_stages=(3, 4), NUM_SPLITS=(32,)),
         }.get(name, [])
-    if MODE == "pack":  # several kv heads a program (KV_PACK: a tile's columns hold KV_PACK heads' keys, one cos/sin
-        # load serving them all; rows KV_PACK x 4 of the 16-row tile). ptxas sm_90a, Triton 3.9 (this machine): SASS
-        # instructions of the key loop's body for all warps a kv head's key, 31.8 at KV_PACK 1 (32-key tiles, 126
-        # registers), 24.5 at 2 (175), 16.8 at 4 (180); 16-key tiles 32.8 at 2 (102), 23.2 at 4 (182)
-        pack = grid(KV_PACK=(1, 2, 4), TILE_N=(16, 32), num_stages=(2, 3))
-        if name.startswith("b1x"):
-            return [{**c, "NUM_SPLITS": s} for c in pack for s in (32, 64, 128)]
-        if name.startswith(("b64x", "b32x")):
-            return [{**c, "NUM_SPLITS": s} for c in pack for s in (1, 2)]
-        return []
     if MODE != "1":  # NOTE: every named sweep returned above: a name that reaches here is a typo, not the default
         raise ValueError(f"READ_SWEEP={MODE}: no such sweep (0, 1 or a name in sweep_for)")
     if name == "short16k_cold":

@@ -132,20 +132,9 @@ def _tile_tokens(cu_seqlens_q_ptr, tile_id, num_seqs, BLOCK_Q: tl.constexpr, ONE
 
 
 @triton.jit
-def _columns(TILE_N: tl.constexpr, KV_PACK: tl.constexpr):
-    """(position offset, kv head offset) of each of a key tile's KV_PACK x TILE_N columns: kv head h of the program's
-    KV_PACK holds columns [h x TILE_N, (h + 1) x TILE_N), the same TILE_N positions for every head."""
-    offs_c = tl.arange(0, KV_PACK * TILE_N)
-    if KV_PACK == 1:
-        return offs_c, tl.zeros_like(offs_c)
-    return offs_c % TILE_N, offs_c // TILE_N
-
-
-@triton.jit
-def _block_ids(table_ptr, tile, key_end, BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, KV_PACK: tl.constexpr):
-    """The physical block of each column of tile `tile` (0 past key_end): `table_ptr` is a sequence's table row.
-    A tile has KV_PACK x TILE_N columns: TILE_N positions for each of KV_PACK kv heads (`_columns`)."""
-    offs_n, _ = _columns(TILE_N, KV_PACK)
+def _block_ids(table_ptr, tile, key_end, BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr):
+    """The physical block of each key of tile `tile` (0 past key_end): `table_ptr` is a sequence's table row."""
+    offs_n = tl.arange(0, TILE_N)
     key_pos = tile * TILE_N + offs_n
     # NOTE: where tiles start on a block, a key's entry is the tile's first plus one computed once, out of the loop
     entry = tile * (TILE_N // BLOCK_SIZE) + offs_n // BLOCK_SIZE if TILE_N % BLOCK_SIZE == 0 else key_pos // BLOCK_SIZE
@@ -175,20 +164,18 @@ def _load_keys(
     TILE_N: tl.constexpr,
     IS_WHOLE: tl.constexpr,  # every key of the tile is < key_end (the loop's unmasked body): no bounds checks
     INT32_OFFSETS: tl.constexpr,  # every element of the caches and the cos/sin table lies < 2^31 from its base
-    KV_PACK: tl.constexpr,  # kv heads a tile holds (`_columns`): kv_head is the first
 ):
     """Key tile `tile` as stored: (K^T's first rotary half, second half, cos, sin, K^T past rotary_dim, the values'
-    row offsets, which keys exist); with ROTARY_DIM == 0, K^T whole in the first slot (the next four repeat it).
-    Each has KV_PACK x TILE_N columns (`_columns`)."""
+    row offsets, which keys exist); with ROTARY_DIM == 0, K^T whole in the first slot (the next four repeat it)."""
     # NOTE: keys are rotated in the cache's dtype: tl.dot reads them rounded to it anyway, and 16-bit math keeps
     # the [HALF_PAD, TILE_N] halves, cos and sin of a 128-key decode tile in registers (fp32: 255 registers and
     # spills on the H200: bench/results/ncu_fe5f6a5_h200_*.log).
     ROPE_DTYPE: tl.constexpr = k_cache_ptr.dtype.element_ty
-    offs_n, col_head = _columns(TILE_N, KV_PACK)
+    offs_n = tl.arange(0, TILE_N)
     offs_d = tl.arange(0, HEAD_DIM)
     offs_h = tl.arange(0, HALF_PAD)
-    key_pos = tile * TILE_N + offs_n  # [KV_PACK * TILE_N] logical key positions
-    key_ok = tl.full([KV_PACK * TILE_N], 1, tl.int1) if IS_WHOLE else key_pos < key_end
+    key_pos = tile * TILE_N + offs_n  # [TILE_N] logical key positions
+    key_ok = tl.full([TILE_N], 1, tl.int1) if IS_WHOLE else key_pos < key_end
     # -- address keys through their blocks: the block's offset in int32 where every offset fits (INT32_OFFSETS),
     #    else in int64 (num_blocks * B * heads * d may exceed 2^31); the key's offset within its block in int32 --
     # NOTE: 64-bit offsets cost the decode's key loop 38 of its 307 SASS instructions an iteration, the short read's
@@ -197,9 +184,8 @@ def _load_keys(
     slots = offs_n % BLOCK_SIZE if TILE_N % BLOCK_SIZE == 0 else key_pos % BLOCK_SIZE
     if not INT32_OFFSETS:
         k_blocks, v_blocks, key_pos = k_blocks.to(tl.int64), v_blocks.to(tl.int64), key_pos.to(tl.int64)
-    heads = kv_head + col_head if KV_PACK > 1 else kv_head
-    k_base = k_blocks * stride_k_blk + (slots * stride_k_slot + heads * stride_k_head)  # [KV_PACK * TILE_N]
-    v_base = v_blocks * stride_v_blk + (slots * stride_v_slot + heads * stride_v_head)  # [KV_PACK * TILE_N]
+    k_base = k_blocks * stride_k_blk + (slots * stride_k_slot + kv_head * stride_k_head)  # [TILE_N]
+    v_base = v_blocks * stride_v_blk + (slots * stride_v_slot + kv_head * stride_v_head)  # [TILE_N]
     if ROTARY_DIM > 0:
         HALF: tl.constexpr = ROTARY_DIM // 2
         half_ok = key_ok[None, :] & (offs_h[:, None] < HALF)  # [HALF_PAD, TILE_N]
@@ -239,17 +225,15 @@ def _scores(
     k_pass,
     row_pos,  # [BLOCK_M] query positions
     row_vis,  # [BLOCK_M] visible_start
-    row_kv,  # [BLOCK_M] which of the tile's KV_PACK kv heads each row's query head reads
     tile,
     HEAD_DIM: tl.constexpr,
     ROTARY_DIM: tl.constexpr,
     TILE_N: tl.constexpr,
     APPLY_MASK: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
-    KV_PACK: tl.constexpr,
 ):
     """Unscaled (and masked) scores of the query tile against key tile `tile`, keys rotated at their positions
-    (_online_softmax scales them); with KV_PACK > 1 a row sees only its own kv head's columns."""
+    (_online_softmax scales them)."""
     # -- compute qk --
     if ROTARY_DIM > 0:
         k1_rot = (k1 * cos - k2 * sin).to(q_lo.dtype)
@@ -260,15 +244,10 @@ def _scores(
             qk = tl.dot(q_pass, k_pass, qk, input_precision=DOT_PRECISION)
     else:
         qk = tl.dot(q_lo, k1, input_precision=DOT_PRECISION)  # [BLOCK_M, TILE_N]
-    offs_n, col_head = _columns(TILE_N, KV_PACK)
     if APPLY_MASK:
-        key_pos = tile * TILE_N + offs_n
+        key_pos = tile * TILE_N + tl.arange(0, TILE_N)
         visible = (key_pos[None, :] >= row_vis[:, None]) & (key_pos[None, :] <= row_pos[:, None])
-        if KV_PACK > 1:
-            visible = visible & (col_head[None, :] == row_kv[:, None])
         qk = tl.where(visible, qk, float("-inf"))
-    elif KV_PACK > 1:
-        qk = tl.where(col_head[None, :] == row_kv[:, None], qk, float("-inf"))
     return qk
 
 
@@ -295,7 +274,6 @@ def _attend_key_tiles(
     q_pass,  # [BLOCK_M, HEAD_DIM] dims >= ROTARY_DIM (only when ROTARY_DIM < HEAD_DIM)
     row_pos,  # [BLOCK_M] query positions
     row_vis,  # [BLOCK_M] visible_start
-    row_kv,  # [BLOCK_M] which of the tile's KV_PACK kv heads each row reads
     tile_begin,
     tile_end,
     key_end,  # keys j >= key_end are never read
@@ -322,7 +300,6 @@ def _attend_key_tiles(
     DOT_PRECISION: tl.constexpr,
     TABLE_AHEAD: tl.constexpr,
     INT32_OFFSETS: tl.constexpr,
-    KV_PACK: tl.constexpr,
 ):
     """Key tiles [tile_begin, tile_end) into the running (acc, m, l).
 
@@ -332,23 +309,23 @@ def _attend_key_tiles(
     every iteration waits for all of them at its top (`async_wait {num = 0}` at any num_stages; with contiguous keys,
     2-10): no memory overlaps the math (bench/ptxas_stats.py's compile, its ttgir)."""
     if TABLE_AHEAD:
-        k_ids = _block_ids(k_table_ptr, tile_begin, key_end, BLOCK_SIZE, TILE_N, KV_PACK)
-        v_ids = _block_ids(v_table_ptr, tile_begin, key_end, BLOCK_SIZE, TILE_N, KV_PACK)
+        k_ids = _block_ids(k_table_ptr, tile_begin, key_end, BLOCK_SIZE, TILE_N)
+        v_ids = _block_ids(v_table_ptr, tile_begin, key_end, BLOCK_SIZE, TILE_N)
     for tile in range(tile_begin, tile_end):
         if TABLE_AHEAD:  # this tile's blocks were read an iteration ago; read the next tile's now
             k_blocks, v_blocks = k_ids, v_ids
-            k_ids = _block_ids(k_table_ptr, tile + 1, key_end, BLOCK_SIZE, TILE_N, KV_PACK)
-            v_ids = _block_ids(v_table_ptr, tile + 1, key_end, BLOCK_SIZE, TILE_N, KV_PACK)
+            k_ids = _block_ids(k_table_ptr, tile + 1, key_end, BLOCK_SIZE, TILE_N)
+            v_ids = _block_ids(v_table_ptr, tile + 1, key_end, BLOCK_SIZE, TILE_N)
         else:
-            k_blocks = _block_ids(k_table_ptr, tile, key_end, BLOCK_SIZE, TILE_N, KV_PACK)
-            v_blocks = _block_ids(v_table_ptr, tile, key_end, BLOCK_SIZE, TILE_N, KV_PACK)
+            k_blocks = _block_ids(k_table_ptr, tile, key_end, BLOCK_SIZE, TILE_N)
+            v_blocks = _block_ids(v_table_ptr, tile, key_end, BLOCK_SIZE, TILE_N)
         k1, k2, cos, sin, k_pass, v_base, key_ok = _load_keys(
             tile, key_end, k_blocks, v_blocks, k_cache_ptr, cos_sin_ptr, kv_head, stride_k_blk, stride_k_slot,
             stride_k_head, stride_v_blk, stride_v_slot, stride_v_head, stride_cs_pos, BLOCK_SIZE, HEAD_DIM,
-            ROTARY_DIM, HALF_PAD, TILE_N, not APPLY_MASK, INT32_OFFSETS, KV_PACK,
+            ROTARY_DIM, HALF_PAD, TILE_N, not APPLY_MASK, INT32_OFFSETS,
         )  # fmt: skip
-        qk = _scores(q_lo, q_hi, q_pass, k1, k2, cos, sin, k_pass, row_pos, row_vis, row_kv, tile, HEAD_DIM,
-                     ROTARY_DIM, TILE_N, APPLY_MASK, DOT_PRECISION, KV_PACK)  # fmt: skip
+        qk = _scores(q_lo, q_hi, q_pass, k1, k2, cos, sin, k_pass, row_pos, row_vis, tile, HEAD_DIM, ROTARY_DIM,
+                     TILE_N, APPLY_MASK, DOT_PRECISION)  # fmt: skip
         p, alpha, m_i, l_i = _online_softmax(qk, m_i, l_i, qk_scale)
         # -- compute pv --
         v = _load_values(v_cache_ptr, v_base, key_ok, HEAD_DIM)
@@ -418,7 +395,6 @@ def _rope_paged_attention_kernel(
     ONE_TOKEN_SEQS: tl.constexpr = False,  # every sequence has one query token (a decode): tile i is sequence i
     INT32_OFFSETS: tl.constexpr = False,  # key, value and cos/sin offsets in int32 (`offsets_fit_int32`)
     PDL: tl.constexpr = False,  # launched as a programmatic dependent (`use_pdl`): wait for the kernel before it
-    KV_PACK: tl.constexpr = 1,  # kv heads a program reads (`_columns`): rows are BLOCK_Q tokens x KV_PACK x GROUP
 ):
     if PDL:
         tl.extra.cuda.gdc_wait()  # NOTE: before any load: every input may come from the kernel before
@@ -428,24 +404,22 @@ def _rope_paged_attention_kernel(
         # dispatched the 17-token short read between its padding and empty tiles, 67 us against 52 us without
         # them (bench/results/engine_read_35e9033_h200.json).
         tile_id = tl.program_id(2)
-        kv_head = tl.program_id(0) * KV_PACK
+        kv_head = tl.program_id(0)
         split = tl.program_id(1)
     else:
         # NOTE: tiles are taken in reverse so the last tiles of a causal prefill (the most keys) start first.
         tile_id = tl.num_programs(0) - 1 - tl.program_id(0)
-        kv_head = tl.program_id(1) * KV_PACK
+        kv_head = tl.program_id(1)
         split = tl.program_id(2)
     seq, first_token, q_end = _tile_tokens(cu_seqlens_q_ptr, tile_id, num_seqs, BLOCK_Q, ONE_TOKEN_SEQS)
     if first_token >= q_end:
         return
 
-    # -- rows: (token, head) pairs of this tile: a token's KV_PACK x GROUP query heads are consecutive --
-    ROWS_PER_TOKEN: tl.constexpr = KV_PACK * GROUP
+    # -- rows: (token, head) pairs of this tile --
     offs_m = tl.arange(0, BLOCK_M)
-    tokens = first_token + offs_m // ROWS_PER_TOKEN  # [BLOCK_M]
-    heads = kv_head * GROUP + offs_m % ROWS_PER_TOKEN  # [BLOCK_M]
-    row_kv = (offs_m % ROWS_PER_TOKEN) // GROUP  # [BLOCK_M] the kv head (of the KV_PACK) a row reads
-    row_ok = (offs_m < BLOCK_Q * ROWS_PER_TOKEN) & (tokens < q_end)
+    tokens = first_token + offs_m // GROUP  # [BLOCK_M]
+    heads = kv_head * GROUP + offs_m % GROUP  # [BLOCK_M]
+    row_ok = (offs_m < BLOCK_Q * GROUP) & (tokens < q_end)
     row_pos = tl.load(q_positions_ptr + tokens, mask=row_ok, other=0).to(tl.int32)
     row_vis = tl.load(visible_start_ptr + tokens, mask=row_ok, other=0).to(tl.int32)
     big = 2147483647
@@ -496,11 +470,11 @@ def _rope_paged_attention_kernel(
     for part in tl.static_range(3):
         lo, hi = _part_range(part, tile_begin, body_begin, body_end, tile_end)
         acc, m_i, l_i = _attend_key_tiles(
-            acc, m_i, l_i, q_lo, q_hi, q_pass, row_pos, row_vis, row_kv, lo, hi, key_end,
+            acc, m_i, l_i, q_lo, q_hi, q_pass, row_pos, row_vis, lo, hi, key_end,
             k_cache_ptr, v_cache_ptr, k_table_ptr, v_table_ptr, cos_sin_ptr, kv_head, qk_scale,
             stride_k_blk, stride_k_slot, stride_k_head, stride_v_blk, stride_v_slot, stride_v_head,
             stride_cs_pos, BLOCK_SIZE, HEAD_DIM, ROTARY_DIM, HALF_PAD, TILE_N,
-            part != 1, DOT_PRECISION, TABLE_AHEAD, INT32_OFFSETS, KV_PACK,
+            part != 1, DOT_PRECISION, TABLE_AHEAD, INT32_OFFSETS,
         )  # fmt: skip
 
     # -- epilogue --
@@ -1042,7 +1016,7 @@ def compile_key(cfg: dict) -> tuple:
     return (cfg["BLOCK_M"], cfg["TILE_N"], cfg["num_warps"], cfg["num_stages"], merge, cfg["PRE_ROTATE"],
             cfg["DENSE"], cfg["WARP_SPECIALIZE"], cfg.get("MAX_REGS"), cfg.get("TABLE_AHEAD", False),
             cfg.get("Q_SPLIT", 1), cfg["DENSE"] and cfg.get("HEADS_FIRST", False),
-            not cfg["DENSE"] and cfg.get("ONE_TOKEN_SEQS", False), cfg.get("KV_PACK", 1))  # fmt: skip
+            not cfg["DENSE"] and cfg.get("ONE_TOKEN_SEQS", False))  # fmt: skip
 
 
 # Step shapes that `variant_shapes` tries: sequences, query tokens per sequence (around pick_config's thresholds of
@@ -1259,17 +1233,11 @@ def rope_paged_attention_triton(
     block_m, num_splits = cfg["BLOCK_M"], cfg["NUM_SPLITS"]
     if not 1 <= num_splits <= MAX_CONFIG_SPLITS:
         raise ValueError(f"config: NUM_SPLITS must lie in [1, {MAX_CONFIG_SPLITS}], got {num_splits}")
-    kv_pack = cfg.get("KV_PACK", 1)
-    if kv_pack < 1 or num_kv_heads % kv_pack:
-        raise ValueError(f"config: KV_PACK must divide the {num_kv_heads} kv heads, got {kv_pack}")
-    rows_per_token = group * kv_pack  # NOTE: a token's query heads of the program's KV_PACK kv heads
-    block_q = max(block_m // rows_per_token, 1)
-    if block_q * rows_per_token > block_m:
-        block_m = _next_pow2(rows_per_token)
+    block_q = max(block_m // group, 1)
+    if block_q * group > block_m:
+        block_m = _next_pow2(group)
     out = torch.empty_like(q) if out is None else out
     if cfg.get("DENSE", False) and q.dtype in DENSE_DTYPES and scale > 0:
-        if kv_pack != 1:
-            raise ValueError(f"config: KV_PACK is the paged kernel's (DENSE: one kv head a program), got {kv_pack}")
         _launch_dense(q, k_cache, v_cache, block_tables, cu_seqlens_q, q_positions, kv_lens, visible_start, cos_sin,
                       scale, cfg, out)  # fmt: skip
         return out
@@ -1297,8 +1265,7 @@ def rope_paged_attention_triton(
     pdl = use_pdl(q)
     num_tiles = num_seqs if one_token else num_tokens // block_q + num_seqs
     tiles_last = cfg.get("TILES_LAST", num_splits > 1) and num_tiles <= MAX_GRID_Z  # split launches: tiles last
-    head_programs = num_kv_heads // kv_pack
-    grid = (head_programs, num_splits, num_tiles) if tiles_last else (num_tiles, head_programs, num_splits)
+    grid = (num_kv_heads, num_splits, num_tiles) if tiles_last else (num_tiles, num_kv_heads, num_splits)
     _rope_paged_attention_kernel[grid](
         out, q, k_cache, v_cache, k_tables, block_tables, cu_seqlens_q, q_positions, visible_start,
         q if cos_sin is None else cos_sin, partial_out, partial_m, partial_l,
@@ -1311,7 +1278,7 @@ def rope_paged_attention_triton(
         HALF_PAD=max(_next_pow2(rotary_dim // 2), 16), BLOCK_M=block_m, BLOCK_Q=block_q,
         TILE_N=cfg["TILE_N"], SPLIT_KV=num_splits > 1, TILES_LAST=tiles_last,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", TABLE_AHEAD=cfg.get("TABLE_AHEAD", False),
-        ONE_TOKEN_SEQS=one_token, INT32_OFFSETS=int32_offsets, PDL=pdl, KV_PACK=kv_pack,
+        ONE_TOKEN_SEQS=one_token, INT32_OFFSETS=int32_offsets, PDL=pdl,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], maxnreg=cfg.get("MAX_REGS"),
         **({"launch_pdl": True} if pdl else {}),
     )  # fmt: skip

@@ -110,13 +110,6 @@ TRITON_CASES = [
     # tiles smaller than a block (16 keys in blocks of 32): a key's slot is not the same in every tile
     ("short_over_long", "gqa4", 64, None, 32, torch.bfloat16, True, {}, {**SHORT, **TABLE_AHEAD, "NUM_SPLITS": 4}),
     ("decode_only", "gqa4", 64, None, 32, torch.float32, True, {}, {**TABLE_AHEAD, "NUM_SPLITS": 2}),
-    # several kv heads a program (KV_PACK): a tile's columns hold each head's keys, a row sees its own head's only
-    ("decode_only", "gqa4", 64, None, 16, torch.float32, True, {}, {**TABLE_AHEAD, "KV_PACK": 2, "NUM_SPLITS": 4}),
-    ("decode_only", "gqa4", 128, 64, 32, torch.bfloat16, True, {}, {"KV_PACK": 2, "NUM_SPLITS": 2, "TILE_N": 32}),
-    ("ssep_segments", "mha4", 64, None, 16, torch.float32, True, {}, {"KV_PACK": 4, "PRE_ROTATE": False}),
-    ("mixed", "gqa4", 64, 32, 16, torch.float16, True, {"share_span": True}, {**TABLE_AHEAD, "KV_PACK": 2}),
-    ("mixed", "gqa4", 64, None, 16, torch.float32, False, {}, {"KV_PACK": 2, "NUM_SPLITS": 2}),
-    ("chunk_after_cache", "mha4", 64, None, 16, torch.bfloat16, True, {}, {**SHORT, "KV_PACK": 2, "NUM_SPLITS": 4}),
     # the dense kernel (gathered K and V, tensor-descriptor loads; the default for 16-bit prefill on Hopper)
     ("mixed", "gqa4", 128, None, 16, torch.bfloat16, True, {"repeat_block": True}, {"DENSE": True}),
     ("mixed", "gqa3", 64, 32, 32, torch.float16, True, {"share_span": True}, {"DENSE": True, "TILE_N": 32}),
