@@ -107,7 +107,10 @@ def grid(**axes) -> list[dict]:
 # best 0.0543 against 0.0530; the block ids read a tile ahead (TABLE_AHEAD, read_profile_3ce5ff5_h200_ahead.*,
 # read_profile_f557ac8_h200_ahead2.*): 0.0430 with 64-key tiles, 8 warps, 3 stages, 16 splits, kept
 # lazy rescaling (RESCALE_SLACK at 19d9e6f, read_profile_19d9e6f_lazy.json): short read 0.0439 ms against 0.0399,
-# decode 1 x 8k 17.5 against 18.1 us; removed (ops/README.md)
+# decode 1 x 8k 17.5 against 18.1 us; removed (ops/README.md); several kv heads a program (KV_PACK at f4d261f: a
+# tile's columns hold 2 or 4 heads' keys under one cos/sin load, 24.5 / 16.8 SASS instructions a kv head's key
+# against 31.8 by ptxas; read_profile_f4d261f_pack.json, H100): no decode case faster, 1 x 8k 15.68 us at best against
+# 15.15 (SDPA 12.84), cold 20.70 against 20.83, 64 x 8k 0.7213 ms against 0.7221; removed
 def sweep_for(name: str) -> list[dict]:
     if MODE == "regs":  # registers capped (ptxas .maxnreg) so that 2 programs of 8 warps share an SM
         return {
@@ -213,6 +216,11 @@ def sweep_for(name: str) -> list[dict]:
             "short16k_cold": grid(TILE_N=(32,), num_warps=(4, 8), num_stages=(2, 3), NUM_SPLITS=(32, 64)),
             "b1x8k": grid(TILE_N=(64, 128), num_warps=(4, 8), num_stages=(3, 4), NUM_SPLITS=(32,)),
         }.get(name, [])
+    if MODE == "merge":  # the split merge's dims cut over programs (MERGE_D_CHUNK; 0: one program a (token, head))
+        # and its warps: a batch-1 decode merges 64 splits in 32 programs of 4 warps (2.13 us of 15.25 on the H100)
+        if name.startswith(("b1x", "short16k")):
+            return grid(MERGE_D_CHUNK=(0, 64, 32, 16), MERGE_WARPS=(1, 2, 4))
+        return []
     if MODE != "1":  # NOTE: every named sweep returned above: a name that reaches here is a typo, not the default
         raise ValueError(f"READ_SWEEP={MODE}: no such sweep (0, 1 or a name in sweep_for)")
     if name == "short16k_cold":

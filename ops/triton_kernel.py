@@ -781,6 +781,7 @@ def _reduce_splits_kernel(
     HEAD_DIM: tl.constexpr,
     MAX_SPLITS: tl.constexpr,  # >= num_splits, a power of two
     PDL: tl.constexpr = False,  # as `_rope_paged_attention_kernel`'s
+    D_CHUNK: tl.constexpr = 0,  # dims a program merges (grid axis 2: HEAD_DIM // D_CHUNK programs); 0: all of them
 ):
     if PDL:
         tl.extra.cuda.gdc_wait()
@@ -788,7 +789,7 @@ def _reduce_splits_kernel(
     head = tl.program_id(1)
     row = (token.to(tl.int64) * num_heads + head) * num_splits
     offs_s = tl.arange(0, MAX_SPLITS)
-    offs_d = tl.arange(0, HEAD_DIM)
+    offs_d = tl.arange(0, HEAD_DIM) if D_CHUNK == 0 else tl.program_id(2) * D_CHUNK + tl.arange(0, D_CHUNK)
     split_ok = offs_s < num_splits
     m_part = tl.load(partial_m_ptr + row + offs_s, mask=split_ok, other=float("-inf"))  # [MAX_SPLITS]
     l_part = tl.load(partial_l_ptr + row + offs_s, mask=split_ok, other=0.0)  # [MAX_SPLITS]
@@ -1283,7 +1284,7 @@ def rope_paged_attention_triton(
         **({"launch_pdl": True} if pdl else {}),
     )  # fmt: skip
     if num_splits > 1:
-        merge_splits(out, partial_out, partial_m, partial_l)
+        merge_splits(out, partial_out, partial_m, partial_l, cfg.get("MERGE_WARPS"), cfg.get("MERGE_D_CHUNK"))
     return out
 
 
@@ -1306,16 +1307,22 @@ def _merge_width(num_splits: int) -> int:
     return max(MAX_SPLITS, _next_pow2(num_splits))
 
 
-def merge_splits(out, partial_out, partial_m, partial_l, num_warps: int | None = None) -> None:
+def merge_splits(
+    out, partial_out, partial_m, partial_l, num_warps: int | None = None, d_chunk: int | None = None
+) -> None:
     """`_reduce_splits_kernel` over partials [num_tokens, num_heads, num_splits, HEAD_DIM] (and their maxima and
-    sums) into out [num_tokens, num_heads, HEAD_DIM]; `num_warps` None: MERGE_WARPS (benchmarks sweep it)."""
+    sums) into out [num_tokens, num_heads, HEAD_DIM]; `num_warps` None: MERGE_WARPS; `d_chunk` (dims a program
+    merges) None or 0: all (benchmarks sweep both)."""
     num_tokens, num_heads, num_splits, head_dim = partial_out.shape
     max_splits = _merge_width(num_splits)
     if num_warps is None:
         num_warps = MERGE_WARPS if max_splits <= MAX_SPLITS else 4
+    d_chunk = d_chunk or 0
+    if d_chunk and (head_dim % d_chunk or d_chunk & (d_chunk - 1)):
+        raise ValueError(f"merge: d_chunk must be a power of two dividing head_dim {head_dim}, got {d_chunk}")
     pdl = use_pdl(out)
-    _reduce_splits_kernel[(num_tokens, num_heads)](
+    _reduce_splits_kernel[(num_tokens, num_heads, head_dim // d_chunk if d_chunk else 1)](
         out, partial_out, partial_m, partial_l, num_heads, num_splits, out.stride(0), out.stride(1),
-        HEAD_DIM=head_dim, MAX_SPLITS=max_splits, PDL=pdl, num_warps=num_warps,
+        HEAD_DIM=head_dim, MAX_SPLITS=max_splits, PDL=pdl, D_CHUNK=d_chunk, num_warps=num_warps,
         **({"launch_pdl": True} if pdl else {}),
     )  # fmt: skip

@@ -70,6 +70,7 @@ def check_against_ref(problem: Problem, impl: str, what: str, **kwargs) -> None:
 SHORT = {"PRE_ROTATE": False, "BLOCK_M": 128, "TABLE_AHEAD": True}  # pick_config's short read on CUDA (head_dim 128)
 TABLE_AHEAD = {"TABLE_AHEAD": True, "num_stages": 3, "TILE_N": 16}
 DENSE_HALVES = {"DENSE": True, "Q_SPLIT": 2, "TILE_N": 16}
+MERGE_CUT = {"NUM_SPLITS": 8, "MERGE_D_CHUNK": 32, "MERGE_WARPS": 2}  # the merge's dims over programs, 2 warps each
 TRITON_CASES = [
     # scenario, heads, head_dim, rotary_dim, block_size, dtype, position_free, extra, config
     ("prefill_T63", "gqa4", 64, None, 16, torch.float32, True, {}, None),
@@ -93,6 +94,9 @@ TRITON_CASES = [
     # kernel, split-KV (ssep: a split can hold no key a row may see)
     ("chunk_after_cache", "gqa4", 64, None, 16, torch.bfloat16, True, {}, {**SHORT, "NUM_SPLITS": 4}),
     ("ssep_segments", "mha4", 64, 32, 16, torch.float32, True, {}, {**SHORT, "NUM_SPLITS": 8, "TILE_N": 16}),
+    # the merge's dims cut over programs (MERGE_D_CHUNK), with one or two warps each
+    ("decode_only", "gqa4", 64, None, 16, torch.float32, True, {}, {"NUM_SPLITS": 4, "MERGE_D_CHUNK": 16}),
+    ("chunk_after_cache", "gqa4", 64, None, 16, torch.bfloat16, True, {}, {**SHORT, **MERGE_CUT}),
     # more splits than pick_config takes (a sweep's): the reduce kernel widens past 32 to merge them all
     ("short_over_long", "gqa4", 64, None, 16, torch.float32, True, {}, {**SHORT, "NUM_SPLITS": 48, "TILE_N": 16}),
     # the grid's axis order against the launcher's choice (tiles last exactly when the key range is split)
@@ -676,6 +680,20 @@ def test_triton_merge_never_reads_the_output_of_a_split_with_no_keys(monkeypatch
         actual = triton_kernel.rope_paged_attention_triton(*problem.args(), config={"NUM_SPLITS": 64, "TILE_N": 16})
     expected = rope_paged_attention_ref(*problem.args())
     assert_close(actual, expected, atol=1e-4, rtol=1e-4, what="64 splits over short key ranges")
+
+
+def test_triton_merge_cut_over_dims_writes_every_dim_and_refuses_a_chunk_that_does_not_tile_them():
+    """MERGE_D_CHUNK: each program merges one chunk of a (token, head)'s dims; together they write all of them (the
+    output starts NaN), matching the reference; a chunk that is not a power of two dividing head_dim is refused."""
+    problem = make_problem(SCENARIOS["decode_only"], 8, 2, 64, 16, seed=7)
+    expected = rope_paged_attention_ref(*problem.args())
+    for chunk in (32, 16):
+        config = {"NUM_SPLITS": 8, "TILE_N": 16, "MERGE_D_CHUNK": chunk}
+        actual = run_impl(problem, "triton", config=config)  # NOTE: into a NaN-filled output
+        assert_close(actual, expected, atol=1e-4, rtol=1e-4, what=f"merge in chunks of {chunk} dims")
+    for bad in (48, 24):
+        with pytest.raises(ValueError, match="d_chunk must be a power of two dividing head_dim 64"):
+            run_impl(problem, "triton", config={"NUM_SPLITS": 8, "TILE_N": 16, "MERGE_D_CHUNK": bad})
 
 
 # (num_heads, num_kv_heads, head_dim, rotary, elem_size, table_elem_size): Llama-3-8B in bf16 as the engine runs it,
