@@ -93,8 +93,13 @@ DECODE_MAX_REGS = 128  # registers a thread of an unsplit decode (4 programs of 
 # NOTE: one warp a (token, head) of the merge holds every split of its 128 dims, so the sum over splits stays in its
 # registers (four warps shared it through shared memory). H200 (bench/gpu_small_kernels.py, next58 at 73a5cae): the
 # short read's 16 splits in the (2, 32) bucket 2.87 us against 5.14, a batch-1 decode's 32 splits 1.76 against 2.43,
-# 32 decodes' 2 splits 2.02 against 4.87. Sweeps past MAX_SPLITS keep four warps (a warp would hold 128 splits).
+# 32 decodes' 2 splits 2.02 against 4.87.
 MERGE_WARPS = 1
+# NOTE: past MAX_SPLITS (a batch-1 decode over 8k-wide tables: 64 splits) a warp holding every split of 128 dims would
+# need 256 registers a thread; the merge then cuts each (token, head)'s dims into chunks of this many, one warp a chunk
+# (4x the programs, each loading a quarter), where it took four warps a (token, head) before: measured on an H100 in
+# bench/results/read_profile_4d17421_merge.json (ops/README.md has the figures)
+LONG_MERGE_D_CHUNK = 32
 
 
 @triton.jit
@@ -1307,17 +1312,26 @@ def _merge_width(num_splits: int) -> int:
     return max(MAX_SPLITS, _next_pow2(num_splits))
 
 
+def merge_config(num_splits: int, head_dim: int) -> tuple[int, int]:
+    """(warps a program, dims a program merges; 0: all) of the merge of `num_splits` splits of `head_dim` dims: one
+    warp a (token, head) up to MAX_SPLITS splits; past it one warp a LONG_MERGE_D_CHUNK-dim chunk (four warps where
+    head_dim is no wider than a chunk)."""
+    if _merge_width(num_splits) <= MAX_SPLITS:
+        return MERGE_WARPS, 0
+    return (MERGE_WARPS, LONG_MERGE_D_CHUNK) if head_dim > LONG_MERGE_D_CHUNK else (4, 0)
+
+
 def merge_splits(
     out, partial_out, partial_m, partial_l, num_warps: int | None = None, d_chunk: int | None = None
 ) -> None:
     """`_reduce_splits_kernel` over partials [num_tokens, num_heads, num_splits, HEAD_DIM] (and their maxima and
-    sums) into out [num_tokens, num_heads, HEAD_DIM]; `num_warps` None: MERGE_WARPS; `d_chunk` (dims a program
-    merges) None or 0: all (benchmarks sweep both)."""
+    sums) into out [num_tokens, num_heads, HEAD_DIM]; `num_warps` and `d_chunk` (dims a program merges, 0: all)
+    None: `merge_config`'s (benchmarks sweep both)."""
     num_tokens, num_heads, num_splits, head_dim = partial_out.shape
     max_splits = _merge_width(num_splits)
-    if num_warps is None:
-        num_warps = MERGE_WARPS if max_splits <= MAX_SPLITS else 4
-    d_chunk = d_chunk or 0
+    default_warps, default_chunk = merge_config(num_splits, head_dim)
+    num_warps = default_warps if num_warps is None else num_warps
+    d_chunk = default_chunk if d_chunk is None else d_chunk
     if d_chunk and (head_dim % d_chunk or d_chunk & (d_chunk - 1)):
         raise ValueError(f"merge: d_chunk must be a power of two dividing head_dim {head_dim}, got {d_chunk}")
     pdl = use_pdl(out)

@@ -682,6 +682,15 @@ def test_triton_merge_never_reads_the_output_of_a_split_with_no_keys(monkeypatch
     assert_close(actual, expected, atol=1e-4, rtol=1e-4, what="64 splits over short key ranges")
 
 
+def test_merge_config_cuts_dims_only_past_max_splits():
+    """One warp a (token, head) up to MAX_SPLITS splits; past it one warp a 32-dim chunk, four warps where head_dim
+    is no wider than a chunk."""
+    from ops.triton_kernel import merge_config
+
+    assert [merge_config(s, 128) for s in (2, 16, 32, 33, 64, 128)] == [(1, 0)] * 3 + [(1, 32)] * 3
+    assert (merge_config(64, 64), merge_config(64, 32), merge_config(64, 16)) == ((1, 32), (4, 0), (4, 0))
+
+
 def test_triton_merge_cut_over_dims_writes_every_dim_and_refuses_a_chunk_that_does_not_tile_them():
     """MERGE_D_CHUNK: each program merges one chunk of a (token, head)'s dims; together they write all of them (the
     output starts NaN), matching the reference; a chunk that is not a power of two dividing head_dim is refused."""
