@@ -82,7 +82,7 @@ for pdl in (False, True):
     merge = triton_kernel._reduce_splits_kernel
     names = merge.arg_names
     kinds = {"out_ptr": "*bf16", "partial_out_ptr": "*fp32", "partial_m_ptr": "*fp32", "partial_l_ptr": "*fp32"}
-    constexprs = {"HEAD_DIM": 128, "MAX_SPLITS": 64, "PDL": pdl}
+    constexprs = {"HEAD_DIM": 128, "MAX_SPLITS": 64, "PDL": pdl, "D_CHUNK": triton_kernel.LONG_MERGE_D_CHUNK}
     signature = {n: kinds.get(n, "constexpr" if n in constexprs else "i32") for n in names}
     source = ASTSource(fn=merge, signature=signature, constexprs={(names.index(n),): v for n, v in constexprs.items()})
     ptx[f"merge_{pdl}"] = triton.compile(source, target=HOPPER, options={"num_warps": 1}).asm["ptx"]
