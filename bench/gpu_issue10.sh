@@ -591,11 +591,13 @@ if want next90; then  # (next89 at f4d261f, H100: KV_PACK swept, no case faster;
     step read_merge 240 env READ_SWEEP=merge python3 bench/gpu_read_profile.py --out "$OUT" \
         --cases b1x8k,b1x8k_cold,b1x576w8k,short16k
 fi
-if want next91; then  # next90, then (an H200 came: issue 10's goal) the cached 8 x 2,048 TTFT once
-    step read_merge 240 env READ_SWEEP=merge python3 bench/gpu_read_profile.py --out "$OUT" \
+if want next91; then  # next90's merge sweep (its default now the 32-dim chunks: chunk 0 with 4 warps is the old one), then
+    # (on an H200: issue 10's goal was set there) the cached 8 x 2,048 TTFT once and the engine's decode in one process
+    step read_merge 150 env READ_SWEEP=merge python3 bench/gpu_read_profile.py --out "$OUT" \
         --cases b1x8k,b1x8k_cold,b1x576w8k,short16k
-    step ttft 240 python3 $TTFT_8X2048 --tag=-next91
+    step ttft 200 python3 $TTFT_8X2048 --tag=-next91
     cp bench/results/ttft_spans-*next91* "$OUT"/ 2>/dev/null
+    engine_decode decode_1 170 new "$OUT/gpu_decode_${GIT_SHA}_next91_1.json"
 fi
 if want next88; then  # (run at 654e84f on an H100, no H200 came: decode_1 and ttft ran past their limits compiling) next87
     # on a machine with no carried cache (a fresh checkout): the first decode process compiles
