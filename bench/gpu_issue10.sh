@@ -601,7 +601,7 @@ if want next91; then  # next90's merge sweep (its default now the 32-dim chunks:
 fi
 if want next92; then  # keys' cos / sin by angle addition (ANGLE_ADD, off by default) at the short read and the decodes,
     # warm and cold (the short read: keys as stored 30.9 us against 39.0 rotated in next91, H200)
-    step read_angle 170 env READ_SWEEP=angle python3 bench/gpu_read_profile.py --out "$OUT" \
+    step read_angle 240 env READ_SWEEP=angle python3 bench/gpu_read_profile.py --out "$OUT" \
         --cases short16k,short16k_cold,b1x8k,b1x8k_cold,b1x576w8k,b64x576w8k
 fi
 if want next88; then  # (run at 654e84f on an H100, no H200 came: decode_1 and ttft ran past their limits compiling) next87
