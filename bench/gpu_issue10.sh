@@ -4,7 +4,7 @@
 # bench/data (the RAG datasets, built here with `python bench/rag.py --build-only --samples 64`) carried.
 #
 #   GIT_SHA=$(git rev-parse --short HEAD) bash bench/gpu_issue10.sh [part]   part: all (default), a, b, ops, ttft, host, hostdiag, offload, tests, splits, grid, rag, ragphase,
-#   rag0, read, readprof (with ncu), engineread, tileslast, final2, rag09, check17, diag18, check18, final18, warps18, bs32, rag32, tests, regs19, diag19, final19, tile16, w16, ahead, ahead2, final20, rag20, ahead4, next21, check22, check22b, rag22, ttft22, ncu22, next23, final23, dyn24, prefill24, final24, gemm24, next25, gemv27, gemv28, gemv29, gemm30, next31, next32, next33, next33b, next33c, next33d, next33e, next34, rag34, next35, next35b, next35c, next36, next36a, next37, next37b, next38, next38b, next38c, next39, next39b, next39c, next39d, next39e, next40, next41, next41b, next41c, next41d, next41e, next41f, next42, next45, next46, next47, next48, next49, next50, next51, next52, next53, next54, next55, next56, next57, next58, next59, next60, next61, next62, next63, next64, next65, next66, next67, next68, next69, next70, next71, next72, next72b, next73, next74, next75, next76, next77, next78, next78b, next78c, next79, next80, next81, next81b, next81c, next82, next82b, next82c, next82d, next83, next83b, next84, next85, next85b, next86, next87, next87b, next88, next89, next90, next91, next92, engine21, engine, pending, final, ttft1, probe or hybrid, or several joined by commas
+#   rag0, read, readprof (with ncu), engineread, tileslast, final2, rag09, check17, diag18, check18, final18, warps18, bs32, rag32, tests, regs19, diag19, final19, tile16, w16, ahead, ahead2, final20, rag20, ahead4, next21, check22, check22b, rag22, ttft22, ncu22, next23, final23, dyn24, prefill24, final24, gemm24, next25, gemv27, gemv28, gemv29, gemm30, next31, next32, next33, next33b, next33c, next33d, next33e, next34, rag34, next35, next35b, next35c, next36, next36a, next37, next37b, next38, next38b, next38c, next39, next39b, next39c, next39d, next39e, next40, next41, next41b, next41c, next41d, next41e, next41f, next42, next45, next46, next47, next48, next49, next50, next51, next52, next53, next54, next55, next56, next57, next58, next59, next60, next61, next62, next63, next64, next65, next66, next67, next68, next69, next70, next71, next72, next72b, next73, next74, next75, next76, next77, next78, next78b, next78c, next79, next80, next81, next81b, next81c, next82, next82b, next82c, next82d, next83, next83b, next84, next85, next85b, next86, next87, next87b, next88, next89, next90, next91, engine21, engine, pending, final, ttft1, probe or hybrid, or several joined by commas
 set -u
 cd "$(dirname "$0")/.."
 export TRITON_INTERPRET=0 PYTHONUNBUFFERED=1 GIT_SHA=${GIT_SHA:-unknown}
@@ -598,11 +598,6 @@ if want next91; then  # next90's merge sweep (its default now the 32-dim chunks:
     step ttft 200 python3 $TTFT_8X2048 --tag=-next91
     cp bench/results/ttft_spans-*next91* "$OUT"/ 2>/dev/null
     engine_decode decode_1 170 new "$OUT/gpu_decode_${GIT_SHA}_next91_1.json"
-fi
-if want next92; then  # keys' cos / sin by angle addition (ANGLE_ADD, off by default) at the short read and the decodes,
-    # warm and cold (the short read: keys as stored 30.9 us against 39.0 rotated in next91, H200)
-    step read_angle 240 env READ_SWEEP=angle python3 bench/gpu_read_profile.py --out "$OUT" \
-        --cases short16k,short16k_cold,b1x8k,b1x8k_cold,b1x576w8k,b64x576w8k
 fi
 if want next88; then  # (run at 654e84f on an H100, no H200 came: decode_1 and ttft ran past their limits compiling) next87
     # on a machine with no carried cache (a fresh checkout): the first decode process compiles

@@ -216,15 +216,6 @@ def sweep_for(name: str) -> list[dict]:
             "short16k_cold": grid(TILE_N=(32,), num_warps=(4, 8), num_stages=(2, 3), NUM_SPLITS=(32, 64)),
             "b1x8k": grid(TILE_N=(64, 128), num_warps=(4, 8), num_stages=(3, 4), NUM_SPLITS=(32,)),
         }.get(name, [])
-    if MODE == "angle":  # keys' cos / sin by angle addition (ANGLE_ADD: one table row a tile and the offsets' rows
-        # loaded once, where a tile read TILE_N rows: a third of the short read's bytes a tile). ptxas sm_90a, Triton
-        # 3.9 (this machine): the short read 639 instructions a body iteration against 511, 240 registers against
-        # 217, 132 KB of shared memory against 164; a split decode 381 against 254, 160 registers against 125
-        if name.startswith("short16k"):
-            return grid(ANGLE_ADD=(False, True), num_stages=(3, 4))
-        if name.startswith(("b1x", "b64x")):
-            return grid(ANGLE_ADD=(False, True), MAX_REGS=(None, 128))
-        return []
     if MODE == "merge":  # the split merge's dims cut over programs (MERGE_D_CHUNK; 0: one program a (token, head))
         # and its warps: a batch-1 decode merges 64 splits in 32 programs of 4 warps (2.13 us of 15.25 on the H100)
         if name.startswith(("b1x", "short16k")):

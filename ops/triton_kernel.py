@@ -169,9 +169,6 @@ def _load_keys(
     TILE_N: tl.constexpr,
     IS_WHOLE: tl.constexpr,  # every key of the tile is < key_end (the loop's unmasked body): no bounds checks
     INT32_OFFSETS: tl.constexpr,  # every element of the caches and the cos/sin table lies < 2^31 from its base
-    offset_cos,  # [HALF_PAD, TILE_N] cos / sin of offsets 0 .. TILE_N - 1 (`_offset_angles`; ANGLE_ADD only)
-    offset_sin,
-    ANGLE_ADD: tl.constexpr,  # a key's cos / sin from its tile's first position's and its offset's (one table row)
 ):
     """Key tile `tile` as stored: (K^T's first rotary half, second half, cos, sin, K^T past rotary_dim, the values'
     row offsets, which keys exist); with ROTARY_DIM == 0, K^T whole in the first slot (the next four repeat it)."""
@@ -200,18 +197,9 @@ def _load_keys(
         k_ptrs = k_cache_ptr + k_base[None, :] + offs_h[:, None]  # K^T, first rotary half
         k1 = tl.load(k_ptrs, mask=half_ok, other=0.0).to(ROPE_DTYPE)  # [HALF_PAD, TILE_N]
         k2 = tl.load(k_ptrs + HALF, mask=half_ok, other=0.0).to(ROPE_DTYPE)  # [HALF_PAD, TILE_N]
-        if ANGLE_ADD:  # cos(p0 + j) = cos p0 cos j - sin p0 sin j, sin(p0 + j) = sin p0 cos j + cos p0 sin j
-            first = tile * TILE_N if INT32_OFFSETS else tile.to(tl.int64) * TILE_N
-            row = cos_sin_ptr + first * stride_cs_pos + offs_h  # [HALF_PAD] the tile's first position
-            cos0 = tl.load(row, mask=offs_h < HALF, other=0.0).to(tl.float32)[:, None]
-            sin0 = tl.load(row + HALF, mask=offs_h < HALF, other=0.0).to(tl.float32)[:, None]
-            cos_j, sin_j = offset_cos.to(tl.float32), offset_sin.to(tl.float32)
-            cos = (cos0 * cos_j - sin0 * sin_j).to(ROPE_DTYPE)  # [HALF_PAD, TILE_N]
-            sin = (sin0 * cos_j + cos0 * sin_j).to(ROPE_DTYPE)  # [HALF_PAD, TILE_N]
-        else:
-            cs_ptrs = cos_sin_ptr + key_pos[None, :] * stride_cs_pos + offs_h[:, None]
-            cos = tl.load(cs_ptrs, mask=half_ok, other=0.0).to(ROPE_DTYPE)  # [HALF_PAD, TILE_N]
-            sin = tl.load(cs_ptrs + HALF, mask=half_ok, other=0.0).to(ROPE_DTYPE)  # [HALF_PAD, TILE_N]
+        cs_ptrs = cos_sin_ptr + key_pos[None, :] * stride_cs_pos + offs_h[:, None]
+        cos = tl.load(cs_ptrs, mask=half_ok, other=0.0).to(ROPE_DTYPE)  # [HALF_PAD, TILE_N]
+        sin = tl.load(cs_ptrs + HALF, mask=half_ok, other=0.0).to(ROPE_DTYPE)  # [HALF_PAD, TILE_N]
         k_pass = k1
         if ROTARY_DIM < HEAD_DIM:  # dims past rotary_dim pass through unrotated
             pass_ok = key_ok[None, :] & (offs_d[:, None] >= ROTARY_DIM)
@@ -317,9 +305,6 @@ def _attend_key_tiles(
     DOT_PRECISION: tl.constexpr,
     TABLE_AHEAD: tl.constexpr,
     INT32_OFFSETS: tl.constexpr,
-    offset_cos,  # `_offset_angles` (ANGLE_ADD only)
-    offset_sin,
-    ANGLE_ADD: tl.constexpr,
 ):
     """Key tiles [tile_begin, tile_end) into the running (acc, m, l).
 
@@ -342,7 +327,7 @@ def _attend_key_tiles(
         k1, k2, cos, sin, k_pass, v_base, key_ok = _load_keys(
             tile, key_end, k_blocks, v_blocks, k_cache_ptr, cos_sin_ptr, kv_head, stride_k_blk, stride_k_slot,
             stride_k_head, stride_v_blk, stride_v_slot, stride_v_head, stride_cs_pos, BLOCK_SIZE, HEAD_DIM,
-            ROTARY_DIM, HALF_PAD, TILE_N, not APPLY_MASK, INT32_OFFSETS, offset_cos, offset_sin, ANGLE_ADD,
+            ROTARY_DIM, HALF_PAD, TILE_N, not APPLY_MASK, INT32_OFFSETS,
         )  # fmt: skip
         qk = _scores(q_lo, q_hi, q_pass, k1, k2, cos, sin, k_pass, row_pos, row_vis, tile, HEAD_DIM, ROTARY_DIM,
                      TILE_N, APPLY_MASK, DOT_PRECISION)  # fmt: skip
@@ -352,19 +337,6 @@ def _attend_key_tiles(
         acc = acc * alpha[:, None]
         acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)  # [BLOCK_M, HEAD_DIM]
     return acc, m_i, l_i
-
-
-@triton.jit
-def _offset_angles(cos_sin_ptr, key_end, stride_cs_pos, ROTARY_DIM: tl.constexpr, HALF_PAD: tl.constexpr,
-                   TILE_N: tl.constexpr):  # fmt: skip
-    """cos and sin of offsets 0 .. TILE_N - 1 ([HALF_PAD, TILE_N] each, the table's dtype): table rows that exist
-    (an offset past key_end is never a key's, and the table holds every position < key_end)."""
-    HALF: tl.constexpr = ROTARY_DIM // 2
-    offs_n = tl.arange(0, TILE_N)
-    offs_h = tl.arange(0, HALF_PAD)
-    ok = (offs_h[:, None] < HALF) & (offs_n[None, :] < key_end)
-    ptrs = cos_sin_ptr + offs_n[None, :] * stride_cs_pos + offs_h[:, None]
-    return tl.load(ptrs, mask=ok, other=0.0), tl.load(ptrs + HALF, mask=ok, other=0.0)
 
 
 @triton.jit
@@ -428,7 +400,6 @@ def _rope_paged_attention_kernel(
     ONE_TOKEN_SEQS: tl.constexpr = False,  # every sequence has one query token (a decode): tile i is sequence i
     INT32_OFFSETS: tl.constexpr = False,  # key, value and cos/sin offsets in int32 (`offsets_fit_int32`)
     PDL: tl.constexpr = False,  # launched as a programmatic dependent (`use_pdl`): wait for the kernel before it
-    ANGLE_ADD: tl.constexpr = False,  # keys' cos / sin by angle addition (`_load_keys`): one table row a tile
 ):
     if PDL:
         tl.extra.cuda.gdc_wait()  # NOTE: before any load: every input may come from the kernel before
@@ -501,10 +472,6 @@ def _rope_paged_attention_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     k_table_ptr = k_block_tables_ptr + seq.to(tl.int64) * stride_kbt_seq
     v_table_ptr = v_block_tables_ptr + seq.to(tl.int64) * stride_vbt_seq
-    if ANGLE_ADD and ROTARY_DIM > 0:
-        offset_cos, offset_sin = _offset_angles(cos_sin_ptr, key_end, stride_cs_pos, ROTARY_DIM, HALF_PAD, TILE_N)
-    else:
-        offset_cos, offset_sin = 0.0, 0.0
     for part in tl.static_range(3):
         lo, hi = _part_range(part, tile_begin, body_begin, body_end, tile_end)
         acc, m_i, l_i = _attend_key_tiles(
@@ -512,7 +479,7 @@ def _rope_paged_attention_kernel(
             k_cache_ptr, v_cache_ptr, k_table_ptr, v_table_ptr, cos_sin_ptr, kv_head, qk_scale,
             stride_k_blk, stride_k_slot, stride_k_head, stride_v_blk, stride_v_slot, stride_v_head,
             stride_cs_pos, BLOCK_SIZE, HEAD_DIM, ROTARY_DIM, HALF_PAD, TILE_N,
-            part != 1, DOT_PRECISION, TABLE_AHEAD, INT32_OFFSETS, offset_cos, offset_sin, ANGLE_ADD and ROTARY_DIM > 0,
+            part != 1, DOT_PRECISION, TABLE_AHEAD, INT32_OFFSETS,
         )  # fmt: skip
 
     # -- epilogue --
@@ -1055,7 +1022,7 @@ def compile_key(cfg: dict) -> tuple:
     return (cfg["BLOCK_M"], cfg["TILE_N"], cfg["num_warps"], cfg["num_stages"], merge, cfg["PRE_ROTATE"],
             cfg["DENSE"], cfg["WARP_SPECIALIZE"], cfg.get("MAX_REGS"), cfg.get("TABLE_AHEAD", False),
             cfg.get("Q_SPLIT", 1), cfg["DENSE"] and cfg.get("HEADS_FIRST", False),
-            not cfg["DENSE"] and cfg.get("ONE_TOKEN_SEQS", False), cfg.get("ANGLE_ADD", False))  # fmt: skip
+            not cfg["DENSE"] and cfg.get("ONE_TOKEN_SEQS", False))  # fmt: skip
 
 
 # Step shapes that `variant_shapes` tries: sequences, query tokens per sequence (around pick_config's thresholds of
@@ -1317,7 +1284,7 @@ def rope_paged_attention_triton(
         HALF_PAD=max(_next_pow2(rotary_dim // 2), 16), BLOCK_M=block_m, BLOCK_Q=block_q,
         TILE_N=cfg["TILE_N"], SPLIT_KV=num_splits > 1, TILES_LAST=tiles_last,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", TABLE_AHEAD=cfg.get("TABLE_AHEAD", False),
-        ONE_TOKEN_SEQS=one_token, INT32_OFFSETS=int32_offsets, PDL=pdl, ANGLE_ADD=cfg.get("ANGLE_ADD", False),
+        ONE_TOKEN_SEQS=one_token, INT32_OFFSETS=int32_offsets, PDL=pdl,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], maxnreg=cfg.get("MAX_REGS"),
         **({"launch_pdl": True} if pdl else {}),
     )  # fmt: skip

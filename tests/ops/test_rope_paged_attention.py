@@ -114,14 +114,6 @@ TRITON_CASES = [
     # tiles smaller than a block (16 keys in blocks of 32): a key's slot is not the same in every tile
     ("short_over_long", "gqa4", 64, None, 32, torch.bfloat16, True, {}, {**SHORT, **TABLE_AHEAD, "NUM_SPLITS": 4}),
     ("decode_only", "gqa4", 64, None, 32, torch.float32, True, {}, {**TABLE_AHEAD, "NUM_SPLITS": 2}),
-    # keys' cos / sin by angle addition from one table row a tile (ANGLE_ADD): decode (sequences shorter than a
-    # tile among them), the short read, masked segments, partial rotary, 16-bit tables, tiles smaller than a block
-    ("decode_only", "gqa4", 64, None, 16, torch.float32, True, {}, {**TABLE_AHEAD, "ANGLE_ADD": True, "NUM_SPLITS": 4}),
-    ("decode_only", "gqa4", 128, 64, 32, torch.bfloat16, True, {}, {"ANGLE_ADD": True, "NUM_SPLITS": 2, "TILE_N": 64}),
-    ("short_over_long", "gqa4", 64, None, 16, torch.bfloat16, True, {}, {**SHORT, **TABLE_AHEAD, "ANGLE_ADD": True}),
-    ("ssep_segments", "mha4", 64, 32, 16, torch.float32, True, {}, {**SHORT, "ANGLE_ADD": True, "NUM_SPLITS": 2}),
-    ("mixed", "gqa4", 64, 32, 16, torch.float16, True, {"share_span": True}, {**TABLE_AHEAD, "ANGLE_ADD": True}),
-    ("short_over_long", "gqa4", 64, None, 32, torch.float32, True, {}, {**SHORT, **TABLE_AHEAD, "ANGLE_ADD": True}),
     # the dense kernel (gathered K and V, tensor-descriptor loads; the default for 16-bit prefill on Hopper)
     ("mixed", "gqa4", 128, None, 16, torch.bfloat16, True, {"repeat_block": True}, {"DENSE": True}),
     ("mixed", "gqa3", 64, 32, 32, torch.float16, True, {"share_span": True}, {"DENSE": True, "TILE_N": 32}),
