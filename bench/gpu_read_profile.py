@@ -110,7 +110,10 @@ def grid(**axes) -> list[dict]:
 # decode 1 x 8k 17.5 against 18.1 us; removed (ops/README.md); several kv heads a program (KV_PACK at f4d261f: a
 # tile's columns hold 2 or 4 heads' keys under one cos/sin load, 24.5 / 16.8 SASS instructions a kv head's key
 # against 31.8 by ptxas; read_profile_f4d261f_pack.json, H100): no decode case faster, 1 x 8k 15.68 us at best against
-# 15.15 (SDPA 12.84), cold 20.70 against 20.83, 64 x 8k 0.7213 ms against 0.7221; removed
+# 15.15 (SDPA 12.84), cold 20.70 against 20.83, 64 x 8k 0.7213 ms against 0.7221; removed; keys' cos / sin by angle
+# addition (ANGLE_ADD at 8754d13: one table row a tile, the offsets' rows loaded once; read_profile_a2cdd71_angle.json,
+# H100): the short read 42.61 us against 42.35 (keys as stored 36.61), decode 1 x 8k 18.51 at best against 14.46
+# (ptxas: 160 registers against 125, 381 instructions a body iteration against 254); removed
 def sweep_for(name: str) -> list[dict]:
     if MODE == "regs":  # registers capped (ptxas .maxnreg) so that 2 programs of 8 warps share an SM
         return {
