@@ -12,6 +12,7 @@ logger = logging.getLogger(__name__)
 
 GIB = 1 << 30
 DEFAULT_BLOCK_SIZE = 16
+LLAMA_MAX_POSITION = 2048  # a config.json naming no max_position_embeddings: transformers' LlamaConfig default
 DEFAULT_MAX_NUM_SEQS = 64
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
 # Fraction of free device memory (after weights and a warm-up forward) given to the KV cache.
@@ -165,7 +166,7 @@ class ModelConfig:
         eos = cfg.get("eos_token_id")
         eos = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
         hidden, heads = cfg["hidden_size"], cfg["num_attention_heads"]
-        max_position = cfg.get("max_position_embeddings", 4096)
+        max_position = cfg.get("max_position_embeddings", LLAMA_MAX_POSITION)
         if cfg.get("sliding_window") and cfg.get("use_sliding_window", True):
             # NOTE: no sliding-window attention here; within the window full attention is the same thing.
             max_position = min(max_position, cfg["sliding_window"])
@@ -227,10 +228,10 @@ class CacheConfig:
     state_eviction: str = "lru"
 
     def __post_init__(self):
-        if self.block_size <= 0 or self.block_size & (self.block_size - 1):
+        if not _is_int(self.block_size) or self.block_size <= 0 or self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a positive power of two, got {self.block_size}")
-        if self.num_blocks is not None and self.num_blocks <= 0:
-            raise ValueError(f"num_blocks must be positive, got {self.num_blocks}")
+        if self.num_blocks is not None and (not _is_int(self.num_blocks) or self.num_blocks <= 0):
+            raise ValueError(f"num_blocks must be None or a positive integer, got {self.num_blocks!r}")
         if not 0.0 < self.memory_utilization <= 1.0:
             raise ValueError(f"memory_utilization must be in (0, 1], got {self.memory_utilization}")
         if not self.cpu_kv_cache_gib > 0:
@@ -367,11 +368,17 @@ class EngineConfig:
 
 
 ENGINE_OPTIONS = {"enforce_eager", "load_format"}  # the EngineConfig fields that are LLM(...) keywords
+LLM_KEYWORDS = {"model", "device", "dtype", "control_tokens"}  # LLM(...)'s own arguments
+
+
+def _is_int(value) -> bool:
+    """An integer count: an int that is not a bool (True would count as 1)."""
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _named_like(option: str) -> str:
     """`option` quoted, with the known option nearest to it (vLLM's gpu_memory_utilization is memory_utilization)."""
-    known = {f.name for c in (CacheConfig, SchedulerConfig) for f in fields(c)} | ENGINE_OPTIONS | {"dtype"}
+    known = {f.name for c in (CacheConfig, SchedulerConfig) for f in fields(c)} | ENGINE_OPTIONS | LLM_KEYWORDS
     near = difflib.get_close_matches(option, sorted(known), n=1)
     return f"{option!r} (did you mean {near[0]!r}?)" if near else repr(option)
 

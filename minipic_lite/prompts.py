@@ -32,6 +32,7 @@ from minipic_lite.spans import Segment, SegmentKind, SpanLayout, find_markers, s
 RECIPES = ("prefix", "block_attention", "epic", "prompt_cache")
 DOCUMENT_SEPARATOR = "\n\n"  # appended to every document's text before it is tokenized
 _USER_SLOT = "\x00minipic-user-content\x00"  # stands in for the user's text when the chat template is rendered
+TOKEN_CACHE_ENTRIES = 4096  # texts a composer keeps the tokens of (documents, questions, chat frames)
 
 
 @dataclass(frozen=True)
@@ -122,10 +123,15 @@ class PromptComposer:
         return cls(llm.tokenizer, llm.config.control, llm.config.cache.block_size, chat)
 
     def encode(self, text: str) -> tuple[int, ...]:
-        """The tokens of `text` alone (no special tokens added), memoized: a piece tokenizes the same everywhere."""
-        if text not in self._token_cache:
-            self._token_cache[text] = tuple(self.tokenizer.encode(text, add_special_tokens=False))
-        return self._token_cache[text]
+        """The tokens of `text` alone (no special tokens added), memoized: a piece tokenizes the same everywhere.
+        The memo keeps the TOKEN_CACHE_ENTRIES texts used last (a long-lived composer sees endless questions)."""
+        tokens = self._token_cache.pop(text, None)
+        if tokens is None:
+            tokens = tuple(self.tokenizer.encode(text, add_special_tokens=False))
+            if len(self._token_cache) >= TOKEN_CACHE_ENTRIES:
+                del self._token_cache[next(iter(self._token_cache))]  # NOTE: dicts keep insertion order: the oldest
+        self._token_cache[text] = tokens  # NOTE: re-inserted: the youngest
+        return tokens
 
     # -- pieces -> prompt --------------------------------------------------------------------------------
 
@@ -189,8 +195,13 @@ class PromptComposer:
         if system is not None:
             messages.insert(0, {"role": "system", "content": system})
         rendered = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        head, tail = rendered.split(_USER_SLOT)
-        return head, tail
+        parts = rendered.split(_USER_SLOT)
+        if len(parts) != 2:
+            raise ValueError(
+                f"the tokenizer's chat template rendered the user's text {len(parts) - 1} times, not once: compose "
+                "with chat=False (PromptComposer(..., chat=False)) and frame the turns yourself"
+            )
+        return parts[0], parts[1]
 
     def _document(self, text: str) -> tuple[int, ...]:
         return self.encode(text + DOCUMENT_SEPARATOR)

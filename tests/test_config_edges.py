@@ -2,7 +2,8 @@
 field out means (transformers' LlamaConfig defaults are the oracle: one kv head per head, rms_norm_eps 1e-6,
 untied embeddings), the rope fields of `rope_parameters`, a list of eos ids, a top-level eos beside a `text_config`,
 a sliding window wider than the context, Qwen3.5's default conv kernel, layer_types that name too few layers, a
-config.json that is not an object or names no model_type, and the inclusive ends of each option's range."""
+config.json that is not an object or names no model_type, the inclusive ends of each option's range and the first
+values past them, the defaults the README documents, and what the hash namespace and a cuda:N device mean."""
 
 import json
 from pathlib import Path
@@ -109,3 +110,107 @@ def test_an_unknown_option_names_a_known_one_that_is_only_near(tmp_path):
     model = ModelConfig.from_dir(tmp_path)
     with pytest.raises(TypeError, match=r"unknown option 'max_seqs' \(did you mean 'max_num_seqs'\?\)"):
         EngineConfig.from_options(tmp_path, model, "cpu", ControlTokens(), max_seqs=8)
+
+
+def test_the_defaults_the_readme_documents():
+    """README: block_size 16, memory_utilization 0.85, a 2,048-token step budget, a 2 GiB CPU cache cap, `inline`
+    spans, 8 decode steps a burst on CUDA (1 on the CPU), and the hybrid knobs dp / 4 / balanced / 0.5 GiB; caching
+    is position-free with prefix caching on."""
+    cache, sched = CacheConfig(), SchedulerConfig()
+    assert (cache.block_size, cache.memory_utilization, cache.cpu_kv_cache_gib) == (16, 0.85, 2.0)
+    assert cache.position_free and cache.enable_prefix_caching and not cache.rerotate_spans
+    assert (cache.checkpoint_policy, cache.checkpoints_per_entry, cache.checkpoint_prior, cache.state_cache_gib) == (
+        "dp", 4, "balanced", 0.5,
+    )  # fmt: skip
+    assert (sched.max_num_batched_tokens, sched.span_policy, sched.span_ahead_tokens) == (2048, "inline", None)
+    model = ModelConfig._from_json(LLAMA)
+    steps = [EngineConfig.from_options(Path("m"), model, d, ControlTokens()).scheduler.num_scheduler_steps
+             for d in ("cuda", "cpu")]  # fmt: skip
+    assert steps == [8, 1]
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: CacheConfig(block_size=0), "block_size must be a positive power of two, got 0"),
+        (lambda: CacheConfig(memory_utilization=1.5), r"memory_utilization must be in \(0, 1\], got 1.5"),
+        (lambda: CacheConfig(cpu_kv_cache_gib=0.0), "cpu_kv_cache_gib must be positive, got 0.0"),
+        (lambda: CacheConfig(checkpoints_per_entry=-1), "checkpoints_per_entry must be an integer >= 0, got -1"),
+        (lambda: CacheConfig(checkpoints_per_entry=True), "checkpoints_per_entry must be an integer >= 0, got True"),
+        (lambda: SchedulerConfig(span_ahead_tokens=-1), "span_ahead_tokens must be None or an integer >= 0, got -1"),
+    ],
+)
+def test_the_first_value_past_each_end_of_an_option_is_refused_naming_it(make, message):
+    """Just outside each range (0 blocks, more than all memory, no CPU cache, -1, a bool for a count) fails by name."""
+    with pytest.raises(ValueError, match=message):
+        make()
+
+
+def test_caches_of_other_models_or_of_rotated_keys_never_alias():
+    """The hash namespace names the model directory and whether keys are position-free."""
+    model = ModelConfig._from_json(LLAMA)
+    free = EngineConfig(Path("a"), model).hash_namespace
+    assert free != EngineConfig(Path("b"), model).hash_namespace
+    assert free != EngineConfig(Path("a"), model, CacheConfig(position_free=False)).hash_namespace
+
+
+def test_a_numbered_cuda_device_takes_the_cuda_defaults():
+    """device="cuda:1" is a CUDA device: bfloat16, bursts of 8 decode steps and async scheduling, as "cuda"."""
+    config = EngineConfig.from_options(Path("m"), ModelConfig._from_json(LLAMA), "cuda:1", ControlTokens())
+    assert (config.dtype, config.scheduler.num_scheduler_steps, config.scheduler.async_scheduling) == (
+        "bfloat16", 8, True,
+    )  # fmt: skip
+
+
+def test_a_misspelt_dtype_is_named_as_the_dtype_it_is_near():
+    with pytest.raises(TypeError, match=r"unknown option 'dtpye' \(did you mean 'dtype'\?\)"):
+        EngineConfig.from_options(Path("m"), ModelConfig._from_json(LLAMA), "cpu", ControlTokens(), dtpye="float32")
+
+
+def test_a_text_configs_own_eos_is_kept_where_the_top_level_names_none():
+    """Qwen3.5's layout may carry eos_token_id only inside text_config: it is read from there."""
+    nested = ModelConfig._from_json({"model_type": "llama", "text_config": {**LLAMA, "eos_token_id": 9}})
+    assert nested.eos_token_ids == (9,)
+
+
+def test_a_sliding_window_is_in_use_unless_the_config_says_otherwise():
+    """Mistral's config.json names sliding_window and no use_sliding_window: the window bounds the context."""
+    assert ModelConfig._from_json({**LLAMA, "sliding_window": 64}).max_position == 64
+
+
+def test_a_hybrid_config_needs_layer_types_and_only_linear_layers_make_a_model_hybrid():
+    linear = {"linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 8,
+              "linear_value_head_dim": 8}  # fmt: skip
+    with pytest.raises(ValueError, match="a qwen3_5_text config.json needs layer_types"):
+        ModelConfig._from_json({**LLAMA, **linear, "model_type": "qwen3_5_text"})
+    cfg = ModelConfig._from_json(LLAMA)
+    fields = {f: getattr(cfg, f) for f in cfg.__dataclass_fields__}
+    assert not ModelConfig(**{**fields, "layer_types": ("full_attention",) * 2}).is_hybrid
+    assert ModelConfig(**{**fields, "layer_types": ("linear_attention", "full_attention")}).is_hybrid
+
+
+def test_a_llama_config_naming_no_max_position_takes_transformers_default():
+    """LlamaConfig's max_position_embeddings defaults to 2048: a config.json that leaves it out gets the same."""
+    fields_out = {k: v for k, v in LLAMA.items() if k != "max_position_embeddings"}
+    assert ModelConfig._from_json(fields_out).max_position == 2048
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"block_size": 16.0}, "block_size must be a positive power of two, got 16.0"),
+        ({"block_size": True}, "block_size must be a positive power of two, got True"),
+        ({"num_blocks": 2.5}, "num_blocks must be None or a positive integer, got 2.5"),
+        ({"num_blocks": True}, "num_blocks must be None or a positive integer, got True"),
+    ],
+)
+def test_block_counts_that_are_not_integers_are_refused_by_name(options, message):
+    """A float or a bool is no block count: refused with the option's name, not a TypeError from inside."""
+    with pytest.raises(ValueError, match=message):
+        CacheConfig(**options)
+
+
+def test_a_misspelt_llm_keyword_is_named_as_the_keyword_it_is_near():
+    """LLM(...)'s own arguments are among the names a misspelt option is matched against."""
+    with pytest.raises(TypeError, match=r"unknown option 'control_token' \(did you mean 'control_tokens'\?\)"):
+        EngineConfig.from_options(Path("m"), ModelConfig._from_json(LLAMA), "cpu", ControlTokens(), control_token=1)

@@ -1,9 +1,13 @@
 """Edges of the prompt composer (prompts.py) on a character tokenizer: empty pieces, padding without a pad id,
-markers in the first piece, the chat frame's switches, and epic documents that fit in their link block."""
+markers in the first piece (and the first of two), the chat frame's switches, epic documents that fit in their link
+block, and the composer `for_llm` builds."""
+
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-from minipic_lite.config import ControlTokens
+from minipic_lite.config import CacheConfig, ControlTokens
 from minipic_lite.prompts import Piece, PromptComposer
 from minipic_lite.spans import SegmentKind
 
@@ -74,3 +78,73 @@ def test_an_epic_document_that_fits_its_link_block_has_no_ssep_rest():
     assert prompt.text == "|a\n\n" + "|q"
     assert prompt.labels == ("link 0", "question")
     assert [s.kind for s in prompt.segments] == [SegmentKind.PDEP, SegmentKind.PDEP]
+
+
+def test_a_piece_with_two_markers_is_refused_naming_the_first():
+    """The error points at the first marker in the content, where the user's text first went wrong."""
+    with pytest.raises(ValueError, match=r"piece 0 \(doc\) contains the PDEP control token at offset 1"):
+        composer().compose([Piece((50, P, 51, S), label="doc")])
+
+
+def test_without_a_chat_template_an_empty_system_text_adds_no_line():
+    """No template: a system text leads with its newline, but an empty one adds nothing (as None does)."""
+    assert composer(chat=False).chat_frame("") == ("", "") == composer(chat=False).chat_frame(None)
+    assert composer(chat=False).block_attention("", ["d"], "q").text == "|d\n\n" + "|q"
+
+
+def test_for_llm_takes_the_llms_tokenizer_markers_block_size_and_chat_switch():
+    """llm.composer composes for the engine's own block size and markers; no tokenizer is an error naming the model."""
+    tokenizer = CharTokenizer(chat_template="chatml")
+    config = SimpleNamespace(model_dir=Path("tiny-model"), control=CONTROL, cache=CacheConfig(block_size=8))
+    llm = SimpleNamespace(tokenizer=tokenizer, config=config)
+    plain = PromptComposer.for_llm(llm, chat=False)
+    assert (plain.tokenizer, plain.control, plain.block_size, plain.chat) == (tokenizer, CONTROL, 8, False)
+    assert PromptComposer.for_llm(llm).chat
+    with pytest.raises(ValueError, match="tiny-model has no tokenizer: compose pieces from token ids"):
+        PromptComposer.for_llm(SimpleNamespace(tokenizer=None, config=config))
+
+
+class _CountingTokenizer:
+    """One token a character; counts the texts it was asked to encode."""
+
+    chat_template = None
+
+    def __init__(self):
+        self.calls = 0
+
+    def encode(self, text, add_special_tokens=False):
+        self.calls += 1
+        return [ord(c) for c in text]
+
+
+def test_the_token_memo_keeps_the_texts_used_last_and_forgets_the_oldest(monkeypatch):
+    """A long-lived composer (the app's, an LLM's) sees endless questions: its memo holds TOKEN_CACHE_ENTRIES texts,
+    dropping the one used longest ago; a text used again is young again and still served from the memo."""
+    from minipic_lite import prompts
+
+    monkeypatch.setattr(prompts, "TOKEN_CACHE_ENTRIES", 3)
+    tokenizer = _CountingTokenizer()
+    composer = prompts.PromptComposer(tokenizer, ControlTokens())
+    for text in ("a", "b", "c", "a", "d"):  # "a" used again before "d" arrives: "b" is the oldest then
+        assert composer.encode(text) == tuple(ord(c) for c in text)
+    assert tokenizer.calls == 4 and list(composer._token_cache) == ["c", "a", "d"]
+    composer.encode("a")
+    assert tokenizer.calls == 4, "a remembered text is not encoded again"
+
+
+class _TwoSlotTemplate(_CountingTokenizer):
+    chat_template = "repeats the user's text"
+
+    def apply_chat_template(self, messages, tokenize, add_generation_prompt):
+        user = messages[-1]["content"]
+        return f"<user>{user}</user><echo>{user}</echo><assistant>"
+
+
+def test_a_chat_template_that_repeats_the_users_text_is_refused_by_name():
+    """The chat frame is the template rendered around the user's text once: a template that renders it twice (or
+    drops it) cannot frame a prompt, and the error says so and how to compose without it."""
+    from minipic_lite.prompts import PromptComposer
+
+    with pytest.raises(ValueError, match=r"rendered the user's text 2 times, not once: compose with chat=False"):
+        PromptComposer(_TwoSlotTemplate(), ControlTokens()).chat_frame("be brief")
+    assert PromptComposer(_TwoSlotTemplate(), ControlTokens(), chat=False).chat_frame("be brief") == ("be brief\n", "")

@@ -1,9 +1,12 @@
 """Edges of the step log (step_log.py) that test_step_log leaves open: a decode past the prompt counts no prompt
-tokens, and a record counts the step's sequences."""
+tokens, a record counts the step's sequences, a recompute's outputs count as decode, and a prompt may open with a
+span."""
 
 from minipic_lite.chunks import ScheduledSeq, SchedulerOutput
+from minipic_lite.config import ControlTokens
 from minipic_lite.request import Request
 from minipic_lite.sampling_params import SamplingParams
+from minipic_lite.spans import span_layout
 from minipic_lite.step_log import StepLog, count_tokens
 from tests.sched_factory import ROOT
 
@@ -30,3 +33,18 @@ def test_a_record_counts_the_steps_sequences():
     log.record(SchedulerOutput(decodes, num_steps=3), now=1.5)
     (record,) = log.records()
     assert (record.num_steps, record.num_seqs, record.num_decode_tokens, record.time) == (3, 2, 6, 1.5)
+
+
+def test_a_recompute_past_the_prompt_counts_its_outputs_as_decode():
+    """After a preemption one chunk recomputes the prompt and the outputs so far: the outputs are decode tokens."""
+    req = request("a", num_outputs=2)
+    out = SchedulerOutput([ScheduledSeq(req, [(0, 17)], 17, do_sample=True)])
+    assert count_tokens(out) == (0, 15, 2)
+
+
+def test_a_prompt_that_opens_with_an_ssep_span_counts_it_as_span_prefill():
+    """A warm-up span prompt ([S doc pad] [P question]) has no leading segment: its first segment is a span."""
+    token_ids = [1, 20, 21, 3, 2, 40, 41]
+    layout = span_layout(token_ids, ControlTokens(ssep_id=1, pdep_id=2, pad_id=3), B, True)
+    req = Request("s", token_ids, SamplingParams(), B, ROOT, layout)
+    assert count_tokens(SchedulerOutput([ScheduledSeq(req, [(0, 7)], 7, do_sample=True)])) == (4, 3, 0)
