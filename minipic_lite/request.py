@@ -81,7 +81,7 @@ class Request:
         has_spans = self.layout is not None and self.layout.has_spans
         self.visible_start = list(self.layout.visible_start) if has_spans else None
         if self.prompt_bytes is not None and len(self.prompt_bytes) != TOKEN_BYTES * len(self.token_ids):
-            raise ValueError(f"prompt_bytes holds {len(self.prompt_bytes)} bytes, not {len(self.token_ids)} tokens'")
+            raise ValueError(f"prompt_bytes holds {len(self.prompt_bytes)} bytes, not {len(self.token_ids)} tokens")
         self._extend_hashes(self.prompt_bytes)
         self.prompt_bytes = None
 

@@ -14,6 +14,7 @@ from minipic_lite.sampling_params import SamplingParams
 
 ARGMAX_GROUP = 256  # logits per group in `argmax_rows`' first pass (at most; a power of two dividing the vocab)
 MIN_ARGMAX_GROUP = 32  # ... below this the vocab is read in one pass, as torch.argmax does
+TOP_K_CAP = 2**31 - 1  # top_k past any vocabulary cuts nothing: larger ones are capped to fit a long
 
 
 def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
@@ -76,10 +77,10 @@ class Sampler:
         if batch.is_all_greedy:
             return batch
         dev = self.device
-        batch.temperature = _to_device([p.temperature or 1.0 for p in params], torch.float32, dev)
+        batch.temperature = _to_device([1.0 if p.is_greedy else p.temperature for p in params], torch.float32, dev)
         batch.is_greedy = _to_device([p.is_greedy for p in params], torch.bool, dev)
         if any(p.top_k > 0 or p.top_p < 1.0 for p in params):
-            batch.top_k = _to_device([p.top_k for p in params], torch.long, dev)
+            batch.top_k = _to_device([min(p.top_k, TOP_K_CAP) for p in params], torch.long, dev)
             batch.top_p = _to_device([p.top_p for p in params], torch.float32, dev)
         return batch
 

@@ -21,8 +21,10 @@ class SamplingParams:
     detokenize: bool = True  # False: token ids only (text stays ""), e.g. for models without a tokenizer
 
     def __post_init__(self):
-        object.__setattr__(self, "stop", (self.stop,) if isinstance(self.stop, str) else tuple(self.stop))
-        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        stop = () if self.stop is None else (self.stop,) if isinstance(self.stop, str) else self.stop  # None: none
+        object.__setattr__(self, "stop", _sequence("stop", stop))
+        stop_ids = () if self.stop_token_ids is None else self.stop_token_ids
+        object.__setattr__(self, "stop_token_ids", _sequence("stop_token_ids", stop_ids))
         object.__setattr__(self, "max_tokens", _integer("max_tokens", self.max_tokens, "an integer >= 1"))
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
@@ -51,10 +53,21 @@ class SamplingParams:
 
     @property
     def is_greedy(self) -> bool:
-        return self.temperature == 0.0
+        """Temperature 0, or so near it that dividing by it would overflow: the argmax (vLLM's eps)."""
+        return self.temperature < GREEDY_TEMPERATURE
 
 
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # what torch.Generator.manual_seed takes
+# NOTE: below it logits / temperature overflow float32 (1e-38: every logit inf, the softmax NaN, token 0 drawn)
+GREEDY_TEMPERATURE = 1e-5
+
+
+def _sequence(name: str, value) -> tuple:
+    """`value`'s items as a tuple (any iterable); a non-iterable is a TypeError naming `name`."""
+    try:
+        return tuple(value)
+    except TypeError:
+        raise TypeError(f"{name} must be a sequence (or None), got {type(value).__name__}") from None
 
 
 def _integer(name: str, value, expected: str) -> int:

@@ -9,3 +9,12 @@ def test_times_are_none_until_their_event_and_run_from_the_arrival():
     assert (metrics.ttft, metrics.total_time) == (None, None)
     metrics.first_token_time, metrics.finish_time = 10.25, 11.5
     assert (metrics.ttft, metrics.total_time) == (0.25, 1.5)
+
+
+def test_each_time_waits_for_its_own_event_only():
+    """Mid-stream (a first token, no finish) the ttft is known and the total time None; a request aborted before its
+    first token has a total time and no ttft. A fresh record counts no preemption."""
+    streaming = RequestMetrics(arrival_time=10.0, first_token_time=10.25)
+    assert (streaming.ttft, streaming.total_time, streaming.num_preemptions) == (0.25, None, 0)
+    aborted = RequestMetrics(arrival_time=10.0, finish_time=10.5)
+    assert (aborted.ttft, aborted.total_time) == (None, 0.5)

@@ -1,8 +1,10 @@
 """Edges of the request record (request.py) that the main tests leave open: what a preemption resets, and which
 SSEP spans a prompt may compute ahead."""
 
+import pytest
+
 from minipic_lite.config import ControlTokens
-from minipic_lite.hashing import root_hash
+from minipic_lite.hashing import root_hash, token_bytes
 from minipic_lite.request import Request, RequestStatus
 from minipic_lite.sampling_params import SamplingParams
 from minipic_lite.spans import span_layout
@@ -30,3 +32,17 @@ def test_an_ssep_span_that_ends_the_prompt_is_not_computed_ahead():
     longer = prompt + [2, 40]  # a PDEP question after it: now the span can be computed ahead
     req = Request("s", longer, SamplingParams(), B, ROOT, span_layout(longer, CONTROL, B))
     assert [(s.start, s.end) for s in req.span_segments()] == [(4, 8)]
+
+
+def test_a_preempted_running_request_waits_again():
+    """A running request that is preempted goes back to waiting (the scheduler readmits only waiting requests)."""
+    req = Request("r", [10, 11, 12], SamplingParams(), B, ROOT)
+    req.status = RequestStatus.RUNNING
+    req.reset_for_recompute()
+    assert req.status == RequestStatus.WAITING and not req.is_finished and req.num_preemptions == 1
+
+
+def test_packed_prompt_bytes_of_more_tokens_than_the_prompt_are_refused():
+    """Packed bytes must be the prompt's own: 3 tokens' worth for a 2-token prompt is refused, not hashed."""
+    with pytest.raises(ValueError, match="prompt_bytes holds 24 bytes, not 2 tokens$"):
+        Request("r", [10, 11], SamplingParams(), B, ROOT, prompt_bytes=token_bytes([10, 11, 12]))

@@ -47,3 +47,48 @@ def test_top_p_drops_a_token_once_the_mass_before_it_reaches_top_p():
     logits = torch.zeros(1, 2)  # probabilities 0.5 and 0.5, exactly
     assert torch.isfinite(apply_top_k_top_p(logits, torch.tensor([0]), torch.tensor([0.5]))).tolist() == [[True, False]]
     assert torch.isfinite(apply_top_k_top_p(logits, torch.tensor([0]), torch.tensor([0.75]))).tolist() == [[True, True]]
+
+
+def test_a_seeded_row_draws_the_noise_of_its_own_seed():
+    """Over equally likely tokens the draw is decided by the noise alone: each seed gives the token its own
+    generator's noise picks (the seeds here give several different tokens, so another seed's noise would show)."""
+    logits = torch.zeros(1, VOCAB)
+    tokens = [draw(logits, [SamplingParams(temperature=1.0, seed=seed)])[0] for seed in range(10)]
+    assert tokens == [exponential_race(torch.full((VOCAB,), 1 / VOCAB), seed) for seed in range(10)]
+    assert len(set(tokens)) > 5
+
+
+def test_an_unseeded_row_samples_every_likely_token_and_nothing_else():
+    """Without a seed a row still samples: two equally likely tokens both come up over 40 draws, the rest never."""
+    logits = torch.full((1, VOCAB), float("-inf"))
+    logits[0, [3, 9]] = 0.0
+    with torch.random.fork_rng():
+        torch.manual_seed(0)  # NOTE: unseeded rows draw from torch's global generator; fixed here, not leaked
+        tokens = {draw(logits, [SamplingParams(temperature=1.0)])[0] for _ in range(40)}
+    assert tokens == {3, 9}
+
+
+def test_top_k_alone_keeps_exactly_the_k_largest_whatever_the_rounding_of_their_mass():
+    """top-k with top-p 1 keeps each row's k largest logits, unchanged, and masks the rest, also where the float32 sum
+    of the k renormalized probabilities rounds below 1 (many of these rows)."""
+    logits = torch.randn(200, 16, generator=torch.Generator().manual_seed(0))
+    top_k = torch.tensor([1, 2, 3, 5, 8] * 40)
+    masked = apply_top_k_top_p(logits, top_k, torch.ones(200))
+    for row in range(200):
+        expected = set(logits[row].topk(int(top_k[row])).indices.tolist())
+        assert set(torch.isfinite(masked[row]).nonzero().flatten().tolist()) == expected
+        assert torch.equal(masked[row, list(expected)], logits[row, list(expected)])
+
+
+def test_a_temperature_too_small_to_divide_by_is_greedy_and_a_huge_top_k_cuts_nothing():
+    """temperature 1e-38 would overflow every logit (the softmax NaN, token 0 drawn): below 1e-5 a row is greedy, as
+    vLLM's are; top_k past what a long holds (2**63) is accepted and, like any k past the vocabulary, cuts nothing."""
+    logits = torch.tensor([[1.0, 5.0, 2.0, 3.0], [1.0, 5.0, 2.0, 3.0]])
+    sampler = Sampler(torch.device("cpu"))
+    tiny = [SamplingParams(temperature=t, seed=s) for t, s in ((1e-38, 1), (1e-30, 2))]
+    assert all(p.is_greedy for p in tiny) and not SamplingParams(temperature=1e-5).is_greedy
+    assert sampler(logits, sampler.prepare(["a", "b"], tiny)).tolist() == [1, 1]
+    huge = [SamplingParams(top_k=2**63, seed=3), SamplingParams(top_k=0, seed=3)]
+    batch = sampler.prepare(["c", "d"], huge)
+    assert batch.top_k.tolist() == [2**31 - 1, 0]
+    assert apply_top_k_top_p(logits, batch.top_k, batch.top_p).isfinite().all(), "a huge k drops no token"

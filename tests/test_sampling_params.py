@@ -23,6 +23,51 @@ def test_one_stop_string_is_one_stop_not_its_characters():
     assert SamplingParams(stop=["a", "bc"]).stop == ("a", "bc")
 
 
-def test_only_temperature_zero_is_greedy():
-    assert SamplingParams(temperature=0.0).is_greedy
-    assert not SamplingParams(temperature=1e-6).is_greedy
+def test_temperatures_below_vllms_eps_are_greedy():
+    """vLLM samples greedily below 1e-5 (`_SAMPLING_EPS`); from it on a row samples."""
+    assert SamplingParams(temperature=0.0).is_greedy and SamplingParams(temperature=1e-6).is_greedy
+    assert not SamplingParams(temperature=1e-5).is_greedy
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"temperature": float("inf")}, r"temperature must be a finite number >= 0, got inf"),
+        ({"top_p": 1.5}, r"top_p must be in \(0, 1\], got 1.5"),
+        ({"stop": ["a", 5]}, r"stop must be non-empty strings, got \('a', 5\)"),
+        ({"stop_token_ids": [True]}, r"stop_token_ids must be non-negative ints, got \(True,\)"),
+        ({"stop_token_ids": [2.5]}, r"stop_token_ids must be non-negative ints, got \(2.5,\)"),
+    ],
+)
+def test_values_outside_a_params_range_name_the_range_and_the_value(kwargs, message):
+    """An infinite temperature, a top-p past 1, a stop that is no string, a bool or a float for a stop token: each is a
+    ValueError that says what the parameter takes and what it got."""
+    with pytest.raises(ValueError, match=message):
+        SamplingParams(**kwargs)
+
+
+def test_token_id_zero_is_a_stop_token_and_any_iterable_gives_the_stops():
+    """Token id 0 is a real token (SmolLM2's <|endoftext|>); stops may come from any iterable, a generator included."""
+    assert SamplingParams(stop_token_ids=[0, 2]).stop_token_ids == (0, 2)
+    assert SamplingParams(stop_token_ids=(t for t in (5, 7))).stop_token_ids == (5, 7)
+    assert SamplingParams(stop=(s for s in ("x", "yz"))).stop == ("x", "yz")
+
+
+def test_the_defaults_are_64_tokens_at_temperature_1_with_no_cut_no_seed_and_no_stop():
+    """SamplingParams() (README): 64 tokens at temperature 1.0 over the whole vocabulary (no top-k, top-p 1), unseeded,
+    stopping at EOS only, its text detokenized without special tokens."""
+    params = SamplingParams()
+    assert (params.max_tokens, params.temperature, params.top_k, params.top_p, params.seed) == (64, 1.0, 0, 1.0, None)
+    assert (params.stop, params.stop_token_ids, params.ignore_eos) == ((), (), False)
+    assert (params.skip_special_tokens, params.detokenize, params.is_greedy) == (True, True, False)
+
+
+def test_none_for_stop_or_stop_token_ids_means_none_and_a_non_sequence_is_named():
+    """vLLM takes stop=None and stop_token_ids=None: no stops. Something that is not a sequence is a TypeError that
+    names the parameter, not Python's 'object is not iterable'."""
+    params = SamplingParams(stop=None, stop_token_ids=None)
+    assert (params.stop, params.stop_token_ids) == ((), ())
+    with pytest.raises(TypeError, match="stop_token_ids must be a sequence \\(or None\\), got int"):
+        SamplingParams(stop_token_ids=7)
+    with pytest.raises(TypeError, match="stop must be a sequence \\(or None\\), got int"):
+        SamplingParams(stop=7)
