@@ -58,7 +58,8 @@ class SamplingParams:
 
 
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # what torch.Generator.manual_seed takes
-# NOTE: below it logits / temperature overflow float32 (1e-38: every logit inf, the softmax NaN, token 0 drawn)
+# NOTE: vLLM's _SAMPLING_EPS: below it a row takes the argmax (near 0 logits / temperature overflow float32: at 1e-38
+# every logit was inf, the softmax NaN, and token 0 was drawn for every seed)
 GREEDY_TEMPERATURE = 1e-5
 
 
