@@ -113,9 +113,9 @@ def test_an_unknown_option_names_a_known_one_that_is_only_near(tmp_path):
 
 
 def test_the_defaults_the_readme_documents():
-    """README: block_size 16, memory_utilization 0.85, a 2,048-token step budget, a 2 GiB CPU cache cap, `inline`
-    spans, 8 decode steps a burst on CUDA (1 on the CPU), and the hybrid knobs dp / 4 / balanced / 0.5 GiB; caching
-    is position-free with prefix caching on."""
+    """README: block_size 16, memory_utilization 0.85, a 2,048-token step budget, 64 sequences, a 2 GiB CPU cache cap,
+    the decode mirror on, `inline` spans, 8 decode steps a burst on CUDA (1 on the CPU), and the hybrid knobs dp / 4 /
+    balanced / 0.5 GiB / lru; caching is position-free with prefix caching on."""
     cache, sched = CacheConfig(), SchedulerConfig()
     assert (cache.block_size, cache.memory_utilization, cache.cpu_kv_cache_gib) == (16, 0.85, 2.0)
     assert cache.position_free and cache.enable_prefix_caching and not cache.rerotate_spans
@@ -123,6 +123,7 @@ def test_the_defaults_the_readme_documents():
         "dp", 4, "balanced", 0.5,
     )  # fmt: skip
     assert (sched.max_num_batched_tokens, sched.span_policy, sched.span_ahead_tokens) == (2048, "inline", None)
+    assert (sched.max_num_seqs, cache.cpu_decode_mirror, cache.state_eviction) == (64, True, "lru")
     model = ModelConfig._from_json(LLAMA)
     steps = [EngineConfig.from_options(Path("m"), model, d, ControlTokens()).scheduler.num_scheduler_steps
              for d in ("cuda", "cpu")]  # fmt: skip

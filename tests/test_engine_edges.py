@@ -109,3 +109,18 @@ def test_a_hybrid_resumed_from_a_checkpoint_gets_its_cache_report_and_counts_its
     assert {k: stats[k] for k in ("num_resumed_tokens", "num_recomputed_prompt_tokens", "num_hit_blocks")} == {
         "num_resumed_tokens": 48, "num_recomputed_prompt_tokens": 70 + 22, "num_hit_blocks": 3
     }  # fmt: skip
+
+
+def test_a_preempted_request_reports_its_preemption_and_the_tokens_of_a_roomy_cache(tiny_dir):
+    """Six blocks of 16 hold two 40-token prompts (3 blocks each) and nothing more: the first decode that crosses
+    into a fourth block preempts the newer request, which is recomputed later. Its output says so in its metrics
+    (`num_preemptions` 1, the other 0) and its tokens are those of a cache with room for both."""
+    params = mp.SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, detokenize=False)
+    prompts = [PROMPT, [t + 100 for t in PROMPT]]  # NOTE: no block shared, so each needs its own three
+    tight = mp.LLM(str(tiny_dir), device="cpu", max_model_len=96, num_blocks=6)
+    outs = tight.generate(prompts, params, use_tqdm=False)
+    assert [o.metrics.num_preemptions for o in outs] == [0, 1] and tight.stats()["num_preemptions"] == 1
+    tight.close()
+    roomy = tiny_llm(tiny_dir)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in roomy.generate(prompts, params, use_tqdm=False)]
+    roomy.close()
