@@ -48,7 +48,12 @@ def _check_messages(messages) -> None:
 
 
 def _is_token_ids(x) -> bool:
-    return isinstance(x, list | tuple) and bool(x) and all(isinstance(t, int) for t in x)
+    """A non-empty list or tuple of integers of any kind (numpy's, torch's: what `as_token_ids` takes), no bool."""
+    return isinstance(x, list | tuple) and bool(x) and all(_is_token_id(t) for t in x)
+
+
+def _is_token_id(t) -> bool:
+    return hasattr(type(t), "__index__") and not isinstance(t, bool)
 
 
 def _is_single(x) -> bool:

@@ -1,12 +1,15 @@
 """Edges of the command line (cli.py) that test_cli leaves open, in-process (no model): the limits of each checked
-option are taken and one past them is refused, and a prompt from standard input or a file loses its trailing line
-ends only."""
+option are taken and one past them is refused, a prompt from standard input or a file loses its trailing line
+ends only, the defaults; and, with stand-ins for the LLM and the web app's serve(), what each flag hands on and the
+exit status of an interrupt or a missing extra."""
 
 import io
+import sys
 from types import SimpleNamespace
 
 import pytest
 
+from minipic_lite import cli
 from minipic_lite.cli import EXIT_USAGE, build_parser, read_prompt
 from minipic_lite.sampling_params import SEED_MAX, SEED_MIN
 
@@ -38,6 +41,8 @@ def test_the_limits_of_an_option_are_taken(flag, text, value):
         ("--seed", str(SEED_MIN - 1), "an integer in [-2**63, 2**64 - 1]"),
         ("--device", "cuda:", "auto, cpu, cuda or cuda:N"),
         ("--device", "cpu0", "auto, cpu, cuda or cuda:N"),
+        ("--top-p", "1.5", "a number in (0, 1]"),
+        ("--stop", "", "a non-empty string"),
     ],
 )
 def test_one_past_the_limits_of_an_option_is_a_usage_error(flag, text, rule, capsys):
@@ -66,3 +71,105 @@ def test_a_file_prompt_keeps_its_inner_and_leading_space(tmp_path):
     path = tmp_path / "q.txt"
     path.write_bytes(b"\tindented\r\n")
     assert read_prompt(SimpleNamespace(prompt=None, file=str(path))) == "\tindented"
+
+
+def test_the_defaults_are_those_the_help_and_the_readme_name():
+    """generate: 128 tokens, greedy, no top-p/top-k cut, no seed, no stop, auto device and dtype; ui: the README's
+    http://127.0.0.1:7860 (loopback only, never every interface), the inline span policy, auto dtype."""
+    gen = vars(parse())
+    assert {k: gen[k] for k in ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "ignore_eos")} == {
+        "max_tokens": 128, "temperature": 0.0, "top_p": 1.0, "top_k": 0, "seed": None, "stop": [], "ignore_eos": False
+    }  # fmt: skip
+    assert [gen[k] for k in ("device", "dtype", "raw", "stream", "model")] == ["auto", "auto", False, False, None]
+    ui = build_parser().parse_args(["ui"])
+    assert (ui.host, ui.port, ui.span_policy, ui.dtype, ui.model) == ("127.0.0.1", 7860, "inline", "auto", None)
+
+
+def test_ctrl_c_during_a_run_is_one_line_and_exit_130(monkeypatch, capsys):
+    """An interrupt while the model loads or generates: the shell's 128 + SIGINT status, no traceback."""
+
+    def interrupted(args, prompt_text):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "check_model", lambda model: None)
+    monkeypatch.setattr(cli, "run_generate", interrupted)
+    assert cli.main(["generate", "hi"]) == 130
+    assert capsys.readouterr().err == "minipic-lite: error: interrupted\n"
+
+
+def fake_ui(monkeypatch, serve):
+    """`minipic-lite ui` imports ui.__main__.serve only when run: a stand-in module takes its place (no gradio)."""
+    monkeypatch.setitem(sys.modules, "ui.__main__", SimpleNamespace(serve=serve))
+
+
+def test_ui_passes_every_option_to_serve_and_auto_dtype_as_none(monkeypatch):
+    calls = []
+    fake_ui(monkeypatch, lambda *args: calls.append(args) or 0)
+    assert cli.main(["ui", "--host", "0.0.0.0", "--port", "8000", "--span-policy", "isps", "--dtype", "bfloat16"]) == 0
+    assert cli.main(["ui"]) == 0
+    assert calls == [("0.0.0.0", 8000, None, "isps", "bfloat16"), ("127.0.0.1", 7860, None, "inline", None)]
+
+
+def test_a_missing_extra_is_one_line_exit_1_naming_the_module(monkeypatch, capsys):
+    def serve(*args):
+        raise ModuleNotFoundError("No module named 'gradio'", name="gradio")
+
+    fake_ui(monkeypatch, serve)
+    assert cli.main(["ui"]) == 1
+    assert capsys.readouterr().err == (
+        "minipic-lite: error: 'gradio' is not installed: run ./scripts/setup.sh (see the README)\n"
+    )
+
+
+def test_generate_hands_device_and_dtype_to_the_llm_and_auto_as_none(monkeypatch, capsys):
+    """Stops at LLM(...) (a stand-in that records and refuses): nothing loads."""
+    import minipic_lite
+
+    calls = []
+
+    def recording_llm(model, **kwargs):
+        calls.append((model, kwargs))
+        raise ValueError("stand-in")
+
+    monkeypatch.setattr(cli, "check_model", lambda model: None)
+    monkeypatch.setattr(minipic_lite, "LLM", recording_llm)
+    assert cli.main(["generate", "hi", "--model", "m.gguf", "--device", "cuda:1", "--dtype", "bfloat16"]) == 1
+    assert cli.main(["generate", "hi"]) == 1
+    assert calls == [("m.gguf", {"device": "cuda:1", "dtype": "bfloat16"}), (None, {"device": None, "dtype": None})]
+    assert capsys.readouterr().err == "minipic-lite: error: stand-in\n" * 2
+
+
+class RecordingLLM:
+    """Stands in for LLM in `generate`: records the prompt and params it is asked for, replies "ok"."""
+
+    calls: list = []
+
+    def __init__(self, model, device, dtype):
+        self.tokenizer = object()
+
+    def generate(self, prompts, params, use_tqdm):
+        RecordingLLM.calls.append((prompts, params, use_tqdm))
+        metrics = SimpleNamespace(ttft=0.01, total_time=0.02)
+        return [SimpleNamespace(text="ok", prompt_token_ids=[1, 2], token_ids=[3], finish_reason="length",
+                                metrics=metrics)]  # fmt: skip
+
+
+def test_generate_hands_every_sampling_flag_to_the_params(monkeypatch, capsys):
+    import minipic_lite
+    from minipic_lite import SamplingParams
+
+    monkeypatch.setattr(cli, "check_model", lambda model: None)
+    monkeypatch.setattr(minipic_lite, "LLM", RecordingLLM)
+    monkeypatch.setattr(RecordingLLM, "calls", [])
+    flags = ["--max-tokens", "7", "--temperature", "0.5", "--top-p", "0.9", "--top-k", "3", "--seed", "11"]
+    assert cli.main(["generate", "--raw", "hi", *flags, "--stop", "a", "--stop", "b", "--ignore-eos"]) == 0
+    assert cli.main(["generate", "hi"]) == 0
+    expected = SamplingParams(max_tokens=7, temperature=0.5, top_p=0.9, top_k=3, seed=11, stop=["a", "b"],
+                              ignore_eos=True)  # fmt: skip
+    assert RecordingLLM.calls == [
+        (["hi"], expected, False),
+        ([[{"role": "user", "content": "hi"}]], SamplingParams(max_tokens=128, temperature=0.0), False),
+    ]
+    out, err = capsys.readouterr()
+    assert out == "ok\nok\n"
+    assert err.splitlines()[0].startswith("[2 prompt tokens, 1 generated (length); load ")

@@ -1,6 +1,6 @@
 """Edges of the public API (llm.py) that test_api leaves open, on a tiny random Llama (no tokenizer) or none at all:
-prompts and params in tuples, an empty batch, options the caller gives, composed prompts' markers and labels,
-device names, and the module-level generate's keywords."""
+prompts and params in tuples, token ids in a tuple, a lone chat message in a batch, an empty batch, options the
+caller gives, composed prompts' markers and labels, device names, and the module-level generate's keywords."""
 
 import pytest
 import torch
@@ -97,3 +97,50 @@ def test_module_level_generate_takes_keywords_as_params_and_gives_a_list_for_a_l
 def test_a_chat_message_needs_a_role_string_and_a_content_string(message):
     with pytest.raises(ValueError, match=r'message 1 must have a "role" and a "content" string'):
         llm_module._check_messages([{"role": "system", "content": "Be brief."}, message])
+
+
+def test_token_ids_in_a_tuple_are_one_prompt(tiny):
+    """A tuple of ints is one token-id prompt, as a list is: one output, its ids as a list."""
+    (out,) = tiny.generate((5, 6, 7), greedy(2), use_tqdm=False)
+    assert (out.prompt_token_ids, len(out.token_ids)) == ([5, 6, 7], 2)
+
+
+def test_numpy_and_torch_integers_are_one_token_id_prompt_and_a_bool_is_not_a_token_id(tiny):
+    """A single prompt of numpy's or torch's integers is one prompt, as in a batch; a bool among ints is not a token
+    id, so [True, 6] is a batch whose prompt 0 names its type."""
+    import numpy as np
+
+    for ids in (list(np.array([5, 6, 7])), list(torch.tensor([5, 6, 7]))):
+        (out,) = tiny.generate(ids, greedy(2), use_tqdm=False)
+        assert (out.prompt_token_ids, len(out.token_ids)) == ([5, 6, 7], 2)
+    with pytest.raises(
+        TypeError, match="^prompt 0: a prompt must be text, token ids, chat messages or a Prompt, got bool$"
+    ):
+        tiny.generate([True, 6], greedy(2), use_tqdm=False)
+    assert not tiny.engine.has_unfinished()
+
+
+def test_a_list_mixing_a_chat_message_and_another_prompt_is_a_batch_whose_bad_prompt_names_itself(tiny):
+    """Only a list of nothing but messages is a chat: a lone message dict in a batch is prompt 0 of the wrong type."""
+    message = "^prompt 0: a prompt must be text, token ids, chat messages or a Prompt, got dict$"
+    with pytest.raises(TypeError, match=message):
+        tiny.generate([{"role": "user", "content": "hi"}, [5, 6]], greedy(2), use_tqdm=False)
+    assert not tiny.engine.has_unfinished()
+
+
+def test_stats_are_read_on_the_engine_loop_thread(tiny, monkeypatch):
+    """stats() runs between the loop's steps (on its thread), never on the caller's while a step runs."""
+    import threading
+
+    from minipic_lite.engine import LLMEngine
+
+    threads, real = [], LLMEngine.cache_stats
+
+    def recorded(engine):
+        threads.append(threading.current_thread())
+        return real(engine)
+
+    monkeypatch.setattr(LLMEngine, "cache_stats", recorded)
+    stats = tiny.stats()
+    assert isinstance(stats, dict) and stats == real(tiny.engine)
+    assert len(threads) == 1 and threads[0] is not threading.current_thread()
