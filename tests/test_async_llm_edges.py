@@ -2,6 +2,8 @@
 model): what generate() asks of its LLM, and a generator closed after its LLM was closed."""
 
 import asyncio
+import threading
+import time
 
 from minipic_lite.async_llm import AsyncLLM
 from minipic_lite.engine_loop import EngineLoop
@@ -81,3 +83,103 @@ def test_a_generator_closed_after_its_llm_was_closed_ends_quietly():
 
     assert not asyncio.run(main()).finished
     assert stub._loop.closed
+
+
+WAIT_S = 10  # a hang fails the test after this long instead of blocking the suite
+
+
+def test_generate_passes_the_callers_sampling_params_and_wakes_the_event_loop():
+    """The given SamplingParams reach make_requests; outputs arrive from the loop thread through the event loop's
+    thread-safe wakeup (a plain put_nowait from another thread would leave the task asleep until the event loop's
+    next timer)."""
+    stub = StubLLM()
+    params = SamplingParams(max_tokens=7, temperature=0.0)
+
+    async def collect():
+        return [out async for out in AsyncLLM.from_llm(stub).generate("2 tokens", params, request_id="p")]
+
+    start = time.monotonic()
+    outs = asyncio.run(asyncio.wait_for(collect(), WAIT_S))
+    assert time.monotonic() - start < WAIT_S / 2, "the event loop slept until its next timer"
+    assert stub.asked == [(["2 tokens"], [params], True, "p")]
+    assert [o.finished for o in outs] == [False, True]
+    stub.close()
+
+
+def test_a_failed_step_is_raised_in_the_consumer():
+    """A step that raises reaches the task as that exception, not as an output."""
+    stub = StubLLM()
+
+    def failing_step():
+        raise RuntimeError("injected")
+
+    stub._loop.engine.step = failing_step
+
+    async def main():
+        async for _ in AsyncLLM.from_llm(stub).generate("3 tokens"):
+            pass
+
+    try:
+        asyncio.run(asyncio.wait_for(main(), WAIT_S))
+    except RuntimeError as e:
+        assert str(e) == "injected"
+    else:
+        raise AssertionError("the step's error did not reach the consumer")
+    stub.close()
+
+
+def test_a_consumer_that_leaves_does_not_wait_for_the_engine_loop():
+    """Closing the generator queues its abort without waiting: while the engine loop is busy, aclose() returns at
+    once (waiting there would block the event loop until the loop is free)."""
+    stub = StubLLM()
+    async_llm = AsyncLLM.from_llm(stub)
+    gate, released = threading.Event(), []
+
+    async def main():
+        gen = async_llm.generate(f"{10**9} tokens")
+        await anext(gen)
+        stub._loop.call(lambda e: released.append(gate.wait(WAIT_S)), wait=False)
+        await gen.aclose()
+        gate.set()
+        return await asyncio.to_thread(async_llm.stats)
+
+    assert asyncio.run(main()) == {"requests": {}}
+    assert released == [True], "aclose() waited for the busy engine loop"
+    stub.close()
+
+
+def test_abort_returns_only_once_the_loop_has_freed_the_request():
+    """`await abort(id)` waits for the engine loop: while the loop is busy the abort is not done; when it is, the
+    engine holds no request and the stream ends with the "abort" output."""
+    stub = StubLLM()
+    async_llm = AsyncLLM.from_llm(stub)
+    engine = stub._loop.engine
+    gate = threading.Event()
+
+    async def main():
+        gen = async_llm.generate(f"{10**9} tokens", request_id="stop-me")
+        await anext(gen)
+        stub._loop.call(lambda e: gate.wait(WAIT_S), wait=False)
+        task = asyncio.create_task(async_llm.abort("stop-me"))
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        done_while_busy = task.done()
+        gate.set()
+        await asyncio.wait_for(task, WAIT_S)
+        freed = "stop-me" not in engine.requests
+        rest = [out async for out in gen]
+        return done_while_busy, freed, rest[-1]
+
+    done_while_busy, freed, last = asyncio.run(asyncio.wait_for(main(), WAIT_S))
+    assert not done_while_busy and freed and last.finished and last.finish_reason == "abort"
+    stub.close()
+
+
+def test_an_async_llm_of_its_own_builds_its_llm_from_the_given_model_and_keywords(monkeypatch):
+    """`AsyncLLM(model, **kw)` is `LLM(model, **kw)` underneath (recorded here instead of building an engine)."""
+    import minipic_lite.async_llm as async_llm_module
+
+    built = []
+    monkeypatch.setattr(async_llm_module, "LLM", lambda model, **kwargs: built.append((model, kwargs)) or "the llm")
+    assert AsyncLLM("some/model", device="cpu", num_blocks=8).llm == "the llm"
+    assert built == [("some/model", {"device": "cpu", "num_blocks": 8})]

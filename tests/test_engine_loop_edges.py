@@ -215,3 +215,168 @@ def test_close_from_the_loop_thread_returns_and_the_loop_ends():
     assert loop.call(lambda engine: loop.close()) is None
     loop._thread.join(WAIT_S)
     assert loop.closed and not loop._thread.is_alive()
+
+
+def test_a_closed_loop_refuses_new_work_instead_of_queueing_it_to_nobody():
+    """After close() submit, call and abort raise at once: nothing serves the inbox any more, so a queued call would
+    wait forever."""
+    loop = EngineLoop(CountingEngine)
+    loop.close()
+    loop.close()  # safe twice
+    for attempt in (lambda: loop.submit([request("late", 3)], print), lambda: loop.call(lambda e: 1),
+                    lambda: loop.abort("late")):  # fmt: skip
+        try:
+            attempt()
+        except RuntimeError as e:
+            assert str(e) == "the engine loop is closed"
+        else:
+            raise AssertionError("a closed loop took new work")
+
+
+def test_close_aborts_the_requests_in_flight_before_it_returns():
+    """close() with a request still running waits for the loop (busy here until a gate opens): by the time close()
+    returns, its sink has the final "abort" output, the engine holds no request and the loop thread has ended."""
+    engine = CountingEngine()
+    loop = EngineLoop(lambda: engine)
+    outs, first, gate, seen = [], threading.Event(), threading.Event(), []
+    loop.submit([request("r", 10**9)], lambda out: outs.append(out) or first.set())
+    assert first.wait(WAIT_S)
+    loop.call(lambda e: gate.wait(WAIT_S), wait=False)
+
+    def close():
+        loop.close()
+        seen.append((loop._thread.is_alive(), dict(engine.requests), outs[-1].finish_reason))
+
+    closer = threading.Thread(target=close, daemon=True)
+    closer.start()
+    closer.join(0.2)
+    gate.set()
+    closer.join(WAIT_S)
+    assert not closer.is_alive(), "close() never returned"
+    assert seen == [(False, {}, "abort")]
+
+
+def test_a_failing_call_nobody_waits_for_is_logged_and_the_loop_serves_on(caplog):
+    """call(fn, wait=False) whose fn raises: the error is logged (nobody reads it otherwise) and the next call runs;
+    with wait=True the same error reaches the caller instead, and is not logged."""
+    loop = EngineLoop(CountingEngine)
+
+    def broken(engine):
+        raise KeyError("injected")
+
+    with caplog.at_level("ERROR", logger="minipic_lite.engine_loop"):
+        try:
+            loop.call(broken)
+        except KeyError:
+            pass
+        else:
+            raise AssertionError("the waiting caller did not get the error")
+        assert [r for r in caplog.records if "a queued call failed" in r.getMessage()] == []
+        loop.call(broken, wait=False)
+        result = []
+        caller = threading.Thread(target=lambda: result.append(loop.call(lambda e: "served")), daemon=True)
+        caller.start()
+        caller.join(WAIT_S)
+    assert result == ["served"], "the loop stopped serving"
+    (record,) = [r for r in caplog.records if "a queued call failed" in r.getMessage()]
+    assert isinstance(record.exc_info[1], KeyError)
+    loop.close()
+
+
+def test_work_queued_during_a_step_is_all_taken_before_the_next_step():
+    """Two submits that arrive while the loop is busy join the same next step: both requests of 2 tokens finish
+    after 2 steps, not 3."""
+    engine = CountingEngine()
+    loop = EngineLoop(lambda: engine)
+    gate, done = threading.Event(), threading.Semaphore(0)
+    loop.call(lambda e: gate.wait(WAIT_S), wait=False)  # the loop is busy until the gate opens
+    finished = []
+
+    def sink(out):
+        if out.finished:
+            finished.append(out.request_id)
+            done.release()
+
+    loop.submit([request("a", 2)], sink)
+    loop.submit([request("b", 2)], sink)
+    gate.set()
+    assert done.acquire(timeout=WAIT_S) and done.acquire(timeout=WAIT_S)
+    assert sorted(finished) == ["a", "b"] and loop.call(lambda e: e.num_steps) == 2
+    loop.close()
+
+
+def test_a_duplicate_request_id_gets_the_error_and_leaves_the_first_request_its_sink():
+    """Submitting a batch whose first id is already in flight: that batch's sink gets the engine's ValueError for it,
+    the rest of the batch still runs, and every output of the request in flight still goes to its own sink."""
+    loop = EngineLoop(CountingEngine)
+    gate = threading.Event()
+    loop.call(lambda e: gate.wait(WAIT_S), wait=False)
+    first, second, done = [], [], threading.Semaphore(0)
+    loop.submit([request("r", 3)], lambda out: first.append(out) or (out.finished and done.release()))
+    loop.submit([request("r", 3), request("s", 2)],
+                lambda out: second.append(out) or (getattr(out, "finished", False) and done.release()))  # fmt: skip
+    gate.set()
+    assert done.acquire(timeout=WAIT_S) and done.acquire(timeout=WAIT_S), "a request never finished"
+    assert loop.call(lambda e: dict(loop._sinks)) == {}
+    assert isinstance(second[0], ValueError) and "already in use" in str(second[0])
+    assert [(o.request_id, len(o.token_ids), o.finished) for o in second[1:]] == [("s", 1, False), ("s", 2, True)]
+    assert [(len(o.token_ids), o.finished) for o in first] == [(1, False), (2, False), (3, True)]
+    loop.close()
+
+
+def test_abort_returns_once_its_request_is_freed_and_its_sink_has_the_final_output():
+    """abort() waits for the loop: while the loop is busy it does not return; once it returns the engine holds no
+    request and the sink got the "abort" output (the request had run 1 step)."""
+    engine = CountingEngine()
+    loop = EngineLoop(lambda: engine)
+    outs, first = [], threading.Event()
+    loop.submit([request("r", 10**9)], lambda out: outs.append(out) or first.set())
+    assert first.wait(WAIT_S)
+    gate = threading.Event()
+    loop.call(lambda e: gate.wait(WAIT_S), wait=False)
+    returned = threading.Event()
+    aborter = threading.Thread(target=lambda: loop.abort("r") or returned.set(), daemon=True)
+    aborter.start()
+    assert not returned.wait(0.2), "abort returned before the loop ran it"
+    gate.set()
+    assert returned.wait(WAIT_S)
+    assert "r" not in engine.requests
+    assert outs[-1].finished and outs[-1].finish_reason == "abort"
+    loop.close()
+
+
+def test_a_sink_that_raises_aborts_its_request_at_once():
+    """A consumer that is gone (its sink raises on the first token): the request is aborted there instead of running
+    to its max_tokens, and the loop goes idle."""
+    engine = CountingEngine()
+    loop = EngineLoop(lambda: engine)
+    calls, aborted = [], threading.Event()
+
+    def gone(out):
+        calls.append(out)
+        if out.finished:
+            aborted.set()
+        raise RuntimeError("consumer gone")
+
+    loop.submit([request("gone", 10**9)], gone)
+    assert aborted.wait(WAIT_S)
+    assert loop.call(lambda e: (dict(e.requests), dict(loop._sinks), e.num_steps)) == ({}, {}, 1)
+    assert [(o.finished, o.finish_reason) for o in calls] == [(False, None), (True, "abort")]
+    loop.close()
+
+
+def test_a_failed_step_keeps_the_loop_serving():
+    """After a step raised (every request got the error) a later call still runs; checked from another thread with a
+    timeout so that a dead loop fails the test instead of hanging it."""
+    engine = CountingEngine()
+    engine.step = lambda: (_ for _ in ()).throw(RuntimeError("injected"))
+    loop = EngineLoop(lambda: engine)
+    got, done = [], threading.Event()
+    loop.submit([request("a", 5)], lambda out: got.append(out) or done.set())
+    assert done.wait(WAIT_S) and [str(e) for e in got] == ["injected"]
+    result = []
+    caller = threading.Thread(target=lambda: result.append(loop.call(lambda e: dict(e.requests))), daemon=True)
+    caller.start()
+    caller.join(WAIT_S)
+    assert result == [{}], "the loop stopped serving"
+    loop.close()
