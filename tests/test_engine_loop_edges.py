@@ -200,11 +200,7 @@ def test_a_failed_step_whose_consumer_is_gone_reaches_the_others_and_the_loop_se
     loop.submit([request("gone", 5)], gone)
     loop.submit([request("here", 5)], lambda out: got.append(out) or done.set())
     assert done.wait(WAIT_S) and [str(e) for e in got] == ["injected"]
-    result = []
-    caller = threading.Thread(target=lambda: result.append(loop.call(lambda e: dict(e.requests))), daemon=True)
-    caller.start()
-    caller.join(WAIT_S)
-    assert result == [{}], "the loop stopped serving"
+    assert requests_from_another_thread(loop) == [{}], "the loop stopped serving"
     loop.close()
 
 
@@ -365,6 +361,16 @@ def test_a_sink_that_raises_aborts_its_request_at_once():
     loop.close()
 
 
+def requests_from_another_thread(loop) -> list:
+    """[the engine's requests] read through `loop.call` from another thread, or [] if the loop did not answer within
+    WAIT_S (a dead loop fails the test instead of hanging it)."""
+    result = []
+    caller = threading.Thread(target=lambda: result.append(loop.call(lambda e: dict(e.requests))), daemon=True)
+    caller.start()
+    caller.join(WAIT_S)
+    return result
+
+
 def test_a_failed_step_keeps_the_loop_serving():
     """After a step raised (every request got the error) a later call still runs; checked from another thread with a
     timeout so that a dead loop fails the test instead of hanging it."""
@@ -374,9 +380,5 @@ def test_a_failed_step_keeps_the_loop_serving():
     got, done = [], threading.Event()
     loop.submit([request("a", 5)], lambda out: got.append(out) or done.set())
     assert done.wait(WAIT_S) and [str(e) for e in got] == ["injected"]
-    result = []
-    caller = threading.Thread(target=lambda: result.append(loop.call(lambda e: dict(e.requests))), daemon=True)
-    caller.start()
-    caller.join(WAIT_S)
-    assert result == [{}], "the loop stopped serving"
+    assert requests_from_another_thread(loop) == [{}], "the loop stopped serving"
     loop.close()
