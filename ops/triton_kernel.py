@@ -97,8 +97,8 @@ DECODE_MAX_REGS = 128  # registers a thread of an unsplit decode (4 programs of 
 MERGE_WARPS = 1
 # NOTE: past MAX_SPLITS (a batch-1 decode over 8k-wide tables: 64 splits) a warp holding every split of 128 dims would
 # need 256 registers a thread; the merge then cuts each (token, head)'s dims into chunks of this many, one warp a chunk
-# (4x the programs, each loading a quarter), where it took four warps a (token, head) before: measured on an H100 in
-# bench/results/read_profile_4d17421_merge.json (ops/README.md has the figures)
+# (4x the programs, each loading a quarter), where it took four warps a (token, head) before: measured on an H100 and
+# an H200 (bench/results/read_profile_{4d17421,f31046e}_merge.json; ops/README.md has the figures)
 LONG_MERGE_D_CHUNK = 32
 
 

@@ -5,6 +5,8 @@ import asyncio
 import threading
 import time
 
+import pytest
+
 from minipic_lite.async_llm import AsyncLLM
 from minipic_lite.engine_loop import EngineLoop
 from minipic_lite.sampling_params import SamplingParams
@@ -119,12 +121,8 @@ def test_a_failed_step_is_raised_in_the_consumer():
         async for _ in AsyncLLM.from_llm(stub).generate("3 tokens"):
             pass
 
-    try:
+    with pytest.raises(RuntimeError, match="^injected$"):
         asyncio.run(asyncio.wait_for(main(), WAIT_S))
-    except RuntimeError as e:
-        assert str(e) == "injected"
-    else:
-        raise AssertionError("the step's error did not reach the consumer")
     stub.close()
 
 

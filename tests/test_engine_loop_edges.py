@@ -6,6 +6,7 @@ import threading
 import time
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from minipic_lite.engine_loop import EngineLoop, fewer_cpu_threads
@@ -261,12 +262,8 @@ def test_a_failing_call_nobody_waits_for_is_logged_and_the_loop_serves_on(caplog
         raise KeyError("injected")
 
     with caplog.at_level("ERROR", logger="minipic_lite.engine_loop"):
-        try:
+        with pytest.raises(KeyError, match="injected"):
             loop.call(broken)
-        except KeyError:
-            pass
-        else:
-            raise AssertionError("the waiting caller did not get the error")
         assert [r for r in caplog.records if "a queued call failed" in r.getMessage()] == []
         loop.call(broken, wait=False)
         result = []
