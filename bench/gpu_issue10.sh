@@ -4,7 +4,7 @@
 # bench/data (the RAG datasets, built here with `python bench/rag.py --build-only --samples 64`) carried.
 #
 #   GIT_SHA=$(git rev-parse --short HEAD) bash bench/gpu_issue10.sh [part]   part: all (default), a, b, ops, ttft, host, hostdiag, offload, tests, splits, grid, rag, ragphase,
-#   rag0, read, readprof (with ncu), engineread, tileslast, final2, rag09, check17, diag18, check18, final18, warps18, bs32, rag32, tests, regs19, diag19, final19, tile16, w16, ahead, ahead2, final20, rag20, ahead4, next21, check22, check22b, rag22, ttft22, ncu22, next23, final23, dyn24, prefill24, final24, gemm24, next25, gemv27, gemv28, gemv29, gemm30, next31, next32, next33, next33b, next33c, next33d, next33e, next34, rag34, next35, next35b, next35c, next36, next36a, next37, next37b, next38, next38b, next38c, next39, next39b, next39c, next39d, next39e, next40, next41, next41b, next41c, next41d, next41e, next41f, next42, next45, next46, next47, next48, next49, next50, next51, next52, next53, next54, next55, next56, next57, next58, next59, next60, next61, next62, next63, next64, next65, next66, next67, next68, next69, next70, next71, next72, next72b, next73, next74, next75, next76, next77, next78, next78b, next78c, next79, next80, next81, next81b, next81c, next82, next82b, next82c, next82d, next83, next83b, next84, next85, next85b, next86, next87, next87b, next88, next90, next91, engine21, engine, pending, final, ttft1, probe or hybrid, or several joined by commas
+#   rag0, read, readprof (with ncu), engineread, tileslast, final2, rag09, check17, diag18, check18, final18, warps18, bs32, rag32, tests, regs19, diag19, final19, tile16, w16, ahead, ahead2, final20, rag20, ahead4, next21, check22, check22b, rag22, ttft22, ncu22, next23, final23, dyn24, prefill24, final24, gemm24, next25, gemv27, gemv28, gemv29, gemm30, next31, next32, next33, next33b, next33c, next33d, next33e, next34, rag34, next35, next35b, next35c, next36, next36a, next37, next37b, next38, next38b, next38c, next39, next39b, next39c, next39d, next39e, next40, next41, next41b, next41c, next41d, next41e, next41f, next42, next45, next46, next47, next48, next49, next50, next51, next52, next53, next54, next55, next56, next57, next58, next59, next60, next61, next62, next63, next64, next65, next66, next67, next68, next69, next70, next71, next72, next72b, next73, next74, next75, next76, next77, next78, next78b, next78c, next79, next80, next81, next81b, next81c, next82, next82b, next82c, next82d, next83, next83b, next84, next85, next85b, next86, next87, next87b, next88, next90, next91, next93, next93b, engine21, engine, pending, final, ttft1, probe or hybrid, or several joined by commas
 set -u
 cd "$(dirname "$0")/.."
 export TRITON_INTERPRET=0 PYTHONUNBUFFERED=1 GIT_SHA=${GIT_SHA:-unknown}
@@ -590,6 +590,15 @@ if want next90; then  # (next89 at f4d261f, H100: KV_PACK swept, no case faster;
     # programs (MERGE_D_CHUNK) and its warps at the batch-1 decodes and the short read, warm and cold, SDPA beside
     step read_merge 240 env READ_SWEEP=merge python3 bench/gpu_read_profile.py --out "$OUT" \
         --cases b1x8k,b1x8k_cold,b1x576w8k,short16k
+fi
+if want next93; then  # issue 10 at 937d1f2's engine (no change on the GPU path since next91): the cached 8 x 2,048 TTFT
+    # as a first prompt straight after its documents' prefill, then 200 ms after it (diag19: the prefill runs under the
+    # power cap, and the short read, latency-bound, slows with the clock), each in its own process
+    step ttft 240 python3 $TTFT_8X2048 --tag=-next93
+    step ttft_settle 150 python3 $TTFT_8X2048 --settle-ms 200 --tag=-next93
+fi
+if want next93b; then  # the GPU tests (not run at stop 48)
+    step gpu_tests 300 python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider -p no:logging --tb=short
 fi
 if want next91; then  # next90's merge sweep (its default now the 32-dim chunks: chunk 0 with 4 warps is the old one), then
     # (on an H200: issue 10's goal was set there) the cached 8 x 2,048 TTFT once and the engine's decode in one process
