@@ -9,6 +9,7 @@ from a file or standard input instead of the command line.
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import re
 import sys
@@ -21,7 +22,7 @@ PROG = "minipic-lite"
 EXIT_RUN_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DTYPE_HELP = (
-    "default: %(default)s = bfloat16 on CUDA, float32 on the CPU (bfloat16 there: 1.3-1.5x faster on CPUs with "
+    "default: %(default)s = bfloat16 on CUDA, float32 on the CPU (bfloat16 there: 1.1-1.5x faster on CPUs with "
     "AVX512-BF16 or AMX; its greedy tokens part from float32's at near ties)"
 )
 EXAMPLES = "\n  ".join([
@@ -40,8 +41,22 @@ class UsageError(Exception):
 class Parser(argparse.ArgumentParser):
     """argparse, but an error is one line (argparse prints the usage block first), exit 2."""
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.commands: dict[str, argparse.ArgumentParser] = {}  # the subcommands' parsers by name (the top level's)
+
     def error(self, message: str):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+    def parse_args(self, args=None, namespace=None):
+        """argparse's, but an option that a command does not know is named by that command's parser, whose --help
+        lists its options (argparse names the top level, whose --help lists only the commands)."""
+        parsed, unknown = self.parse_known_args(args, namespace)
+        if unknown:
+            self.commands.get(getattr(parsed, "command", None), self).error(
+                f"unrecognized arguments: {' '.join(unknown)}"
+            )
+        return parsed
 
 
 def checked(kind: type, rule: str, ok=lambda value: True):
@@ -81,14 +96,17 @@ def build_parser() -> Parser:
                        "(default: the embedded SmolLM2-135M-Instruct)")  # fmt: skip
     device = checked(str, "auto, cpu, cuda or cuda:N", re.compile(r"auto|cpu|cuda(:\d+)?").fullmatch)
     model.add_argument(
-        "--device", type=device, default="auto", help="default: %(default)s = cuda when torch sees a GPU"
+        "--device",
+        type=device,
+        default="auto",
+        help="auto, cpu, cuda or cuda:N (default: %(default)s = cuda when torch sees a GPU)",
     )
     model.add_argument("--dtype", choices=DTYPES, default="auto", help=DTYPE_HELP)
     sampling = gen.add_argument_group("sampling")
     temperature = checked(float, "a number >= 0 (0 = greedy)", lambda v: 0 <= v < float("inf"))
     seed = checked(int, "an integer in [-2**63, 2**64 - 1]", lambda v: SEED_MIN <= v <= SEED_MAX)
     for flag, kind, default, metavar, help_ in [
-        ("--max-tokens", checked(int, "an integer >= 1", lambda v: v >= 1), 128, "N", ""),
+        ("--max-tokens", checked(int, "an integer >= 1", lambda v: v >= 1), 128, "N", "new tokens at most"),
         ("--temperature", temperature, 0.0, "T", "0 = greedy"),
         ("--top-p", checked(float, "a number in (0, 1]", lambda v: 0 < v <= 1), 1.0, "P", "nucleus sampling"),
         ("--top-k", checked(int, "an integer >= 0", lambda v: v >= 0), 0, "K", "0 = no cut"),
@@ -111,6 +129,7 @@ def build_parser() -> Parser:
     app.add_argument("--model", metavar="PATH", help="a .gguf file or a Hugging Face directory (default SmolLM2)")
     app.add_argument("--span-policy", choices=SPAN_POLICIES, default="inline", help="default: %(default)s")
     app.add_argument("--dtype", choices=DTYPES, default="auto", help=DTYPE_HELP)
+    parser.commands = sub.choices
     return parser
 
 
@@ -151,6 +170,24 @@ def check_model(model: str | None) -> None:
         model_source(model)
     except (ValueError, FileNotFoundError) as e:
         raise UsageError(str(e)) from None
+
+
+def check_listen(host: str, port: int) -> None:
+    """The web app can listen on host:port (nothing loads yet): a busy port or a host that is not this machine's is a
+    usage error, found at once, not after the model has loaded (where Gradio's message points at its own knobs)."""
+    import socket
+
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except (socket.gaierror, UnicodeError) as e:
+        raise UsageError(f"cannot listen on --host {host!r}: {getattr(e, 'strerror', None) or e}") from None
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # NOTE: as uvicorn binds: TIME_WAIT is no clash
+        try:
+            probe.bind(address)
+        except OSError as e:
+            hint = ": pick another with --port" if e.errno == errno.EADDRINUSE else ""
+            raise UsageError(f"cannot listen on {host}:{port}: {e.strerror}{hint}") from None
 
 
 def run_generate(args, prompt_text: str) -> int:
@@ -200,6 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "ui":
             check_model(args.model)
+            check_listen(args.host, args.port)
             from ui.__main__ import serve  # NOTE: gradio loads only for this command
 
             dtype = None if args.dtype == "auto" else args.dtype

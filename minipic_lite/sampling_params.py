@@ -1,4 +1,4 @@
-"""How one request is sampled and when it stops (vLLM's names and defaults)."""
+"""How one request is sampled and when it stops (vLLM's names; its defaults but `max_tokens`: 64, not 16)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 class SamplingParams:
     max_tokens: int = 64
     temperature: float = 1.0
-    top_k: int = 0  # 0: no top-k cut
+    top_k: int = 0  # 0: no top-k cut (-1, vLLM's older spelling, is taken as 0)
     top_p: float = 1.0
     seed: int | None = None
     stop: tuple[str, ...] = field(default_factory=tuple)
@@ -34,9 +34,10 @@ class SamplingParams:
                 raise TypeError(f"{name} must be a number, got {type(value).__name__}")
         if not math.isfinite(self.temperature) or self.temperature < 0:
             raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
-        object.__setattr__(self, "top_k", _integer("top_k", self.top_k, "an integer >= 0 (0 disables it)"))
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be an integer >= 0 (0 disables it), got {self.top_k!r}")
+        top_k = _integer("top_k", self.top_k, "an integer >= 0 (0 or -1 disables it)")
+        if top_k < -1:
+            raise ValueError(f"top_k must be an integer >= 0 (0 or -1 disables it), got {top_k!r}")
+        object.__setattr__(self, "top_k", max(top_k, 0))  # NOTE: vLLM code passes -1 for "no cut"; the sampler reads 0
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if self.seed is not None:

@@ -104,7 +104,12 @@ USAGE_ERRORS = {
     "model-dir-without-config": (["generate", "hi", "--model", "tests"], "has no config.json"),
     "missing-file": (["generate", "--file", "no/such.txt"], "cannot read --file 'no/such.txt'"),
     "unknown-command": (["serve"], "invalid choice: 'serve'"),
-    "unknown-option": (["generate", "hi", "--frobnicate"], "unrecognized arguments: --frobnicate"),
+    "unknown-option": (["generate", "hi", "--frobnicate"], "generate: error: unrecognized arguments: --frobnicate"),
+    # NOTE: named by the command, whose --help lists its options (an HF user's --max-new-tokens lands here)
+    "unknown-ui-option": (
+        ["ui", "--share"],
+        "minipic-lite ui: error: unrecognized arguments: --share (see minipic-lite ui",
+    ),
 }
 
 

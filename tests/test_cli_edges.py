@@ -1,9 +1,10 @@
 """Edges of the command line (cli.py) that test_cli leaves open, in-process (no model): the limits of each checked
 option are taken and one past them is refused, a prompt from standard input or a file loses its trailing line
-ends only, the defaults; and, with stand-ins for the LLM and the web app's serve(), what each flag hands on and the
-exit status of an interrupt or a missing extra."""
+ends only, the defaults; and, with stand-ins for the LLM and the web app's serve(), what each flag hands on, the
+exit status of an interrupt or a missing extra, and an address the app cannot listen on refused before it loads."""
 
 import io
+import socket
 import sys
 from types import SimpleNamespace
 
@@ -97,9 +98,40 @@ def test_ctrl_c_during_a_run_is_one_line_and_exit_130(monkeypatch, capsys):
     assert capsys.readouterr().err == "minipic-lite: error: interrupted\n"
 
 
-def fake_ui(monkeypatch, serve):
-    """`minipic-lite ui` imports ui.__main__.serve only when run: a stand-in module takes its place (no gradio)."""
+def fake_ui(monkeypatch, serve, listen=False):
+    """`minipic-lite ui` imports ui.__main__.serve only when run: a stand-in module takes its place (no gradio); the
+    check that the address is free is skipped unless `listen`."""
     monkeypatch.setitem(sys.modules, "ui.__main__", SimpleNamespace(serve=serve))
+    if not listen:
+        monkeypatch.setattr(cli, "check_listen", lambda host, port: None)
+
+
+def refuse_to_serve(*args):
+    raise AssertionError("the app was started: the address should have been refused first")
+
+
+def test_a_busy_port_is_a_usage_error_before_the_model_loads(monkeypatch, capsys):
+    """Before this check the model loaded (13 s) and then Gradio said 'Cannot find empty port ... set
+    GRADIO_SERVER_PORT or pass server_port to launch()': knobs this command does not have."""
+    fake_ui(monkeypatch, refuse_to_serve, listen=True)
+    monkeypatch.setattr(cli, "check_model", lambda model: None)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert cli.main(["ui", "--port", str(port)]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.startswith(f"minipic-lite ui: error: cannot listen on 127.0.0.1:{port}: ") and err.count("\n") == 1
+    assert "pick another with --port" in err and "(see minipic-lite ui --help)" in err
+
+
+def test_a_host_that_is_not_this_machines_is_a_usage_error_before_the_model_loads(monkeypatch, capsys):
+    """192.0.2.1 is TEST-NET-1 (RFC 5737), an address no machine of ours holds: bind() refuses it at once."""
+    fake_ui(monkeypatch, refuse_to_serve, listen=True)
+    monkeypatch.setattr(cli, "check_model", lambda model: None)
+    assert cli.main(["ui", "--host", "192.0.2.1"]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.startswith("minipic-lite ui: error: cannot listen on 192.0.2.1:7860: ") and err.count("\n") == 1
 
 
 def test_ui_passes_every_option_to_serve_and_auto_dtype_as_none(monkeypatch):

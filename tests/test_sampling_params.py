@@ -8,7 +8,7 @@ from minipic_lite.sampling_params import SamplingParams
 @pytest.mark.parametrize(
     ("kwargs", "error"),
     [
-        ({"top_k": -1}, ValueError),  # 0 disables it; below that is nonsense
+        ({"top_k": -2}, ValueError),  # 0 (or vLLM's -1) disables it; below that is nonsense
         ({"max_tokens": 2.5}, TypeError),
         ({"max_tokens": 4.0}, TypeError),  # a float, even a whole one, is no token count
     ],
@@ -16,6 +16,11 @@ from minipic_lite.sampling_params import SamplingParams
 def test_nonsense_at_the_edges_is_rejected(kwargs, error):
     with pytest.raises(error, match=next(iter(kwargs))):
         SamplingParams(**kwargs)
+
+
+def test_vllms_minus_one_for_top_k_means_no_cut_as_0_does():
+    """vLLM code passes top_k=-1 for "consider every token" (vLLM refused 0 until it took both): it is taken as 0."""
+    assert SamplingParams(top_k=-1).top_k == 0 == SamplingParams(top_k=0).top_k
 
 
 def test_one_stop_string_is_one_stop_not_its_characters():

@@ -418,6 +418,7 @@ def test_both_app_commands_pass_the_dtype_to_the_engine(monkeypatch, argv, expec
 
     calls = []
     monkeypatch.setattr(entry, "serve", lambda *args: calls.append(args) or 0)
+    monkeypatch.setattr(cli, "check_listen", lambda host, port: None)  # NOTE: nothing listens; 7860 may be taken
     assert cli.main(["ui", *argv]) == 0
     assert entry.main(argv) == 0
     assert [call[4] for call in calls] == [expected, expected]
