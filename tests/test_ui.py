@@ -313,12 +313,12 @@ def test_a_state_report_on_its_token_axis():
 
 def test_state_table_from_the_stats():
     stats = {"state_memory_bytes": 66 * 2**10, "state_budget_bytes": 2**29, "num_checkpoints": 4,
-             "num_checkpoints_saved": 5, "num_checkpoints_evicted": 1, "num_resumed": 2, "num_resumed_tokens": 1234,
-             "num_recomputed_prompt_tokens": 56}  # fmt: skip
+             "num_checkpoints_saved": 7, "num_checkpoints_moved": 2, "num_checkpoints_evicted": 1, "num_resumed": 2,
+             "num_resumed_tokens": 1234, "num_recomputed_prompt_tokens": 56}  # fmt: skip
     assert state_markdown(stats).splitlines()[2:] == [
         "| state memory used / budget | 66.0 KiB / 512.0 MiB (0.01%) |",
         "| checkpoints held | 4 |",
-        "| checkpoints saved / evicted | 5 / 1 |",
+        "| checkpoints saved / moved / evicted | 7 / 2 / 1 |",  # held 4 = 7 - 2 - 1
         "| requests resumed from a checkpoint | 2 |",
         "| prompt tokens resumed / recomputed | 1,234 / 56 |",
     ]
@@ -354,7 +354,9 @@ def test_a_hybrid_resumes_a_shared_prefix_and_the_panel_draws_it(hybrid_llm):
 
     table, last, in_flight = h.state_tick("s-hyb")
     stats = hybrid_llm.stats()
-    assert f"| checkpoints saved / evicted | {stats['num_checkpoints_saved']} / 0 |" in table
+    saved, moved = stats["num_checkpoints_saved"], stats["num_checkpoints_moved"]
+    assert f"| checkpoints saved / moved / evicted | {saved} / {moved} / 0 |" in table
+    assert f"| checkpoints held | {saved - moved} |" in table  # the table adds up: nothing evicted here
     assert stats["num_checkpoints_saved"] == len(first.saved) + len(second.saved) and stats["num_resumed"] == 1
     assert f"data-request='{second_id}'" in last and "No request in flight." in in_flight
     assert ("resume", str(second.resume_position)) in [m[:2] for m in AXIS_MARK.findall(last)]

@@ -13,7 +13,7 @@ A hybrid model served by the app: each request's prompt on its token axis, from 
     |▓▓▓▓▓▓▓▓▓▓▓▓▓|░░░░░░░░░|░░░░░░░░░░░░░░░░░░░|      [resume, N): computed (recomputed)
         planned ◇     saved ◆    saved ◆             ▲ the resume point
 
-and the engine's checkpoint store (`LLM.stats()`: state memory used / budget, checkpoints saved / evicted).
+and the engine's checkpoint store (`LLM.stats()`: state memory used / budget, checkpoints saved / moved / evicted).
 """
 
 from __future__ import annotations
@@ -178,7 +178,10 @@ def state_markdown(stats: dict) -> str:
     rows = [
         ("state memory used / budget", f"{format_bytes(used)} / {format_bytes(budget)}" + _share(used, budget)),
         ("checkpoints held", stats["num_checkpoints"]),
-        ("checkpoints saved / evicted", f"{stats['num_checkpoints_saved']} / {stats['num_checkpoints_evicted']}"),
+        (  # NOTE: held = saved - moved - evicted; a save that took a stale checkpoint's place moved it
+            "checkpoints saved / moved / evicted",
+            f"{stats['num_checkpoints_saved']} / {stats['num_checkpoints_moved']} / {stats['num_checkpoints_evicted']}",
+        ),
         ("requests resumed from a checkpoint", stats["num_resumed"]),
         (
             "prompt tokens resumed / recomputed",
