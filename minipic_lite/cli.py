@@ -205,6 +205,7 @@ def run_generate(args, prompt_text: str) -> int:
     output = stream_to_stdout(llm, prompt, params) if args.stream else llm.generate([prompt], params, use_tqdm=False)[0]
     if not args.stream:
         print(output.text)
+    sys.stdout.flush()  # NOTE: a reader that left fails here, in main's try, not in the flush at exit (exit 120)
     m = output.metrics
     print(
         f"[{len(output.prompt_token_ids)} prompt tokens, {len(output.token_ids)} generated ({output.finish_reason}); "

@@ -91,6 +91,31 @@ def save_tiny_llama(path, **overrides):
     return path
 
 
+# A word per token; `<s>` (1) and `</s>` (2) as in Llama 2 (TINY_LLAMA's eos_token_id is 2).
+BOS_VOCAB = ("[UNK]", "<s>", "</s>", "<ssep>", "<pdep>", "<pad>", "<|im_start|>", "<|im_end|>", "user", "assistant",
+             "hello", "world", "foo", "bar")  # fmt: skip
+# NOTE: begins with the BOS text, as Llama 3's does: encoding the rendered chat with special tokens adds a second BOS.
+BOS_CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<|im_start|>{{ m.role }} {{ m.content }}<|im_end|>{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant{% endif %}"
+)
+
+
+def bos_tokenizer():
+    """A real Hugging Face tokenizer, built offline, that adds a BOS as Llama 2's does (SmolLM2's adds none):
+    `encode("hello world")` is [<s>, hello, world]; words of BOS_VOCAB split at white space, the rest [UNK]."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(BOS_VOCAB)}, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>", unk_token="[UNK]",
+        additional_special_tokens=["<|im_start|>", "<|im_end|>"], chat_template=BOS_CHAT_TEMPLATE,
+    )  # fmt: skip
+
+
 def max_abs_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
     """Max absolute error, printed with the relative error so a failure says how far off it is."""
     diff = (actual.double() - expected.double()).abs().max().item()

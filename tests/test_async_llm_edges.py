@@ -11,14 +11,16 @@ from minipic_lite.async_llm import AsyncLLM
 from minipic_lite.engine_loop import EngineLoop
 from minipic_lite.sampling_params import SamplingParams
 from tests.test_engine_loop_edges import CountingEngine, request
+from tests.waits import WAIT_S, run_with_timeout
 
 
 class StubLLM:
     """The part of an LLM that AsyncLLM uses, over a loop of CountingEngine: a request of prompt "n tokens" finishes
-    after n steps; it records what make_requests was asked."""
+    after n steps; it records what make_requests was asked. Its waits on the loop are bounded (tests/waits.py): one
+    that hung in a thread of asyncio's executor would hang asyncio.run's shutdown too."""
 
     def __init__(self):
-        self._loop = EngineLoop(CountingEngine)
+        self._loop = run_with_timeout(EngineLoop, CountingEngine)
         self.asked = []
 
     def make_requests(self, prompts, params, stream=False, request_id=None):
@@ -29,13 +31,13 @@ class StubLLM:
         self._loop.submit(requests, sink)
 
     def abort(self, request_id: str) -> None:
-        self._loop.abort(request_id)
+        run_with_timeout(self._loop.abort, request_id)
 
     def stats(self) -> dict:
-        return self._loop.call(lambda engine: {"requests": dict(engine.requests)})
+        return run_with_timeout(self._loop.call, lambda engine: {"requests": dict(engine.requests)})
 
     def close(self) -> None:
-        self._loop.close()
+        run_with_timeout(self._loop.close)
 
 
 def test_generate_streams_its_request_with_default_params_under_its_id():
@@ -44,7 +46,7 @@ def test_generate_streams_its_request_with_default_params_under_its_id():
     async def collect():
         return [out async for out in AsyncLLM.from_llm(stub).generate("3 tokens", request_id="mine")]
 
-    outs = asyncio.run(collect())
+    outs = asyncio.run(asyncio.wait_for(collect(), WAIT_S))
     assert stub.asked == [(["3 tokens"], [SamplingParams()], True, "mine")]
     assert [(o.request_id, len(o.token_ids), o.finished) for o in outs] == [
         ("mine", 1, False), ("mine", 2, False), ("mine", 3, True)
@@ -65,7 +67,7 @@ def test_a_consumer_that_leaves_early_aborts_its_request_while_the_event_loop_ru
         await gen.aclose()
         return await asyncio.to_thread(async_llm.stats)  # queued after the abort
 
-    assert asyncio.run(main()) == {"requests": {}}
+    assert asyncio.run(asyncio.wait_for(main(), WAIT_S)) == {"requests": {}}
     stub.close()
 
 
@@ -83,11 +85,8 @@ def test_a_generator_closed_after_its_llm_was_closed_ends_quietly():
         await gen.aclose()
         return first
 
-    assert not asyncio.run(main()).finished
+    assert not asyncio.run(asyncio.wait_for(main(), WAIT_S)).finished
     assert stub._loop.closed
-
-
-WAIT_S = 10  # a hang fails the test after this long instead of blocking the suite
 
 
 def test_generate_passes_the_callers_sampling_params_and_wakes_the_event_loop():
@@ -141,7 +140,7 @@ def test_a_consumer_that_leaves_does_not_wait_for_the_engine_loop():
         gate.set()
         return await asyncio.to_thread(async_llm.stats)
 
-    assert asyncio.run(main()) == {"requests": {}}
+    assert asyncio.run(asyncio.wait_for(main(), WAIT_S)) == {"requests": {}}
     assert released == [True], "aclose() waited for the busy engine loop"
     stub.close()
 

@@ -9,14 +9,16 @@ import pytest
 import torch
 
 import minipic_lite as mp
+from tests.waits import run_with_timeout
 
 BURST = 4
+MAX_STEPS = 100  # a test driving the engine by hand fails after this many steps instead of spinning forever
 
 
 @pytest.fixture(scope="module")
 def async_llm(model_dir):
-    return mp.LLM(
-        str(model_dir), device="cpu", dtype="float32", max_model_len=512, num_scheduler_steps=BURST,
+    return run_with_timeout(
+        mp.LLM, str(model_dir), device="cpu", dtype="float32", max_model_len=512, num_scheduler_steps=BURST,
         async_scheduling=True,
     )  # fmt: skip
 
@@ -34,17 +36,17 @@ def assert_idle(engine) -> None:
 
 def test_async_bursts_give_the_outputs_of_single_steps(llm, async_llm):
     prompts = ["1, 2, 3, 4, 5, 6,", "The capital of France is", "def fibonacci(n):", "Once upon a time"]
-    base = llm.generate(prompts[0], greedy(12), use_tqdm=False)[0]
+    base = run_with_timeout(llm.generate, prompts[0], greedy(12), use_tqdm=False)[0]
     params = [
         greedy(13, stop=[base.text.split(",")[2]]),  # a stop string mid-burst
         greedy(7),  # ends on a max_tokens that is no multiple of the burst
         greedy(21, stop_token_ids=[base.token_ids[5]]),
         mp.SamplingParams(max_tokens=18, temperature=0.9, top_p=0.9, seed=5),  # per-request generator
     ]
-    expected = llm.generate(prompts, params, use_tqdm=False)
+    expected = run_with_timeout(llm.generate, prompts, params, use_tqdm=False)
     engine = async_llm.engine
     stats_before = (engine.stats.num_continuations, engine.stats.num_generated_tokens)
-    outs = async_llm.generate(prompts, params, use_tqdm=False)
+    outs = run_with_timeout(async_llm.generate, prompts, params, use_tqdm=False)
     assert engine.stats.num_continuations > stats_before[0]  # bursts were queued ahead
     for out, exp in zip(outs, expected, strict=True):
         assert (out.token_ids, out.text, out.finish_reason, out.stop_reason) == (
@@ -56,13 +58,14 @@ def test_async_bursts_give_the_outputs_of_single_steps(llm, async_llm):
 
 def test_a_stop_inside_a_burst_drops_the_continuation_queued_behind_it(llm, async_llm):
     prompt = "The capital of France is"
-    full = llm.generate(prompt, greedy(12, ignore_eos=True), use_tqdm=False)[0].token_ids
+    full = run_with_timeout(llm.generate, prompt, greedy(12, ignore_eos=True), use_tqdm=False)[0].token_ids
     # token 1 from the prefill; the burst of tokens 2-5 is queued with its continuation (6-9) behind it
     stop = full[2]
     assert stop not in full[:2]
     engine = async_llm.engine
     num_continuations = engine.stats.num_continuations
-    out = async_llm.generate(prompt, greedy(12, ignore_eos=True, stop_token_ids=[stop]), use_tqdm=False)[0]
+    params = greedy(12, ignore_eos=True, stop_token_ids=[stop])
+    out = run_with_timeout(async_llm.generate, prompt, params, use_tqdm=False)[0]
     assert out.token_ids == full[:3] and (out.finish_reason, out.stop_reason) == ("stop", stop)
     assert engine.stats.num_continuations == num_continuations + 1
     assert_idle(engine)
@@ -72,19 +75,24 @@ def test_an_abort_and_an_arrival_while_a_burst_is_queued(llm, async_llm):
     texts = ["Once upon a time", "def fibonacci(n):", "The capital of France is"]
     ids = [llm.encode(text)[0] for text in texts]
     params = greedy(14, ignore_eos=True)
-    expected = [llm.generate([p], params, use_tqdm=False)[0].token_ids for p in ids]
+    expected = [run_with_timeout(llm.generate, [p], params, use_tqdm=False)[0].token_ids for p in ids]
     engine = async_llm.engine
     a, b = (engine.add_request(p, params) for p in ids[:2])
     outputs = {}
-    while engine.in_flight is None:
+    for _ in range(MAX_STEPS):
         outputs |= {o.request_id: o for o in engine.step()}
         engine.pool.check_integrity()
+        if engine.in_flight is not None:
+            break
+    assert engine.in_flight is not None, "no burst was queued ahead"
     aborted = engine.abort(b)  # its blocks freed while the queued burst still writes them
     assert aborted.finish_reason == "abort" and aborted.token_ids == expected[1][: len(aborted.token_ids)]
     c = engine.add_request(ids[2], params)  # arrives while a burst is queued: admitted once it is read
-    while engine.has_unfinished():
+    for _ in range(MAX_STEPS):
         outputs |= {o.request_id: o for o in engine.step()}
         engine.pool.check_integrity()
+        if not engine.has_unfinished():
+            break
     assert outputs[a].token_ids == expected[0] and outputs[c].token_ids == expected[2]
     assert b not in outputs and outputs[a].finished and outputs[c].finished
     assert_idle(engine)
@@ -98,17 +106,17 @@ def test_blocks_evicted_to_the_host_by_a_queued_burst_come_back_whole(tmp_path):
     tiny = save_tiny_llama(tmp_path, vocab_size=48, max_position_embeddings=128)
     B, steps = 4, 2
     kwargs = dict(device="cpu", dtype="float32", block_size=B, max_model_len=64, max_num_seqs=2)
-    roomy = mp.LLM(str(tiny), num_blocks=256, **kwargs)
+    roomy = run_with_timeout(mp.LLM, str(tiny), num_blocks=256, **kwargs)
     block_bytes = roomy.engine.runner.block_bytes
-    small = mp.LLM(str(tiny), num_blocks=16, host_cache_gib=64 * block_bytes / 2**30, async_scheduling=True,
-                   num_scheduler_steps=steps, **kwargs)  # fmt: skip
+    small = run_with_timeout(mp.LLM, str(tiny), num_blocks=16, host_cache_gib=64 * block_bytes / 2**30,
+                             async_scheduling=True, num_scheduler_steps=steps, **kwargs)  # fmt: skip
     gen = torch.Generator().manual_seed(4)
     prompts = [torch.randint(6, 48, (34,), generator=gen).tolist() for _ in range(5)]  # 9 blocks each
     prompts += prompts[::-1]  # the second round hits the first's blocks, most of them on the host
     params = greedy(16, ignore_eos=True)  # 4 more blocks, taken a burst at a time
-    expected = [o.token_ids for o in roomy.generate(prompts, params, use_tqdm=False)]
-    got = [o.token_ids for p in prompts for o in small.generate([p], params, use_tqdm=False)]
-    stats = small.stats()
+    expected = [o.token_ids for o in run_with_timeout(roomy.generate, prompts, params, use_tqdm=False)]
+    got = [o.token_ids for p in prompts for o in run_with_timeout(small.generate, [p], params, use_tqdm=False)]
+    stats = run_with_timeout(small.stats)
     assert stats["num_host_hit_blocks"] > 0 and small.engine.stats.num_continuations > 0
     assert got == expected
     small.engine.kv.check_integrity()

@@ -1,17 +1,21 @@
 """Edges of the command line (cli.py) that test_cli leaves open, in-process (no model): the limits of each checked
 option are taken and one past them is refused, a prompt from standard input or a file loses its trailing line
 ends only, the defaults; and, with stand-ins for the LLM and the web app's serve(), what each flag hands on, the
-exit status of an interrupt or a missing extra, and an address the app cannot listen on refused before it loads."""
+exit status of an interrupt or a missing extra, of a reply written into a pipe whose reader has left, and an
+address the app cannot listen on refused before it loads."""
 
 import io
+import os
 import socket
+import subprocess
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from minipic_lite import cli
-from minipic_lite.cli import EXIT_USAGE, build_parser, read_prompt
+from minipic_lite.cli import EXIT_RUN_ERROR, EXIT_USAGE, build_parser, read_prompt
 from minipic_lite.sampling_params import SEED_MAX, SEED_MIN
 
 
@@ -172,7 +176,8 @@ def test_generate_hands_device_and_dtype_to_the_llm_and_auto_as_none(monkeypatch
 
 
 class RecordingLLM:
-    """Stands in for LLM in `generate`: records the prompt and params it is asked for, replies "ok"."""
+    """Stands in for LLM in `generate`: records the prompt and params it is asked for, replies "ok" (streamed: at
+    once)."""
 
     calls: list = []
 
@@ -184,6 +189,9 @@ class RecordingLLM:
         metrics = SimpleNamespace(ttft=0.01, total_time=0.02)
         return [SimpleNamespace(text="ok", prompt_token_ids=[1, 2], token_ids=[3], finish_reason="length",
                                 metrics=metrics)]  # fmt: skip
+
+    def stream(self, prompt, params):
+        yield from self.generate([prompt], params, False)
 
 
 def test_generate_hands_every_sampling_flag_to_the_params(monkeypatch, capsys):
@@ -205,3 +213,33 @@ def test_generate_hands_every_sampling_flag_to_the_params(monkeypatch, capsys):
     out, err = capsys.readouterr()
     assert out == "ok\nok\n"
     assert err.splitlines()[0].startswith("[2 prompt tokens, 1 generated (length); load ")
+
+
+# Runs the CLI's main() in a fresh interpreter with RecordingLLM in place of the LLM (nothing loads).
+STAND_IN_CLI = """
+import sys
+import minipic_lite
+from minipic_lite import cli
+from tests.test_cli_edges import RecordingLLM
+minipic_lite.LLM = RecordingLLM
+cli.check_model = lambda model: None
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("flags", [[], ["--stream"]], ids=["printed", "streamed"])
+def test_a_reply_into_a_pipe_whose_reader_has_left_exits_1_saying_nothing(flags):
+    """`minipic-lite generate ... | head -c 1`, head gone before the reply: exit 1 and nothing on stderr, no traceback
+    and no "Exception ignored" at exit. stdout is a real pipe whose read end is closed before the CLI starts, and
+    block-buffered as a shell gives it (PYTHONUNBUFFERED unset): a printed reply left in the buffer would only fail as
+    the interpreter exits, outside main's `except BrokenPipeError` (exit 120)."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    root = Path(__file__).resolve().parent.parent
+    try:
+        done = subprocess.run([sys.executable, "-c", STAND_IN_CLI, "generate", "hi", *flags], stdout=write_end,
+                              stderr=subprocess.PIPE, text=True, cwd=root, env=env, timeout=60)  # fmt: skip
+    finally:
+        os.close(write_end)
+    assert (done.returncode, done.stderr) == (EXIT_RUN_ERROR, "")

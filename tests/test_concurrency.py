@@ -1,6 +1,7 @@
 """Many callers on one LLM: outputs routed by request id, nothing lost, nothing hangs, aborts free blocks.
 
-Every scenario runs in a worker thread joined with a timeout, so a hang fails the test instead of blocking CI.
+Every wait is bounded (tests/waits.py): a scenario runs in a worker thread joined with a timeout, so a hang fails the
+test instead of blocking CI.
 """
 
 import asyncio
@@ -10,8 +11,8 @@ import pytest
 import torch
 
 import minipic_lite as mp
+from tests.waits import WAIT_S, run_with_timeout
 
-TIMEOUT_S = 120
 GREEDY = mp.SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
 # NOTE: ignore_eos: sampled freely, the model may end "Tell me a long story." at its first token
 LONG = mp.SamplingParams(max_tokens=200, temperature=0.0, ignore_eos=True)
@@ -27,25 +28,6 @@ PROMPTS = [
 ]
 
 
-def run_with_timeout(fn, *args):
-    """Run fn in a thread; fail if it has not returned within TIMEOUT_S (a hang), re-raise its error."""
-    result, error = [], []
-    thread = threading.Thread(target=lambda: _capture(fn, args, result, error), daemon=True)
-    thread.start()
-    thread.join(TIMEOUT_S)
-    assert not thread.is_alive(), f"{fn.__name__} hung for {TIMEOUT_S} s"
-    if error:
-        raise error[0]
-    return result[0]
-
-
-def _capture(fn, args, result, error):
-    try:
-        result.append(fn(*args))
-    except BaseException as e:  # noqa: BLE001
-        error.append(e)
-
-
 def assert_idle(llm):
     engine = llm.engine
     assert not engine.has_unfinished() and not engine.requests
@@ -56,7 +38,7 @@ def assert_idle(llm):
 @pytest.fixture(scope="module")
 def solo(llm):
     """Each prompt run alone (greedy): what every concurrent run must reproduce."""
-    return {p: llm.generate(p, GREEDY, use_tqdm=False)[0].token_ids for p in PROMPTS}
+    return {p: run_with_timeout(llm.generate, p, GREEDY, use_tqdm=False)[0].token_ids for p in PROMPTS}
 
 
 def test_generate_while_a_stream_is_open_gets_its_own_output_and_the_stream_finishes(llm, solo):
@@ -147,10 +129,10 @@ def test_async_llm_streams_concurrent_tasks_and_break_aborts(llm, solo):
 
 def test_a_request_id_in_flight_cannot_be_reused(llm):
     stream = llm.stream(PROMPTS[0], GREEDY, request_id="same")
-    next(stream)
+    run_with_timeout(next, stream)
     with pytest.raises(ValueError, match="'same' is already in use"):
         run_with_timeout(lambda: list(llm.stream(PROMPTS[1], GREEDY, request_id="same")))
-    assert list(stream)[-1].finished
+    assert run_with_timeout(list, stream)[-1].finished
     assert_idle(llm)
 
 
@@ -164,9 +146,9 @@ def test_abort_in_prefill_in_decode_and_while_preempted(model_dir):
     params = mp.SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
     keep = [PROMPTS[0], PROMPTS[1], PROMPTS[6], PROMPTS[7]]
     long_prompt = " ".join(["The history of caching in computer systems."] * 6)  # ~50 tokens: 4 chunks
-    reference = mp.LLM(str(model_dir), **kwargs).generate(keep, params, use_tqdm=False)
+    reference = run_with_timeout(lambda: mp.LLM(str(model_dir), **kwargs).generate(keep, params, use_tqdm=False))
 
-    llm = mp.LLM(str(model_dir), **kwargs)
+    llm = run_with_timeout(mp.LLM, str(model_dir), **kwargs)
     engine = llm.engine
     ids = [engine.add_request(llm.encode(p)[0], params, prompt=p) for p in keep]
     in_prefill = engine.add_request(llm.encode(long_prompt)[0], params)
@@ -229,15 +211,15 @@ def test_the_loop_thread_builds_the_engine_and_a_build_error_reaches_the_caller(
             super().__init__(*args, **kwargs)
 
     monkeypatch.setattr(llm_module, "LLMEngine", RecordingEngine)
-    llm = mp.LLM(model_dir, device="cpu", num_blocks=64, max_model_len=256)
+    llm = run_with_timeout(mp.LLM, model_dir, device="cpu", num_blocks=64, max_model_len=256)
     try:
         assert built_on == [llm._loop._thread] and built_on[0] is not threading.current_thread()
-        out = llm.generate("Hi", mp.SamplingParams(max_tokens=2), use_tqdm=False)[0]
+        out = run_with_timeout(llm.generate, "Hi", mp.SamplingParams(max_tokens=2), use_tqdm=False)[0]
         assert len(out.token_ids) == 2
     finally:
-        llm.close()
+        run_with_timeout(llm.close)
     with pytest.raises(ValueError, match="too few for one request"):
-        mp.LLM(model_dir, device="cpu", num_blocks=2, max_model_len=256)
+        run_with_timeout(mp.LLM, model_dir, device="cpu", num_blocks=2, max_model_len=256)
 
 
 @pytest.mark.parametrize(
@@ -262,24 +244,24 @@ def test_a_cuda_engine_thread_drops_to_one_torch_thread_unless_omp_num_threads_s
 
 
 def test_a_cpu_engine_keeps_its_torch_threads(model_dir):
-    llm = mp.LLM(model_dir, device="cpu", num_blocks=64, max_model_len=256)
+    llm = run_with_timeout(mp.LLM, model_dir, device="cpu", num_blocks=64, max_model_len=256)
     try:
-        assert llm._loop.call(lambda engine: torch.get_num_threads()) == torch.get_num_threads() > 0
+        assert run_with_timeout(llm._loop.call, lambda engine: torch.get_num_threads()) == torch.get_num_threads() > 0
     finally:
-        llm.close()
+        run_with_timeout(llm.close)
 
 
 def test_an_llm_nobody_holds_is_collected_and_its_loop_thread_ends(model_dir):
     import gc
     import weakref
 
-    llm = mp.LLM(model_dir, device="cpu", num_blocks=64, max_model_len=256)
-    llm.generate("Hi", mp.SamplingParams(max_tokens=2), use_tqdm=False)
+    llm = run_with_timeout(mp.LLM, model_dir, device="cpu", num_blocks=64, max_model_len=256)
+    run_with_timeout(llm.generate, "Hi", mp.SamplingParams(max_tokens=2), use_tqdm=False)
     thread, ref = llm._loop._thread, weakref.ref(llm)
     del llm
     gc.collect()
     assert ref() is None
-    thread.join(timeout=30)
+    thread.join(WAIT_S)
     assert not thread.is_alive()
 
 
@@ -350,7 +332,7 @@ def test_a_sink_that_raises_aborts_its_request_and_the_others_finish(llm, solo):
     llm.submit([req], broken_sink)
     (out,) = run_with_timeout(lambda: llm.generate([PROMPTS[3]], GREEDY, use_tqdm=False))
     assert out.token_ids == solo[PROMPTS[3]]
-    assert llm._loop.call(lambda engine: req.request_id in engine.requests) is False
+    assert run_with_timeout(llm._loop.call, lambda engine: req.request_id in engine.requests) is False
     assert [o.finished for o in calls] == [False, True]  # its first token, then the abort's final output
     assert calls[-1].finish_reason == "abort" and len(calls[-1].token_ids) == 1
     assert_idle(llm)
@@ -359,7 +341,7 @@ def test_a_sink_that_raises_aborts_its_request_and_the_others_finish(llm, solo):
 def test_closing_the_llm_aborts_the_requests_in_flight(model_dir):
     """close() with a stream still running: the stream ends with a final "abort" output instead of hanging, and a
     request after close() is a clear error."""
-    llm = mp.LLM(str(model_dir), device="cpu", dtype="float32", num_blocks=64, max_model_len=512)
+    llm = run_with_timeout(mp.LLM, str(model_dir), device="cpu", dtype="float32", num_blocks=64, max_model_len=512)
 
     def scenario():
         stream = llm.stream(PROMPTS[0], LONG)
@@ -371,7 +353,7 @@ def test_closing_the_llm_aborts_the_requests_in_flight(model_dir):
     assert outs[-1].finished and outs[-1].finish_reason == "abort" and not outs[0].finished
     assert not llm._loop._thread.is_alive()
     with pytest.raises(RuntimeError, match="the engine loop is closed"):
-        llm.generate(PROMPTS[1], GREEDY, use_tqdm=False)
+        run_with_timeout(llm.generate, PROMPTS[1], GREEDY, use_tqdm=False)
 
 
 def test_an_interrupted_generate_aborts_what_it_still_runs(llm, monkeypatch):
@@ -404,7 +386,7 @@ def test_generate_shows_a_progress_bar_only_when_asked_and_before_its_requests_a
         return real(**kwargs)
 
     monkeypatch.setattr(llm_module, "tqdm", recorded)
-    llm.generate(PROMPTS[:2], GREEDY, use_tqdm=False)
+    run_with_timeout(llm.generate, PROMPTS[:2], GREEDY, use_tqdm=False)
     assert made == []
     outputs = run_with_timeout(lambda: llm.generate(PROMPTS[:2], GREEDY))
     ((built, kwargs),) = made
@@ -426,7 +408,9 @@ def test_prompts_and_sampling_params_must_pair_up(llm):
 def test_async_llm_of_its_own_aborts_by_request_id_and_closes(model_dir):
     """`AsyncLLM(model, ...)` builds its own engine; `await abort(id)` returns once the blocks are free and the
     stream ends with the abort's final output; close() stops the loop."""
-    async_llm = mp.AsyncLLM(str(model_dir), device="cpu", dtype="float32", num_blocks=64, max_model_len=512)
+    async_llm = run_with_timeout(
+        mp.AsyncLLM, str(model_dir), device="cpu", dtype="float32", num_blocks=64, max_model_len=512
+    )
     engine = async_llm.llm.engine
 
     async def main():
@@ -443,5 +427,5 @@ def test_async_llm_of_its_own_aborts_by_request_id_and_closes(model_dir):
     assert not any(o.finished for o in outs[:-1]) and outs[-1].finished and outs[-1].finish_reason == "abort"
     assert len(outs) >= 3 and len(outs[-1].token_ids) < LONG.max_tokens
     assert async_llm.stats()["num_running"] == 0
-    async_llm.close()
+    run_with_timeout(async_llm.close)
     assert not async_llm.llm._loop._thread.is_alive()

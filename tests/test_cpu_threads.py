@@ -11,6 +11,7 @@ from minipic_lite import cpu_threads
 from minipic_lite.cpu_threads import INTERVAL_S, ThreadGovernor, busy_seconds, threads_for
 from minipic_lite.engine_loop import EngineLoop
 from tests.test_engine_loop_edges import CountingEngine, request
+from tests.waits import WAIT_S, run_with_timeout
 
 
 @pytest.mark.parametrize(
@@ -106,12 +107,12 @@ def test_the_loop_tells_its_governor_of_each_step_and_of_each_wait(monkeypatch):
     calls = []
     governor = SimpleNamespace(after_step=lambda: calls.append("step"), idle=lambda: calls.append("idle"))
     monkeypatch.setattr(ThreadGovernor, "for_device", classmethod(lambda cls, device: governor))
-    loop = EngineLoop(CountingEngine)
+    loop = run_with_timeout(EngineLoop, CountingEngine)
     for name in ("a", "b"):
         finished = threading.Event()
         loop.submit([request(name, max_tokens=1)], lambda out, done=finished: done.set())
-        assert finished.wait(10)
-        loop.call(lambda engine: None)  # returns once the loop took it: it has waited since the step
-    loop.close()
+        assert finished.wait(WAIT_S)
+        run_with_timeout(loop.call, lambda engine: None)  # returns once the loop took it: it has waited since the step
+    run_with_timeout(loop.close)
     runs = [c for i, c in enumerate(calls) if i == 0 or c != calls[i - 1]]  # a wait woken by a call waits again
     assert runs == ["idle", "step", "idle", "step", "idle"]

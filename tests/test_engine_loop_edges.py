@@ -11,8 +11,7 @@ import torch
 
 from minipic_lite.engine_loop import EngineLoop, fewer_cpu_threads
 from minipic_lite.outputs import RequestMetrics, RequestOutput
-
-WAIT_S = 10  # a hang fails the test after this long instead of blocking the suite
+from tests.waits import WAIT_S, run_with_timeout
 
 
 def output(request_id: str, num_tokens: int, finish_reason: str | None) -> RequestOutput:
@@ -96,15 +95,15 @@ def test_the_loop_thread_of_a_cuda_engine_drops_to_one_torch_thread_once_the_eng
         engine.runner.device = torch.device("cuda")
         return engine
 
-    loop = EngineLoop(build)
+    loop = run_with_timeout(EngineLoop, build)
     assert events == ["built", (1, loop._thread)]
-    loop.close()
+    run_with_timeout(loop.close)
 
 
 def test_a_call_made_on_the_loop_thread_runs_after_it_instead_of_waiting_for_itself():
     """A function run by the loop that calls the loop (a sink aborting, say) gets None back at once; what it queued
     runs next. Waiting there would wait on the loop's own thread forever."""
-    loop = EngineLoop(CountingEngine)
+    loop = run_with_timeout(EngineLoop, CountingEngine)
     order, inner_ran = [], threading.Event()
 
     def inner(engine):
@@ -118,51 +117,51 @@ def test_a_call_made_on_the_loop_thread_runs_after_it_instead_of_waiting_for_its
     loop.call(outer, wait=False)
     assert inner_ran.wait(WAIT_S), "the loop waited on itself"
     assert order == [("outer got", None), "inner"]
-    loop.close()
+    run_with_timeout(loop.close)
 
 
 def test_aborting_a_request_that_is_not_in_flight_is_a_no_op():
     """An abort that comes after its request finished (a UI's cancel racing the last token): nothing to deliver."""
-    loop = EngineLoop(CountingEngine)
+    loop = run_with_timeout(EngineLoop, CountingEngine)
     run(loop)
-    assert loop.abort("r") is None and loop.abort("never-submitted") is None
-    loop.close()
+    assert run_with_timeout(loop.abort, "r") is None and run_with_timeout(loop.abort, "never-submitted") is None
+    run_with_timeout(loop.close)
 
 
 def test_a_finished_request_leaves_no_sink_and_the_idle_loop_runs_no_step():
     engine = CountingEngine()
-    loop = EngineLoop(lambda: engine)
+    loop = run_with_timeout(EngineLoop, lambda: engine)
     outs = run(loop, max_tokens=3)
     assert [(len(o.token_ids), o.finished) for o in outs] == [(1, False), (2, False), (3, True)]
-    assert loop.call(lambda e: dict(loop._sinks)) == {}
+    assert run_with_timeout(loop.call, lambda e: dict(loop._sinks)) == {}
     num_steps = engine.num_steps
     assert num_steps == 3
     threading.Event().wait(0.05)  # idle: the loop blocks on its inbox
-    assert loop.call(lambda e: e.num_steps) == num_steps
-    loop.close()
+    assert run_with_timeout(loop.call, lambda e: e.num_steps) == num_steps
+    run_with_timeout(loop.close)
 
 
 def test_outputs_of_a_request_added_to_the_engine_directly_are_skipped_and_it_runs_on():
     """The loop routes only its own requests' outputs: one that a caller added to the engine itself (say, a benchmark)
     streams nowhere and is not taken for a request whose consumer left."""
     engine = CountingEngine()
-    loop = EngineLoop(lambda: engine)
-    loop.call(lambda e: e.add(request("direct", 10)))
+    loop = run_with_timeout(EngineLoop, lambda: engine)
+    run_with_timeout(loop.call, lambda e: e.add(request("direct", 10)))
     run(loop, max_tokens=3)
-    assert loop.call(lambda e: dict(e.requests)) == {"direct": [3, 10]}
-    loop.close()
+    assert run_with_timeout(loop.call, lambda e: dict(e.requests)) == {"direct": [3, 10]}
+    run_with_timeout(loop.close)
 
 
 def test_an_idle_loop_waits_on_its_inbox_without_spinning():
     """With nothing in flight the loop blocks on its inbox: a loop that polled it would burn a core (its thread's
     CPU time over 0.3 s of idling would be about 0.3 s; other threads of the test process are not counted)."""
-    loop = EngineLoop(CountingEngine)
+    loop = run_with_timeout(EngineLoop, CountingEngine)
     run(loop)
     clock = time.pthread_getcpuclockid(loop._thread.ident)
     cpu_before = time.clock_gettime(clock)
     time.sleep(0.3)
     assert time.clock_gettime(clock) - cpu_before < 0.1
-    loop.close()
+    run_with_timeout(loop.close)
 
 
 def test_a_failed_step_leaves_no_sink_and_the_idle_loop_runs_no_step():
@@ -173,13 +172,14 @@ def test_a_failed_step_leaves_no_sink_and_the_idle_loop_runs_no_step():
         raise RuntimeError("injected")
 
     engine.step = failing_step
-    loop = EngineLoop(lambda: engine)
+    loop = run_with_timeout(EngineLoop, lambda: engine)
     got, done = [], threading.Event()
     loop.submit([request("a", 5), request("b", 5)], lambda out: got.append(out) or done.set())
     assert done.wait(WAIT_S)
-    assert loop.call(lambda e: (dict(loop._sinks), dict(e.requests), e.num_steps, e.num_resets)) == ({}, {}, 1, 1)
+    state = run_with_timeout(loop.call, lambda e: (dict(loop._sinks), dict(e.requests), e.num_steps, e.num_resets))
+    assert state == ({}, {}, 1, 1)
     assert [str(e) for e in got] == ["injected", "injected"]
-    loop.close()
+    run_with_timeout(loop.close)
 
 
 def test_a_failed_step_whose_consumer_is_gone_reaches_the_others_and_the_loop_serves_on():
@@ -192,7 +192,7 @@ def test_a_failed_step_whose_consumer_is_gone_reaches_the_others_and_the_loop_se
         raise RuntimeError("injected")
 
     engine.step = failing_step
-    loop = EngineLoop(lambda: engine)
+    loop = run_with_timeout(EngineLoop, lambda: engine)
     got, done = [], threading.Event()
 
     def gone(out):
@@ -201,15 +201,15 @@ def test_a_failed_step_whose_consumer_is_gone_reaches_the_others_and_the_loop_se
     loop.submit([request("gone", 5)], gone)
     loop.submit([request("here", 5)], lambda out: got.append(out) or done.set())
     assert done.wait(WAIT_S) and [str(e) for e in got] == ["injected"]
-    assert requests_from_another_thread(loop) == [{}], "the loop stopped serving"
-    loop.close()
+    assert run_with_timeout(loop.call, lambda e: dict(e.requests)) == {}, "the loop stopped serving"
+    run_with_timeout(loop.close)
 
 
 def test_close_from_the_loop_thread_returns_and_the_loop_ends():
     """close() in a function the loop runs (an LLM collected on the loop thread closes its loop there): it returns
     instead of joining its own thread, and the loop ends once that function returns."""
-    loop = EngineLoop(CountingEngine)
-    assert loop.call(lambda engine: loop.close()) is None
+    loop = run_with_timeout(EngineLoop, CountingEngine)
+    assert run_with_timeout(loop.call, lambda engine: loop.close()) is None
     loop._thread.join(WAIT_S)
     assert loop.closed and not loop._thread.is_alive()
 
@@ -217,24 +217,20 @@ def test_close_from_the_loop_thread_returns_and_the_loop_ends():
 def test_a_closed_loop_refuses_new_work_instead_of_queueing_it_to_nobody():
     """After close() submit, call and abort raise at once: nothing serves the inbox any more, so a queued call would
     wait forever."""
-    loop = EngineLoop(CountingEngine)
-    loop.close()
-    loop.close()  # safe twice
+    loop = run_with_timeout(EngineLoop, CountingEngine)
+    run_with_timeout(loop.close)
+    run_with_timeout(loop.close)  # safe twice
     for attempt in (lambda: loop.submit([request("late", 3)], print), lambda: loop.call(lambda e: 1),
                     lambda: loop.abort("late")):  # fmt: skip
-        try:
-            attempt()
-        except RuntimeError as e:
-            assert str(e) == "the engine loop is closed"
-        else:
-            raise AssertionError("a closed loop took new work")
+        with pytest.raises(RuntimeError, match="^the engine loop is closed$"):
+            run_with_timeout(attempt)
 
 
 def test_close_aborts_the_requests_in_flight_before_it_returns():
     """close() with a request still running waits for the loop (busy here until a gate opens): by the time close()
     returns, its sink has the final "abort" output, the engine holds no request and the loop thread has ended."""
     engine = CountingEngine()
-    loop = EngineLoop(lambda: engine)
+    loop = run_with_timeout(EngineLoop, lambda: engine)
     outs, first, gate, seen = [], threading.Event(), threading.Event(), []
     loop.submit([request("r", 10**9)], lambda out: outs.append(out) or first.set())
     assert first.wait(WAIT_S)
@@ -256,31 +252,27 @@ def test_close_aborts_the_requests_in_flight_before_it_returns():
 def test_a_failing_call_nobody_waits_for_is_logged_and_the_loop_serves_on(caplog):
     """call(fn, wait=False) whose fn raises: the error is logged (nobody reads it otherwise) and the next call runs;
     with wait=True the same error reaches the caller instead, and is not logged."""
-    loop = EngineLoop(CountingEngine)
+    loop = run_with_timeout(EngineLoop, CountingEngine)
 
     def broken(engine):
         raise KeyError("injected")
 
     with caplog.at_level("ERROR", logger="minipic_lite.engine_loop"):
         with pytest.raises(KeyError, match="injected"):
-            loop.call(broken)
+            run_with_timeout(loop.call, broken)
         assert [r for r in caplog.records if "a queued call failed" in r.getMessage()] == []
         loop.call(broken, wait=False)
-        result = []
-        caller = threading.Thread(target=lambda: result.append(loop.call(lambda e: "served")), daemon=True)
-        caller.start()
-        caller.join(WAIT_S)
-    assert result == ["served"], "the loop stopped serving"
+        assert run_with_timeout(loop.call, lambda e: "served") == "served", "the loop stopped serving"
     (record,) = [r for r in caplog.records if "a queued call failed" in r.getMessage()]
     assert isinstance(record.exc_info[1], KeyError)
-    loop.close()
+    run_with_timeout(loop.close)
 
 
 def test_work_queued_during_a_step_is_all_taken_before_the_next_step():
     """Two submits that arrive while the loop is busy join the same next step: both requests of 2 tokens finish
     after 2 steps, not 3."""
     engine = CountingEngine()
-    loop = EngineLoop(lambda: engine)
+    loop = run_with_timeout(EngineLoop, lambda: engine)
     gate, done = threading.Event(), threading.Semaphore(0)
     loop.call(lambda e: gate.wait(WAIT_S), wait=False)  # the loop is busy until the gate opens
     finished = []
@@ -294,14 +286,14 @@ def test_work_queued_during_a_step_is_all_taken_before_the_next_step():
     loop.submit([request("b", 2)], sink)
     gate.set()
     assert done.acquire(timeout=WAIT_S) and done.acquire(timeout=WAIT_S)
-    assert sorted(finished) == ["a", "b"] and loop.call(lambda e: e.num_steps) == 2
-    loop.close()
+    assert sorted(finished) == ["a", "b"] and run_with_timeout(loop.call, lambda e: e.num_steps) == 2
+    run_with_timeout(loop.close)
 
 
 def test_a_duplicate_request_id_gets_the_error_and_leaves_the_first_request_its_sink():
     """Submitting a batch whose first id is already in flight: that batch's sink gets the engine's ValueError for it,
     the rest of the batch still runs, and every output of the request in flight still goes to its own sink."""
-    loop = EngineLoop(CountingEngine)
+    loop = run_with_timeout(EngineLoop, CountingEngine)
     gate = threading.Event()
     loop.call(lambda e: gate.wait(WAIT_S), wait=False)
     first, second, done = [], [], threading.Semaphore(0)
@@ -310,18 +302,18 @@ def test_a_duplicate_request_id_gets_the_error_and_leaves_the_first_request_its_
                 lambda out: second.append(out) or (getattr(out, "finished", False) and done.release()))  # fmt: skip
     gate.set()
     assert done.acquire(timeout=WAIT_S) and done.acquire(timeout=WAIT_S), "a request never finished"
-    assert loop.call(lambda e: dict(loop._sinks)) == {}
+    assert run_with_timeout(loop.call, lambda e: dict(loop._sinks)) == {}
     assert isinstance(second[0], ValueError) and "already in use" in str(second[0])
     assert [(o.request_id, len(o.token_ids), o.finished) for o in second[1:]] == [("s", 1, False), ("s", 2, True)]
     assert [(len(o.token_ids), o.finished) for o in first] == [(1, False), (2, False), (3, True)]
-    loop.close()
+    run_with_timeout(loop.close)
 
 
 def test_abort_returns_once_its_request_is_freed_and_its_sink_has_the_final_output():
     """abort() waits for the loop: while the loop is busy it does not return; once it returns the engine holds no
     request and the sink got the "abort" output (the request had run 1 step)."""
     engine = CountingEngine()
-    loop = EngineLoop(lambda: engine)
+    loop = run_with_timeout(EngineLoop, lambda: engine)
     outs, first = [], threading.Event()
     loop.submit([request("r", 10**9)], lambda out: outs.append(out) or first.set())
     assert first.wait(WAIT_S)
@@ -335,14 +327,14 @@ def test_abort_returns_once_its_request_is_freed_and_its_sink_has_the_final_outp
     assert returned.wait(WAIT_S)
     assert "r" not in engine.requests
     assert outs[-1].finished and outs[-1].finish_reason == "abort"
-    loop.close()
+    run_with_timeout(loop.close)
 
 
 def test_a_sink_that_raises_aborts_its_request_at_once():
     """A consumer that is gone (its sink raises on the first token): the request is aborted there instead of running
     to its max_tokens, and the loop goes idle."""
     engine = CountingEngine()
-    loop = EngineLoop(lambda: engine)
+    loop = run_with_timeout(EngineLoop, lambda: engine)
     calls, aborted = [], threading.Event()
 
     def gone(out):
@@ -353,29 +345,19 @@ def test_a_sink_that_raises_aborts_its_request_at_once():
 
     loop.submit([request("gone", 10**9)], gone)
     assert aborted.wait(WAIT_S)
-    assert loop.call(lambda e: (dict(e.requests), dict(loop._sinks), e.num_steps)) == ({}, {}, 1)
+    assert run_with_timeout(loop.call, lambda e: (dict(e.requests), dict(loop._sinks), e.num_steps)) == ({}, {}, 1)
     assert [(o.finished, o.finish_reason) for o in calls] == [(False, None), (True, "abort")]
-    loop.close()
-
-
-def requests_from_another_thread(loop) -> list:
-    """[the engine's requests] read through `loop.call` from another thread, or [] if the loop did not answer within
-    WAIT_S (a dead loop fails the test instead of hanging it)."""
-    result = []
-    caller = threading.Thread(target=lambda: result.append(loop.call(lambda e: dict(e.requests))), daemon=True)
-    caller.start()
-    caller.join(WAIT_S)
-    return result
+    run_with_timeout(loop.close)
 
 
 def test_a_failed_step_keeps_the_loop_serving():
-    """After a step raised (every request got the error) a later call still runs; checked from another thread with a
-    timeout so that a dead loop fails the test instead of hanging it."""
+    """After a step raised (every request got the error) a later call still runs (under the bound: a dead loop fails
+    the test instead of hanging it)."""
     engine = CountingEngine()
     engine.step = lambda: (_ for _ in ()).throw(RuntimeError("injected"))
-    loop = EngineLoop(lambda: engine)
+    loop = run_with_timeout(EngineLoop, lambda: engine)
     got, done = [], threading.Event()
     loop.submit([request("a", 5)], lambda out: got.append(out) or done.set())
     assert done.wait(WAIT_S) and [str(e) for e in got] == ["injected"]
-    assert requests_from_another_thread(loop) == [{}], "the loop stopped serving"
-    loop.close()
+    assert run_with_timeout(loop.call, lambda e: dict(e.requests)) == {}, "the loop stopped serving"
+    run_with_timeout(loop.close)

@@ -1,6 +1,7 @@
 """Edges of the public API (llm.py) that test_api leaves open, on a tiny random Llama (no tokenizer) or none at all:
 prompts and params in tuples, token ids in a tuple, a lone chat message in a batch, an empty batch, options the
-caller gives, composed prompts' markers and labels, device names, and the module-level generate's keywords."""
+caller gives, composed prompts' markers and labels, device names, and the module-level generate's keywords; and, with a
+real tokenizer that adds a BOS, the token ids of a text and a chat prompt."""
 
 import pytest
 import torch
@@ -10,7 +11,7 @@ import minipic_lite.llm as llm_module
 from minipic_lite.config import ControlTokens
 from minipic_lite.llm import checked_device
 from minipic_lite.prompts import Prompt
-from tests.conftest import save_tiny_llama
+from tests.conftest import BOS_VOCAB, bos_tokenizer, save_tiny_llama
 
 CONTROL = ControlTokens(ssep_id=1, pdep_id=2, pad_id=3)
 SPAN_PROMPT = (20, 21, 22, 3, 1, 30, 31, 32, 2, 40)  # block size 4: [20 21 22 PAD] [SSEP 30 31 32] [PDEP 40]
@@ -144,3 +145,22 @@ def test_stats_are_read_on_the_engine_loop_thread(tiny, monkeypatch):
     stats = tiny.stats()
     assert isinstance(stats, dict) and stats == real(tiny.engine)
     assert len(threads) == 1 and threads[0] is not threading.current_thread()
+
+
+def test_text_and_chat_prompts_get_no_bos_of_the_tokenizers_own(tmp_path):
+    """Prompts are tokenized without special tokens: with a tokenizer that adds a BOS (Llama 2's kind; SmolLM2's adds
+    none) a text prompt starts at its first word, and a chat gets the one BOS its template writes, not a second."""
+    bos_tokenizer().save_pretrained(save_tiny_llama(tmp_path, vocab_size=len(BOS_VOCAB)))
+    llm = mp.LLM(str(tmp_path), device="cpu", max_model_len=128, num_blocks=16)
+
+    def ids(words: str) -> list[int]:
+        return llm.tokenizer.convert_tokens_to_ids(words.split())
+
+    assert llm.tokenizer.encode("hello world") == ids("<s> hello world")  # the tokenizer's own default adds it
+    chat = [{"role": "user", "content": "hello"}]
+    outs = llm.generate(["hello world", chat], greedy(1), use_tqdm=False)
+    assert [o.prompt_token_ids for o in outs] == [
+        ids("hello world"),
+        ids("<s> <|im_start|> user hello <|im_end|> <|im_start|> assistant"),
+    ]
+    llm.close()

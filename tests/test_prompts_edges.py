@@ -1,6 +1,7 @@
 """Edges of the prompt composer (prompts.py) on a character tokenizer: empty pieces, padding without a pad id,
 markers in the first piece (and the first of two), the chat frame's switches, epic documents that fit in their link
-block, and the composer `for_llm` builds."""
+block, and the composer `for_llm` builds; and, on a real Hugging Face tokenizer that adds a BOS, a recipe with none
+in the middle."""
 
 from pathlib import Path
 from types import SimpleNamespace
@@ -10,6 +11,7 @@ import pytest
 from minipic_lite.config import CacheConfig, ControlTokens
 from minipic_lite.prompts import Piece, PromptComposer
 from minipic_lite.spans import SegmentKind
+from tests.conftest import bos_tokenizer
 
 S, P, PAD = 1, 2, 3
 CONTROL = ControlTokens(ssep_id=S, pdep_id=P, pad_id=PAD)
@@ -148,3 +150,21 @@ def test_a_chat_template_that_repeats_the_users_text_is_refused_by_name():
     with pytest.raises(ValueError, match=r"rendered the user's text 2 times, not once: compose with chat=False"):
         PromptComposer(_TwoSlotTemplate(), ControlTokens()).chat_frame("be brief")
     assert PromptComposer(_TwoSlotTemplate(), ControlTokens(), chat=False).chat_frame("be brief") == ("be brief\n", "")
+
+
+def test_a_real_tokenizer_that_adds_a_bos_puts_none_into_a_composed_prompt():
+    """Every piece is tokenized without special tokens: a Hugging Face tokenizer that adds a BOS to each encode (Llama
+    2's kind) leaves the one BOS its chat template writes, at the start, and none before each document or the
+    question."""
+    tokenizer = bos_tokenizer()
+
+    def ids(words: str) -> tuple[int, ...]:
+        return tuple(tokenizer.convert_tokens_to_ids(words.split()))
+
+    assert tokenizer.encode("foo bar") == list(ids("<s> foo bar"))  # the tokenizer's own default adds it
+    ssep, pdep, pad = ids("<ssep> <pdep> <pad>")
+    real = PromptComposer(tokenizer, ControlTokens(ssep_id=ssep, pdep_id=pdep, pad_id=pad), block_size=4)
+    prompt = real.block_attention(None, ["foo bar", "bar"], "hello")
+    blocks = ["<s> <|im_start|> user <pad>", "<ssep> foo bar <pad>", "<ssep> bar <pad> <pad>",
+              "<pdep> hello <|im_end|> <|im_start|>", "assistant"]  # fmt: skip
+    assert prompt.token_ids == ids(" ".join(blocks))
