@@ -16,11 +16,13 @@ from tests.hybrid_models import make_hybrid, make_hybrid_with_tokenizer
 from ui import compose, texts
 from ui.cache_view import grid_cells, inflight_html
 from ui.checkpoints_panel import (
+    PLAN_COLUMNS,
     TokenAxis,
     axis_frame,
     axis_html,
     format_bytes,
     histogram_frame,
+    plans_frame,
     policy_plans,
     state_markdown,
     token_axis,
@@ -67,7 +69,7 @@ def test_prompt_cache_sections_are_modules_or_params():
     "field, value, message",
     [
         ("documents", ["d"] * (compose.MAX_DOCUMENTS + 1), "Too many documents"),
-        ("documents", ["x" * (compose.MAX_DOCUMENT_CHARS + 1)], "Document 1 is too long"),
+        ("documents", ["x" * (compose.MAX_DOCUMENT_CHARS + 1)], "Document 1 of 1 .* is too long"),
         ("system", "s" * (compose.MAX_SYSTEM_CHARS + 1), "system prompt is too long"),
         ("question", "q" * (compose.MAX_QUESTION_CHARS + 1), "question is too long"),
         ("question", "   ", "Write a question"),
@@ -82,6 +84,16 @@ def test_input_bounds_name_the_limit(field, value, message):
     fields[field] = value
     with pytest.raises(InputError, match=message):
         compose.check_inputs(**fields)
+
+
+def test_a_too_long_document_is_named_by_its_opening_words():
+    # the grid counts segments from 0 (doc 0, module 0), the message from 1: its opening words settle which one
+    docs = ["A short one.", "Second   document\nopens" + " so" * compose.MAX_DOCUMENT_CHARS, "Third."]
+    with pytest.raises(InputError) as e:
+        compose.check_inputs("block_attention", "", docs, "Why?", 8)
+    assert str(e.value) == (
+        "Document 2 of 3 ('Second document opens so so so…') is too long: 12,023 characters (at most 4,000)."
+    )
 
 
 def test_a_prompt_longer_than_the_bound_is_refused_before_anything_runs(handlers, llm):
@@ -259,13 +271,19 @@ def test_policy_plans_dp_is_never_worse():
     assert histogram_frame(weights, 64)["mass"].sum() == pytest.approx(1.0)
 
 
+def test_the_policies_table_has_its_columns_before_the_first_plan():
+    assert list(plans_frame([]).columns) == list(PLAN_COLUMNS)  # not gradio's placeholder headers 1, 2, 3
+
+
 def test_plan_checkpoints_on_a_bench_stream_and_on_the_apps_prompts(handlers):
     histogram, positions, table, caption = handlers.plan_checkpoints("system_prompts", 4)
     assert list(table["policy"]) == ["block", "balanced", "logarithmic", "sqrt", "dp"]
     assert "Learned from 60 requests" in caption and histogram["mass"].sum() == pytest.approx(1.0)
     assert set(positions["policy"]) <= set(table["policy"])
-    with pytest.raises(InputError, match="budget"):
-        handlers.plan_checkpoints("system_prompts", 0)
+    for budget in (0, 2.5, float("nan"), None):  # the number box takes any number: a fraction is not quietly cut
+        with pytest.raises(InputError, match="budget must be a whole number from 1 to 32"):
+            handlers.plan_checkpoints("system_prompts", budget)
+    assert "M = 2 checkpoints" in handlers.plan_checkpoints("system_prompts", 2.0)[3]
     fresh = Handlers(handlers.llm)
     with pytest.raises(InputError, match="Generate a few prompts first"):
         fresh.plan_checkpoints(APP_STREAM, 4)

@@ -17,7 +17,7 @@ from minipic_lite.checkpoints import DEFAULT_BIN_SIZE
 from minipic_lite.prompts import RECIPES
 from ui import compose, texts
 from ui.cache_view import grid_html
-from ui.checkpoints_panel import MAX_BUDGET
+from ui.checkpoints_panel import MAX_BUDGET, plans_frame
 from ui.compose import HYBRID_RECIPES, InputError
 from ui.handlers import APP_STREAM, BENCH_STREAMS, Handlers
 
@@ -98,7 +98,8 @@ def build_demo(llm) -> gr.Blocks:
                 state_views = hybrid_state_views()
             gr.Markdown(
                 "Sparse recurrent-state checkpoints (for hybrid models): an overlap histogram learned from a "
-                "request stream, where each policy puts M checkpoints, and the tokens a request then recomputes."
+                "request stream, where each policy puts up to M checkpoints, and the tokens a request then "
+                "recomputes."
             )
             with gr.Row():
                 source = gr.Dropdown([APP_STREAM, *BENCH_STREAMS], value=BENCH_STREAMS[0], label="Requests")
@@ -109,7 +110,7 @@ def build_demo(llm) -> gr.Blocks:
             with gr.Row():
                 histogram = gr.BarPlot(x="depth", y="mass", label="Overlap depth (learned)")
                 positions = gr.ScatterPlot(x="position", y="policy", color="policy", label="Checkpoint positions")
-            plans = gr.Dataframe(label="Policies", elem_id="plans")
+            plans = gr.Dataframe(plans_frame([]), label="Policies", elem_id="plans")
 
         # -- wiring --
         system_pick.change(lambda name: systems.get(name, ""), system_pick, system)

@@ -51,17 +51,24 @@ def policy_plans(weights: np.ndarray, budget: int, bin_size: int = DEFAULT_BIN_S
     return rows
 
 
+PLAN_COLUMNS = ("policy", "checkpoints", "positions", "E[recompute] (tokens)", "saved")
+
+
 def plans_frame(rows: list[dict]) -> pd.DataFrame:
-    """The table: policy, number of checkpoints, positions, E[tokens recomputed], saved vs no checkpoints."""
+    """The table: policy, number of checkpoints, positions, E[tokens recomputed], saved vs no checkpoints (no rows:
+    the columns only, for the table before the first plan)."""
     return pd.DataFrame(
-        {
-            "policy": r["policy"],
-            "checkpoints": len(r["positions"]),
-            "positions": ", ".join(map(str, r["positions"])),
-            "E[recompute] (tokens)": round(r["expected_recompute"], 1),
-            "saved": f"{1 - r['expected_recompute'] / r['no_checkpoints']:.0%}" if r["no_checkpoints"] else "-",
-        }
-        for r in rows
+        [
+            {
+                "policy": r["policy"],
+                "checkpoints": len(r["positions"]),
+                "positions": ", ".join(map(str, r["positions"])),
+                "E[recompute] (tokens)": round(r["expected_recompute"], 1),
+                "saved": f"{1 - r['expected_recompute'] / r['no_checkpoints']:.0%}" if r["no_checkpoints"] else "-",
+            }
+            for r in rows
+        ],
+        columns=list(PLAN_COLUMNS),
     )
 
 

@@ -25,6 +25,7 @@ MAX_SYSTEM_CHARS = 4_000
 MAX_QUESTION_CHARS = 1_000
 MAX_NEW_TOKENS = 256
 HYBRID_RECIPES = ("prefix",)  # the engine refuses span markers on a hybrid model
+OPENING_CHARS = 30  # of a document named in a message
 MAX_PROMPT_TOKENS = 4_096  # a CPU prefills ~4k tokens of SmolLM2 in seconds; more would stall everyone's steps
 
 _SEPARATOR_LINE = re.compile(rf"^\s*{SEPARATOR}\s*$", re.MULTILINE)
@@ -61,7 +62,11 @@ def check_inputs(recipe: str, system: str, documents: list[str], question: str, 
         raise InputError(f"Too many documents: {len(documents)} (at most {MAX_DOCUMENTS}).")
     for i, doc in enumerate(documents):
         if len(doc) > MAX_DOCUMENT_CHARS:
-            raise InputError(f"Document {i + 1} is too long: {len(doc):,} characters (at most {MAX_DOCUMENT_CHARS:,}).")
+            # NOTE: named by its opening words too: the grid counts segments from 0 (doc 0, module 0, ...)
+            raise InputError(
+                f"Document {i + 1} of {len(documents)} ({opening(doc)}) is too long: {len(doc):,} characters "
+                f"(at most {MAX_DOCUMENT_CHARS:,})."
+            )
     if len(system) > MAX_SYSTEM_CHARS:
         raise InputError(f"The system prompt is too long: {len(system):,} characters (at most {MAX_SYSTEM_CHARS:,}).")
     if len(question) > MAX_QUESTION_CHARS:
@@ -72,6 +77,12 @@ def check_inputs(recipe: str, system: str, documents: list[str], question: str, 
         or max_tokens != int(max_tokens)
     ):
         raise InputError(f"Max new tokens must be a whole number from 1 to {MAX_NEW_TOKENS}, got {max_tokens!r}.")
+
+
+def opening(text: str, num_chars: int = OPENING_CHARS) -> str:
+    """The first words of `text`, quoted: enough for a user to tell which document a message means."""
+    text = " ".join(text.split())
+    return repr(text if len(text) <= num_chars else text[:num_chars].rstrip() + "…")
 
 
 def check_recipe_for_model(recipe: str, is_hybrid: bool) -> None:

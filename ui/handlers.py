@@ -144,9 +144,10 @@ class Handlers:
 
     def plan_checkpoints(self, source: str, budget, bin_size=DEFAULT_BIN_SIZE):
         """(overlap histogram, positions per policy, table, caption) for the chosen request stream."""
+        # NOTE: the slider's number box takes any number: 2.5 is refused, not quietly planned as 2
+        if not isinstance(budget, int | float) or not 1 <= budget <= MAX_BUDGET or budget != int(budget):
+            raise InputError(f"The budget must be a whole number from 1 to {MAX_BUDGET} checkpoints, got {budget!r}.")
         budget, bin_size = int(budget), int(bin_size)
-        if not 1 <= budget <= MAX_BUDGET:
-            raise InputError(f"The budget must be 1 to {MAX_BUDGET} checkpoints, got {budget}.")
         requests = self.monitor.served_prompts() if source == APP_STREAM else bench_stream(source)
         if len(requests) < 2:
             raise InputError(

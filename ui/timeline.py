@@ -1,7 +1,7 @@
 """The scheduler timeline: tokens of span prefill, final prefill and decode per engine step (step_log.py).
 
-With the inline policy (today's only one) a request's SSEP documents are prefilled in the same chunks as the
-rest of its prompt, so span and final prefill share steps; other policies will show them apart.
+With the inline policy (the default) a request's SSEP documents are prefilled in the same chunks as the rest of
+its prompt, so span and final prefill share steps; isps and barrier (`--span-policy`) show them apart.
 """
 
 from __future__ import annotations
