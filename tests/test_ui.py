@@ -283,7 +283,7 @@ def test_plan_checkpoints_on_a_bench_stream_and_on_the_apps_prompts(handlers):
     for budget in (0, 2.5, float("nan"), None):  # the number box takes any number: a fraction is not quietly cut
         with pytest.raises(InputError, match="budget must be a whole number from 1 to 32"):
             handlers.plan_checkpoints("system_prompts", budget)
-    assert "M = 2 checkpoints" in handlers.plan_checkpoints("system_prompts", 2.0)[3]
+    assert "with a budget of M = 2, on a" in handlers.plan_checkpoints("system_prompts", 2.0)[3]
     fresh = Handlers(handlers.llm)
     with pytest.raises(InputError, match="Generate a few prompts first"):
         fresh.plan_checkpoints(APP_STREAM, 4)

@@ -159,7 +159,8 @@ class Handlers:
         rows = policy_plans(weights, budget, bin_size)
         caption = (
             f"Learned from {len(requests)} requests of *{source}* ({estimator.num_observations} overlaps seen); "
-            f"planned for an entry of N = {num_tokens:,} tokens, M = {budget} checkpoints, a {bin_size}-token grid."
+            f"planned for its last request (N = {num_tokens:,} tokens) with a budget of M = {budget}, on a "
+            f"{bin_size}-token grid."
         )
         return histogram_frame(weights, bin_size), positions_frame(rows), plans_frame(rows), caption
 
