@@ -120,3 +120,19 @@ def test_blocks_evicted_to_the_host_by_a_queued_burst_come_back_whole(tmp_path):
     assert stats["num_host_hit_blocks"] > 0 and small.engine.stats.num_continuations > 0
     assert got == expected
     small.engine.kv.check_integrity()
+
+
+def test_aborting_the_only_request_of_a_queued_burst_forgets_the_burst(llm, async_llm):
+    """Nothing of the burst queued ahead would be kept: the abort drops it, and the next step has no work."""
+    engine = async_llm.engine
+    req_id = engine.add_request(llm.encode("Once upon a time")[0], greedy(14, ignore_eos=True))
+    for _ in range(MAX_STEPS):
+        engine.step()
+        if engine.in_flight is not None:
+            break
+    assert engine.in_flight is not None, "no burst was queued ahead"
+    assert engine.abort(req_id).finish_reason == "abort"
+    assert engine.in_flight is None and not engine.has_unfinished()
+    num_steps = engine.stats.num_steps
+    assert engine.step() == [] and engine.stats.num_steps == num_steps
+    assert_idle(engine)

@@ -1,10 +1,13 @@
 """Edges of the engine (engine.py) that the main tests leave open, on a tiny random Llama (no tokenizer): the first
 and last ids of the vocabulary and a prompt one token short of the context are taken, the cache statistics of a
-known run are exact, and an abort counts once, frees the id and is a no-op the second time."""
+known run are exact (bursts, span prefills and hybrid checkpoints included), and an abort counts once, frees the id
+and is a no-op the second time."""
 
 import pytest
+import torch
 
 import minipic_lite as mp
+from minipic_lite.engine import as_token_ids
 from tests.conftest import save_tiny_llama
 from tests.hybrid_models import make_hybrid
 
@@ -109,6 +112,21 @@ def test_a_hybrid_resumed_from_a_checkpoint_gets_its_cache_report_and_counts_its
     assert {k: stats[k] for k in ("num_resumed_tokens", "num_recomputed_prompt_tokens", "num_hit_blocks")} == {
         "num_resumed_tokens": 48, "num_recomputed_prompt_tokens": 70 + 22, "num_hit_blocks": 3
     }  # fmt: skip
+    checkpoints = ("num_checkpoints", "num_checkpoints_saved", "num_checkpoints_evicted", "num_resumed")
+    assert {k: stats[k] for k in checkpoints} == dict.fromkeys(checkpoints, 1) | {"num_checkpoints_evicted": 0}
+    assert stats["state_memory_bytes"] == engine.runner.state_tensors.checkpoint_bytes  # the one checkpoint held
+
+
+def test_a_hybrid_asked_for_async_scheduling_runs_its_steps_one_after_another(tmp_path):
+    """A hybrid's state slots are planned per step: no burst is queued ahead of the host, whatever the config says."""
+    make_hybrid(tmp_path, seed=1)
+    llm = mp.LLM(str(tmp_path), device="cpu", dtype="float32", num_blocks=96, max_model_len=512,
+                 async_scheduling=True, num_scheduler_steps=4)  # fmt: skip
+    params = mp.SamplingParams(max_tokens=9, temperature=0.0, ignore_eos=True, detokenize=False)
+    (out,) = llm.generate([list(range(100, 170))], params, use_tqdm=False)
+    assert (len(out.token_ids), out.finish_reason) == (9, "length")
+    assert (llm.engine.is_async, llm.engine.stats.num_continuations) == (False, 0)
+    llm.close()
 
 
 def test_a_preempted_request_reports_its_preemption_and_the_tokens_of_a_roomy_cache(tiny_dir):
@@ -124,3 +142,60 @@ def test_a_preempted_request_reports_its_preemption_and_the_tokens_of_a_roomy_ca
     roomy = tiny_llm(tiny_dir)
     assert [o.token_ids for o in outs] == [o.token_ids for o in roomy.generate(prompts, params, use_tqdm=False)]
     roomy.close()
+
+
+def test_a_burst_counts_each_of_its_decode_steps(tiny_dir):
+    """Bursts of 4 decode steps: 9 tokens are a prefill step and two bursts, 9 steps in all, not 3."""
+    llm = mp.LLM(str(tiny_dir), device="cpu", max_model_len=128, num_blocks=16, num_scheduler_steps=4)
+    params = mp.SamplingParams(max_tokens=9, temperature=0.0, ignore_eos=True, detokenize=False)
+    (out,) = llm.generate([PROMPT], params, use_tqdm=False)
+    s = llm.engine.stats
+    assert (len(out.token_ids), s.num_steps, s.num_generated_tokens) == (9, 9, 9)
+    llm.close()
+
+
+def test_require_spans_makes_markers_an_error_where_they_cannot_take_effect(tiny_dir):
+    """With position_free off span markers are ordinary tokens, unless the caller asks for spans."""
+    llm = mp.LLM(str(tiny_dir), device="cpu", max_model_len=128, num_blocks=16, position_free=False,
+                 control_tokens=mp.ControlTokens(ssep_id=3, pdep_id=4, pad_id=5))  # fmt: skip
+    ids = [3] + [7] * 15 + [9, 9]
+    assert not llm.engine.validate(ids, GREEDY4).has_spans
+    with pytest.raises(ValueError, match="span marker SSEP at index 0: span semantics need position_free=True"):
+        llm.engine.validate(ids, GREEDY4, require_spans=True)
+    llm.close()
+
+
+def test_the_rates_of_an_engine_that_has_run_nothing_are_zero(tiny_dir):
+    llm = tiny_llm(tiny_dir)
+    stats = llm.stats()
+    rates = ("block_hit_rate", "prompt_token_hit_rate", "prompt_block_hit_rate", "mean_step_ms")
+    assert {k: stats[k] for k in rates} == dict.fromkeys(rates, 0.0)
+    llm.close()
+
+
+def test_a_span_computed_ahead_counts_once_as_the_final_prompts_hit(tiny_dir):
+    """isps with one seat: b's SSEP span is computed ahead while a runs, by a span prefill that gets no cache report
+    and counts no block of its own; b then hits it. Blocks: a 3 computed; b 1 hit and 2 computed."""
+    S, P, PAD = 3, 4, 5
+    llm = mp.LLM(str(tiny_dir), device="cpu", max_model_len=128, num_blocks=16, max_num_seqs=1, span_policy="isps",
+                 control_tokens=mp.ControlTokens(ssep_id=S, pdep_id=P, pad_id=PAD))  # fmt: skip
+    a = [*range(20, 35), PAD, S, *range(100, 115), P, 60, 61]  # 35 tokens: leading, SSEP span, final
+    b = [*range(40, 55), PAD, S, *range(200, 215), P, 60, 62]
+    outs = llm.generate([a, b], GREEDY4, use_tqdm=False)
+    assert [[block.status for block in o.cache_report] for o in outs] == [
+        ["computed"] * 3,
+        ["computed", "hit", "computed"],
+    ]
+    assert [o.num_cached_tokens for o in outs] == [0, 16]
+    stats = llm.stats()
+    assert {k: stats[k] for k in ("num_hit_blocks", "num_computed_blocks", "num_computed_tokens")} == {
+        "num_hit_blocks": 1, "num_computed_blocks": 5, "num_computed_tokens": (35 + 3) + 16 + (19 + 3)
+    }  # fmt: skip
+    llm.close()
+
+
+def test_an_integer_like_id_that_is_no_integer_keeps_its_type_error():
+    """A float tensor's items have `__index__` but refuse it: their own TypeError, not an empty prompt."""
+    with pytest.raises(TypeError, match="only integer tensors of a single element can be converted to an index"):
+        as_token_ids(torch.tensor([1.0, 2.0]))
+    assert as_token_ids(torch.tensor([1, 2])) == [1, 2]
