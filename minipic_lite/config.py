@@ -33,6 +33,9 @@ REROTATE_BATCH_BLOCKS = 256
 # Decode steps run back to back on a GPU between two visits of the scheduler (one host sync per burst):
 # the host's scheduling, input building and output handling then stop leaving the GPU idle every step.
 DEFAULT_CUDA_SCHEDULER_STEPS = 8
+# An LLM dropped or left at the interpreter's exit waits this long for its loop's current step, then leaves the step
+# to end on its own (the loop thread is a daemon): a stuck step cannot hang the process at exit.
+LOOP_EXIT_WAIT_S = 10.0
 # Hash chains of the runs of span prompts remembered by content (spans.SpanHashMemo), so that a cached span is not
 # hashed block by block again in every prompt that uses it: at most this many blocks' hashes and tokens
 # (~200 bytes each: ~13 MB).

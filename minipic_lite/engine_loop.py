@@ -114,13 +114,18 @@ class EngineLoop:
     def closed(self) -> bool:
         return self._closed
 
-    def close(self) -> None:
-        """Stop the loop thread (requests in flight are aborted). Safe to call twice."""
+    def close(self, timeout: float | None = None) -> None:
+        """Stop the loop thread (requests in flight are aborted) once its current step ends; wait for it at most
+        `timeout` seconds (None: as long as it takes), then leave it to finish on its own. Safe to call twice."""
         if not self._closed:
             self._closed = True
             self._inbox.put(None)
             if threading.current_thread() is not self._thread:
-                self._thread.join()
+                self._thread.join(timeout)
+                if self._thread.is_alive():
+                    logger.warning(
+                        "the engine loop's step still runs after %.0f s; it stops when that step ends", timeout
+                    )
 
     def _put(self, item) -> None:
         if self._closed:

@@ -18,6 +18,7 @@ from tqdm.auto import tqdm
 
 from minipic_lite.config import (
     CHAT_TURN_START_TOKEN,
+    LOOP_EXIT_WAIT_S,
     SMOLLM2_CONTROL_TOKENS,
     ControlTokens,
     EngineConfig,
@@ -124,7 +125,8 @@ class LLM:
         # NOTE: the build callable must not hold `self`: the loop thread would keep this LLM alive forever
         self._loop = EngineLoop(functools.partial(LLMEngine, config, self.tokenizer))
         self.engine = self._loop.engine
-        weakref.finalize(self, self._loop.close)  # NOTE: the loop thread holds the engine, not this object
+        # NOTE: the loop thread holds the engine, not this object
+        weakref.finalize(self, self._loop.close, LOOP_EXIT_WAIT_S)
         self._composer: PromptComposer | None = None
 
     @property

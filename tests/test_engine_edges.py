@@ -115,6 +115,8 @@ def test_a_hybrid_resumed_from_a_checkpoint_gets_its_cache_report_and_counts_its
     checkpoints = ("num_checkpoints", "num_checkpoints_saved", "num_checkpoints_evicted", "num_resumed")
     assert {k: stats[k] for k in checkpoints} == dict.fromkeys(checkpoints, 1) | {"num_checkpoints_evicted": 0}
     assert stats["state_memory_bytes"] == engine.runner.state_tensors.checkpoint_bytes  # the one checkpoint held
+    engine.kv.states.stats.num_declined_saves, engine.kv.states.stats.num_moved = 2, 3  # each read from its own
+    assert (engine.cache_stats()["num_checkpoints_declined"], engine.cache_stats()["num_checkpoints_moved"]) == (2, 3)
 
 
 def test_a_hybrid_asked_for_async_scheduling_runs_its_steps_one_after_another(tmp_path):

@@ -2,6 +2,7 @@
 call made on the loop thread does not wait for itself, a finished request leaves no sink behind, an idle loop runs
 no step, and close() from the loop thread returns."""
 
+import gc
 import threading
 import time
 from types import SimpleNamespace
@@ -9,8 +10,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from minipic_lite.config import LOOP_EXIT_WAIT_S
 from minipic_lite.engine_loop import EngineLoop, fewer_cpu_threads
 from minipic_lite.outputs import RequestMetrics, RequestOutput
+from tests.conftest import save_tiny_llama
 from tests.waits import WAIT_S, run_with_timeout
 
 
@@ -247,6 +250,44 @@ def test_close_aborts_the_requests_in_flight_before_it_returns():
     closer.join(WAIT_S)
     assert not closer.is_alive(), "close() never returned"
     assert seen == [(False, {}, "abort")]
+
+
+def test_close_with_a_timeout_returns_while_a_step_still_runs_and_the_loop_ends_after_it(caplog):
+    """close(timeout) (an LLM dropped, or left at exit) waits that long for a step that does not end, warns, and
+    returns; the loop still stops once the step ends, with the request aborted."""
+    engine = CountingEngine()
+    loop = run_with_timeout(EngineLoop, lambda: engine)
+    outs, first, gate = [], threading.Event(), threading.Event()
+    loop.submit([request("r", 10**9)], lambda out: outs.append(out) or first.set())
+    assert first.wait(WAIT_S)
+    loop.call(lambda e: gate.wait(WAIT_S), wait=False)  # the loop is stuck until the gate opens
+    with caplog.at_level("WARNING", logger="minipic_lite.engine_loop"):
+        start = time.perf_counter()
+        run_with_timeout(loop.close, 0.2)
+        waited = time.perf_counter() - start
+    assert 0.2 <= waited < WAIT_S / 2 and loop._thread.is_alive() and loop.closed
+    assert "the engine loop's step still runs after 0 s; it stops when that step ends" in caplog.text
+    gate.set()
+    loop._thread.join(WAIT_S)
+    assert not loop._thread.is_alive() and outs[-1].finish_reason == "abort" and engine.requests == {}
+
+
+def test_a_dropped_llm_closes_its_loop_with_a_bounded_wait(tmp_path, monkeypatch):
+    """An LLM's finalizer (it runs when the LLM is collected, or at the interpreter's exit) closes the loop with
+    LOOP_EXIT_WAIT_S: a stuck step cannot hang the exit. An explicit close() waits as long as the step takes."""
+    import minipic_lite as mp
+
+    timeouts, close = [], EngineLoop.close
+    monkeypatch.setattr(
+        EngineLoop, "close", lambda self, timeout=None: timeouts.append(timeout) or close(self, timeout)
+    )
+    kept = mp.LLM(str(save_tiny_llama(tmp_path / "tiny")), device="cpu", max_model_len=64)
+    kept.close()
+    dropped = mp.LLM(str(tmp_path / "tiny"), device="cpu", max_model_len=64)
+    loop = dropped._loop
+    del dropped
+    gc.collect()
+    assert timeouts == [None, LOOP_EXIT_WAIT_S] and loop.closed and not loop._thread.is_alive()
 
 
 def test_a_failing_call_nobody_waits_for_is_logged_and_the_loop_serves_on(caplog):
