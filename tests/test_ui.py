@@ -14,7 +14,7 @@ from minipic_lite.checkpoints import expected_cost
 from minipic_lite.spans import SegmentKind
 from tests.hybrid_models import make_hybrid, make_hybrid_with_tokenizer
 from ui import compose, texts
-from ui.cache_view import grid_cells, inflight_html
+from ui.cache_view import grid_cells, grid_html, inflight_html
 from ui.checkpoints_panel import (
     PLAN_COLUMNS,
     TokenAxis,
@@ -29,6 +29,7 @@ from ui.checkpoints_panel import (
 )
 from ui.compose import InputError
 from ui.handlers import APP_STREAM, Handlers
+from ui.monitor import Monitor
 
 pytest.importorskip("gradio", reason="the web app needs the [ui] extra: ./scripts/setup.sh installs it")
 
@@ -103,6 +104,16 @@ def test_a_prompt_longer_than_the_bound_is_refused_before_anything_runs(handlers
     )
     assert (answer, summary) == ("", "") and "The prompt is too long" in status
     assert handlers.monitor.in_flight() == [] and llm.stats()["num_waiting"] == 0
+
+
+def test_a_refused_input_clears_the_grid_of_the_sessions_last_request(handlers):
+    """The last request's blocks under a refusal's message would read as the refused input's blocks."""
+    docs = compose.join_documents(unique_documents(1))
+    *_, (_, _, grid, _) = handlers.generate("block_attention", "", docs, "Why?", 2, "s-refused")
+    assert grid_blocks(grid)
+    *_, (answer, summary, grid, status) = handlers.generate("block_attention", "", docs, "  ", 2, "s-refused")
+    assert (answer, summary, status) == ("", "", "⚠️ Write a question.")
+    assert grid == grid_html([], "No blocks: the input was refused, nothing ran.")
 
 
 def test_a_control_token_in_a_document_gets_the_composers_message(handlers):
@@ -223,12 +234,32 @@ def test_tick_shows_the_pool_the_hit_rate_and_the_timeline(handlers):
     *_, (_, _, _, status) = handlers.generate(
         "block_attention", "", compose.join_documents(unique_documents(2)), "Why?", 3, "s-tick"
     )
-    pool, hit_rate, inflight, timeline = handlers.tick()
+    pool, block_rate, token_rate, inflight, timeline = handlers.tick()
     assert "blocks used / free / total" in pool
-    assert list(hit_rate.columns) == ["seconds", "hit rate", "rate"] and len(hit_rate) >= 2
+    for hit_rate in (block_rate, token_rate):
+        assert list(hit_rate.columns) == ["seconds", "hit rate"] and len(hit_rate) >= 1
     assert "No request in flight" in inflight
     totals = timeline.groupby("kind")["tokens"].sum()
     assert totals["span prefill"] > 0 and totals["final prefill"] > 0 and totals["decode"] > 0
+
+
+def test_each_hit_rate_has_a_plot_of_its_own(llm):
+    """The two prompt hit rates are often equal: drawn in one plot, one line hides the other."""
+    import gradio as gr
+
+    from ui import build_demo
+
+    monitor = Monitor()
+    monitor.record_stats({"prompt_block_hit_rate": 0.5, "prompt_token_hit_rate": 0.25})
+    monitor.record_stats({"prompt_block_hit_rate": 0.75, "prompt_token_hit_rate": 0.75})
+    block_rate, token_rate = monitor.hit_rate_frames()
+    assert block_rate["hit rate"].tolist() == [0.5, 0.75] and token_rate["hit rate"].tolist() == [0.25, 0.75]
+    assert list(block_rate.columns) == list(token_rate.columns) == ["seconds", "hit rate"]
+    plots = [b for b in build_demo(llm).blocks.values() if isinstance(b, gr.LinePlot)]
+    assert [(p.label, p.elem_id, p.color) for p in plots] == [
+        ("Prompt blocks hit, over time", "prompt-block-hit-rate", None),  # one line per plot
+        ("Prompt tokens hit, over time", "prompt-token-hit-rate", None),
+    ]
 
 
 def test_step_log_counts_span_prefill_final_prefill_and_decode(handlers, llm):
@@ -273,6 +304,17 @@ def test_policy_plans_dp_is_never_worse():
 
 def test_the_policies_table_has_its_columns_before_the_first_plan():
     assert list(plans_frame([]).columns) == list(PLAN_COLUMNS)  # not gradio's placeholder headers 1, 2, 3
+
+
+def test_a_refused_plan_clears_the_earlier_plan(handlers):
+    """The Plan button: the charts and table of an earlier plan under a refusal's message would read as its answer."""
+    histogram, positions, table, caption = handlers.plan("system_prompts", 4)
+    assert (len(table), caption[:28]) == (5, "Learned from 60 requests of ")
+    assert len(histogram) > 0 and len(positions) > 0
+    histogram, positions, table, caption = handlers.plan("system_prompts", 2.5)
+    assert caption == "⚠️ The budget must be a whole number from 1 to 32 checkpoints, got 2.5."
+    assert (histogram, positions) == (None, None)  # the plots empty, as before the first plan
+    assert list(table.columns) == list(PLAN_COLUMNS) and len(table) == 0
 
 
 def test_plan_checkpoints_on_a_bench_stream_and_on_the_apps_prompts(handlers):

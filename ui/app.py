@@ -18,8 +18,9 @@ from minipic_lite.prompts import RECIPES
 from ui import compose, texts
 from ui.cache_view import grid_html
 from ui.checkpoints_panel import MAX_BUDGET, plans_frame
-from ui.compose import HYBRID_RECIPES, InputError
+from ui.compose import HYBRID_RECIPES
 from ui.handlers import APP_STREAM, BENCH_STREAMS, Handlers
+from ui.monitor import HIT_RATES
 
 TICK_SECONDS = 1.0
 MAX_CONCURRENT_REQUESTS = 8  # generate events served at once (all share the engine's batches)
@@ -82,9 +83,11 @@ def build_demo(llm) -> gr.Blocks:
         with gr.Tab("Cache view"):
             with gr.Row():
                 pool = gr.Markdown("", elem_id="pool")
-                hit_rate = gr.LinePlot(
-                    x="seconds", y="hit rate", color="rate", y_lim=[0, 1], label="Hit rate over time"
-                )
+                with gr.Column():
+                    hit_rates = [
+                        gr.LinePlot(x="seconds", y="hit rate", y_lim=[0, 1], label=title, elem_id=key.replace("_", "-"))
+                        for key, title in HIT_RATES.items()
+                    ]
             inflight = gr.HTML("", label="Requests in flight", elem_id="inflight")
         with gr.Tab("Scheduler timeline"):
             gr.Markdown(
@@ -141,7 +144,7 @@ def build_demo(llm) -> gr.Blocks:
         demo.unload(on_close)
 
         timer = gr.Timer(TICK_SECONDS)
-        timer.tick(h.tick, None, [pool, hit_rate, inflight, timeline], concurrency_limit=None, show_progress="hidden")
+        timer.tick(h.tick, None, [pool, *hit_rates, inflight, timeline], concurrency_limit=None, show_progress="hidden")
         if h.is_hybrid:
 
             def on_state_tick(request: gr.Request):
@@ -149,13 +152,7 @@ def build_demo(llm) -> gr.Blocks:
 
             timer.tick(on_state_tick, None, state_views, concurrency_limit=None, show_progress="hidden")
 
-        def on_plan(source, budget, bin_size):
-            try:
-                return h.plan_checkpoints(source, budget, bin_size)
-            except InputError as e:
-                return gr.skip(), gr.skip(), gr.skip(), f"⚠️ {e}"
-
-        plan_btn.click(on_plan, [source, budget, bin_size], [histogram, positions, plans, plan_caption])
+        plan_btn.click(h.plan, [source, budget, bin_size], [histogram, positions, plans, plan_caption])
     return demo
 
 

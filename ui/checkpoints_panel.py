@@ -86,6 +86,12 @@ def histogram_frame(weights: np.ndarray, bin_size: int = DEFAULT_BIN_SIZE) -> pd
     return pd.DataFrame({"depth": np.arange(mass.size) * bin_size, "mass": mass})
 
 
+def no_plan() -> tuple[None, None, pd.DataFrame]:
+    """(histogram, positions, table) of no plan, as before the first one: the plots empty, the table's columns.
+    NOTE: None, not an empty frame: gradio redraws a plot's data only, so an empty frame keeps the old legend."""
+    return None, None, plans_frame([])
+
+
 # -- a hybrid's requests on their token axis ------------------------------------------------------------------
 
 

@@ -16,6 +16,7 @@ from ui.checkpoints_panel import (
     axis_html,
     histogram_frame,
     learn_overlaps,
+    no_plan,
     plans_frame,
     policy_plans,
     positions_frame,
@@ -36,6 +37,8 @@ FINISH_WORDS = {
     "stop": "done: the model ended its answer",
     "abort": "stopped before the end",
 }
+# NOTE: a refusal clears the grid: the last request's blocks under the message would read as the refused input's
+REFUSED_GRID_CAPTION = "No blocks: the input was refused, nothing ran."
 
 
 class Handlers:
@@ -69,7 +72,7 @@ class Handlers:
             # NOTE: validated here; the request is queued on the stream's first next(), below
             stream = self.llm.stream(prompt, params, request_id=request_id)
         except ValueError as e:  # InputError is one: outside the bounds; others: the engine's own checks
-            yield "", "", self.last_grid.get(session, grid_html([])), f"⚠️ {e}"
+            yield "", "", grid_html([], REFUSED_GRID_CAPTION), f"⚠️ {e}"
             return
         self.monitor.start(request_id, session, prompt.token_ids)
         grid, has_report = self.last_grid.get(session, grid_html([])), False
@@ -112,8 +115,9 @@ class Handlers:
 
     # -- live views ---------------------------------------------------------------------------------------
 
-    def tick(self):
-        """(pool table, hit rate over time, requests in flight, scheduler timeline), sampled now."""
+    def tick(self) -> tuple:
+        """(pool table, one hit rate over time per monitor.HIT_RATES, requests in flight, scheduler timeline),
+        sampled now."""
         stats = self.llm.stats()
         self.monitor.record_stats(stats)
         control = self.llm.config.control
@@ -123,7 +127,7 @@ class Handlers:
             if out is not None
         ]
         records = self.llm.engine.step_log.records()
-        return pool_markdown(stats), self.monitor.hit_rate_frame(), inflight_html(entries), timeline_frame(records)
+        return pool_markdown(stats), *self.monitor.hit_rate_frames(), inflight_html(entries), timeline_frame(records)
 
     def state_tick(self, session: str = "local") -> tuple[str, str, str]:
         """Hybrids: (the checkpoint store's table, the session's last request on its token axis, every request in
@@ -141,6 +145,14 @@ class Handlers:
         )
 
     # -- checkpoints --------------------------------------------------------------------------------------
+
+    def plan(self, source: str, budget, bin_size=DEFAULT_BIN_SIZE):
+        """The Plan button: `plan_checkpoints`, or for refused input an empty panel under the message (an earlier
+        plan left on screen would read as the answer to the refused input)."""
+        try:
+            return self.plan_checkpoints(source, budget, bin_size)
+        except InputError as e:
+            return *no_plan(), f"⚠️ {e}"
 
     def plan_checkpoints(self, source: str, budget, bin_size=DEFAULT_BIN_SIZE):
         """(overlap histogram, positions per policy, table, caption) for the chosen request stream."""

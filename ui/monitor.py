@@ -15,6 +15,12 @@ import pandas as pd
 
 HISTORY_LEN = 300  # stats samples kept (one per timer tick)
 NUM_SERVED_KEPT = 200  # prompts kept for the Checkpoints panel
+# `LLM.stats()` key -> the title of its line plot. NOTE: a plot each: the two rates are often equal, and one line
+# drawn over the other would hide it (gradio's LinePlot tells lines apart by color only: no dash, no markers)
+HIT_RATES = {
+    "prompt_block_hit_rate": "Prompt blocks hit, over time",
+    "prompt_token_hit_rate": "Prompt tokens hit, over time",
+}
 
 
 @dataclass
@@ -71,13 +77,11 @@ class Monitor:
         with self._lock:
             self.history.append((time.perf_counter() - self.start_time, stats))
 
-    def hit_rate_frame(self) -> pd.DataFrame:
-        """Long form for a line plot: seconds since the app started, hit rate, which rate."""
+    def hit_rate_frames(self) -> list[pd.DataFrame]:
+        """One frame per rate of HIT_RATES, in its order: seconds since the app started, hit rate."""
         with self._lock:
             samples = list(self.history)
-        rows = [
-            {"seconds": round(t, 1), "hit rate": s[key], "rate": name}
-            for t, s in samples
-            for key, name in (("prompt_block_hit_rate", "prompt blocks"), ("prompt_token_hit_rate", "prompt tokens"))
+        return [
+            pd.DataFrame([(round(t, 1), s[key]) for t, s in samples], columns=["seconds", "hit rate"])
+            for key in HIT_RATES
         ]
-        return pd.DataFrame(rows, columns=["seconds", "hit rate", "rate"])
