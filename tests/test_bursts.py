@@ -104,3 +104,73 @@ def test_blocks_completed_by_a_final_burst_are_hit_by_the_next_request(burst_llm
     assert len(follow) == 49
     again = burst_llm.generate([follow], mp.SamplingParams(max_tokens=1), use_tqdm=False)[0]
     assert again.num_cached_tokens == 48
+
+
+def graph_buffers(num_seqs: int, padding: int, block_size: int, width: int, extra_columns: int):
+    """A decode step's buffers as a graph holds them: views of the first `num_seqs` rows of larger buffers (the padding
+    rows after them), tables read from the first `width` columns of wider rows."""
+    gen = torch.Generator().manual_seed(1)
+    rows = num_seqs + padding
+    kv_lens = torch.randint(1, block_size * (width - 1), (rows,), generator=gen, dtype=torch.int32)
+    tables = torch.randint(0, 1000, (rows, width + extra_columns), generator=gen, dtype=torch.int32)
+    positions = kv_lens.long() - 1
+    slots = tables.gather(1, (positions // block_size)[:, None]).squeeze(1).long() * block_size + positions % block_size
+    input_ids = torch.randint(0, 50, (rows,), generator=gen)
+    return [input_ids, positions, slots, kv_lens, tables]
+
+
+def test_the_advance_kernel_reads_strided_tables_and_writes_no_padding_row():
+    """130 sequences (a second program of 2) in buffers of 140 rows whose tables are 5 columns of rows of 12: the
+    sequences advance as the reference builds it, the padding rows stay as they were."""
+    from minipic_lite.advance_kernel import advance_decode_in_place
+
+    num_seqs, block_size, width = 130, 4, 5
+    full = graph_buffers(num_seqs, 10, block_size, width, extra_columns=7)
+    before = [t.clone() for t in full]
+    views = [t[:num_seqs] for t in full[:4]] + [full[4][:num_seqs, :width]]
+    assert views[4].stride(0) == width + 7
+    meta = StepMetadata(views[2].clone(), views[4].clone(), torch.arange(num_seqs + 1, dtype=torch.int32),
+                        views[1].clone(), views[3].clone(), torch.zeros(num_seqs, dtype=torch.int32))  # fmt: skip
+    sampled = torch.arange(num_seqs) + 7
+    expected = advance_decode_inputs(StepInputs(views[0].clone(), meta, torch.arange(num_seqs)), sampled, block_size)
+    advance_decode_in_place(sampled, *views, block_size)
+    for got, want in zip(views[:4], (expected.input_ids, *(getattr(expected.meta, name)
+                         for name in ("positions", "slot_mapping", "kv_lens"))), strict=True):  # fmt: skip
+        assert torch.equal(got, want)
+    for after, old in zip(full, before, strict=True):
+        assert torch.equal(after[num_seqs:], old[num_seqs:]), "a padding row was written"
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["input_ids_int32", "positions_strided", "slot_mapping_short", "kv_lens_int64", "tables_int64",
+     "tables_column_major", "kv_lens_short", "sampled_int32"],
+)  # fmt: skip
+def test_the_advance_kernel_refuses_buffers_it_would_misread(case):
+    """Each buffer's type, length and layout are checked before the launch: the kernel would read or write the wrong
+    elements (or bytes) of any of them, silently."""
+    from minipic_lite.advance_kernel import advance_decode_in_place
+
+    input_ids, positions, slots, kv_lens, tables = graph_buffers(4, 0, 4, 3, extra_columns=0)
+    sampled = torch.arange(4)
+    if case == "input_ids_int32":
+        input_ids = input_ids.int()
+    elif case == "positions_strided":
+        positions = torch.stack([positions, positions], 1).flatten()[::2]
+    elif case == "slot_mapping_short":
+        slots = slots[:3]
+    elif case == "kv_lens_int64":
+        kv_lens = kv_lens.long()
+    elif case == "tables_int64":
+        tables = tables.long()
+    elif case == "tables_column_major":
+        tables = tables.t().contiguous().t()
+    elif case == "kv_lens_short":
+        kv_lens = kv_lens[:3]
+    elif case == "sampled_int32":
+        sampled = sampled.int()
+    buffers = (input_ids, positions, slots, kv_lens, tables)
+    saved = [t.clone() for t in buffers]
+    with pytest.raises(AssertionError):
+        advance_decode_in_place(sampled, *buffers, 4)
+    assert all(torch.equal(a, b) for a, b in zip(buffers, saved, strict=True)), "refused before a write"

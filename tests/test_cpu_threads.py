@@ -22,7 +22,8 @@ from tests.waits import WAIT_S, run_with_timeout
      (2, 2, 2.0, 0.0, 1),  # both cores taken by others: one thread at least
      (4, 8, 3.0, 0.0, 4),  # five cores free: the threads it started with at most
      (8, 8, 8.0, 4.5, 5),  # 3.5 cores taken: 4.5 left, rounded half up
-     (8, 8, 1.0, 1.2, 8)],  # this process's time above the machine's (sampling skew): nobody else
+     (8, 8, 1.0, 1.2, 8),  # this process's time above the machine's (sampling skew): nobody else
+     (16, 8, 1.0, 2.0, 8)],  # the same with more threads than cores: the cores, not one more per skewed core
 )  # fmt: skip
 def test_threads_for_takes_the_cores_others_leave_rounded(max_threads, num_cores, machine, own, expected):
     assert threads_for(max_threads, num_cores, machine, own) == expected
@@ -87,6 +88,24 @@ def test_a_governor_drops_to_the_free_cores_and_comes_back(monkeypatch):
     assert threads == [2]  # the machine is free again: every thread
 
 
+def test_a_governor_counts_the_cores_it_may_run_on_not_its_threads(monkeypatch):
+    """Four cores, two threads: others busy on two of them leave two free, so both threads stay (counting the threads
+    as the cores would leave none)."""
+    machine = Machine()
+    governor = ThreadGovernor(lambda: machine.wall, lambda: machine.own, machine.stat)
+    governor.cores, governor.max_threads, governor._ticks_per_s = {0, 1, 2, 3}, 2, 100
+    threads = [2]
+    monkeypatch.setattr(cpu_threads.torch, "get_num_threads", lambda: threads[0])
+    monkeypatch.setattr(cpu_threads.torch, "set_num_threads", lambda n: threads.__setitem__(0, n))
+    governor.after_step()
+    machine.run(INTERVAL_S, own_cores=2.0, other_cores=2.0)
+    governor.after_step()
+    assert threads == [2]
+    machine.run(INTERVAL_S, own_cores=1.0, other_cores=3.0)
+    governor.after_step()
+    assert threads == [1]  # three taken: one left
+
+
 def test_a_governor_is_made_only_where_the_thread_count_is_left_to_it(monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.delenv(cpu_threads.ENV_SWITCH, raising=False)
@@ -101,6 +120,9 @@ def test_a_governor_is_made_only_where_the_thread_count_is_left_to_it(monkeypatc
     monkeypatch.delenv("OMP_NUM_THREADS")
     monkeypatch.setattr(cpu_threads.torch, "get_num_threads", lambda: 1)  # nothing to take away
     assert ThreadGovernor.for_device(torch.device("cpu")) is None
+    monkeypatch.setattr(cpu_threads.torch, "get_num_threads", lambda: 2)
+    monkeypatch.setattr(cpu_threads, "Path", lambda path: SimpleNamespace(exists=lambda: False))
+    assert ThreadGovernor.for_device(torch.device("cpu")) is None  # no /proc/stat (not Linux): nothing to read
 
 
 def test_the_loop_tells_its_governor_of_each_step_and_of_each_wait(monkeypatch):

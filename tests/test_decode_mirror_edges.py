@@ -1,6 +1,7 @@
 """Edges of the CPU decode mirror (decode_mirror.py) that test_decode_mirror leaves open: its budget counts exactly
-the bytes it allocates, a growth that fits the budget to the byte is taken, and a request's keys are copied once,
-and again after a preemption."""
+the bytes it allocates, a growth that fits the budget to the byte is taken (and doubles only past what a step asks),
+a request's keys are copied once, and again after a preemption, and the copies are in the type their attention
+reads."""
 
 import torch
 
@@ -8,6 +9,7 @@ from minipic_lite.config import ModelConfig, SchedulerConfig
 from minipic_lite.decode_mirror import MIN_CAPACITY, MIN_SLOTS, DecodeMirror
 from minipic_lite.hashing import root_hash
 from minipic_lite.kv_cache_manager import KVCacheManager
+from minipic_lite.models import native
 from minipic_lite.request import Request
 from minipic_lite.sampling_params import SamplingParams
 from minipic_lite.scheduler import Scheduler
@@ -98,3 +100,44 @@ def test_attention_of_requests_in_slots_out_of_order_is_each_requests_own():
         assert torch.equal(keys[:, position], k[row]) and torch.equal(values[:, position], v[row])
         expected = torch.nn.functional.scaled_dot_product_attention(q[row].view(2, 2, 8), keys, values, scale=0.35)
         torch.testing.assert_close(out[row], expected.reshape(4, 8))
+
+
+def test_capacity_doubles_only_past_what_a_step_asks():
+    """A step of exactly 64 keys takes the first 64 (no doubling at the edge): a budget of one slot of 64 holds it."""
+    mirror = DecodeMirror(tiny_config(), position_free=True, max_bytes=0)
+    mirror.max_bytes = MIN_CAPACITY * mirror.token_bytes
+    assert mirror._reserve(1, MIN_CAPACITY) and mirror.k.shape[3] == MIN_CAPACITY
+    mirror.max_bytes = 1 << 30
+    assert mirror._reserve(1, 2 * MIN_CAPACITY) and mirror.k.shape[3] == 2 * MIN_CAPACITY
+
+
+def test_the_copies_are_in_the_type_their_attention_reads():
+    """A bf16 model's copies: bf16 for the C kernel, float32 for SDPA (slower in bf16 on the CPU), and float32 where
+    the kernel cannot take the heads (D = 8) or is not built here."""
+    cfg = ModelConfig("llama", 64, 32, 64, 2, 4, 2, 16, 1e-6, 10000.0, 256, False)  # D = 16: the kernel takes it
+    mirror = DecodeMirror(cfg, position_free=True, max_bytes=1 << 20, dtype=torch.bfloat16)
+    assert mirror._reserve(1, 1)
+    on_kernel = torch.bfloat16 if native.load() is not None else torch.float32
+    assert mirror.native == (native.load() is not None) and mirror.k.dtype == mirror.v.dtype == on_kernel
+    mirror.use_native(False)
+    assert not mirror.native and mirror.k.dtype == mirror.v.dtype == torch.float32
+    mirror.use_native(True)
+    assert mirror.k.dtype == on_kernel
+    small = DecodeMirror(tiny_config(), position_free=True, max_bytes=1 << 20, dtype=torch.bfloat16)
+    assert not small.native and small.k.dtype == torch.float32
+
+
+def test_a_query_sees_only_the_keys_from_its_visible_start_on():
+    """A decode after a span that starts at key 3 (SSEP): its query attends to keys 3..its own, the other's to all."""
+    mirror = DecodeMirror(tiny_config(), position_free=True, max_bytes=1 << 20)
+    sched, seqs = decoding(2)
+    kv_cache, cos_sin = torch.randn(2, 2, 33, B, 2, 8), torch.randn(256, 8)
+    out = sched.schedule()
+    step = mirror.prepare(out, kv_cache, cos_sin, torch.tensor([3, 0], dtype=torch.int32))
+    assert step.visible_start.tolist() == [3, 0] and step.positions.tolist() == [5, 6]
+    q, k, v = torch.randn(2, 4, 8), torch.randn(2, 2, 8), torch.randn(2, 2, 8)
+    attended = step.attend(0, q, k, v, scale=0.35)
+    for row, (slot, first, last) in enumerate([(0, 3, 5), (1, 0, 6)]):
+        keys, values = mirror.k[0, slot, :, first : last + 1], mirror.v[0, slot, :, first : last + 1]
+        expected = torch.nn.functional.scaled_dot_product_attention(q[row].view(2, 2, 8), keys, values, scale=0.35)
+        torch.testing.assert_close(attended[row], expected.reshape(4, 8))

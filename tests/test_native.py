@@ -2,6 +2,7 @@
 compiler and CPU; off with a reason where it cannot run, the engine then on oneDNN."""
 
 import logging
+import subprocess
 
 import pytest
 import torch
@@ -152,14 +153,6 @@ def test_a_cpu_model_has_a_decode_route_where_onednn_packs_or_the_loop_runs(monk
     assert set(packed_linear.decode_routes(model).values()) <= {"linear", "native"}
 
 
-def test_clang_is_told_to_link_torchs_openmp_runtime():
-    """Clang's own -fopenmp links LLVM's libomp (a second thread pool beside torch's libgomp, and often absent)."""
-    gcc = native.compiler_flags("cc (Debian 12.2.0-14) 12.2.0")
-    clang = native.compiler_flags("Debian clang version 14.0.6\nTarget: x86_64-pc-linux-gnu")
-    assert gcc == native.FLAGS and "-fopenmp" in gcc
-    assert "-fopenmp=libgomp" in clang and "-fopenmp" not in clang and len(clang) == len(gcc)
-
-
 def test_a_failed_build_logs_the_compilers_errors_on_one_line(fresh_load, monkeypatch, caplog, tmp_path):
     compiler = tmp_path / "fake-cc"
     script = ["#!/bin/sh", '[ "$1" = --version ] && exit 0', 'echo "gemv.c:1: error: boom" >&2', 'echo "one more" >&2']
@@ -169,3 +162,39 @@ def test_a_failed_build_logs_the_compilers_errors_on_one_line(fresh_load, monkey
     with caplog.at_level(logging.INFO, logger="minipic_lite.models.native"):
         assert fresh_load() is None
     assert f"its build failed ({compiler} exited with 3: gemv.c:1: error: boom one more)" in caplog.text
+
+
+def test_an_input_in_another_dtype_or_layout_is_cast_and_made_contiguous():
+    """The loop reads x as a contiguous matrix of weight's type: a float32 input to a bf16 weight is rounded first, and
+    a transposed input is read by its values, not its memory order."""
+    torch.manual_seed(0)
+    w = torch.randn(24, 16, dtype=torch.bfloat16)
+    x = torch.randn(3, 16)
+    assert torch.equal(gemv(x, w), gemv(x.to(torch.bfloat16), w))
+    w32, xt = w.float(), torch.randn(16, 3).t()  # (3, 16), not contiguous
+    assert not xt.is_contiguous()
+    torch.testing.assert_close(gemv(xt, w32), F.linear(xt, w32))
+
+
+def test_a_build_that_times_out_is_off_with_a_reason(fresh_load, monkeypatch, caplog):
+    def run(command, **kwargs):
+        raise subprocess.TimeoutExpired(command, kwargs["timeout"])
+
+    monkeypatch.setattr(native.subprocess, "run", run)
+    with caplog.at_level(logging.INFO, logger="minipic_lite.models.native"):
+        assert fresh_load() is None
+    assert "its build failed (Command" in caplog.text and "timed out after 30 seconds)" in caplog.text
+
+
+def test_the_build_is_keyed_by_the_compilers_version(fresh_load, tmp_path, monkeypatch):
+    """The same compiler path after an upgrade (another `--version`) builds its own library."""
+    compiler = tmp_path / "versioned-cc"
+    script = ["#!/bin/sh", '[ "$1" = --version ] && { echo "cc $FAKE_CC_VERSION"; exit 0; }', 'exec cc "$@"', ""]
+    compiler.write_text("\n".join(script))
+    compiler.chmod(0o755)
+    monkeypatch.setenv("CC", str(compiler))
+    for version in ("12.2.0", "13.1.0"):
+        monkeypatch.setenv("FAKE_CC_VERSION", version)
+        native.load.cache_clear()
+        assert fresh_load() is not None
+    assert len(list((tmp_path / "native").glob("kernels-*.so"))) == 2

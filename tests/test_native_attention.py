@@ -125,3 +125,32 @@ def test_scratch_that_cannot_be_allocated_is_a_memory_error():
         native.decode_attention(q, k, v, slots, first, last, 0.125)
     out = native.decode_attention(q, k, v, *ranges((0, 0, 15)), 0.125)  # the library serves on
     assert max_err(out, exact_attention(q, k, v, *ranges((0, 0, 15)), 0.125)) < 2e-6
+
+
+def test_the_widest_heads_it_takes_equal_exact_attention():
+    """256 dims and 16 query heads a kv head: the largest the kernel takes (its MAX_D and MAX_G)."""
+    assert native.supports_attention(16, 1, 256) and native.supports_attention(32, 2, 64)
+    k, v = mirror_layer(1, 1, 300, 256, seed=3)
+    q = torch.randn(1, 1, 16, 256)
+    slots, first, last = ranges((0, 0, 299))
+    out = native.decode_attention(q, k, v, slots, first, last, 256**-0.5)
+    assert max_err(out, exact_attention(q, k, v, slots, first, last, 256**-0.5)) < 2e-6
+
+
+def test_a_bfloat16_mirror_is_read_as_bfloat16():
+    """A bf16 model's mirror: the kernel widens each key and value exactly, so it equals exact attention over them."""
+    k, v = (t.to(torch.bfloat16) for t in mirror_layer(2, 2, 300, 64, seed=4))
+    q = torch.randn(2, 2, 3, 64)
+    slots, first, last = ranges((1, 0, 299), (0, 5, 40))
+    out = native.decode_attention(q, k, v, slots, first, last, 0.125)
+    assert out.dtype == torch.float32
+    assert max_err(out, exact_attention(q, k, v, slots, first, last, 0.125)) < 2e-6
+
+
+def test_keys_and_values_of_two_types_or_a_query_not_in_float32_are_refused():
+    k, v = mirror_layer(1, 1, 16, 64, seed=0)
+    q, (slots, first, last) = torch.randn(1, 1, 1, 64), ranges((0, 0, 15))
+    with pytest.raises(AssertionError):
+        native.decode_attention(q, k, v.to(torch.bfloat16), slots, first, last, 0.125)
+    with pytest.raises(AssertionError):
+        native.decode_attention(q.to(torch.bfloat16), k, v, slots, first, last, 0.125)
