@@ -88,6 +88,24 @@ def test_a_governor_drops_to_the_free_cores_and_comes_back(monkeypatch):
     assert threads == [2]  # the machine is free again: every thread
 
 
+def test_a_governor_looks_once_exactly_interval_s_has_passed(monkeypatch):
+    """The look is due at INTERVAL_S itself, not one step after it (times in binary fractions: exact sums)."""
+    machine = Machine()
+    governor = ThreadGovernor(lambda: machine.wall, lambda: machine.own, machine.stat)
+    governor.cores, governor.max_threads, governor._ticks_per_s = {0, 1}, 2, 100
+    threads = [2]
+    monkeypatch.setattr(cpu_threads.torch, "get_num_threads", lambda: threads[0])
+    monkeypatch.setattr(cpu_threads.torch, "set_num_threads", lambda n: threads.__setitem__(0, n))
+    governor.after_step()  # the first look, at 0 s
+    machine.run(INTERVAL_S / 2, own_cores=1.0, other_cores=1.0)
+    governor.after_step()
+    assert threads == [2]  # half the interval: no look yet
+    machine.run(INTERVAL_S / 2, own_cores=1.0, other_cores=1.0)
+    assert machine.wall == INTERVAL_S
+    governor.after_step()
+    assert threads == [1]  # the interval exactly: a look, and another program held a core
+
+
 def test_a_governor_counts_the_cores_it_may_run_on_not_its_threads(monkeypatch):
     """Four cores, two threads: others busy on two of them leave two free, so both threads stay (counting the threads
     as the cores would leave none)."""
