@@ -116,6 +116,25 @@ def test_a_refused_input_clears_the_grid_of_the_sessions_last_request(handlers):
     assert grid == grid_html([], "No blocks: the input was refused, nothing ran.")
 
 
+def test_the_prompt_bound_leaves_room_for_the_answer(handlers):
+    docs, max_tokens = ["A short document."], 8
+    num_tokens = len(handlers.composer.block_attention(None, docs, "Why?"))
+    prompt = compose.build_prompt(handlers.composer, "block_attention", "", docs, "Why?", max_tokens, num_tokens + 8)
+    assert len(prompt) == num_tokens  # prompt and answer fill the context exactly
+    with pytest.raises(
+        InputError, match=f"The prompt is too long: {num_tokens} tokens \\(at most {num_tokens - 1} here\\)"
+    ):
+        compose.build_prompt(handlers.composer, "block_attention", "", docs, "Why?", max_tokens, num_tokens + 7)
+
+
+def test_build_prompt_strips_the_fields_and_gives_prompt_cache_its_schema(handlers):
+    composer, docs = handlers.composer, ["A module.", "param: 42 apples"]
+    built = compose.build_prompt(composer, "block_attention", "   ", docs, "  Why? ", 8, 2048)
+    assert built.token_ids == composer.block_attention(None, docs, "Why?").token_ids  # a blank system: none
+    built = compose.build_prompt(composer, "prompt_cache", "", docs, "Why?", 8, 2048)  # the composer takes a schema
+    assert built.token_ids == composer.prompt_cache(None, compose.schema(docs), "Why?").token_ids
+
+
 def test_a_control_token_in_a_document_gets_the_composers_message(handlers):
     *_, (answer, _, _, status) = handlers.generate("block_attention", "", "a <repo_name> b", "Why?", 8, "s-ctl")
     assert answer == "" and "contains the SSEP control token" in status
@@ -200,6 +219,19 @@ def test_stop_aborts_the_sessions_request(handlers, llm):
     assert handlers.monitor.in_flight() == [] and llm.stats()["num_aborted"] == aborted_before + 1
 
 
+def test_closing_a_session_aborts_its_requests_and_forgets_its_views(handlers, llm):
+    aborted_before = llm.stats()["num_aborted"]
+    outputs = handlers.generate("prefix", "", "A short document.", "Tell me a long story.", 256, "s-close")
+    _, summary, grid, _ = next(outputs)  # admitted: its report drawn, the session's last grid
+    num_prompt = int(re.search(r"\*\*prompt tokens\*\* (\d+):", summary).group(1))
+    assert f"(prefix): {num_prompt} prompt tokens" in grid and handlers.last_grid["s-close"] == grid
+    assert handlers.stop("s-nobody") == "nothing to stop"
+    handlers.close_session("s-close")  # the tab was closed
+    *_, (_, _, _, status) = outputs
+    assert status.endswith("stopped before the end (abort)") and "s-close" not in handlers.last_grid
+    assert handlers.monitor.in_flight() == [] and llm.stats()["num_aborted"] == aborted_before + 1
+
+
 def test_leaving_the_stream_early_aborts_the_request(handlers, llm):
     aborted_before = llm.stats()["num_aborted"]
     outputs = handlers.generate("prefix", "", "A short document.", "Tell me a long story.", 256, "s-gone")
@@ -241,6 +273,23 @@ def test_tick_shows_the_pool_the_hit_rate_and_the_timeline(handlers):
     assert "No request in flight" in inflight
     totals = timeline.groupby("kind")["tokens"].sum()
     assert totals["span prefill"] > 0 and totals["final prefill"] > 0 and totals["decode"] > 0
+
+
+def test_tick_draws_each_request_in_flight_once_it_has_an_output(handlers, llm):
+    import minipic_lite as mp
+
+    out = llm.generate("Count to three.", mp.SamplingParams(max_tokens=3, ignore_eos=True), use_tqdm=False)[0]
+    monitor = handlers.monitor
+    monitor.start("ui-queued", "s-tick-2", out.prompt_token_ids)  # queued: no output yet
+    monitor.start("ui-running", "s-tick-2", out.prompt_token_ids)
+    monitor.update("ui-running", out)
+    try:
+        inflight = handlers.tick()[3]
+    finally:
+        monitor.finish("ui-queued")
+        monitor.finish("ui-running")
+    assert "request ui-running: 3 tokens so far" in inflight and "ui-queued" not in inflight
+    assert inflight.count("data-block=") == len(out.cache_report)
 
 
 def test_each_hit_rate_has_a_plot_of_its_own(llm):
@@ -333,6 +382,22 @@ def test_plan_checkpoints_on_a_bench_stream_and_on_the_apps_prompts(handlers):
         list(fresh.generate("block_attention", "", "A short document.", question, 2, "s-plan"))
     _, _, table, _ = fresh.plan_checkpoints(APP_STREAM, 2, 16)
     assert len(table) == 5
+
+
+def test_plan_on_the_apps_prompts_learns_from_two_and_plans_for_the_latest(llm):
+    h = Handlers(llm)
+    h.monitor.start("r0", "s", list(range(40)))
+    with pytest.raises(InputError, match="Generate a few prompts first"):  # one prompt: no overlap to learn
+        h.plan_checkpoints(APP_STREAM, 2, 16)
+    h.monitor.start("r1", "s", list(range(30)) + list(range(100, 140)))  # 70 tokens, 30 shared with the first
+    caption = h.plan_checkpoints(APP_STREAM, 2, 16)[3]
+    assert caption.startswith(f"Learned from 2 requests of *{APP_STREAM}*") and "(N = 70 tokens)" in caption
+
+
+def test_an_unknown_stream_gets_a_message_not_a_crash(handlers):
+    histogram, positions, table, caption = handlers.plan("no such stream", 4)
+    assert caption.startswith("⚠️ Unknown stream 'no such stream': choose one of ")
+    assert (histogram, positions, len(table)) == (None, None, 0)
 
 
 # -- a hybrid model's checkpoints -------------------------------------------------------------------------------
@@ -434,10 +499,11 @@ def test_the_app_on_a_hybrid_composes_with_prefix_only(hybrid_llm, llm):
 
     def recipes(demo):
         (radio,) = [b for b in demo.blocks.values() if getattr(b, "elem_id", None) == "recipe"]
-        return [value for _, value in radio.choices]
+        return [value for _, value in radio.choices], radio.value
 
-    assert recipes(build_demo(hybrid_llm)) == ["prefix"]
-    assert recipes(build_demo(llm)) == ["prefix", "block_attention", "epic", "prompt_cache"]  # Llama: unchanged
+    assert recipes(build_demo(hybrid_llm)) == (["prefix"], "prefix")
+    # Llama: every recipe, block_attention picked (the intro's reorder-and-hit tour needs a span recipe)
+    assert recipes(build_demo(llm)) == (["prefix", "block_attention", "epic", "prompt_cache"], "block_attention")
     assert not Handlers(llm).is_hybrid and state_markdown(llm.stats()) == ""
 
 
@@ -470,6 +536,31 @@ def test_build_demo_and_the_cli_subcommand(llm, capsys):
     assert exit_info.value.code == 0 and "--port" in capsys.readouterr().out
     assert cli.main(["ui", "--model", "/no/such/model"]) == cli.EXIT_USAGE
     assert "minipic-lite ui: error: unknown model" in capsys.readouterr().err
+
+
+def test_serve_listens_where_asked_and_never_shares(monkeypatch):
+    """`python -m ui` serves on the host and port given, with no public share link."""
+    import minipic_lite as mp
+    import ui
+    import ui.__main__ as entry
+
+    launches = []
+
+    class Demo:
+        def queue(self):
+            return self
+
+        def launch(self, **kwargs):
+            launches.append(kwargs)
+
+        def block_thread(self):
+            pass
+
+    monkeypatch.setattr(mp, "LLM", lambda *args, **kwargs: None)
+    monkeypatch.setattr(ui, "build_demo", lambda llm: Demo())
+    assert entry.serve("127.0.0.2", 7999) == 0
+    (kwargs,) = launches
+    assert (kwargs["server_name"], kwargs["server_port"], kwargs["share"]) == ("127.0.0.2", 7999, False)
 
 
 @pytest.mark.parametrize("argv, expected", [([], None), (["--dtype", "bfloat16"], "bfloat16")])

@@ -24,7 +24,3 @@ def timeline_frame(records, num_steps: int = TIMELINE_STEPS) -> pd.DataFrame:
         for kind, field in KINDS.items()
     ]
     return pd.DataFrame(rows, columns=["step", "kind", "tokens"])
-
-
-def timeline_totals(records) -> dict[str, int]:
-    return {kind: sum(getattr(r, field) for r in records) for kind, field in KINDS.items()}
