@@ -21,7 +21,7 @@ are called, so the sections are the engine's own code:
     gc             Python's garbage collector in the run (validate too), whichever section it interrupted
 
 Each figure is the median over `--runs` runs (and the minimum: the machine may be shared). Results go to
-bench/results/host_ttft-<sha>-cpu[-shuffle].json.
+bench/results/host_ttft-<sha>-cpu[-shuffle].json (`--out` names another folder).
 
     PYTHONPATH=. python bench/host_ttft.py                   # 8 x 2048, 30 runs
     PYTHONPATH=. python bench/host_ttft.py --shuffle         # the documents in another order every run
@@ -158,7 +158,7 @@ def prefill(engine: LLMEngine, prompts) -> None:
 
 
 def save(args, medians: dict, minima: dict, num_tokens: int, num_computed: float) -> None:
-    from ttft_spans import RESULTS, git_is_dirty, git_sha  # bench/ttft_spans.py, beside this file
+    from ttft_spans import git_is_dirty, git_sha  # bench/ttft_spans.py, beside this file
 
     sha = os.environ.get("GIT_SHA") or git_sha()
     result = {
@@ -181,12 +181,12 @@ def save(args, medians: dict, minima: dict, num_tokens: int, num_computed: float
         "median_s": medians,
         "min_s": minima,
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
+    args.out.mkdir(parents=True, exist_ok=True)
     passive = os.environ.get("OMP_WAIT_POLICY", "").lower() == "passive"
     flags = (("shuffle", args.shuffle), ("fresh", args.fresh), (f"t{args.threads}", args.threads != 1))
     flags += (("omp-passive", passive), (f"b{args.block_size}", args.block_size != 16))
     tags = "".join(f"-{tag}" for tag, on in flags if on)
-    path = RESULTS / f"host_ttft-{sha}-{args.device}{tags}.json"
+    path = args.out / f"host_ttft-{sha}-{args.device}{tags}.json"
     path.write_text(json.dumps(result, indent=2) + "\n")
     print(f"saved {path}")
 
@@ -205,6 +205,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch's intra-op threads (ttft_spans keeps torch's)")
     parser.add_argument("--fresh", action="store_true", help="before each run, reset the cache and prefill the "
                         "documents again (as ttft_spans does): a first prompt on fresh blocks")  # fmt: skip
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results", help="the results' folder")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 

@@ -211,11 +211,11 @@ def side_by_side(args) -> dict:
     config = hybrid_config(shape, args.vocab_size, args.max_len, args.num_layers)
     with torch.device(args.device):
         hf = Qwen3_5ForCausalLM(config).to(dtype).eval()
-    tmp = Path(tempfile.mkdtemp(prefix="hybrid_bench_"))
-    hf.save_pretrained(tmp)
-    # NOTE: a budget that holds the 4 prompts: one step, as transformers runs them in one batched forward
-    llm = mp.LLM(str(tmp), device=args.device, dtype=str(dtype).removeprefix("torch."), max_model_len=args.max_len,
-                 checkpoint_policy="none", max_num_batched_tokens=max(4 * args.prefill_len, 2048))  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="hybrid_bench_") as tmp:  # NOTE: the weights are read once, here
+        hf.save_pretrained(tmp)
+        # NOTE: a budget that holds the 4 prompts: one step, as transformers runs them in one batched forward
+        llm = mp.LLM(tmp, device=args.device, dtype=str(dtype).removeprefix("torch."), max_model_len=args.max_len,
+                     checkpoint_policy="none", max_num_batched_tokens=max(4 * args.prefill_len, 2048))  # fmt: skip
     engine, out = llm.engine, {}
     prompt_len = args.prefill_len
     g = torch.Generator().manual_seed(1)

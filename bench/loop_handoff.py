@@ -33,6 +33,8 @@ import torch
 
 import minipic_lite as mp
 
+RESULTS = Path(__file__).parent / "results"
+
 
 class PollingInbox:
     """The loop's inbox, waited on by polling: `get(block=True)` asks every `tick_s` for `window_s`, then blocks."""
@@ -45,6 +47,9 @@ class PollingInbox:
 
     def get_nowait(self):
         return self.inbox.get_nowait()
+
+    def empty(self) -> bool:  # NOTE: the loop asks before it blocks (engine_loop._take_inbox)
+        return self.inbox.empty()
 
     def get(self, block: bool = True):
         if not block:
@@ -137,6 +142,7 @@ def main() -> None:
     parser.add_argument("--window-ms", type=float, default=20.0)
     parser.add_argument("--tick-us", type=float, default=50.0)
     parser.add_argument("--ways", default="blocking,direct", help="of blocking, polling, direct (each round, in turn)")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="the results' folder")
     args = parser.parse_args()
     from ttft_spans import TWO_TOKENS, TokenIdRecipes, random_documents  # bench/ttft_spans.py, beside this file
 
@@ -167,14 +173,15 @@ def main() -> None:
 
 
 def save(bench: str, args, result: dict, tag: str = "") -> None:
-    """`result` with the run's git SHA, device and arguments to bench/results/<bench>-<sha>-<device><tag>.json."""
+    """`result` with the run's git SHA, device and arguments to <args.out>/<bench>-<sha>-<device><tag>.json."""
     from ttft_spans import git_sha  # bench/ttft_spans.py, beside this file
 
     sha = os.environ.get("GIT_SHA") or git_sha()
     device = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"cpu ({os.cpu_count()} cores)"
-    out = Path(__file__).parent / "results" / f"{bench}-{sha}-{args.device.split(':')[0]}{tag}.json"
+    args.out.mkdir(parents=True, exist_ok=True)
+    out = args.out / f"{bench}-{sha}-{args.device.split(':')[0]}{tag}.json"
     out.write_text(json.dumps({"bench": bench, "git_sha": sha, "device": device, "args": vars(args), **result},
-                              indent=1) + "\n")  # fmt: skip
+                              indent=1, default=str) + "\n")  # fmt: skip
     print(f"saved {out}")
 
 

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import argparse
 import statistics
+from pathlib import Path
+
+RESULTS = Path(__file__).parent / "results"
 
 
 def ttfts(llm, composer, docs, num: int, tag: str) -> list[float]:
@@ -31,6 +34,7 @@ def main() -> None:
     parser.add_argument("--doc-tokens", type=int, default=2048)
     parser.add_argument("--block-size", type=int, default=32)
     parser.add_argument("--questions", type=int, default=9)
+    parser.add_argument("--out", type=Path, default=RESULTS, help="the results' folder")
     args = parser.parse_args()
     from loop_handoff import build, save  # bench/loop_handoff.py, beside this file
     from ttft_spans import TWO_TOKENS, TokenIdRecipes, random_documents  # bench/ttft_spans.py, beside this file

@@ -26,7 +26,7 @@ on CUDA, 1 on the CPU), ISPS that recomputes what was evicted, and copy-rerotate
 at another offset copied and its keys re-rotated). It reports samples/s, the prompt share served from a cache
 and the blocks loaded from the host.
 
-Results go to bench/results/rag-<sha>-<device>.{json,md}.
+Results go to bench/results/rag-<sha>-<device>.{json,md} (`--out` names another folder).
 """
 
 from __future__ import annotations
@@ -132,14 +132,14 @@ def sample_rows(pool, systems, num_samples: int, reuse: float, rng: random.Rando
     return rows
 
 
-def dataset_path(num_samples: int, reuse: float) -> Path:
-    return DATA / f"rag-{num_samples}-reuse{reuse}"
+def dataset_path(num_samples: int, reuse: float, data: Path = DATA) -> Path:
+    return data / f"rag-{num_samples}-reuse{reuse}"
 
 
-def load_or_build(num_samples: int, reuse: float):
+def load_or_build(num_samples: int, reuse: float, data: Path = DATA):
     import datasets
 
-    path = dataset_path(num_samples, reuse)
+    path = dataset_path(num_samples, reuse, data)
     if not path.exists():
         build_dataset(num_samples, reuse).save_to_disk(str(path))
     return datasets.load_from_disk(str(path))
@@ -354,12 +354,14 @@ def main() -> None:
                         "small device cache (see the module doc); --systems is ignored")  # fmt: skip
     parser.add_argument("--block-size", type=int, default=16, help="KV block size (a passage pads to whole blocks)")
     parser.add_argument("--tag", default="", help="appended to the result file name")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="the results' folder")
     parser.add_argument("--build-only", action="store_true")
+    parser.add_argument("--data", type=Path, default=DATA, help="the datasets' folder (read if there, else written)")
     args = parser.parse_args()
     reuses = [float(r) for r in args.reuse.split(",")]
-    data = {r: load_or_build(args.samples, r) for r in reuses}
+    data = {r: load_or_build(args.samples, r, args.data) for r in reuses}
     if args.build_only:
-        print("built", *(dataset_path(args.samples, r) for r in reuses))
+        print("built", *(dataset_path(args.samples, r, args.data) for r in reuses))
         return
     model_dir, args.load_format = None, "auto"
     if args.llama3_8b_shape:
@@ -412,10 +414,11 @@ def main() -> None:
             torch.cuda.empty_cache()
     for reuse in reuses:  # the span policies schedule differently; their greedy tokens should agree
         outs = {n: r.pop("outputs") for n, r in rows[reuse].items() if "outputs" in r}
-        same = ("isps_host_tier", "isps_recompute") if args.offload else ("barrier", "inline", "isps")
-        spans = [outs[n] for n in same if n in outs]
+        names = ("isps_host_tier", "isps_recompute") if args.offload else ("barrier", "inline", "isps")
+        same = [n for n in names if n in outs]  # NOTE: the systems this run measured (--systems)
+        spans = [outs[n] for n in same]
         if len(spans) > 1:
-            agree = sum(len({json.dumps(o) for o in same}) == 1 for same in zip(*spans, strict=True))
+            agree = sum(len({json.dumps(o) for o in sample}) == 1 for sample in zip(*spans, strict=True))
             print(f"reuse {reuse}: {', '.join(same)} give equal greedy tokens for {agree}/{len(spans[0])} samples")
             result_agree[reuse] = agree / len(spans[0])
     device = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"cpu ({os.cpu_count()} cores)"
@@ -431,8 +434,8 @@ def main() -> None:
     }  # fmt: skip
     md = table(result)
     print("\n" + md)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    stem = RESULTS / f"rag-{result['git_sha']}-{'cuda' if args.device.startswith('cuda') else 'cpu'}{args.tag}"
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = args.out / f"rag-{result['git_sha']}-{'cuda' if args.device.startswith('cuda') else 'cpu'}{args.tag}"
     stem.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
     stem.with_suffix(".md").write_text(md)
     print(f"saved {stem}.json and .md")

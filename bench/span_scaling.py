@@ -8,7 +8,7 @@ an empty cache, the minimum over repeats.
     python bench/span_scaling.py                                       # CPU: SmolLM2, 256-token spans
     python bench/span_scaling.py --device cuda --llama3-8b-shape --span-tokens 2048 --ns 1,2,4,8,16
 
-Results go to bench/results/span_scaling-<sha>-<device>.{json,md}.
+Results go to bench/results/span_scaling-<sha>-<device>.{json,md} (`--out` names another folder).
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ def main() -> None:
     parser.add_argument("--span-tokens", type=int, default=256)
     parser.add_argument("--ns", default="1,2,4,8")
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=RESULTS, help="the results' folder")
     args = parser.parse_args()
     ns = [int(n) for n in args.ns.split(",")]
     model_dir, load_format = None, "auto"
@@ -95,8 +96,8 @@ def main() -> None:
     device = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"cpu ({os.cpu_count()} cores)"
     result = {"bench": "span_scaling", "git_sha": git_sha(), "device": device, "span_tokens": args.span_tokens,
               "rows": rows, "time": time.time()}  # fmt: skip
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    stem = RESULTS / f"span_scaling-{result['git_sha']}-{'cuda' if args.device.startswith('cuda') else 'cpu'}"
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = args.out / f"span_scaling-{result['git_sha']}-{'cuda' if args.device.startswith('cuda') else 'cpu'}"
     stem.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
     stem.with_suffix(".md").write_text(md + "\n")
     print(f"saved {stem}.json and .md")

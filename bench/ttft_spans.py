@@ -17,7 +17,7 @@ independence adds over prefix caching). TTFT is the engine's own (arrival -> fir
     python bench/ttft_spans.py                                  # CPU scale: 128-token documents, k = 1..16
     python bench/ttft_spans.py --device cuda --llama3-8b-shape --doc-tokens 512,1024,2048,4096 --ks 1,2,4,8
 
-Results go to bench/results/ttft_spans-<sha>-<device>.{json,md}.
+Results go to bench/results/ttft_spans-<sha>-<device>.{json,md} (`--out` names another folder).
 """
 
 from __future__ import annotations
@@ -312,6 +312,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--block-size", type=int, default=16, help="KV block size (results named -b<N> unless 16)")
     parser.add_argument("--tag", default="", help="a suffix for the results' names (a variant of the same code)")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="the results' folder")
     parser.add_argument("--settle-ms", type=float, default=0.0, help="idle time between the documents' prefill and "
                         "the cached prompt (results named -settle<N>): is a first prompt slower for the GPU's state "
                         "right after a heavy prefill (clocks, power), not for the engine?")  # fmt: skip
@@ -381,12 +382,12 @@ def main() -> None:
         f"{result['load_average_after'][0]:.2f}\n"
     )
     print("\n" + md)
-    RESULTS.mkdir(parents=True, exist_ok=True)
+    args.out.mkdir(parents=True, exist_ok=True)
     tag = "cuda" if args.device.startswith("cuda") else "cpu"
     tag += f"-b{args.block_size}" if args.block_size != 16 else ""
     tag += f"-settle{args.settle_ms:g}" if args.settle_ms else ""
     tag += args.tag
-    stem = RESULTS / f"ttft_spans-{result['git_sha']}-{tag}"
+    stem = args.out / f"ttft_spans-{result['git_sha']}-{tag}"
     stem.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
     stem.with_suffix(".md").write_text(md)
     print(f"saved {stem}.json and .md")
