@@ -147,11 +147,30 @@ class EngineLoop:
         self._governor = ThreadGovernor.for_device(self.engine.runner.device)
         built.set_result(self.engine)
         del build, built  # NOTE: the thread lives as long as the engine: hold nothing else
-        while self._take_inbox(block=not self._sinks):
-            if self._sinks:
-                self._step()
+        try:
+            while self._take_inbox(block=not self._sinks):
+                if self._sinks:
+                    self._step()
+        except Exception as e:  # NOTE: the loop's own code failed (a step's or a call's error never gets here)
+            self._stop_on_fault(e)
+            return
         for request_id in list(self._sinks):
             self._abort(request_id)
+
+    def _stop_on_fault(self, error: Exception) -> None:
+        """Stop serving, and leave no caller waiting: the calls queued run (their callers get a result or an error),
+        then every request in flight gets `error`. New work is refused: the loop is closed."""
+        logger.exception("engine loop: an internal error; it stops serving")
+        self._closed = True
+        while True:
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            if item is not None:
+                with contextlib.suppress(Exception):
+                    item()
+        self._fail_sinks(error)
 
     def _take_inbox(self, block: bool) -> bool:
         """Run what callers queued (waiting for something when idle); False once closed."""
@@ -214,9 +233,14 @@ class EngineLoop:
         logger.exception("engine step failed; aborting %d requests", len(self._sinks))
         # NOTE: the failed step may have published blocks whose K/V it never wrote: forget every hash.
         self.engine.kv.reset_prefix_cache()
+        self._fail_sinks(error)
+
+    def _fail_sinks(self, error: Exception) -> None:
+        """Every request in flight is aborted and its sink gets `error`."""
         for request_id, sink in list(self._sinks.items()):
-            self.engine.abort(request_id)
             self._sinks.pop(request_id, None)
-            # NOTE: a consumer that is gone (its sink raises) must not end the loop: the others still get the error
+            # NOTE: a consumer that is gone (its sink raises) must not stop the others from getting the error
+            with contextlib.suppress(Exception):
+                self.engine.abort(request_id)
             with contextlib.suppress(Exception):
                 sink(error)

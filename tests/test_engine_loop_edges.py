@@ -290,6 +290,34 @@ def test_a_dropped_llm_closes_its_loop_with_a_bounded_wait(tmp_path, monkeypatch
     assert timeouts == [None, LOOP_EXIT_WAIT_S] and loop.closed and not loop._thread.is_alive()
 
 
+def test_a_fault_of_the_loops_own_code_reaches_every_caller_and_closes_the_loop(caplog):
+    """An error raised outside a step and outside a caller's call (here: delivering an output) ends the loop thread:
+    the request in flight gets the error, a call queued behind the fault still runs, and new work is refused, where
+    before the thread died silently and every caller waited forever."""
+    engine = CountingEngine()
+    loop = run_with_timeout(EngineLoop, lambda: engine)
+    got = []
+    queued = threading.Thread(target=lambda: got.append(loop.call(lambda e: "ran")), daemon=True)
+
+    def fault(output):
+        queued.start()  # a caller's call, queued while the loop is in the middle of its step
+        deadline = time.monotonic() + WAIT_S
+        while loop._inbox.empty() and time.monotonic() < deadline:
+            time.sleep(0.001)
+        raise RuntimeError("boom in the loop")
+
+    loop._deliver = fault
+    with caplog.at_level("ERROR", logger="minipic_lite.engine_loop"):
+        loop.submit([request("r", 5)], got.append)
+        loop._thread.join(WAIT_S)
+        queued.join(WAIT_S)
+    assert not loop._thread.is_alive() and not queued.is_alive() and loop.closed
+    assert sorted(type(x).__name__ if isinstance(x, Exception) else x for x in got) == ["RuntimeError", "ran"]
+    assert engine.requests == {} and "engine loop: an internal error; it stops serving" in caplog.text
+    with pytest.raises(RuntimeError, match="^the engine loop is closed$"):
+        loop.submit([request("late", 3)], print)
+
+
 def test_a_failing_call_nobody_waits_for_is_logged_and_the_loop_serves_on(caplog):
     """call(fn, wait=False) whose fn raises: the error is logged (nobody reads it otherwise) and the next call runs;
     with wait=True the same error reaches the caller instead, and is not logged."""
