@@ -62,13 +62,19 @@ class Machine:
         return f"cpu  0 0 0 0 0 0 0 0 0 0\ncpu0 {ticks} 0 0 0 0 0 0 0 0 0\ncpu1 {ticks} 0 0 0 0 0 0 0 0 0\n"
 
 
-def test_a_governor_drops_to_the_free_cores_and_comes_back(monkeypatch):
+def governed(monkeypatch, cores: set[int]):
+    """(machine, governor of 2 threads on `cores`, torch's thread count as a one-item list) on a stand-in machine."""
     machine = Machine()
     governor = ThreadGovernor(lambda: machine.wall, lambda: machine.own, machine.stat)
-    governor.cores, governor.max_threads, governor._ticks_per_s = {0, 1}, 2, 100
+    governor.cores, governor.max_threads, governor._ticks_per_s = cores, 2, 100
     threads = [2]
     monkeypatch.setattr(cpu_threads.torch, "get_num_threads", lambda: threads[0])
     monkeypatch.setattr(cpu_threads.torch, "set_num_threads", lambda n: threads.__setitem__(0, n))
+    return machine, governor, threads
+
+
+def test_a_governor_drops_to_the_free_cores_and_comes_back(monkeypatch):
+    machine, governor, threads = governed(monkeypatch, {0, 1})
     governor.after_step()  # the first look: nothing to compare yet
     machine.run(0.3, own_cores=1.1, other_cores=0.9)
     governor.after_step()  # within INTERVAL_S of the first look: no look
@@ -90,12 +96,7 @@ def test_a_governor_drops_to_the_free_cores_and_comes_back(monkeypatch):
 
 def test_a_governor_looks_once_exactly_interval_s_has_passed(monkeypatch):
     """The look is due at INTERVAL_S itself, not one step after it (times in binary fractions: exact sums)."""
-    machine = Machine()
-    governor = ThreadGovernor(lambda: machine.wall, lambda: machine.own, machine.stat)
-    governor.cores, governor.max_threads, governor._ticks_per_s = {0, 1}, 2, 100
-    threads = [2]
-    monkeypatch.setattr(cpu_threads.torch, "get_num_threads", lambda: threads[0])
-    monkeypatch.setattr(cpu_threads.torch, "set_num_threads", lambda n: threads.__setitem__(0, n))
+    machine, governor, threads = governed(monkeypatch, {0, 1})
     governor.after_step()  # the first look, at 0 s
     machine.run(INTERVAL_S / 2, own_cores=1.0, other_cores=1.0)
     governor.after_step()
@@ -109,12 +110,7 @@ def test_a_governor_looks_once_exactly_interval_s_has_passed(monkeypatch):
 def test_a_governor_counts_the_cores_it_may_run_on_not_its_threads(monkeypatch):
     """Four cores, two threads: others busy on two of them leave two free, so both threads stay (counting the threads
     as the cores would leave none)."""
-    machine = Machine()
-    governor = ThreadGovernor(lambda: machine.wall, lambda: machine.own, machine.stat)
-    governor.cores, governor.max_threads, governor._ticks_per_s = {0, 1, 2, 3}, 2, 100
-    threads = [2]
-    monkeypatch.setattr(cpu_threads.torch, "get_num_threads", lambda: threads[0])
-    monkeypatch.setattr(cpu_threads.torch, "set_num_threads", lambda n: threads.__setitem__(0, n))
+    machine, governor, threads = governed(monkeypatch, {0, 1, 2, 3})
     governor.after_step()
     machine.run(INTERVAL_S, own_cores=2.0, other_cores=2.0)
     governor.after_step()
