@@ -59,6 +59,8 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=6)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
+    if args.calls < 2:  # NOTE: the first call is the warm-up; the median is over the calls after it
+        parser.error(f"--calls {args.calls}: at least 2 (the first call is not counted)")
     sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     rows: dict[str, dict[str, list[dict]]] = {case: {"on": [], "off": []} for case in ("idle", "busy")}
     for round_ in range(args.rounds):
