@@ -1,7 +1,7 @@
 """A CPU engine's thread count follows the cores that other programs leave free.
 
 torch splits each op's work evenly over its threads, so one thread that shares its core with another program holds
-up every parallel region of a step: the engine then runs several times slower than on fewer threads (the README's
+up every parallel region of a step: the engine then runs several times slower than on fewer threads (`docs/CPU.md`,
 "A busy core" has the figures). Every `INTERVAL_S` of serving, the loop thread compares the CPU time its process
 used with what the machine's cores (those this process may run on) did: what others used is the rest, and the engine
 takes the cores they leave, rounded, at least one and at most the threads it started with.

@@ -2,7 +2,7 @@
 
 On the GPU the Triton op reads paged keys and rotates them in registers. On the CPU the op's vectorized path
 gathers every key of every request into a padded tensor and rotates it, every step (ops/torch_impl.py), several
-times slower than attention over contiguous keys (README, "The CPU decode mirror"). Within one
+times slower than attention over contiguous keys (`docs/CPU.md`, "The CPU decode mirror"). Within one
 request key j always sits at position j, so its rotated copy stays valid for the request's life: the mirror
 rotates each key once, a decode step appends one key per request and attends over all slots in one call: the C kernel
 of models/native.py where it runs (copies in a bf16 model's dtype), else SDPA over a mask (copies in float32).

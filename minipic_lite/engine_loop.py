@@ -65,7 +65,7 @@ def release_openmp_threads() -> bool:
     """Let this thread's idle OpenMP pool go (its next torch op starts a new one, a thread start or two): libgomp
     counts every thread pool of the process, and once they hold more threads than cores each spin-waits at most
     100 turns between parallel regions instead of 300,000, so an idle pool beside a busy one slows the busy one's
-    many small regions (the README's "One OpenMP pool"). True if a pool could be let go (none inside a parallel
+    many small regions (`docs/CPU.md`, "One OpenMP pool"). True if a pool could be let go (none inside a parallel
     region)."""
     pause = _pause_openmp()
     return pause is not None and pause(1) == 0  # NOTE: 1 = omp_pause_soft

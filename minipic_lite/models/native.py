@@ -1,8 +1,8 @@
 """The CPU's decode step in C: the matmul (a few rows times a weight matrix) and attention over the decode mirror.
 
 A decode step reads every weight and every cached key and value once and does two flops with each, so it should run
-at the rate the machine reads memory; torch's CPU kernels do not at one row (README, "The CPU's decode matmul in C"
-and "The CPU's decode attention in C", for the measures).
+at the rate the machine reads memory; torch's CPU kernels do not at one row (`docs/CPU.md`,
+"The CPU's decode matmul in C" and "The CPU's decode attention in C", for the measures).
 
 - The matmul: the textbook loop. For each weight row, one dot product per input row, the compiler vectorizing the
   sum (`omp simd`), the weight rows shared among torch's OpenMP threads. Sums in float32; a bf16 output is rounded

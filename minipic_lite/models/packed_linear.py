@@ -2,8 +2,8 @@
 
 At decode shapes oneDNN with weights prepacked once (what Inductor's `freezing` does) can beat MKL's `F.linear`, and
 the C loop of native.py can beat both at one or two rows; which one wins depends on the CPU and the row count
-(README, "CPU matmuls by step kind"), so `decode_routes` times each on the model's own matmuls at start-up, once per
-machine: the picks are kept on disk (`read_routes` / `write_routes`) under a key of what they depend on.
+(`docs/CPU.md`, "CPU matmuls by step kind"), so `decode_routes` times each on the model's own matmuls at start-up,
+once per machine: the picks are kept on disk (`read_routes` / `write_routes`) under a key of what they depend on.
 oneDNN's fp32 sums round differently (2-3x MKL's error), which would break the 1e-4 logits bound that prefill is
 held to against transformers. So only decode steps may take another route and every other step takes `F.linear`:
 the step contract says which (`StepMetadata.cpu_matmul`), and the model sets the shared `MatmulRoute` from it.
