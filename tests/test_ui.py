@@ -28,7 +28,7 @@ from ui.checkpoints_panel import (
     token_axis,
 )
 from ui.compose import InputError
-from ui.handlers import APP_STREAM, Handlers
+from ui.handlers import APP_STREAM, NO_AXIS_CAPTION, REFUSED_AXIS_CAPTION, Handlers
 from ui.monitor import Monitor
 
 pytest.importorskip("gradio", reason="the web app needs the [ui] extra: ./scripts/setup.sh installs it")
@@ -48,6 +48,12 @@ def unique_documents(num: int = 3) -> list[str]:
 def last(items):
     *_, item = items
     return item
+
+
+def admitted(outputs):
+    """The frame of a request's first output (admitted, its first token out), past the pending frame before it."""
+    next(outputs)
+    return next(outputs)
 
 
 # -- composing ------------------------------------------------------------------------------------------------
@@ -116,6 +122,35 @@ def test_a_refused_input_clears_the_grid_of_the_sessions_last_request(handlers):
     assert grid == grid_html([], "No blocks: the input was refused, nothing ran.")
 
 
+def test_a_new_request_shows_a_pending_grid_not_the_previous_requests(handlers, llm):
+    """Until the new request's report arrives (after its prefill), the last one's grid would read as its blocks."""
+    docs = compose.join_documents(unique_documents(1))
+    *_, (_, _, grid, status) = handlers.generate("block_attention", "", docs, "Why?", 2, "s-pending")
+    old_id = status.split(":")[0]
+    assert grid_blocks(grid) and f"request {old_id} " in grid
+    outputs = handlers.generate("block_attention", "", docs, "Why not?", 2, "s-pending")
+    answer, summary, grid, status = next(outputs)  # the stream not started: nothing queued yet
+    new_id = status.split(":")[0]
+    assert new_id != old_id and (answer, summary, status) == ("", "", f"{new_id}: generating…")
+    assert grid == grid_html([], f"Waiting for request {new_id}'s cache report…")
+    outputs.close()  # left at the pending frame: nothing was queued, nothing stays in flight
+    assert handlers.monitor.in_flight() == [] and llm.stats()["num_waiting"] == llm.stats()["num_running"] == 0
+
+
+def test_stop_at_the_pending_frame_keeps_the_request_from_running(handlers, llm):
+    """Stop between the pending frame and the stream's first next(): the engine has not seen the request yet, so the
+    abort alone would miss it and the request would run to its end."""
+    docs = compose.join_documents(unique_documents(1))
+    outputs = handlers.generate("block_attention", "", docs, "Why?", 32, "s-stop-early")
+    request_id = next(outputs)[3].split(":")[0]
+    assert handlers.stop("s-stop-early") == f"stopped {request_id}"
+    frames = list(outputs)
+    assert [status for *_, status in frames] == [f"{request_id}: stopped before the end (abort)"]
+    assert frames[0][0] == ""  # no answer: nothing ran
+    assert handlers.monitor.in_flight() == [] and handlers.stopped == set()
+    assert llm.stats()["num_waiting"] == llm.stats()["num_running"] == 0
+
+
 def test_the_prompt_bound_leaves_room_for_the_answer(handlers):
     docs, max_tokens = ["A short document."], 8
     num_tokens = len(handlers.composer.block_attention(None, docs, "Why?"))
@@ -180,7 +215,7 @@ def test_reordered_documents_hit_with_the_same_hashes(handlers):
 def test_documents_held_by_a_running_request_show_as_shared(handlers):
     docs = compose.join_documents(unique_documents(2))
     running = handlers.generate("block_attention", "", docs, "Tell me a long story.", 64, "s-holder")
-    next(running)  # admitted and decoding: it holds the documents' blocks
+    admitted(running)  # decoding: it holds the documents' blocks
     *_, (_, summary, grid, _) = handlers.generate(
         "block_attention", "", compose.reverse_documents(docs), "Why?", 2, "s-sharer"
     )
@@ -211,7 +246,7 @@ def test_grid_cells_mark_markers_and_padding(handlers, llm):
 def test_stop_aborts_the_sessions_request(handlers, llm):
     aborted_before = llm.stats()["num_aborted"]
     outputs = handlers.generate("prefix", "", "A short document.", "Tell me a long story.", 256, "s-stop")
-    next(outputs)  # the first token is out: the request is running
+    admitted(outputs)  # the first token is out: the request is running
     assert handlers.monitor.requests_of("s-stop")
     assert handlers.stop("s-stop").startswith("stopped ui-")
     *_, (_, summary, _, status) = outputs
@@ -222,20 +257,20 @@ def test_stop_aborts_the_sessions_request(handlers, llm):
 def test_closing_a_session_aborts_its_requests_and_forgets_its_views(handlers, llm):
     aborted_before = llm.stats()["num_aborted"]
     outputs = handlers.generate("prefix", "", "A short document.", "Tell me a long story.", 256, "s-close")
-    _, summary, grid, _ = next(outputs)  # admitted: its report drawn, the session's last grid
+    _, summary, grid, _ = admitted(outputs)  # its report drawn
     num_prompt = int(re.search(r"\*\*prompt tokens\*\* (\d+):", summary).group(1))
-    assert f"(prefix): {num_prompt} prompt tokens" in grid and handlers.last_grid["s-close"] == grid
+    assert f"(prefix): {num_prompt} prompt tokens" in grid and "s-close" in handlers.last_axis
     assert handlers.stop("s-nobody") == "nothing to stop"
     handlers.close_session("s-close")  # the tab was closed
     *_, (_, _, _, status) = outputs
-    assert status.endswith("stopped before the end (abort)") and "s-close" not in handlers.last_grid
+    assert status.endswith("stopped before the end (abort)") and "s-close" not in handlers.last_axis
     assert handlers.monitor.in_flight() == [] and llm.stats()["num_aborted"] == aborted_before + 1
 
 
 def test_leaving_the_stream_early_aborts_the_request(handlers, llm):
     aborted_before = llm.stats()["num_aborted"]
     outputs = handlers.generate("prefix", "", "A short document.", "Tell me a long story.", 256, "s-gone")
-    next(outputs)
+    admitted(outputs)
     outputs.close()  # what gradio does to the generator of a closed tab
     assert handlers.monitor.in_flight() == [] and llm.stats()["num_aborted"] == aborted_before + 1
     assert llm.stats()["num_running"] == 0
@@ -400,6 +435,30 @@ def test_an_unknown_stream_gets_a_message_not_a_crash(handlers):
     assert (histogram, positions, len(table)) == (None, None, 0)
 
 
+@pytest.mark.parametrize(
+    "bin_size, message",
+    [(0, "bin_size must be an integer >= 1, got 0"), (None, "int() argument must be")],
+    ids=["planner-ValueError", "cleared-dropdown-TypeError"],
+)
+def test_a_plan_the_planner_refuses_clears_the_earlier_plan_and_is_logged(handlers, bin_size, message, caplog):
+    assert len(handlers.plan("system_prompts", 4)[2]) == 5  # an earlier plan on screen
+    with caplog.at_level("ERROR", logger="ui.handlers"):
+        histogram, positions, table, caption = handlers.plan("system_prompts", 4, bin_size)
+    assert caption.startswith(f"⚠️ The planner refused this input: {message}")
+    assert (histogram, positions, len(table)) == (None, None, 0)
+    (record,) = caplog.records  # not swallowed: the server log has it, with its traceback
+    assert record.exc_info is not None and record.getMessage().startswith("plan('system_prompts', 4, ")
+
+
+def test_a_bug_in_planning_is_not_dressed_up_as_a_refusal(handlers, monkeypatch):
+    def broken(*args):
+        raise KeyError("a bug")
+
+    monkeypatch.setattr(handlers, "plan_checkpoints", broken)
+    with pytest.raises(KeyError, match="a bug"):  # gradio's error toast and the server log, not a user's message
+        handlers.plan("system_prompts", 4)
+
+
 # -- a hybrid model's checkpoints -------------------------------------------------------------------------------
 
 AXIS_SEGMENT = re.compile(
@@ -487,11 +546,36 @@ def test_a_hybrid_resumes_a_shared_prefix_and_the_panel_draws_it(hybrid_llm):
     assert ("resume", str(second.resume_position)) in [m[:2] for m in AXIS_MARK.findall(last)]
 
     running = h.generate("prefix", "", docs, "Tell me a long story.", 64, "s-hyb-2")
-    next(running)  # decoding: in flight, with its state report
+    admitted(running)  # decoding: in flight, with its state report
     (rid,) = h.monitor.requests_of("s-hyb-2")
     _, mine, in_flight = h.state_tick("s-hyb-2")
     running.close()
     assert f"data-request='{rid}'" in in_flight and f"data-request='{rid}'" in mine
+
+
+def test_a_refused_generate_clears_the_sessions_last_token_axis(hybrid_llm):
+    """The last request's axis under a refusal's message would read as the refused input's, as its grid would."""
+    h = Handlers(hybrid_llm)
+    docs = compose.join_documents(unique_documents(1))
+    assert h.state_tick("s-hyb-refused")[1] == axis_html([], NO_AXIS_CAPTION)
+    *_, (_, _, _, status) = h.generate("prefix", "", docs, "Why?", 2, "s-hyb-refused")
+    old_id = status.split(":")[0]
+    assert f"data-request='{old_id}'" in h.state_tick("s-hyb-refused")[1]
+    *_, (_, _, grid, status) = h.generate("epic", "", docs, "Why?", 2, "s-hyb-refused")
+    assert "This model is a hybrid" in status and grid_blocks(grid) == []
+    assert h.state_tick("s-hyb-refused")[1] == axis_html([], REFUSED_AXIS_CAPTION)
+
+
+def test_a_new_request_on_a_hybrid_shows_a_pending_axis_not_the_previous_ones(hybrid_llm):
+    h = Handlers(hybrid_llm)
+    docs = compose.join_documents(unique_documents(1))
+    *_, (_, _, _, status) = h.generate("prefix", "", docs, "Why?", 2, "s-hyb-pending")
+    old_id = status.split(":")[0]
+    outputs = h.generate("prefix", "", docs, "Why not?", 2, "s-hyb-pending")
+    new_id = next(outputs)[3].split(":")[0]  # the pending frame: the stream not started
+    _, last, _ = h.state_tick("s-hyb-pending")
+    outputs.close()
+    assert new_id != old_id and last == axis_html([], f"Waiting for request {new_id}'s state report…")
 
 
 def test_the_app_on_a_hybrid_composes_with_prefix_only(hybrid_llm, llm):

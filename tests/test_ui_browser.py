@@ -110,6 +110,21 @@ def recorded_answers(page) -> list[str]:
     return page.evaluate("() => { clearInterval(window.mpPoll); return window.mpSeen; }")
 
 
+def record_grid_captions(page) -> None:
+    """Record, in the page, each new caption of the grid (a MutationObserver: none is missed, however brief)."""
+    page.evaluate(
+        """() => { const grid = document.querySelector('#grid'), seen = window.mpCaptions = [];
+            const note = () => { const c = grid.querySelector('.mp-caption, .mp-empty');
+                const text = c ? c.textContent : ''; if (seen[seen.length - 1] !== text) seen.push(text); };
+            note(); window.mpGridObserver = new MutationObserver(note);
+            window.mpGridObserver.observe(grid, {childList: true, subtree: true, characterData: true}); }"""
+    )
+
+
+def recorded_grid_captions(page) -> list[str]:
+    return page.evaluate("() => { window.mpGridObserver.disconnect(); return window.mpCaptions; }")
+
+
 def grid_cells(page) -> list[dict]:
     return page.eval_on_selector_all(
         "#grid .mp-cell[data-block]",
@@ -141,8 +156,16 @@ def test_reordered_documents_become_hits(browser, app_url):
     page.wait_for_function(
         "doc => document.querySelector('#documents textarea').value.startsWith(doc)", arg=docs[-1][:40]
     )
+    first_id = status(page).split(":")[0]
+    record_grid_captions(page)
     page.click("#generate")
-    wait_finished(page, status(page).split(":")[0])
+    wait_finished(page, first_id)
+    # until its report arrived, the grid waited for it: the first request's blocks never stood under the new answer
+    new_id, captions = status(page).split(":")[0], recorded_grid_captions(page)
+    assert captions[0].startswith(f"request {first_id} ") and captions[1:-1] == [
+        f"Waiting for request {new_id}'s cache report…"
+    ], captions
+    assert captions[-1].startswith(f"request {new_id} "), captions
     again = grid_cells(page)
     doc_cells = [c for c in again if c["label"].startswith("doc")]
     assert doc_cells and all(c["status"] == "hit" for c in doc_cells)

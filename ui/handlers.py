@@ -4,6 +4,7 @@ named by gradio's session hash and sees its own answers only."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from functools import lru_cache
 
@@ -27,6 +28,8 @@ from ui.compose import InputError, build_prompt, check_recipe_for_model, split_d
 from ui.monitor import Monitor
 from ui.timeline import timeline_frame
 
+logger = logging.getLogger(__name__)
+
 APP_STREAM = "this app's prompts"
 BENCH_STREAMS = ("system_prompts", "essay_questions")
 BENCH_STREAM_REQUESTS = 60
@@ -37,8 +40,11 @@ FINISH_WORDS = {
     "stop": "done: the model ended its answer",
     "abort": "stopped before the end",
 }
-# NOTE: a refusal clears the grid: the last request's blocks under the message would read as the refused input's
+# NOTE: a refusal clears the grid and the token axis: the last request's under the message would read as the refused
+# input's. So does a new request until its reports arrive: the last one's would read as the new one's.
 REFUSED_GRID_CAPTION = "No blocks: the input was refused, nothing ran."
+REFUSED_AXIS_CAPTION = "No token axis: the input was refused, nothing ran."
+NO_AXIS_CAPTION = "Generate (with the prefix recipe) to see your request here."
 
 
 class Handlers:
@@ -47,15 +53,17 @@ class Handlers:
         self.composer = llm.composer if llm.tokenizer is not None else None
         self.is_hybrid = llm.config.model.is_hybrid
         self.monitor = Monitor()
-        self.last_grid: dict[str, str] = {}  # session -> the grid of its last request
-        self.last_axis: dict[str, tuple[str, TokenAxis]] = {}  # hybrids: session -> its last request's token axis
+        # hybrids: session -> (request id, token axis) of its last request, or the caption of why none is drawn
+        self.last_axis: dict[str, tuple[str, TokenAxis] | str] = {}
+        self.stopped: set[str] = set()  # requests the Stop button aborted, until their stream ends
 
     # -- compose & generate -------------------------------------------------------------------------------
 
     def generate(
         self, recipe: str, system: str, documents_text: str, question: str, max_tokens, session: str = "local"
     ) -> Iterator[tuple[str, str, str, str]]:
-        """Stream (answer so far, summary, cache grid, status message) of one request; bad input: the message."""
+        """Stream (answer so far, summary, cache grid, status message) of one request, the first with nothing yet
+        and an empty grid waiting for its cache report; bad input: the message, under an empty grid."""
         request_id = self.monitor.new_request_id()
         try:
             self.check_model(recipe)
@@ -72,23 +80,31 @@ class Handlers:
             # NOTE: validated here; the request is queued on the stream's first next(), below
             stream = self.llm.stream(prompt, params, request_id=request_id)
         except ValueError as e:  # InputError is one: outside the bounds; others: the engine's own checks
+            self.last_axis[session] = REFUSED_AXIS_CAPTION
             yield "", "", grid_html([], REFUSED_GRID_CAPTION), f"⚠️ {e}"
             return
         self.monitor.start(request_id, session, prompt.token_ids)
-        grid, has_report = self.last_grid.get(session, grid_html([])), False
+        self.last_axis[session] = f"Waiting for request {request_id}'s state report…"
+        grid, has_report = grid_html([], f"Waiting for request {request_id}'s cache report…"), False
         try:
+            # NOTE: before the first next() of the stream, which waits for the prefill: until this frame the page
+            # still shows the previous request's answer and grid
+            yield "", "", grid, status_line(request_id, None)
+            if request_id in self.stopped:  # NOTE: Stop came before the stream queued it: the engine never knew it
+                yield "", "", grid, status_line(request_id, "abort")
+                return
             for out in stream:
                 self.monitor.update(request_id, out)
                 if out.cache_report and not has_report:  # NOTE: the report is fixed at admission: draw it once
                     has_report = True
                     grid = self.grid(out, caption=f"request {request_id} ({recipe}): {len(prompt)} prompt tokens")
-                    self.last_grid[session] = grid
                 if out.state_report is not None:  # hybrids: the checkpoints saved so far and the resume point
                     self.last_axis[session] = (request_id, token_axis(out.state_report, len(out.prompt_token_ids)))
                 yield out.text, summary_markdown(out), grid, status_line(request_id, out.finish_reason)
         finally:
             stream.close()  # NOTE: a generator left early (tab closed, event cancelled) aborts its request here
             self.monitor.finish(request_id)
+            self.stopped.discard(request_id)
 
     def check_model(self, recipe: str) -> None:
         if self.composer is None:
@@ -105,12 +121,12 @@ class Handlers:
         """Abort the session's requests in flight (the Stop button, a closed tab)."""
         request_ids = self.monitor.requests_of(session)
         for request_id in request_ids:
+            self.stopped.add(request_id)
             self.llm.abort(request_id)
         return f"stopped {', '.join(request_ids)}" if request_ids else "nothing to stop"
 
     def close_session(self, session: str) -> None:
         self.stop(session)
-        self.last_grid.pop(session, None)
         self.last_axis.pop(session, None)
 
     # -- live views ---------------------------------------------------------------------------------------
@@ -132,7 +148,7 @@ class Handlers:
     def state_tick(self, session: str = "local") -> tuple[str, str, str]:
         """Hybrids: (the checkpoint store's table, the session's last request on its token axis, every request in
         flight on its axis), sampled now."""
-        last = self.last_axis.get(session)
+        last = self.last_axis.get(session, NO_AXIS_CAPTION)
         in_flight = [
             (rid, token_axis(out.state_report, len(out.prompt_token_ids)))
             for rid, out in self.monitor.in_flight()
@@ -140,7 +156,7 @@ class Handlers:
         ]
         return (
             state_markdown(self.llm.stats()),
-            axis_html([last] if last else [], "Generate (with the prefix recipe) to see your request here."),
+            axis_html([], last) if isinstance(last, str) else axis_html([last]),
             axis_html(in_flight, "No request in flight."),
         )
 
@@ -153,6 +169,12 @@ class Handlers:
             return self.plan_checkpoints(source, budget, bin_size)
         except InputError as e:
             return *no_plan(), f"⚠️ {e}"
+        except (ValueError, TypeError) as e:
+            # NOTE: the planner's own checks on input the form let through (a bin size of 0, a cleared dropdown's
+            # None); logged with the traceback, so a bug that raises one is not hidden. Any other type is a bug: it
+            # propagates (gradio's error toast over the old plan, and the server log)
+            logger.exception("plan(%r, %r, %r) failed", source, budget, bin_size)
+            return *no_plan(), f"⚠️ The planner refused this input: {e}"
 
     def plan_checkpoints(self, source: str, budget, bin_size=DEFAULT_BIN_SIZE):
         """(overlap histogram, positions per policy, table, caption) for the chosen request stream."""
