@@ -231,3 +231,27 @@ def test_closing_the_tab_aborts_its_request_and_others_see_its_blocks_only(brows
     assert stats["num_aborted"] == aborted_before + 1 and stats["num_running"] == 0
     watcher.wait_for_function("() => document.querySelector('#inflight').innerText.includes('No request in flight')")
     watcher.context.close()
+
+
+def test_stop_aborts_the_answer_in_flight_and_the_page_says_so(browser, app_url, llm):
+    """The Stop button while an answer streams: the request is aborted in the engine, the answer stops growing, the
+    status says it was stopped. (Stop's `concurrency_limit=None` is not what this holds: one page's Stop also runs
+    beside its generate under gradio's default limit, a queue per event.)"""
+    aborted_before = llm.stats()["num_aborted"]
+    page = open_page(browser, app_url)
+    fill_form(page, ["A short document."], "Tell me a very long story about a lighthouse.", compose.MAX_NEW_TOKENS)
+    page.click("#generate")
+    page.wait_for_function("() => document.querySelector('#answer textarea').value.length > 0")
+    page.click("#stop")
+    page.wait_for_function("() => document.querySelector('#status').innerText.includes('stopped')")
+    deadline = time.monotonic() + 30
+    while llm.stats()["num_aborted"] == aborted_before and time.monotonic() < deadline:
+        time.sleep(0.2)
+    stats = llm.stats()
+    assert stats["num_aborted"] == aborted_before + 1 and stats["num_running"] == stats["num_waiting"] == 0
+    answer = page.locator("#answer textarea").input_value()
+    time.sleep(1.0)  # nothing more streams in after the stop
+    assert page.locator("#answer textarea").input_value() == answer
+    assert len(llm.tokenizer.encode(answer)) < compose.MAX_NEW_TOKENS
+    page.screenshot(path=ARTIFACTS / "7-stopped.png", full_page=True)
+    page.context.close()
