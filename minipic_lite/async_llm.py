@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
-from minipic_lite.llm import LLM, PromptType, _raise_if_error
+from minipic_lite.llm import LLM, PromptType, _raise_if_error, check_one_prompt
 from minipic_lite.outputs import RequestOutput
 from minipic_lite.sampling_params import SamplingParams
 
@@ -34,6 +34,7 @@ class AsyncLLM:
         self, prompt: PromptType, sampling_params: SamplingParams | None = None, request_id: str | None = None
     ) -> AsyncIterator[RequestOutput]:
         """Yield the request's output after every step (text so far); the last one has finished=True."""
+        check_one_prompt(prompt, "AsyncLLM.generate()")
         (req,) = self.llm.make_requests([prompt], [sampling_params or SamplingParams()], True, request_id)
         loop = asyncio.get_running_loop()
         outputs: asyncio.Queue = asyncio.Queue()

@@ -22,8 +22,8 @@ PROG = "minipic-lite"
 EXIT_RUN_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DTYPE_HELP = (
-    "default: %(default)s = bfloat16 on CUDA, float32 on the CPU (bfloat16 there: 1.1-1.5x faster on CPUs with "
-    "AVX512-BF16 or AMX; its greedy tokens part from float32's at near ties)"
+    "the model's dtype (default: %(default)s = bfloat16 on CUDA, float32 on the CPU; bfloat16 there: 1.1-1.5x faster "
+    "on CPUs with AVX512-BF16 or AMX, its greedy tokens part from float32's at near ties)"
 )
 EXAMPLES = "\n  ".join([
     "examples:",
@@ -125,9 +125,10 @@ def build_parser() -> Parser:
     )
     app.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
     port = checked(int, "a port number in 1..65535", lambda v: 1 <= v <= 65535)
-    app.add_argument("--port", type=port, default=7860, help="default: %(default)s")
+    app.add_argument("--port", type=port, default=7860, help="port to listen on (default: %(default)s)")
     app.add_argument("--model", metavar="PATH", help="a .gguf file or a Hugging Face directory (default SmolLM2)")
-    app.add_argument("--span-policy", choices=SPAN_POLICIES, default="inline", help="default: %(default)s")
+    policy_help = "when documents' spans are computed (README: Reuse documents anywhere; default: %(default)s)"
+    app.add_argument("--span-policy", choices=SPAN_POLICIES, default="inline", help=policy_help)
     app.add_argument("--dtype", choices=DTYPES, default="auto", help=DTYPE_HELP)
     parser.commands = sub.choices
     return parser

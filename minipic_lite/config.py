@@ -323,6 +323,17 @@ class EngineConfig:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.load_format not in LOAD_FORMATS:
             raise ValueError(f"load_format must be one of {', '.join(LOAD_FORMATS)}, got {self.load_format!r}")
+        self._check_control()
+
+    def _check_control(self) -> None:
+        """The span markers are token ids of this model's vocabulary (or None: that marker is off)."""
+        if not isinstance(self.control, ControlTokens):
+            raise TypeError(f"control_tokens must be a ControlTokens, got {type(self.control).__name__}")
+        vocab_size = self.model.vocab_size
+        for f in fields(ControlTokens):
+            token_id = getattr(self.control, f.name)
+            if token_id is not None and not (_is_int(token_id) and 0 <= token_id < vocab_size):
+                raise ValueError(f"control_tokens.{f.name} must be a token id in [0, {vocab_size}), got {token_id!r}")
 
     @property
     def hash_namespace(self) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import queue
 import re
+import threading
 import weakref
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -29,9 +30,10 @@ from minipic_lite.engine_loop import EngineLoop
 from minipic_lite.models.loader import load_tokenizer, resolve_model_dir
 from minipic_lite.models.registry import model_class
 from minipic_lite.outputs import RequestOutput
-from minipic_lite.prompts import Prompt, PromptComposer
+from minipic_lite.prompts import Prompt, PromptComposer, is_token_id
 from minipic_lite.request import Request
 from minipic_lite.sampling_params import SamplingParams
+from minipic_lite.spans import find_markers
 
 # A prompt is text, token ids, a chat (a list of {"role", "content"} messages) or a composed span `Prompt`.
 PromptType = str | Sequence[int] | Sequence[dict] | Prompt
@@ -50,15 +52,19 @@ def _check_messages(messages) -> None:
 
 def _is_token_ids(x) -> bool:
     """A non-empty list or tuple of integers of any kind (numpy's, torch's: what `as_token_ids` takes), no bool."""
-    return isinstance(x, list | tuple) and bool(x) and all(_is_token_id(t) for t in x)
-
-
-def _is_token_id(t) -> bool:
-    return hasattr(type(t), "__index__") and not isinstance(t, bool)
+    return isinstance(x, list | tuple) and bool(x) and all(is_token_id(t) for t in x)
 
 
 def _is_single(x) -> bool:
     return isinstance(x, str | Prompt) or _is_chat(x) or _is_token_ids(x)
+
+
+def check_one_prompt(prompt, method: str) -> None:
+    """A streaming `method` takes one prompt: a list of prompts (vLLM's generate() habit) is a TypeError saying so,
+    not token ids that are no integers."""
+    if not _is_single(prompt) and isinstance(prompt, list | tuple) and prompt and all(map(_is_single, prompt)):
+        count = f"{len(prompt)} prompt{'s' * (len(prompt) > 1)}"
+        raise TypeError(f"{method} takes one prompt, got a list of {count}: LLM.generate() takes a batch")
 
 
 def normalize_prompts(prompts) -> list:
@@ -92,18 +98,22 @@ class LLM:
 
     Args:
         model: None for the embedded SmolLM2-135M-Instruct, a .gguf path, or a local Hugging Face directory.
-        device: "cuda" or "cpu" (default: cuda when available).
+        device: "cpu", "cuda" or "cuda:N" (default: cuda when torch sees a GPU).
         dtype: "float32", "bfloat16" or "float16" (default: bfloat16 on CUDA, float32 on the CPU).
         control_tokens: the span markers (SSEP, PDEP, pad) of the model's vocabulary; None takes SmolLM2's
             `<repo_name>`, `<reponame>`, `<file_sep>` where the vocabulary has them (see minipic_lite/spans.py).
-        **options: engine knobs, named and defaulted in `EngineConfig.from_options` (config.py): block_size,
-            position_free (False: the vanilla rotated-key cache), max_num_seqs, max_num_batched_tokens,
-            max_model_len, num_blocks, memory_utilization, cpu_kv_cache_gib, enable_prefix_caching,
-            enforce_eager, load_format, num_scheduler_steps (decode steps per scheduler visit when every
-            request decodes and none waits; None: 8 on CUDA, 1 on the CPU), async_scheduling (queue the next
-            decode burst before reading the last one's tokens; None: on for CUDA, off for the CPU); hybrids:
-            checkpoint_turn_start_id (default: the tokenizer's `<|im_start|>`; None: the checkpoint prior ignores
-            chat turns).
+        **options: engine knobs, named and defaulted in `EngineConfig.from_options` (config.py; an unknown one is a
+            TypeError naming it). The cache: block_size, num_blocks, memory_utilization, cpu_kv_cache_gib,
+            position_free (False: the vanilla rotated-key cache), enable_prefix_caching, rerotate_spans (with
+            position_free=False: the copy-rerotate baseline), host_cache_gib (a host tier for evicted blocks),
+            cpu_decode_mirror. The scheduler: max_num_seqs, max_num_batched_tokens, max_model_len (None: the
+            model's), num_scheduler_steps (decode steps per scheduler visit when every request decodes and none
+            waits; None: 8 on CUDA, 1 on the CPU), async_scheduling (queue the next decode burst before reading
+            the last one's tokens; None: on for CUDA, off for the CPU), span_policy ("inline", "isps" or
+            "barrier"), span_ahead_tokens. The model: enforce_eager, load_format. Hybrids' recurrent-state
+            checkpoints: checkpoint_policy, checkpoints_per_entry, checkpoint_prior, checkpoint_turn_start_id
+            (default: the tokenizer's `<|im_start|>`; None: the checkpoint prior ignores chat turns),
+            state_cache_gib, state_eviction. The README's "Use it from Python" says what each does.
     """
 
     def __init__(
@@ -148,14 +158,30 @@ class LLM:
         if self.tokenizer is None and (isinstance(prompt, str) or _is_chat(prompt)):
             raise ValueError(f"{self.config.model_dir} has no tokenizer: pass prompts as token ids")
         if isinstance(prompt, str):
-            return self.tokenizer.encode(prompt, add_special_tokens=False), prompt
+            return self._text_tokens(prompt), prompt
         if _is_chat(prompt):
             _check_messages(prompt)
             text = self.tokenizer.apply_chat_template(list(prompt), tokenize=False, add_generation_prompt=True)
-            return self.tokenizer.encode(text, add_special_tokens=False), text
+            return self._text_tokens(text), text
         if isinstance(prompt, list | tuple):
             return list(prompt), None
         raise TypeError(f"a prompt must be text, token ids, chat messages or a Prompt, got {type(prompt).__name__}")
+
+    def _text_tokens(self, text: str) -> list[int]:
+        """Text's token ids; a span marker's text in it is refused where markers take effect (the composer alone
+        places them, as it refuses them in a piece): typed or retrieved text would silently open a span, or fail
+        with advice on padding."""
+        token_ids = self.tokenizer.encode(text, add_special_tokens=False)
+        cache = self.config.cache
+        markers = find_markers(token_ids, self.config.control) if cache.position_free or cache.rerotate_spans else []
+        if markers:
+            index, kind = markers[0]
+            marker = self.tokenizer.convert_ids_to_tokens(token_ids[index])
+            raise ValueError(
+                f"the prompt's text holds {marker!r}, this model's {kind.name} span marker (token {index}): a text or "
+                "chat prompt places no span markers. Compose span prompts with llm.composer, or pass token ids"
+            )
+        return token_ids
 
     def _check_composed_for_us(self, prompt: Prompt) -> None:
         cfg = self.config
@@ -193,8 +219,10 @@ class LLM:
     ) -> list[RequestOutput]:
         """Generate for every prompt; outputs come back in the prompts' order.
 
-        All prompts are validated before any is queued: a bad one raises (naming its index) and nothing runs.
-        Other callers' requests keep running in the same steps.
+        `prompts`: one prompt (text, token ids, chat messages or a composed `Prompt`) or a list of them.
+        `sampling_params`: one for all, or one per prompt; None is `SamplingParams()` (64 tokens at temperature 1.0).
+        `use_tqdm`: a progress bar on stderr. All prompts are validated before any is queued: a bad one raises (naming
+        its index) and nothing runs. Other callers' requests keep running in the same steps.
         """
         prompts = normalize_prompts(prompts)
         params = sampling_params if sampling_params is not None else SamplingParams()
@@ -229,9 +257,11 @@ class LLM:
     ) -> Iterator[RequestOutput]:
         """Yield the request's output after every new token (text so far); the last one has finished=True.
 
-        The prompt is validated at once. Leaving the loop early (`break`, `close()`, a dropped iterator)
-        aborts the request and frees its blocks. Other requests on this engine keep running in the same steps.
+        One prompt (a batch is `generate()`'s); it is validated at once. Leaving the loop early (`break`, `close()`,
+        a dropped iterator) aborts the request and frees its blocks. Other requests on this engine keep running in
+        the same steps.
         """
+        check_one_prompt(prompt, "stream()")
         (req,) = self.make_requests([prompt], [sampling_params or SamplingParams()], True, request_id)
         return self._stream(req)
 
@@ -255,6 +285,7 @@ class LLM:
         self._loop.abort(request_id)
 
     def stats(self) -> dict:
+        """The cache and scheduler counters: blocks used / free / cached, hit rates, running / waiting, preemptions."""
         return self._loop.call(LLMEngine.cache_stats)
 
     def close(self) -> None:
@@ -269,13 +300,17 @@ def _raise_if_error(item):
 
 
 _default_llm: LLM | None = None
+_default_llm_lock = threading.Lock()  # NOTE: callers in many threads at first use build one engine, not one each
 
 
 def get_default_llm() -> LLM:
+    """The engine `minipic_lite.generate` uses: `LLM()` on the embedded model, built on the first call (and again
+    after it was closed), then shared."""
     global _default_llm
-    if _default_llm is None:
-        _default_llm = LLM()
-    return _default_llm
+    with _default_llm_lock:
+        if _default_llm is None or _default_llm._loop.closed:
+            _default_llm = LLM()
+        return _default_llm
 
 
 DEVICE_PATTERN = re.compile(r"cpu|cuda(:\d+)?")
@@ -302,10 +337,12 @@ def generate(
     use_tqdm: bool = False,
     **kwargs,
 ):
-    """Generate with the default embedded model (built on first use).
+    """Generate with the default embedded model (`get_default_llm()`, built on first use).
 
     `minipic_lite.generate("Hello", max_tokens=32).text`: one prompt gives one `RequestOutput`, a list of
-    prompts a list. Pass `sampling_params`, or SamplingParams fields as keywords (default: greedy).
+    prompts a list. Pass `sampling_params`, or SamplingParams fields as keywords (`top_p=0.9`, `stop=[...]`, ...;
+    not both): unset fields take SamplingParams' defaults (64 new tokens) but temperature, which defaults to 0
+    (greedy). `use_tqdm`: a progress bar (default off).
     """
     fields = {"max_tokens": max_tokens, "temperature": temperature, **kwargs}
     given = [k for k, v in fields.items() if v is not None]

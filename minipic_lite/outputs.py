@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 
 @dataclass
 class RequestMetrics:
+    """A request's timings: `time.perf_counter()` seconds (`ttft`, `total_time`: seconds from its arrival)."""
+
     arrival_time: float
     first_token_time: float | None = None
     finish_time: float | None = None
@@ -25,7 +27,10 @@ class RequestMetrics:
 
 @dataclass
 class RequestOutput:
-    request_id: int
+    """One request's output so far (vLLM's RequestOutput with its one completion flattened in): `text` and
+    `token_ids` are everything generated yet; `finished` is True on the last one, with its `finish_reason`."""
+
+    request_id: str
     prompt: str | None
     prompt_token_ids: list[int]
     text: str

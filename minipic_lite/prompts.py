@@ -82,6 +82,17 @@ class Piece:
     marker: SegmentKind | None = None
     label: str | None = None
 
+    def __post_init__(self):
+        if isinstance(self.content, str):
+            return
+        try:
+            token_ids = tuple(self.content)  # NOTE: any iterable of integers (a list, a numpy array, a generator)
+        except TypeError:
+            token_ids = None
+        if token_ids is None or not all(map(is_token_id, token_ids)):
+            raise TypeError(f"Piece.content must be a string or token ids, got {_describe(self.content, token_ids)}")
+        object.__setattr__(self, "content", token_ids)
+
 
 @dataclass(frozen=True)
 class SchemaItem:
@@ -89,6 +100,13 @@ class SchemaItem:
 
     text: str
     name: str | None = None
+
+    def __post_init__(self):
+        kind = type(self).__name__
+        if not isinstance(self.text, str):
+            raise TypeError(f"{kind}.text must be a string, got {type(self.text).__name__}")
+        if self.name is not None and not isinstance(self.name, str):
+            raise TypeError(f"{kind}.name must be a string or None, got {type(self.name).__name__}")
 
 
 class Module(SchemaItem):
@@ -210,12 +228,14 @@ class PromptComposer:
 
     def prefix(self, system: str | None, documents: Sequence[str], question: str) -> Prompt:
         """No markers and no padding: the plain prompt, for prefix caching."""
+        documents = _checked_recipe_texts(system, documents, question)
         head, tail = self.chat_frame(system)
         pieces = [Piece(head, label="prompt"), *(Piece(self._document(d)) for d in documents)]
         return self.compose([*pieces, Piece(question + tail)], "prefix")
 
     def block_attention(self, system: str | None, documents: Sequence[str], question: str) -> Prompt:
         """[system] [SSEP doc_1] … [SSEP doc_n] [PDEP question + answer header]."""
+        documents = _checked_recipe_texts(system, documents, question)
         head, tail = self.chat_frame(system)
         docs = [Piece(self._document(d), SegmentKind.SSEP, f"doc {i}") for i, d in enumerate(documents)]
         question_piece = Piece(question + tail, SegmentKind.PDEP, "question")
@@ -227,6 +247,7 @@ class PromptComposer:
         The PDEP link block (marker + B-1 tokens: exactly one block) sees the whole prompt before it, so it is
         recomputed whenever that changes; the SSEP rest of the document is reused wherever it sits.
         """
+        documents = _checked_recipe_texts(system, documents, question)
         head, tail = self.chat_frame(system)
         pieces = [Piece(head, label="system")]
         for i, doc in enumerate(documents):
@@ -242,11 +263,10 @@ class PromptComposer:
 
     def prompt_cache(self, system: str | None, schema: Sequence[Module | Param], question: str) -> Prompt:
         """Modules as SSEP spans and parameters as PDEP segments, in schema order; then [PDEP question]."""
+        _checked_recipe_texts(system, (), question)
         head, tail = self.chat_frame(system)
         pieces = [Piece(head, label="system")]
-        for i, item in enumerate(schema):
-            if not isinstance(item, Module | Param):
-                raise TypeError(f"schema item {i} must be a Module or a Param, got {type(item).__name__}")
+        for i, item in enumerate(_checked_schema(schema)):
             kind, default = (SegmentKind.SSEP, "module") if isinstance(item, Module) else (SegmentKind.PDEP, "param")
             pieces.append(Piece(item.text, kind, item.name or f"{default} {i}"))
         pieces.append(Piece(question + tail, SegmentKind.PDEP, "question"))
@@ -263,16 +283,60 @@ class PromptComposer:
 
         Their blocks hash exactly as in a final prompt of the same recipe, so the final prompt hits all of them.
         """
+        if recipe not in RECIPES:
+            raise ValueError(f"unknown recipe {recipe!r}: expected one of {', '.join(RECIPES)}")
         if recipe in ("block_attention", "epic"):
             spans = []
-            for i, doc in enumerate(items):
+            for i, doc in enumerate(_checked_documents(items)):
                 tokens = self._document(doc)
                 tokens = self._epic_split(tokens)[1] if recipe == "epic" else tokens
                 if tokens:
                     spans.append(Piece(tokens, SegmentKind.SSEP, f"doc {i}"))
         elif recipe == "prompt_cache":
+            items = _checked_schema(items)
             spans = [Piece(m.text, SegmentKind.SSEP, m.name or f"module {i}") for i, m in enumerate(items)]
             spans = [p for p, m in zip(spans, items, strict=True) if isinstance(m, Module)]
         else:
             raise ValueError(f"recipe {recipe!r} has no position-independent spans to warm")
         return [self.compose([piece], recipe, pad_end=True) for piece in spans]
+
+
+def _checked_recipe_texts(system, documents, question) -> list[str]:
+    """A recipe's texts, each a string (system may be None: the chat template's own): a TypeError names the one that
+    is not, where Python would say "unsupported operand type(s) for +" or split one string into characters."""
+    if system is not None and not isinstance(system, str):
+        raise TypeError(f"system must be a string or None, got {type(system).__name__}")
+    if not isinstance(question, str):
+        raise TypeError(f"question must be a string, got {type(question).__name__}")
+    return _checked_documents(documents)
+
+
+def _checked_documents(documents) -> list[str]:
+    if isinstance(documents, str) or not hasattr(documents, "__iter__"):
+        got = "one str (one document is [text])" if isinstance(documents, str) else type(documents).__name__
+        raise TypeError(f"documents must be a list of strings, got {got}")
+    documents = list(documents)
+    for i, doc in enumerate(documents):
+        if not isinstance(doc, str):
+            raise TypeError(f"document {i} must be a string, got {type(doc).__name__}")
+    return documents
+
+
+def _checked_schema(schema) -> list[Module | Param]:
+    schema = list(schema)
+    for i, item in enumerate(schema):
+        if not isinstance(item, Module | Param):
+            raise TypeError(f"schema item {i} must be a Module or a Param, got {type(item).__name__}")
+    return schema
+
+
+def is_token_id(t) -> bool:
+    """An integer of any kind (numpy's, torch's: what the engine's `as_token_ids` takes), not a bool."""
+    return hasattr(type(t), "__index__") and not isinstance(t, bool)
+
+
+def _describe(content, items: tuple | None) -> str:
+    """What a piece's content is: its type, and for an iterable the types of its items."""
+    if items is None:
+        return type(content).__name__
+    return f"a {type(content).__name__} of {', '.join(sorted({type(t).__name__ for t in items}))}"

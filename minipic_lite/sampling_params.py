@@ -9,6 +9,22 @@ from dataclasses import dataclass, field
 
 @dataclass(frozen=True)
 class SamplingParams:
+    """How one request is sampled and when it stops; every field is checked here (a bad one is a ValueError or
+    TypeError naming it).
+
+    Args:
+        max_tokens: new tokens at most (default 64; vLLM's is 16). A request also stops at the model's context.
+        temperature: 0 (or below vLLM's 1e-5) is greedy (default 1.0).
+        top_k: keep the k most likely tokens; 0 or vLLM's -1: no cut (default 0).
+        top_p: nucleus sampling, in (0, 1] (default 1.0: no cut).
+        seed: a per-request seed (a 64-bit integer) for reproducible sampling; None: torch's global generator.
+        stop: strings to stop before (one string is one stop); the stop is not part of the text.
+        stop_token_ids: token ids to stop at, besides the model's end-of-sequence.
+        ignore_eos: generate `max_tokens` whatever the model says (default False).
+        skip_special_tokens: leave special tokens out of the text (default True).
+        detokenize: False gives token ids only (text stays ""), e.g. for a model without a tokenizer.
+    """
+
     max_tokens: int = 64
     temperature: float = 1.0
     top_k: int = 0  # 0: no top-k cut (-1, vLLM's older spelling, is taken as 0)
@@ -21,6 +37,8 @@ class SamplingParams:
     detokenize: bool = True  # False: token ids only (text stays ""), e.g. for models without a tokenizer
 
     def __post_init__(self):
+        for name in ("ignore_eos", "skip_special_tokens", "detokenize"):
+            object.__setattr__(self, name, _switch(name, getattr(self, name)))
         stop = () if self.stop is None else (self.stop,) if isinstance(self.stop, str) else self.stop  # None: none
         object.__setattr__(self, "stop", _sequence("stop", stop))
         stop_ids = () if self.stop_token_ids is None else self.stop_token_ids
@@ -70,6 +88,15 @@ def _sequence(name: str, value) -> tuple:
         return tuple(value)
     except TypeError:
         raise TypeError(f"{name} must be a sequence (or None), got {type(value).__name__}") from None
+
+
+def _switch(name: str, value) -> bool:
+    """`value` as a bool (numpy's too); anything else is a TypeError naming `name` (`"false"` would be truthy)."""
+    kind = type(value)
+    is_numpy_bool = kind.__module__ == "numpy" and kind.__name__ in ("bool_", "bool")  # numpy 2 names it bool
+    if not isinstance(value, bool) and not is_numpy_bool:
+        raise TypeError(f"{name} must be a bool, got {kind.__name__}")
+    return bool(value)
 
 
 def _integer(name: str, value, expected: str) -> int:

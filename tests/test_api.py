@@ -328,6 +328,28 @@ def test_span_markers_are_smollm2s_tokens_where_the_tokenizer_has_them_and_none_
     assert default_control_tokens(other) == ControlTokens()
 
 
+def test_a_markers_text_in_a_text_or_chat_prompt_is_refused_where_markers_take_effect(llm, model_dir):
+    """Typed or retrieved text holding "<repo_name>" would open a span (at a block start) or fail with advice on
+    padding; the composer alone places markers. On a vanilla (rotated-key) engine markers are ordinary tokens."""
+    running_before = llm.stats()["num_running"] + llm.stats()["num_waiting"]
+    prompts = {
+        "text, mid-block": "What does <repo_name> mean in StarCoder data?",
+        "text, at a block start": "<repo_name>minipic/lite is a repo",
+        "chat": [{"role": "user", "content": "Explain <reponame> to me."}],
+    }
+    for name, prompt in prompts.items():
+        marker, kind = ("<reponame>", "PDEP") if name == "chat" else ("<repo_name>", "SSEP")
+        with pytest.raises(ValueError, match=f"prompt 1: the prompt's text holds '{marker}', this model's {kind} span"):
+            llm.generate(["Hi.", prompt], GREEDY8, use_tqdm=False)
+    assert llm.stats()["num_running"] + llm.stats()["num_waiting"] == running_before  # nothing was queued
+    vanilla = mp.LLM(str(model_dir), device="cpu", max_model_len=256, position_free=False)
+    try:
+        (out,) = vanilla.generate(prompts["text, mid-block"], GREEDY8, use_tqdm=False)
+        assert 3 in out.prompt_token_ids and len(out.token_ids) > 0
+    finally:
+        vanilla.close()
+
+
 def test_prompts_of_a_type_generate_cannot_take_name_it(llm):
     with pytest.raises(TypeError, match="prompts must be text, token ids, chat messages, a Prompt or a list of these"):
         llm.generate(3.5, GREEDY8, use_tqdm=False)

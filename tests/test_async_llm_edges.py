@@ -1,5 +1,5 @@
 """Edges of AsyncLLM (async_llm.py) that test_concurrency leaves open, over an engine loop of a stand-in engine (no
-model): what generate() asks of its LLM, and a generator closed after its LLM was closed."""
+model): what generate() asks of its LLM, a generator closed after its LLM was closed, and generate() given a batch."""
 
 import asyncio
 import threading
@@ -180,3 +180,15 @@ def test_an_async_llm_of_its_own_builds_its_llm_from_the_given_model_and_keyword
     monkeypatch.setattr(async_llm_module, "LLM", lambda model, **kwargs: built.append((model, kwargs)) or "the llm")
     assert AsyncLLM("some/model", device="cpu", num_blocks=8).llm == "the llm"
     assert built == [("some/model", {"device": "cpu", "num_blocks": 8})]
+
+
+def test_generate_given_a_batch_says_it_takes_one_prompt_before_asking_the_llm():
+    stub = StubLLM()
+
+    async def first():
+        return await anext(AsyncLLM.from_llm(stub).generate(["3 tokens", "2 tokens"]))
+
+    with pytest.raises(TypeError, match=r"AsyncLLM.generate\(\) takes one prompt, got a list of 2 prompts"):
+        asyncio.run(asyncio.wait_for(first(), WAIT_S))
+    assert stub.asked == []
+    stub.close()

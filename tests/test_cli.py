@@ -72,6 +72,15 @@ def test_generate_help_shows_every_option_with_its_default():
     assert "default: 128" in out and "default: 0.0" in out  # max tokens, temperature
 
 
+def test_python_dash_m_minipic_lite_is_the_command_line():
+    """`python -m minipic_lite` (as `python -m vllm.entrypoints...` or `python -m ui`) runs the same CLI: without a
+    console script on the PATH it was "'minipic_lite' is a package and cannot be directly executed"."""
+    done = subprocess.run([sys.executable, "-m", "minipic_lite", "--version"], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0 and done.stdout.split()[0] == "minipic-lite", done.stderr
+    done = subprocess.run([sys.executable, "-m", "minipic_lite", "generate"], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 2 and done.stderr.startswith("minipic-lite generate: error: give a prompt")
+
+
 def test_version_names_the_installed_package():
     from importlib.metadata import version
 
@@ -100,6 +109,7 @@ USAGE_ERRORS = {
     "bad-device": (["generate", "hi", "--device", "tpu"], "--device: must be auto, cpu, cuda or cuda:N"),
     "bad-dtype": (["generate", "hi", "--dtype", "int8"], "--dtype: invalid choice"),
     "missing-model": (["generate", "hi", "--model", "no/such/dir"], "unknown model 'no/such/dir'"),
+    "empty-model": (["generate", "hi", "--model", ""], "model is an empty path"),
     "model-not-gguf": (["generate", "hi", "--model", "README.md"], "not a directory or a .gguf file"),
     "model-dir-without-config": (["generate", "hi", "--model", "tests"], "has no config.json"),
     "missing-file": (["generate", "--file", "no/such.txt"], "cannot read --file 'no/such.txt'"),

@@ -1,8 +1,8 @@
 """Edges of the command line (cli.py) that test_cli leaves open, in-process (no model): the limits of each checked
 option are taken and one past them is refused, a prompt from standard input or a file loses its trailing line
-ends only, the defaults; and, with stand-ins for the LLM and the web app's serve(), what each flag hands on, the
-exit status of an interrupt or a missing extra, of a reply written into a pipe whose reader has left, and an
-address the app cannot listen on refused before it loads."""
+ends only, the defaults, every option's help saying what it is; and, with stand-ins for the LLM and the web app's
+serve(), what each flag hands on, the exit status of an interrupt or a missing extra, of a reply written into a pipe
+whose reader has left, and an address the app cannot listen on refused before it loads."""
 
 import io
 import os
@@ -243,3 +243,11 @@ def test_a_reply_into_a_pipe_whose_reader_has_left_exits_1_saying_nothing(flags)
     finally:
         os.close(write_end)
     assert (done.returncode, done.stderr) == (EXIT_RUN_ERROR, "")
+
+
+@pytest.mark.parametrize("command", ["generate", "ui"])
+def test_every_option_of_a_command_says_what_it_is_not_only_its_default(command):
+    """`minipic-lite ui --help` read "--port PORT  default: 7860" and "--span-policy ...  default: inline"."""
+    actions = build_parser().commands[command]._actions
+    bare = [a.option_strings[-1] for a in actions if a.option_strings and (a.help or "").startswith("default")]
+    assert bare == []

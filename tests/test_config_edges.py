@@ -3,7 +3,8 @@ field out means (transformers' LlamaConfig defaults are the oracle: one kv head 
 untied embeddings), the rope fields of `rope_parameters`, a list of eos ids, a top-level eos beside a `text_config`,
 a sliding window wider than the context, Qwen3.5's default conv kernel, layer_types that name too few layers, a
 config.json that is not an object or names no model_type, the inclusive ends of each option's range and the first
-values past them, the defaults the README documents, and what the hash namespace and a cuda:N device mean."""
+values past them, the defaults the README documents, what the hash namespace and a cuda:N device mean, and control
+tokens of the wrong type or outside the vocabulary."""
 
 import json
 from pathlib import Path
@@ -215,3 +216,16 @@ def test_a_misspelt_llm_keyword_is_named_as_the_keyword_it_is_near():
     """LLM(...)'s own arguments are among the names a misspelt option is matched against."""
     with pytest.raises(TypeError, match=r"unknown option 'control_token' \(did you mean 'control_tokens'\?\)"):
         EngineConfig.from_options(Path("m"), ModelConfig._from_json(LLAMA), "cpu", ControlTokens(), control_token=1)
+
+
+def test_control_tokens_are_a_controltokens_of_ids_inside_the_vocabulary():
+    """`LLM(control_tokens={...})` was taken and failed at the first prompt with "'dict' object has no attribute
+    'pdep_id'"; an id outside the vocabulary failed only once a composed prompt carried it."""
+    model = ModelConfig._from_json(LLAMA)  # vocab_size 64
+    with pytest.raises(TypeError, match="control_tokens must be a ControlTokens, got dict"):
+        EngineConfig(Path("m"), model, control={"ssep_id": 1})
+    with pytest.raises(ValueError, match=r"control_tokens.pad_id must be a token id in \[0, 64\), got 64"):
+        EngineConfig(Path("m"), model, control=ControlTokens(ssep_id=1, pdep_id=2, pad_id=64))
+    with pytest.raises(ValueError, match=r"control_tokens.ssep_id must be a token id in \[0, 64\), got '1'"):
+        EngineConfig(Path("m"), model, control=ControlTokens(ssep_id="1"))
+    assert EngineConfig(Path("m"), model, control=ControlTokens(ssep_id=0, pdep_id=63)).control.pdep_id == 63

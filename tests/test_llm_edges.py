@@ -1,7 +1,10 @@
 """Edges of the public API (llm.py) that test_api leaves open, on a tiny random Llama (no tokenizer) or none at all:
 prompts and params in tuples, token ids in a tuple, a lone chat message in a batch, an empty batch, options the
-caller gives, composed prompts' markers and labels, device names, and the module-level generate's keywords; and, with a
-real tokenizer that adds a BOS, the token ids of a text and a chat prompt."""
+caller gives, composed prompts' markers and labels, device names, the module-level generate's keywords, the options
+LLM's docstring names, and stream() given a batch; and, with a real tokenizer that adds a BOS, the token ids of a text
+and a chat prompt."""
+
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -164,3 +167,53 @@ def test_text_and_chat_prompts_get_no_bos_of_the_tokenizers_own(tmp_path):
         ids("<s> <|im_start|> user hello <|im_end|> <|im_start|> assistant"),
     ]
     llm.close()
+
+
+def test_the_llm_docstring_names_every_option_llm_takes():
+    """`help(mp.LLM)` is where a newcomer looks for the knobs: each option `from_options` routes is named there."""
+    from dataclasses import fields
+
+    from minipic_lite.config import ENGINE_OPTIONS, CacheConfig, SchedulerConfig
+
+    options = {f.name for c in (CacheConfig, SchedulerConfig) for f in fields(c)} | ENGINE_OPTIONS
+    assert sorted(o for o in options if o not in mp.LLM.__doc__) == []
+
+
+def test_stream_given_a_batch_says_it_takes_one_prompt(tiny):
+    """A list of prompts (vLLM's generate() habit) was read as one prompt of token ids: 'token id [5, 6] is not an
+    integer'. It is a TypeError that points to generate()."""
+    with pytest.raises(TypeError, match=r"stream\(\) takes one prompt, got a list of 2 prompts: LLM.generate\(\)"):
+        tiny.stream([[5, 6], [7, 8]], greedy(2))
+    (out,) = list(tiny.stream([5, 6], greedy(2)))[-1:]  # one prompt of token ids still streams
+    assert out.finished and len(out.token_ids) == 2
+
+
+class StubLLM:
+    """Stands in for LLM() in get_default_llm: counts the engines built (slowly, so that callers overlap)."""
+
+    built = 0
+
+    def __init__(self):
+        import time
+
+        time.sleep(0.05)
+        StubLLM.built += 1
+        self._loop = SimpleNamespace(closed=False)
+
+    def close(self):
+        self._loop.closed = True
+
+
+def test_the_default_llm_is_built_once_for_many_threads_and_again_once_closed(monkeypatch):
+    """Callers of mp.generate from several threads at first use each built an engine (seconds and ~2 GB each); after
+    `mp.get_default_llm().close()`, every mp.generate failed with "the engine loop is closed"."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    monkeypatch.setattr(llm_module, "LLM", StubLLM)
+    monkeypatch.setattr(llm_module, "_default_llm", None)
+    monkeypatch.setattr(StubLLM, "built", 0)
+    with ThreadPoolExecutor(4) as pool:
+        engines = list(pool.map(lambda _: mp.get_default_llm(), range(4)))
+    assert StubLLM.built == 1 and all(e is engines[0] for e in engines)
+    engines[0].close()
+    assert mp.get_default_llm() is not engines[0] and StubLLM.built == 2

@@ -2,7 +2,8 @@
 for transformers (no model): a finished conversion is published whole (config.json without the quantization, no
 separate LM head where the embeddings are tied, the tokenizer, a folder others may read), a cached conversion is
 taken without converting again, the cache key moves with the file's mtime, '~' is expanded while an error names the
-path as given, a plain module is no model package, and a folder with only a sentencepiece model has a tokenizer."""
+path as given, a plain module is no model package, a folder with only a sentencepiece model has a tokenizer, an empty
+model path is named as empty, and a file gguf cannot read (or one that names no architecture) is named."""
 
 import json
 import os
@@ -98,3 +99,38 @@ def test_each_stage_shows_the_stages_done_before_it(capsys, tmp_path):
     err = capsys.readouterr().err
     assert re.search(r"0/4 stages [^\r\n]*reading the tokenizer", err)
     assert re.search(r"1/4 stages [^\r\n]*dequantizing the weights", err)
+
+
+@pytest.mark.parametrize("model", ["", "  "], ids=["empty", "blank"])
+def test_an_empty_model_path_is_named_as_empty_not_as_the_current_directory(model, tmp_path, monkeypatch):
+    """Path("") is ".": `--model ''` (an unset shell variable) said "model directory '.' has no config.json", and in a
+    model directory it loaded that directory."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(ValueError, match=r"model is an empty path \(None: the embedded SmolLM2-135M-Instruct\)"):
+        loader.model_source(model)
+
+
+@pytest.mark.parametrize("num_bytes", [0, 8, 35], ids=["junk", "header-only", "cut-in-its-metadata"])
+def test_a_file_that_is_no_gguf_names_itself(num_bytes, tmp_path, monkeypatch):
+    """gguf's own errors named no file: "GGUF magic invalid", numpy's unpacking, an IndexError (a traceback from the
+    command line, which reports ValueError in one line)."""
+    monkeypatch.setenv(loader.CACHE_ENV, str(tmp_path / "cache"))
+    whole = write_gguf(tmp_path / "whole.gguf", "llama").read_bytes()
+    path = tmp_path / "broken.gguf"
+    path.write_bytes(b"junk" if num_bytes == 0 else whole[:num_bytes])
+    with pytest.raises(ValueError, match=rf"cannot read {re.escape(repr(str(path)))} as a GGUF file: "):
+        loader.resolve_model_dir(str(path))
+
+
+def test_a_gguf_without_an_architecture_names_itself(tmp_path, monkeypatch):
+    from gguf import GGUFWriter
+
+    monkeypatch.setenv(loader.CACHE_ENV, str(tmp_path / "cache"))
+    path = tmp_path / "bare.gguf"
+    writer = GGUFWriter(str(path), "llama")
+    writer.kv_data[0].pop("general.architecture")
+    for step in (writer.write_header_to_file, writer.write_kv_data_to_file, writer.close):
+        step()
+    with pytest.raises(ValueError, match=r"names no architecture \(general.architecture\)"):
+        loader.resolve_model_dir(str(path))

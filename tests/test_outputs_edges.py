@@ -1,5 +1,5 @@
 """Edges of the request metrics (outputs.py) that test_api leaves open: a time not reached yet is None, not 0, and
-both times run from the arrival."""
+both times run from the arrival; and a request id is a str."""
 
 from minipic_lite.outputs import RequestMetrics
 
@@ -18,3 +18,12 @@ def test_each_time_waits_for_its_own_event_only():
     assert (streaming.ttft, streaming.total_time, streaming.num_preemptions) == (0.25, None, 0)
     aborted = RequestMetrics(arrival_time=10.0, finish_time=10.5)
     assert (aborted.ttft, aborted.total_time) == (None, 0.5)
+
+
+def test_a_request_id_is_annotated_as_the_str_every_output_carries():
+    """The engine's ids are strings ('0', '1', ... or the caller's); the field said int."""
+    import typing
+
+    from minipic_lite.outputs import RequestOutput
+
+    assert typing.get_type_hints(RequestOutput)["request_id"] is str

@@ -1,13 +1,15 @@
 """Edges of the prompt composer (prompts.py) on a character tokenizer: empty pieces, padding without a pad id,
 markers in the first piece (and the first of two), the chat frame's switches, epic documents that fit in their link
-block, and the composer `for_llm` builds; and, on a real Hugging Face tokenizer that adds a BOS, a recipe with none
-in the middle."""
+block, the composer `for_llm` builds, and recipe inputs of the wrong type (documents given as one string, a document,
+question or system that is no string, schema items and pieces of no text); and, on a real Hugging Face tokenizer that
+adds a BOS, a recipe with none in the middle."""
 
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
+import minipic_lite as mp
 from minipic_lite.config import CacheConfig, ControlTokens
 from minipic_lite.prompts import Piece, PromptComposer
 from minipic_lite.spans import SegmentKind
@@ -168,3 +170,49 @@ def test_a_real_tokenizer_that_adds_a_bos_puts_none_into_a_composed_prompt():
     blocks = ["<s> <|im_start|> user <pad>", "<ssep> foo bar <pad>", "<ssep> bar <pad> <pad>",
               "<pdep> hello <|im_end|> <|im_start|>", "assistant"]  # fmt: skip
     assert prompt.token_ids == ids(" ".join(blocks))
+
+
+@pytest.mark.parametrize("recipe", ["prefix", "block_attention", "epic"])
+def test_documents_given_as_one_string_are_refused_not_split_into_characters(recipe):
+    """`block_attention(system, "a document", q)` made each character a document (an SSEP span a character)."""
+    with pytest.raises(TypeError, match="documents must be a list of strings, got one str"):
+        composer().recipe(recipe, "sys", "a document", "q")
+    with pytest.raises(TypeError, match="documents must be a list of strings, got one str"):
+        composer().span_prompts("block_attention", "a document")
+    with pytest.raises(TypeError, match="documents must be a list of strings, got NoneType"):
+        composer().recipe(recipe, "sys", None, "q")
+
+
+@pytest.mark.parametrize("recipe", ["prefix", "block_attention", "epic"])
+def test_a_document_or_question_that_is_no_string_names_itself(recipe):
+    """None or a number among the documents was Python's "unsupported operand type(s) for +"."""
+    with pytest.raises(TypeError, match="document 1 must be a string, got NoneType"):
+        composer().recipe(recipe, "sys", ["ok", None], "q")
+    with pytest.raises(TypeError, match="question must be a string, got int"):
+        composer().recipe(recipe, "sys", ["ok"], 5)
+    with pytest.raises(TypeError, match="system must be a string or None, got int"):
+        composer().recipe(recipe, 5, ["ok"], "q")
+
+
+def test_warming_the_spans_of_an_unknown_recipe_or_of_a_schema_without_modules_names_the_problem():
+    with pytest.raises(ValueError, match="unknown recipe 'nope': expected one of prefix, block_attention"):
+        composer().span_prompts("nope", ["d"])
+    with pytest.raises(TypeError, match="schema item 0 must be a Module or a Param, got str"):
+        composer().span_prompts("prompt_cache", ["d"])  # was: 'str' object has no attribute 'text'
+
+
+@pytest.mark.parametrize(
+    "make",
+    [lambda: mp.Module(None), lambda: mp.Param(5), lambda: mp.Module("t", name=3)],
+    ids=["Module-None", "Param-int", "name-int"],
+)
+def test_a_schema_item_of_no_text_is_refused_when_made(make):
+    """`Module(None)` was taken and failed inside the tokenizer, once a prompt was composed."""
+    with pytest.raises(TypeError, match=r"(Module|Param)\.(text must be a string|name must be a string or None)"):
+        make()
+
+
+@pytest.mark.parametrize("content", [None, 5, [1, "a"]], ids=["None", "int", "list-with-a-str"])
+def test_a_piece_of_neither_text_nor_token_ids_is_refused_when_made(content):
+    with pytest.raises(TypeError, match="Piece.content must be a string or token ids"):
+        Piece(content)

@@ -1,4 +1,4 @@
-"""SamplingParams validation at its edges, and `stop` given as one string."""
+"""SamplingParams validation at its edges, `stop` given as one string, switches that are no bool, and its docstring."""
 
 import pytest
 
@@ -76,3 +76,27 @@ def test_none_for_stop_or_stop_token_ids_means_none_and_a_non_sequence_is_named(
         SamplingParams(stop_token_ids=7)
     with pytest.raises(TypeError, match="stop must be a sequence \\(or None\\), got int"):
         SamplingParams(stop=7)
+
+
+@pytest.mark.parametrize("name", ["ignore_eos", "skip_special_tokens", "detokenize"])
+@pytest.mark.parametrize("value", ["no", None, 0], ids=["str", "None", "int"])
+def test_a_switch_takes_a_bool_only(name, value):
+    """`ignore_eos="false"` is truthy: taken as given, it ignored EOS. A switch that is no bool is a TypeError naming
+    it."""
+    with pytest.raises(TypeError, match=f"{name} must be a bool, got {type(value).__name__}"):
+        SamplingParams(**{name: value})
+
+
+def test_help_names_every_field_and_its_default():
+    """`help(SamplingParams)` was the dataclass's bare signature: the class says what each field does."""
+    from dataclasses import fields
+
+    doc = SamplingParams.__doc__
+    assert not doc.startswith("SamplingParams(")  # the dataclass's generated one is the signature alone
+    assert all(f"{f.name}:" in doc for f in fields(SamplingParams))
+
+
+def test_a_numpy_bool_is_a_bool_to_a_switch():
+    import numpy as np
+
+    assert SamplingParams(ignore_eos=np.bool_(True)).ignore_eos is True

@@ -56,6 +56,8 @@ def model_source(model: str | os.PathLike | None) -> Path:
     anything (no torch, no transformers): the CLI calls it before it loads a model."""
     if model is not None and not isinstance(model, str | os.PathLike):
         raise TypeError(f"model must be a path (a str or os.PathLike) or None, got {type(model).__name__}")
+    if isinstance(model, str) and not model.strip():  # NOTE: Path("") is ".", the current directory
+        raise ValueError(f"model is an empty path (None: the embedded SmolLM2-135M-Instruct), got {model!r}")
     path = default_gguf_path() if model is None else Path(model).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
@@ -77,9 +79,17 @@ def resolve_model_dir(model: str | os.PathLike | None) -> Path:
 
 
 def gguf_architecture(path: Path) -> str:
+    """The architecture a GGUF file names; a file gguf cannot read, or one that names none, is a ValueError naming it
+    (gguf's own errors name no file: "GGUF magic invalid", or numpy's for a file cut short)."""
     from gguf import GGUFReader
 
-    field = GGUFReader(str(path)).fields["general.architecture"]
+    try:
+        fields = GGUFReader(str(path)).fields
+    except (ValueError, IndexError) as e:
+        raise ValueError(f"cannot read {str(path)!r} as a GGUF file: {e}") from None
+    if "general.architecture" not in fields:
+        raise ValueError(f"GGUF file {str(path)!r} names no architecture (general.architecture)")
+    field = fields["general.architecture"]
     return bytes(field.parts[field.data[0]]).decode()
 
 
