@@ -76,8 +76,7 @@ def run_stream(name, requests, args) -> list[Row]:
         for budget in args.budgets if policy != CEILING else args.budgets[:1]:
             start = time.perf_counter()
             result = simulate(requests, make_planner(policy, budget, args.bin_size), num_entries=args.num_entries)
-            recomputed = np.array(result.recomputed_per_request)
-            steady = lengths[warmup:].sum() / recomputed[warmup:].sum()
+            steady = steady_factor(lengths, result.recomputed_per_request, warmup)
             rows.append(
                 Row(
                     name,
@@ -91,6 +90,11 @@ def run_stream(name, requests, args) -> list[Row]:
             )
         print(f"  {name:16s} {policy:12s} " + " ".join(f"{r.factor:6.3f}" for r in rows if r.policy == policy))
     return rows
+
+
+def steady_factor(lengths, recomputed, warmup: int) -> float:
+    """The token-savings factor of the requests after the first `warmup`: their tokens over those recomputed."""
+    return np.asarray(lengths)[warmup:].sum() / np.asarray(recomputed)[warmup:].sum()
 
 
 def time_dp(repeats: int = 20) -> dict:

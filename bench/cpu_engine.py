@@ -121,6 +121,11 @@ def decode_step_bytes(llm, batch: int, kv_len: int) -> dict:
     return {"weight_bytes": weight_bytes, "kv_bytes": kv_bytes}
 
 
+def mean_kv_len(prompt_lens: list[int], new_tokens: int) -> int:
+    """A decode step's mean context over the generation: the prompts' mean length and half the new tokens."""
+    return int(statistics.mean(prompt_lens) + new_tokens / 2)
+
+
 PHASES = ("schedule", "prepare", "forward", "sample", "postprocess", "detokenize")
 
 
@@ -165,11 +170,33 @@ def step_breakdown(llm, prompt: str, new_tokens: int) -> dict:
             del obj.__dict__[attr]
         runner.sampler = runner.sampler.sampler
         del engine.__dict__["step"]
+    return per_step_ms(times, num_outputs)
+
+
+def per_step_ms(times: dict, num_outputs: int) -> dict:
+    """Milliseconds a step in each phase, "other" (the step less its phases) and the whole "step", from `times`:
+    seconds in each phase (and "step") over `num_outputs` steps."""
     ms = {name: 1e3 * times[name] / num_outputs for name in PHASES}
     # NOTE: detokenize runs inside postprocess (stop strings) and after it (the streamed text): count it once
     ms["other"] = 1e3 * times["step"] / num_outputs - sum(ms[p] for p in PHASES if p != "detokenize")
     ms["step"] = 1e3 * times["step"] / num_outputs
     return ms
+
+
+def batch_figures(batch: int, new_tokens: int, ours_s, onednn_s, hf_s, same: int, floor: dict, bandwidth: float):
+    """A batch's figures from its runs' seconds (tokens/s of each engine's median, their ratios), the outputs
+    that matched (`same`), the bytes a decode step reads (`floor`) and the read bandwidth (bytes/s)."""
+    tokens = batch * new_tokens
+    floor_tok_s = batch * bandwidth / (floor["weight_bytes"] + floor["kv_bytes"])
+    r = {
+        "requests": batch, "new_tokens": tokens, "ours_s": ours_s, "onednn_s": onednn_s, "hf_s": hf_s,
+        "ours_tok_s": tokens / statistics.median(ours_s), "onednn_tok_s": tokens / statistics.median(onednn_s),
+        "hf_tok_s": tokens / statistics.median(hf_s),
+        "identical_outputs": f"{same}/{batch}", **floor, "floor_tok_s": floor_tok_s,
+    }  # fmt: skip
+    r["speedup"] = r["ours_tok_s"] / r["hf_tok_s"]
+    r["over_onednn"] = r["ours_tok_s"] / r["onednn_tok_s"]
+    return r
 
 
 def git_sha() -> str:
@@ -232,22 +259,15 @@ def main():
             t, theirs = run_hf(llm, hf, prompts[:batch], args.new_tokens)
             hf_s.append(t)
             same = sum(a == b for a, b in zip(ours, theirs, strict=True))
-        tokens = batch * args.new_tokens
-        mean_len = statistics.mean(len(llm.tokenizer.encode(p)) for p in prompts[:batch]) + args.new_tokens / 2
-        floor = decode_step_bytes(llm, batch, int(mean_len))
-        floor_tok_s = batch * bandwidth / (floor["weight_bytes"] + floor["kv_bytes"])
-        r = results[f"batch_{batch}"] = {
-            "requests": batch, "new_tokens": tokens, "ours_s": ours_s, "onednn_s": onednn_s, "hf_s": hf_s,
-            "ours_tok_s": tokens / statistics.median(ours_s), "onednn_tok_s": tokens / statistics.median(onednn_s),
-            "hf_tok_s": tokens / statistics.median(hf_s),
-            "identical_outputs": f"{same}/{batch}", **floor, "floor_tok_s": floor_tok_s,
-        }  # fmt: skip
-        r["speedup"] = r["ours_tok_s"] / r["hf_tok_s"]
-        r["over_onednn"] = r["ours_tok_s"] / r["onednn_tok_s"]
+        prompt_lens = [len(llm.tokenizer.encode(p)) for p in prompts[:batch]]
+        floor = decode_step_bytes(llm, batch, mean_kv_len(prompt_lens, args.new_tokens))
+        r = results[f"batch_{batch}"] = batch_figures(batch, args.new_tokens, ours_s, onednn_s, hf_s, same, floor,
+                                                      bandwidth)  # fmt: skip
         print(
             f"batch {batch:2d} x {args.new_tokens}: ours {r['ours_tok_s']:7.1f} tok/s"
             f" (oneDNN only {r['onednn_tok_s']:7.1f}, {r['over_onednn']:.2f}x) | HF {r['hf_tok_s']:7.1f} tok/s"
-            f" | {r['speedup']:.2f}x | floor {floor_tok_s:7.1f} tok/s (ours at {r['ours_tok_s'] / floor_tok_s:.0%})"
+            f" | {r['speedup']:.2f}x | floor {r['floor_tok_s']:7.1f} tok/s"
+            f" (ours at {r['ours_tok_s'] / r['floor_tok_s']:.0%})"
             f" | identical {r['identical_outputs']}"
         )
     ms = results["step_breakdown_ms"] = step_breakdown(llm, prompts[0], args.new_tokens)

@@ -118,7 +118,13 @@ def run_once(engine: LLMEngine, timer: Timer, token_ids: list[int]) -> dict[str,
         step_start = time.perf_counter()
         engine.step()
         step_times.append(time.perf_counter() - step_start)
-    t = dict(timer.times)
+    return split_sections(dict(timer.times), step_times, req, start)
+
+
+def split_sections(t: dict, step_times: list[float], req, start: float) -> dict[str, float]:
+    """The run's sections (SECTIONS) from the timed methods' seconds `t` (validate, make_request, schedule, report,
+    prepare and execute: launch and wait, which holds prepare), each step's seconds, the request's times and the
+    run's start."""
     t.setdefault("gc", 0.0)
     # NOTE: make_request validates again (its own call, before arrival_time); the Request record is the rest
     t["request"] = req_time(req, start, t)
@@ -133,6 +139,12 @@ def req_time(req, start: float, t: dict) -> float:
     """Seconds from arrival_time to the end of make_request (the Request record and its hashes)."""
     made = start + t["validate"] + t["make_request"]
     return made - req.arrival_time
+
+
+def summarize(rows: list[dict]) -> tuple[dict, dict]:
+    """Each section's median and minimum over the runs."""
+    medians = {name: statistics.median(r[name] for r in rows) for name in SECTIONS}
+    return medians, {name: min(r[name] for r in rows) for name in SECTIONS}
 
 
 def prompts(composer: PromptComposer, num_docs: int, doc_tokens: int, num_runs: int, shuffle: bool = False):
@@ -237,10 +249,10 @@ def main() -> None:
     n = len(finals[-1])
     print(f"{args.docs} x {args.doc_tokens} cached: prompts of {n} tokens, {computed / len(rows):.0f} computed each;")
     print(f"median of {len(rows)} runs (ms):")
-    medians = {name: statistics.median(r[name] for r in rows) for name in SECTIONS}
+    medians, minima = summarize(rows)
     for name in SECTIONS:
-        print(f"  {name:<9} {1e3 * medians[name]:8.3f}   (min {1e3 * min(r[name] for r in rows):.3f})")
-    save(args, medians, {name: min(r[name] for r in rows) for name in SECTIONS}, n, computed / len(rows))
+        print(f"  {name:<9} {1e3 * medians[name]:8.3f}   (min {1e3 * minima[name]:.3f})")
+    save(args, medians, minima, n, computed / len(rows))
     if args.profile:  # more runs under cProfile, after the measured ones (its overhead is not in the figures)
         profiler = cProfile.Profile()
         for prompt in finals[3 + args.runs :]:

@@ -171,6 +171,16 @@ def resumed_share(recomputed: list[int], lengths: list[int]) -> float:
     return sum(r < n for r, n in zip(recomputed, lengths, strict=True)) / len(lengths)
 
 
+def make_row(stream: str, policy: str, budget: int, lengths, recomputed, ttfts, stats: dict) -> Row:
+    """A row from each request's prompt length, tokens recomputed and TTFT (s), and the engine's cache stats."""
+    return Row(
+        stream, policy, budget, len(lengths), statistics.mean(lengths), statistics.mean(recomputed),
+        sum(lengths) / max(sum(recomputed), 1), resumed_share(recomputed, lengths),
+        1e3 * statistics.mean(ttfts), 1e3 * statistics.median(ttfts),
+        stats.get("num_checkpoints_saved", 0), stats.get("state_memory_bytes", 0) / 2**20,
+    )  # fmt: skip
+
+
 def savings_rows(model_dir, stream_requests, args) -> list[Row]:
     rows = []
     for stream, requests in stream_requests.items():
@@ -178,12 +188,7 @@ def savings_rows(model_dir, stream_requests, args) -> list[Row]:
         for policy in args.policies:
             for budget in args.budgets if policy != "none" else args.budgets[:1]:
                 recomputed, ttfts, stats = run_policy(model_dir, requests, policy, budget, args)
-                row = Row(
-                    stream, policy, budget, len(requests), statistics.mean(lengths), statistics.mean(recomputed),
-                    sum(lengths) / max(sum(recomputed), 1), resumed_share(recomputed, lengths),
-                    1e3 * statistics.mean(ttfts), 1e3 * statistics.median(ttfts),
-                    stats.get("num_checkpoints_saved", 0), stats.get("state_memory_bytes", 0) / 2**20,
-                )  # fmt: skip
+                row = make_row(stream, policy, budget, lengths, recomputed, ttfts, stats)
                 print(f"{stream:16} {policy:12} M={budget}: recomputed/request {row.recomputed_per_request:8.1f}  "
                       f"factor {row.savings_factor:5.2f}  resumed {row.resumed_fraction:4.0%}  "
                       f"TTFT {row.ttft_mean_ms:7.1f} ms", flush=True)  # fmt: skip

@@ -278,20 +278,9 @@ def run_system(llm: mp.LLM, samples, recipe: str, policy: str, new_tokens: int =
     elapsed = time.perf_counter() - start
     after = llm.stats()
     num_steps = max(1, llm.engine.stats.num_steps - steps_before)
-    ttfts = sorted(o.metrics.ttft for o in outputs)
-    num_prompt_tokens = sum(len(p) for p in prompts)
-    computed = after["num_computed_tokens"] - before["num_computed_tokens"] - len(prompts) * (new_tokens - 1)
+    ttfts = [o.metrics.ttft for o in outputs]
     return {
-        "samples_per_s": len(prompts) / elapsed,
-        "wall_s": elapsed,
-        "ttft_p50_s": statistics.median(ttfts),
-        "ttft_p99_s": ttfts[min(len(ttfts) - 1, round(0.99 * (len(ttfts) - 1)))],
-        "prompt_tokens": num_prompt_tokens,
-        "computed_prompt_tokens": computed,
-        "cached_fraction": 1 - computed / num_prompt_tokens,
-        "preemptions": after["num_preemptions"] - before["num_preemptions"],
-        "host_hit_blocks": after["num_host_hit_blocks"] - before["num_host_hit_blocks"],
-        "rerotated_blocks": after["num_rerotated_blocks"] - before["num_rerotated_blocks"],
+        **run_figures(elapsed, ttfts, [len(p) for p in prompts], new_tokens, before, after),
         "engine_steps": llm.engine.stats.num_steps - steps_before,
         "step_ms": 1e3
         * (llm.engine.stats.total_step_time - step_time_before)
@@ -301,6 +290,29 @@ def run_system(llm: mp.LLM, samples, recipe: str, policy: str, new_tokens: int =
         "phase_ms_per_step": {name: 1e3 * phases[name] / num_steps for name in PHASES},
         "step_kinds": {kind: {"steps": n, "ms": 1e3 * t} for kind, (n, t) in kinds.items()},
         "outputs": [o.token_ids for o in outputs],
+    }
+
+
+def run_figures(
+    elapsed: float, ttfts: list[float], prompt_lens: list[int], new_tokens: int, before: dict, after: dict
+) -> dict:
+    """A run's figures from its measurements: `before` and `after` are the engine's counters (`LLM.stats()`); a
+    request's computed tokens past its prompt are its new tokens but the first (the first is sampled from the
+    prompt's last position)."""
+    ttfts = sorted(ttfts)
+    num_prompt_tokens = sum(prompt_lens)
+    computed = after["num_computed_tokens"] - before["num_computed_tokens"] - len(prompt_lens) * (new_tokens - 1)
+    return {
+        "samples_per_s": len(prompt_lens) / elapsed,
+        "wall_s": elapsed,
+        "ttft_p50_s": statistics.median(ttfts),
+        "ttft_p99_s": ttfts[min(len(ttfts) - 1, round(0.99 * (len(ttfts) - 1)))],
+        "prompt_tokens": num_prompt_tokens,
+        "computed_prompt_tokens": computed,
+        "cached_fraction": 1 - computed / num_prompt_tokens,
+        "preemptions": after["num_preemptions"] - before["num_preemptions"],
+        "host_hit_blocks": after["num_host_hit_blocks"] - before["num_host_hit_blocks"],
+        "rerotated_blocks": after["num_rerotated_blocks"] - before["num_rerotated_blocks"],
     }
 
 
@@ -315,15 +327,21 @@ def schedule_ceiling(llm: mp.LLM, samples, barrier: dict) -> dict:
     request's decode step (a step reads every weight, however few tokens it holds; timed here on one sample).
     Barrier's wall time over the larger floor bounds what overlapping spans with decodes can win."""
     prefill = run_system(llm, samples, "block_attention", "inline", new_tokens=1)
-    rate = prefill["computed_prompt_tokens"] / prefill["wall_s"]
-    tokens = prefill["computed_prompt_tokens"] + len(samples) * (NEW_TOKENS - 1)
     one = samples.select(range(1))
     first, whole = (run_system(llm, one, "block_attention", "inline", new_tokens=n) for n in (1, NEW_TOKENS))
-    decode_step_s = max(0.0, whole["wall_s"] - first["wall_s"]) / (NEW_TOKENS - 1)
+    return ceiling(prefill, first["wall_s"], whole["wall_s"], len(samples), barrier["wall_s"])
+
+
+def ceiling(prefill: dict, first_s: float, whole_s: float, num_samples: int, barrier_s: float) -> dict:
+    """schedule_ceiling's bound from its runs: `prefill` (every sample, one new token), one sample's wall time
+    with one new token (`first_s`) and with NEW_TOKENS (`whole_s`), and barrier's wall time."""
+    rate = prefill["computed_prompt_tokens"] / prefill["wall_s"]
+    tokens = prefill["computed_prompt_tokens"] + num_samples * (NEW_TOKENS - 1)
+    decode_step_s = max(0.0, whole_s - first_s) / (NEW_TOKENS - 1)
     last_decodes_s = prefill["computed_prompt_tokens"] / rate + (NEW_TOKENS - 1) * decode_step_s
     floor_s = max(tokens / rate, last_decodes_s)
     return {"prefill_tok_s": rate, "tokens": tokens, "decode_step_s": decode_step_s, "floor_s": floor_s,
-            "barrier_s": barrier["wall_s"], "max_gain_over_barrier": barrier["wall_s"] / floor_s}  # fmt: skip
+            "barrier_s": barrier_s, "max_gain_over_barrier": barrier_s / floor_s}  # fmt: skip
 
 
 def make_llm(args, model_dir, options: dict) -> mp.LLM:
@@ -418,7 +436,7 @@ def main() -> None:
         same = [n for n in names if n in outs]  # NOTE: the systems this run measured (--systems)
         spans = [outs[n] for n in same]
         if len(spans) > 1:
-            agree = sum(len({json.dumps(o) for o in sample}) == 1 for sample in zip(*spans, strict=True))
+            agree = num_agreeing(spans)
             print(f"reuse {reuse}: {', '.join(same)} give equal greedy tokens for {agree}/{len(spans[0])} samples")
             result_agree[reuse] = agree / len(spans[0])
     device = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"cpu ({os.cpu_count()} cores)"
@@ -439,6 +457,11 @@ def main() -> None:
     stem.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
     stem.with_suffix(".md").write_text(md)
     print(f"saved {stem}.json and .md")
+
+
+def num_agreeing(outputs: list[list]) -> int:
+    """Samples on which every system's output (one list per system, a sample's tokens each) is the same."""
+    return sum(len({json.dumps(o) for o in sample}) == 1 for sample in zip(*outputs, strict=True))
 
 
 def table(result: dict) -> str:

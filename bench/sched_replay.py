@@ -183,10 +183,19 @@ def replay(samples: list[dict], policy: str, num_blocks: int, max_num_seqs: int 
     else:
         raise RuntimeError(f"{policy}: not finished after {max_steps} steps")
     sched.kv.check_integrity()
-    ttft = sorted(first_token_s.values())
     return {"schedule_s": schedule_s, "post_s": post_s, "preemptions": num_preempted, "decisions": h.hexdigest()[:16],
-            "modeled_s": modeled_s, "modeled_ttft_p50_s": statistics.median(ttft),
-            "modeled_ttft_p99_s": ttft[int(0.99 * (len(ttft) - 1))], **counts}  # fmt: skip
+            "modeled_s": modeled_s, **modeled_ttft(first_token_s), **counts}  # fmt: skip
+
+
+def modeled_ttft(first_token_s: dict[str, float]) -> dict[str, float]:
+    """The TTFT p50 and p99 of the requests' first tokens (modeled seconds; all requests arrive at 0)."""
+    ttft = sorted(first_token_s.values())
+    return {"modeled_ttft_p50_s": statistics.median(ttft), "modeled_ttft_p99_s": percentile(ttft, 0.99)}
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    """The `q` quantile of `sorted_values`: the value at rank q * (n - 1), rounded down."""
+    return sorted_values[int(q * (len(sorted_values) - 1))]
 
 
 def summarize(runs: list[dict]) -> dict:
@@ -199,10 +208,10 @@ def summarize(runs: list[dict]) -> dict:
         "steps": len(per_step),
         "preemptions": best["preemptions"],
         "schedule_median_ms": 1e3 * statistics.median(sched_sorted),
-        "schedule_p90_ms": 1e3 * sched_sorted[int(0.9 * (len(sched_sorted) - 1))],
+        "schedule_p90_ms": 1e3 * percentile(sched_sorted, 0.9),
         "schedule_total_ms": 1e3 * sum(sched_sorted),
         "step_median_ms": 1e3 * statistics.median(per_step),
-        "step_p90_ms": 1e3 * per_step[int(0.9 * (len(per_step) - 1))],
+        "step_p90_ms": 1e3 * percentile(per_step, 0.9),
         "step_total_ms": 1e3 * sum(per_step),
         "decisions": best["decisions"],
         "computed": best["computed"],
@@ -211,6 +220,16 @@ def summarize(runs: list[dict]) -> dict:
         "modeled_ttft_p50_s": best["modeled_ttft_p50_s"],
         "modeled_ttft_p99_s": best["modeled_ttft_p99_s"],
     }
+
+
+def table_row(num_blocks: int, name: str, r: dict, num_samples: int | None) -> str:
+    """A row of the printed table: `r` is summarize's; with `num_samples` (--cost-model) the modeled columns."""
+    modeled = (f" {num_samples / r['modeled_s']:.2f} | {1e3 * r['modeled_ttft_p50_s']:.0f} / "
+               f"{1e3 * r['modeled_ttft_p99_s']:.0f} |") if num_samples is not None else ""  # fmt: skip
+    return (f"| {num_blocks} | {name} | {r['steps']} | {r['preemptions']} | {r['computed']:,} | "
+            f"{r['prompt_computed']:,} | {r['schedule_median_ms']:.3f} / "
+            f"{r['schedule_p90_ms']:.3f} / {r['schedule_total_ms']:.0f} | {r['step_median_ms']:.3f} / "
+            f"{r['step_p90_ms']:.3f} / {r['step_total_ms']:.0f} | {r['decisions']} |{modeled}")  # fmt: skip
 
 
 def main() -> None:
@@ -250,13 +269,7 @@ def main() -> None:
             name = policy if cap is None else f"{policy} (ahead {cap})"
             results.append({"num_blocks": num_blocks, "max_num_seqs": args.max_num_seqs, "budget": args.budget,
                             "policy": policy, "span_ahead_tokens": cap, **r})  # fmt: skip
-            modeled = (f" {len(samples) / r['modeled_s']:.2f} | {1e3 * r['modeled_ttft_p50_s']:.0f} / "
-                       f"{1e3 * r['modeled_ttft_p99_s']:.0f} |") if args.cost_model else ""  # fmt: skip
-            print(f"| {num_blocks} | {name} | {r['steps']} | {r['preemptions']} | {r['computed']:,} | "
-                  f"{r['prompt_computed']:,} | {r['schedule_median_ms']:.3f} / "
-                  f"{r['schedule_p90_ms']:.3f} / {r['schedule_total_ms']:.0f} | {r['step_median_ms']:.3f} / "
-                  f"{r['step_p90_ms']:.3f} / {r['step_total_ms']:.0f} | {r['decisions']} |{modeled}",
-                  flush=True)  # fmt: skip
+            print(table_row(num_blocks, name, r, len(samples) if args.cost_model else None), flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps({"source": source, "results": results}, indent=1))
 

@@ -47,6 +47,17 @@ def ttft(llm: mp.LLM, prompt, repeats: int) -> float:
     return min(times)
 
 
+def table_rows(rows: list[dict]) -> list[str]:
+    """The table's rows; the first row's n spans are the ratios' unit."""
+    base = rows[0]
+    return [
+        f"| {r['n']} | {r['tokens']} | {1e3 * r['spans_s']:.1f} | {1e3 * r['causal_s']:.1f} "
+        f"| {r['spans_s'] / base['spans_s']:.2f}x | {r['causal_s'] / base['spans_s']:.2f}x "
+        f"| {r['causal_s'] / r['spans_s']:.2f}x |"
+        for r in rows
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cpu")
@@ -76,7 +87,6 @@ def main() -> None:
         rows.append(row)
         print(f"n={n:>3} ({row['tokens']} tokens): spans {1e3 * row['spans_s']:9.1f} ms   causal "
               f"{1e3 * row['causal_s']:9.1f} ms", flush=True)  # fmt: skip
-    base = rows[0]
     lines = [
         f"Uncached span prefill scaling, {'llama3-8b-shape (random bf16)' if args.llama3_8b_shape else 'SmolLM2'}, "
         f"spans of {args.span_tokens} tokens, TTFT on an empty cache (min of {args.repeats}); git {git_sha()}.",
@@ -85,13 +95,7 @@ def main() -> None:
         "| causal / spans |",
         "|---|---|---|---|---|---|---|",
     ]
-    for r in rows:
-        lines.append(
-            f"| {r['n']} | {r['tokens']} | {1e3 * r['spans_s']:.1f} | {1e3 * r['causal_s']:.1f} "
-            f"| {r['spans_s'] / base['spans_s']:.2f}x | {r['causal_s'] / base['spans_s']:.2f}x "
-            f"| {r['causal_s'] / r['spans_s']:.2f}x |"
-        )
-    md = "\n".join(lines)
+    md = "\n".join(lines + table_rows(rows))
     print("\n" + md)
     device = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"cpu ({os.cpu_count()} cores)"
     result = {"bench": "span_scaling", "git_sha": git_sha(), "device": device, "span_tokens": args.span_tokens,
