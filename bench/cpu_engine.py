@@ -130,7 +130,8 @@ PHASES = ("schedule", "prepare", "forward", "sample", "postprocess", "detokenize
 
 
 def step_breakdown(llm, prompt: str, new_tokens: int) -> dict:
-    """Milliseconds per decode step in each phase of a single streamed request (as the CLI and the app run)."""
+    """Milliseconds a step in each phase of a single streamed request (as the CLI and the app run), over all of its
+    steps: `new_tokens` - 1 decode steps and the prefill that gives the first token."""
     import minipic_lite as mp
 
     engine, times = llm.engine, defaultdict(float)
