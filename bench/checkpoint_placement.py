@@ -21,12 +21,12 @@ import argparse
 import json
 import os
 import platform
-import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from provenance import git_sha  # bench/provenance.py, beside this file
 
 from minipic_lite.checkpoints import (
     DEFAULT_BIN_SIZE,
@@ -128,14 +128,6 @@ def time_dp(repeats: int = 20) -> dict:
     dp_reference(masses["random"][:257], 8)
     timings["reference_wall_ms_256x8"] = 1e3 * (time.perf_counter() - start)
     return timings
-
-
-def git_sha() -> str:
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
-        return out.stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "nogit"
 
 
 def policies_of(rows):

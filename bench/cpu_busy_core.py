@@ -20,6 +20,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from provenance import git_sha  # bench/provenance.py, beside this file
+
 RUN = """
 import json, sys, time, torch
 import minipic_lite
@@ -61,7 +63,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.calls < 2:  # NOTE: the first call is the warm-up; the median is over the calls after it
         parser.error(f"--calls {args.calls}: at least 2 (the first call is not counted)")
-    sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    sha = git_sha()
     rows: dict[str, dict[str, list[dict]]] = {case: {"on": [], "off": []} for case in ("idle", "busy")}
     for round_ in range(args.rounds):
         for case in rows:

@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from provenance import git_sha  # bench/provenance.py, beside this file
 
 import minipic_lite as mp
 from minipic_lite.models.llama import eager_add_rms_norm, eager_rms_norm, silu_and_mul
@@ -172,7 +172,7 @@ def main() -> None:
         results["projections_mb"] = sum(w.numel() * w.element_size() for w in projection_weights) / 1e6
         results["attention_ms"] = median_ms(attention, args.repeats)
     llm.close()
-    sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    sha = git_sha()
     report = dict(bench="cpu_decode_layers", git_sha=sha, dtype=args.dtype, keys=args.keys,
                   torch_threads=torch.get_num_threads(), **results)  # fmt: skip
     print(json.dumps(report, indent=1))

@@ -25,15 +25,14 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import os
 import platform
 import statistics
-import subprocess
 import time
 from collections import defaultdict
 from pathlib import Path
 
 import torch
+from provenance import git_sha  # bench/provenance.py, beside this file
 
 
 def essay_openings(tokenizer, n: int) -> list[str]:
@@ -198,12 +197,6 @@ def batch_figures(batch: int, new_tokens: int, ours_s, onednn_s, hf_s, same: int
     r["speedup"] = r["ours_tok_s"] / r["hf_tok_s"]
     r["over_onednn"] = r["ours_tok_s"] / r["onednn_tok_s"]
     return r
-
-
-def git_sha() -> str:
-    if os.environ.get("GIT_SHA"):
-        return os.environ["GIT_SHA"]
-    return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True).strip()
 
 
 def cpu_model() -> str:

@@ -22,12 +22,12 @@ import importlib.util
 import json
 import platform
 import statistics
-import subprocess
 import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from provenance import git_sha  # bench/provenance.py, beside this file
 
 LAYERS, SLOTS, KV_HEADS, GROUP, HEAD_DIM = 30, 4, 3, 3, 64
 
@@ -124,7 +124,7 @@ def main():
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
-    sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    sha = git_sha()
     print(f"git {sha}, {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, {args.dtype}")
     import minipic_lite as mp
 

@@ -25,6 +25,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from provenance import git_sha  # bench/provenance.py, beside this file
+
 CASE = """
 import json, statistics, sys, time
 import torch
@@ -81,7 +83,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
-    sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    sha = git_sha()
     cases = ("alone", "after_caller_work", "caller_beside_idle_engine")
     rows: dict[str, dict[str, list[dict]]] = {case: {"on": [], "off": []} for case in cases}
     for round_ in range(args.rounds):

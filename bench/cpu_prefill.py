@@ -15,9 +15,10 @@ import argparse
 import importlib.util
 import json
 import statistics
-import subprocess
 import time
 from pathlib import Path
+
+from provenance import git_sha  # bench/provenance.py, beside this file
 
 import ops.torch_impl
 
@@ -53,7 +54,7 @@ def main():
     spans = llm.composer.block_attention(
         "Answer from the documents.", essays(llm.tokenizer, 10, 200), "What do the essays say about startups?"
     )
-    sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    sha = git_sha()
     results = {"git_sha": sha, "dtype": args.dtype, "runs": args.runs}
     for name, prompt in (("plain_1500", llm.encode(plain)[0]), ("ten_documents", spans)):
         for by_runs in (True, False):  # warm-up of both

@@ -13,17 +13,16 @@ Checks our logits against transformers first, then measures side by side in one 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import gc
 import json
 import os
-import subprocess
 import tempfile
 import time
 from pathlib import Path
 
 import torch
+from provenance import git_sha  # bench/provenance.py, beside this file
 
 LLAMA3_8B = dict(
     architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=4096, intermediate_size=14336,
@@ -343,11 +342,7 @@ def main():
     cfg = TINY if args.tiny else LLAMA3_8B
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     results = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "model": cfg}
-    # NOTE: GIT_SHA first: a copied working tree (the GPU machine) may carry a stale .git
-    results["git_sha"] = os.environ.get("GIT_SHA") or "unknown"
-    if results["git_sha"] == "unknown":
-        with contextlib.suppress(Exception):
-            results["git_sha"] = subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True).strip()
+    results["git_sha"] = git_sha()
     results["ceilings"] = ceil = ceilings(device)
     print("ceilings", ceil, flush=True)
     results["precision_check_2_layers"] = precision_check(device)

@@ -21,6 +21,7 @@ import tempfile
 from pathlib import Path
 
 import torch
+from provenance import git_sha  # bench/provenance.py, beside this file
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -43,7 +44,7 @@ def main() -> None:
     cfg = dict(TINY if args.tiny else LLAMA3_8B, max_position_embeddings=2048 if args.tiny else MAX_LEN + 1024)
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     results = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "model": cfg}
-    results["git_sha"] = os.environ.get("GIT_SHA", "unknown")
+    results["git_sha"] = git_sha()
     results["ceilings"] = ceil = ceilings(device)
     print("ceilings", ceil, flush=True)
     model_dir = Path(tempfile.mkdtemp()) / "llama3-8b-shape"

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -39,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_ops import Clock  # noqa: E402
 from gpu_short_prefill import problem  # noqa: E402
 from host_ttft import CONTROL, TINY_LLAMA, Timer, build_engine, prefill, prompts, run_once  # noqa: E402
+from provenance import git_sha  # noqa: E402
 from rag import LLAMA3_8B  # noqa: E402
 
 from minipic_lite.models import llama  # noqa: E402
@@ -169,7 +169,7 @@ def main() -> None:
         timer.wrap(obj, name, section)
     for prompt in finals[:3]:  # warm-up
         run_once(engine, timer, list(prompt.token_ids))
-    result = {"bench": "engine_read", "git_sha": os.environ.get("GIT_SHA", "unknown"), "prompt_tokens": len(finals[3]),
+    result = {"bench": "engine_read", "git_sha": git_sha(), "prompt_tokens": len(finals[3]),
               "device": torch.cuda.get_device_name() if device == "cuda" else "cpu"}  # fmt: skip
     in_graph = attention_kernel_us(lambda: run_once(engine, timer, list(finals[3].token_ids)))
     result["graph_shape"] = used.get("shape")

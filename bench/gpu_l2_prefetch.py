@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 from pathlib import Path
 
 import torch
 import triton
 import triton.language as tl
+from provenance import git_sha  # bench/provenance.py, beside this file
 
 
 @triton.jit
@@ -144,7 +144,7 @@ def main() -> None:
         except Exception as e:  # noqa: BLE001 (a mode the GPU refuses is a result too)
             results[name] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
         print(name, json.dumps(results[name]), flush=True)
-    sha = os.environ.get("GIT_SHA", "unknown")
+    sha = git_sha()
     out = Path(__file__).parent / "results" / f"gpu_l2_prefetch_{sha}_h200.json"
     out.write_text(json.dumps({"bench": "gpu_l2_prefetch", "git_sha": sha, "device": torch.cuda.get_device_name(),
                                "results": results}, indent=2) + "\n")  # fmt: skip

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -22,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_ops import Clock  # noqa: E402
 from gpu_short_prefill import HEADS  # noqa: E402
+from provenance import git_sha  # noqa: E402
 
 from ops import rope_paged_attention  # noqa: E402
 from ops.testing import SeqSpec, make_problem  # noqa: E402
@@ -53,7 +53,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = parser.parse_args()
     device, clock = torch.device("cuda"), Clock(smoke=False)
-    sha = os.environ.get("GIT_SHA", "unknown")
+    sha = git_sha()
     result = dict(git_sha=sha, device=torch.cuda.get_device_name(), rows=[])
     for case in CASES:
         row = measure(*case, clock, device)

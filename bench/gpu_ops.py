@@ -32,6 +32,7 @@ import zlib
 
 import torch
 import torch.nn.functional as F
+from provenance import git_sha  # bench/provenance.py, beside this file
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -625,9 +626,7 @@ def main() -> None:
     if not args.smoke:
         import triton
 
-        report["meta"].update(
-            triton=triton.__version__, device=torch.cuda.get_device_name(), git=os.environ.get("GIT_SHA")
-        )
+        report["meta"].update(triton=triton.__version__, device=torch.cuda.get_device_name(), git=git_sha())
     json_path = os.path.join(args.out, "gpu_ops.json")
 
     def save():

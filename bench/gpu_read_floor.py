@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -34,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_ops import Clock, sdpa_baselines  # noqa: E402
 from gpu_read_profile import COLD_COPIES, DECODE_CASES, case_args  # noqa: E402
 from gpu_short_prefill import HEADS, copy_bandwidth  # noqa: E402
+from provenance import git_sha  # noqa: E402
 
 from ops import triton_kernel  # noqa: E402
 
@@ -154,7 +154,7 @@ def main() -> None:
     args = parser.parse_args()
     device = torch.device("cuda")
     clock = Clock(smoke=False)
-    result = dict(git_sha=os.environ.get("GIT_SHA", "unknown"), device=torch.cuda.get_device_name())
+    result = dict(git_sha=git_sha(), device=torch.cuda.get_device_name())
     result["copy_bandwidth"] = copy_bandwidth(clock, device)
     print(f"copy bandwidth {result['copy_bandwidth'] / 1e12:.2f} TB/s", flush=True)
     result["rows"] = [measure(name, clock, device) for name in args.cases.split(",")]

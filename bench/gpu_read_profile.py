@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_ops import Clock, paged_problem, rope_cos_sin, sdpa_baselines  # noqa: E402
 from gpu_short_prefill import HEADS, config_for, copy_bandwidth, problem  # noqa: E402
+from provenance import git_sha  # noqa: E402
 
 from ops import triton_kernel  # noqa: E402
 from ops.torch_impl import rope_paged_attention_torch  # noqa: E402
@@ -366,7 +367,7 @@ def main() -> None:
     if args.case:
         return run_case(args.case, args.calls, device)
     clock = Clock(smoke=False)
-    result = dict(git_sha=os.environ.get("GIT_SHA", "unknown"), device=torch.cuda.get_device_name())
+    result = dict(git_sha=git_sha(), device=torch.cuda.get_device_name())
     result["copy_bandwidth"] = copy_bandwidth(clock, device)
     result["rows"] = []
     for name in args.cases.split(","):

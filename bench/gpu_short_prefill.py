@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import os
 import sys
 from pathlib import Path
 from unittest import mock
@@ -25,6 +24,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_ops import Clock  # noqa: E402
+from provenance import git_sha  # noqa: E402
 
 from ops import triton_kernel  # noqa: E402
 from ops.testing import SeqSpec, make_problem  # noqa: E402
@@ -139,7 +139,7 @@ def main() -> None:
             f"{best['ms']:.4f} ms {best['config']}, floor {row['floor_ms']:.4f}",
             flush=True,
         )
-    sha = os.environ.get("GIT_SHA", "unknown")
+    sha = git_sha()
     gpu = torch.cuda.get_device_name().split()[-1].lower()
     tag = "_splits" if args_.splits else "_regs" if args_.regs else "_sweep" if args_.sweep_json else ""
     out = Path(__file__).parent / "results" / f"gpu_short_prefill_{sha}_{gpu}{tag}{args_.tag}.json"

@@ -30,6 +30,7 @@ from types import SimpleNamespace
 import torch
 import triton
 import triton.language as tl
+from provenance import git_sha  # bench/provenance.py, beside this file
 from torch.nn import functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -200,7 +201,7 @@ def main() -> None:
 
         copy_gbps = ceilings(device)["copy_gbps"]
     results = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "copy_gbps": copy_gbps,
-               "git_sha": os.environ.get("GIT_SHA"), "rows": []}  # fmt: skip
+               "git_sha": git_sha(), "rows": []}  # fmt: skip
     print(f"copy {copy_gbps:.0f} GB/s")
     per_rows = {}
     for name, (k_in, n_out) in SHAPES.items():

@@ -36,6 +36,7 @@ import triton.language as tl
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_ops import Clock  # noqa: E402
+from provenance import git_sha  # noqa: E402
 
 from ops import triton_kernel  # noqa: E402
 
@@ -174,7 +175,7 @@ def main() -> None:
     args = parser.parse_args()
     device = torch.device("cuda")
     env = {k: os.environ.get(k) for k in ("CUBLAS_WORKSPACE_CONFIG", "CUBLASLT_WORKSPACE_SIZE")}
-    result = {"bench": "gpu_small_kernels", "git_sha": os.environ.get("GIT_SHA", "unknown"), "env": env,
+    result = {"bench": "gpu_small_kernels", "git_sha": git_sha(), "env": env,
               "device": torch.cuda.get_device_name()}  # fmt: skip
     if args.norms_only:
         result["norms"] = measure_norms(device)

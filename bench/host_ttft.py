@@ -49,6 +49,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import torch
+from provenance import git_is_dirty, git_sha  # bench/provenance.py, beside this file
 
 import minipic_lite as mp
 from minipic_lite.config import EngineConfig, ModelConfig
@@ -170,9 +171,7 @@ def prefill(engine: LLMEngine, prompts) -> None:
 
 
 def save(args, medians: dict, minima: dict, num_tokens: int, num_computed: float) -> None:
-    from ttft_spans import git_is_dirty, git_sha  # bench/ttft_spans.py, beside this file
-
-    sha = os.environ.get("GIT_SHA") or git_sha()
+    sha = git_sha()
     result = {
         "bench": "host_ttft",
         "git_sha": sha,

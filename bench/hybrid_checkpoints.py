@@ -21,15 +21,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+from provenance import git_sha  # bench/provenance.py, beside this file
 
 import minipic_lite as mp
 from minipic_lite.checkpoints import streams
@@ -61,17 +60,6 @@ class Row:
     ttft_median_ms: float
     checkpoints_saved: int
     state_memory_mib: float
-
-
-def git_sha() -> str:
-    if os.environ.get("GIT_SHA"):  # NOTE: a copied working tree (the GPU machine) may carry a stale .git
-        return os.environ["GIT_SHA"]
-    try:
-        cmd, here = ["git", "rev-parse", "--short", "HEAD"], Path(__file__).parent
-        out = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=here)
-        return out.stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "nogit"
 
 
 def hybrid_config(shape: dict, vocab_size: int, max_len: int, num_layers: int = 0):

@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 import torch
+from provenance import git_sha  # bench/provenance.py, beside this file
 
 import minipic_lite as mp
 
@@ -174,9 +175,7 @@ def main() -> None:
 
 def save(bench: str, args, result: dict, tag: str = "") -> None:
     """`result` with the run's git SHA, device and arguments to <args.out>/<bench>-<sha>-<device><tag>.json."""
-    from ttft_spans import git_sha  # bench/ttft_spans.py, beside this file
-
-    sha = os.environ.get("GIT_SHA") or git_sha()
+    sha = git_sha()
     device = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"cpu ({os.cpu_count()} cores)"
     args.out.mkdir(parents=True, exist_ok=True)
     out = args.out / f"{bench}-{sha}-{args.device.split(':')[0]}{tag}.json"

@@ -39,12 +39,12 @@ import json
 import os
 import random
 import statistics
-import subprocess
 import tempfile
 import time
 from pathlib import Path
 
 import torch
+from provenance import git_sha  # bench/provenance.py, beside this file
 
 import minipic_lite as mp
 from minipic_lite.prompts import Piece
@@ -81,15 +81,6 @@ def offload_systems(host_cache_gib: float) -> dict:
         "copy_rerotate": ({"position_free": False, "rerotate_spans": True, "host_cache_gib": 0.0},
                           "block_attention", "inline"),
     }  # fmt: skip
-
-
-def git_sha() -> str:
-    with contextlib.suppress(OSError, subprocess.CalledProcessError):
-        return (
-            os.environ.get("GIT_SHA")
-            or subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True).strip()
-        )
-    return "unknown"
 
 
 # -- the workload -------------------------------------------------------------------------------------------

@@ -21,7 +21,8 @@ import time
 from pathlib import Path
 
 import torch
-from rag import CONTROL, LLAMA3_8B, RESULTS, git_sha  # bench/rag.py, beside this file
+from provenance import git_sha  # bench/provenance.py, beside this file
+from rag import CONTROL, LLAMA3_8B, RESULTS  # bench/rag.py, beside this file
 
 import minipic_lite as mp
 from minipic_lite.prompts import Piece

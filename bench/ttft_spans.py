@@ -29,12 +29,12 @@ import json
 import os
 import random
 import statistics
-import subprocess
 import tempfile
 import time
 from pathlib import Path
 
 import torch
+from provenance import git_is_dirty, git_sha  # bench/provenance.py, beside this file
 from torch.autograd import DeviceType
 
 import minipic_lite as mp
@@ -46,20 +46,6 @@ ONE_TOKEN = mp.SamplingParams(max_tokens=1, temperature=0.0)
 # NOTE: a one-token generation finishes on its first token, so its TTFT also holds the request's end (its blocks freed:
 # 0.13 ms for 8 x 2,048 at block size 32 on the CPU machine); an answer of more tokens has its first one before that
 TWO_TOKENS = mp.SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
-
-
-def git_sha() -> str:
-    try:
-        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True).strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
-def git_is_dirty() -> bool:
-    try:
-        return bool(subprocess.check_output(["git", "status", "--porcelain", "--untracked-files=no"], text=True))
-    except (OSError, subprocess.CalledProcessError):
-        return False
 
 
 def load_average() -> tuple[float, float, float]:
@@ -360,7 +346,7 @@ def main() -> None:
     device = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"cpu ({os.cpu_count()} cores)"
     result = {
         "bench": "ttft_spans",
-        "git_sha": os.environ.get("GIT_SHA") or git_sha(),
+        "git_sha": git_sha(),
         "git_dirty": git_is_dirty(),  # uncommitted changes to tracked files when it ran
         "device": device,
         "dtype": llm.config.dtype,

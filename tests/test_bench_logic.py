@@ -9,6 +9,7 @@ when run from there.
 
 import importlib
 import random
+import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -24,6 +25,33 @@ def bench(name: str):
     if str(BENCH) not in sys.path:
         sys.path.insert(0, str(BENCH))
     return importlib.import_module(name)
+
+
+# -- provenance.py ----------------------------------------------------------------------------------------------
+
+
+def test_git_sha_takes_the_environment_first(monkeypatch):
+    monkeypatch.setenv("GIT_SHA", "abc1234")
+    monkeypatch.setenv("PATH", "")  # NOTE: no git to ask: the variable alone answers
+    assert bench("provenance").git_sha() == "abc1234"
+
+
+def test_git_sha_asks_git_from_any_folder(monkeypatch, tmp_path):
+    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=BENCH, capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip("not a git checkout")
+    monkeypatch.setenv("GIT_SHA", "")  # NOTE: empty counts as unset
+    monkeypatch.chdir(tmp_path)
+    assert bench("provenance").git_sha() == done.stdout.strip()
+
+
+def test_git_sha_without_git_is_unknown(monkeypatch, tmp_path):
+    provenance = bench("provenance")
+    monkeypatch.delenv("GIT_SHA", raising=False)
+    monkeypatch.setenv("GIT_DIR", str(tmp_path))  # git runs, exits 128: not a repository
+    assert provenance.git_sha() == "unknown" and not provenance.git_is_dirty()
+    monkeypatch.setenv("PATH", "")  # no git at all: OSError
+    assert provenance.git_sha() == "unknown" and not provenance.git_is_dirty()
 
 
 # -- rag.py -----------------------------------------------------------------------------------------------------
