@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 
@@ -83,7 +84,10 @@ GREEDY_TEMPERATURE = 1e-5
 
 
 def _sequence(name: str, value) -> tuple:
-    """`value`'s items as a tuple (any iterable); a non-iterable is a TypeError naming `name`."""
+    """`value`'s items as a tuple (any iterable but a mapping or text: a dict's keys or a string's characters would
+    pass for its items); anything else is a TypeError naming `name`."""
+    if isinstance(value, Mapping | str | bytes):
+        raise TypeError(f"{name} must be a sequence (or None), got {type(value).__name__}")
     try:
         return tuple(value)
     except TypeError:

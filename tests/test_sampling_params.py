@@ -78,6 +78,18 @@ def test_none_for_stop_or_stop_token_ids_means_none_and_a_non_sequence_is_named(
         SamplingParams(stop=7)
 
 
+@pytest.mark.parametrize(
+    ("kwargs", "kind"),
+    [({"stop": {"END": 1}}, "dict"), ({"stop_token_ids": {2: "eos"}}, "dict"), ({"stop_token_ids": "ab"}, "str"),
+     ({"stop_token_ids": b"ab"}, "bytes")],
+)  # fmt: skip
+def test_a_mapping_or_text_is_no_sequence_of_stops(kwargs, kind):
+    """A dict's keys or a string's characters would pass for stops (a dict of stops is taken as its keys silently)."""
+    (name,) = kwargs
+    with pytest.raises(TypeError, match=f"{name} must be a sequence \\(or None\\), got {kind}"):
+        SamplingParams(**kwargs)
+
+
 @pytest.mark.parametrize("name", ["ignore_eos", "skip_special_tokens", "detokenize"])
 @pytest.mark.parametrize("value", ["no", None, 0], ids=["str", "None", "int"])
 def test_a_switch_takes_a_bool_only(name, value):
