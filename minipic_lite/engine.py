@@ -257,6 +257,7 @@ class LLMEngine:
         s.total_step_time += elapsed
         for req in advanced:
             if req.num_output_tokens == 1:
+                req.num_cached_prompt_tokens = req.num_cached_tokens
                 s.num_cached_prompt_tokens += req.num_cached_tokens
 
     def _report_admissions(self, out: SchedulerOutput) -> None:
@@ -304,13 +305,16 @@ class LLMEngine:
             self.requests.pop(req.request_id, None)
             self.runner.sampler.forget(req.request_id)
         text = req.stop_text if req.stop_text is not None else self._decode(req)
+        # NOTE: vLLM's num_cached_tokens, the prompt tokens found cached before its first token: a re-admission
+        # after a preemption finds its own prompt's and answer's blocks cached too (that is no saving to report)
+        cached = req.num_cached_tokens if req.num_cached_prompt_tokens is None else req.num_cached_prompt_tokens
         return RequestOutput(
             request_id=req.request_id,
             prompt=req.prompt,
             prompt_token_ids=req.prompt_token_ids,
             text=text,
             token_ids=req.output_token_ids,
-            num_cached_tokens=req.num_cached_tokens,
+            num_cached_tokens=cached,
             finished=req.is_finished,
             finish_reason=req.finish_reason,
             metrics=RequestMetrics(req.arrival_time, req.first_token_time, req.finish_time, req.num_preemptions),

@@ -55,7 +55,8 @@ class Request:
     waiting_blocks: set[int] = field(default_factory=set)  # ... of which another request still computes these
     block_hashes: list[BlockHash] = field(default_factory=list)
     num_published_blocks: int = 0
-    num_cached_tokens: int = 0
+    num_cached_tokens: int = 0  # found cached at its latest admission (a re-admission finds its own tokens too)
+    num_cached_prompt_tokens: int | None = None  # num_cached_tokens as its first token came out: what outputs report
     # -- recurrent state (hybrid models; state_cache.py) --
     state_slot: int | None = None  # live slot of the conv window and recurrent state while running
     checkpoint_positions: list[int] | None = None  # planned for the prompt at its first admission

@@ -140,6 +140,9 @@ def test_a_preempted_request_reports_its_preemption_and_the_tokens_of_a_roomy_ca
     tight = mp.LLM(str(tiny_dir), device="cpu", max_model_len=96, num_blocks=6)
     outs = tight.generate(prompts, params, use_tqdm=False)
     assert [o.metrics.num_preemptions for o in outs] == [0, 1] and tight.stats()["num_preemptions"] == 1
+    # NOTE: vLLM's num_cached_tokens: the prompt tokens found cached when it first ran, not what its re-admission
+    # found of its own prompt and generated tokens
+    assert [o.num_cached_tokens for o in outs] == [0, 0] and tight.stats()["prompt_token_hit_rate"] == 0
     tight.close()
     roomy = tiny_llm(tiny_dir)
     assert [o.token_ids for o in outs] == [o.token_ids for o in roomy.generate(prompts, params, use_tqdm=False)]
