@@ -23,6 +23,7 @@ exactly as inside a final prompt.
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -85,12 +86,14 @@ class Piece:
     def __post_init__(self):
         if isinstance(self.content, str):
             return
+        token_ids = None
         try:
             token_ids = tuple(self.content)  # NOTE: any iterable of integers (a list, a numpy array, a generator)
-        except TypeError:
-            token_ids = None
-        if token_ids is None or not all(map(is_token_id, token_ids)):
-            raise TypeError(f"Piece.content must be a string or token ids, got {_describe(self.content, token_ids)}")
+            array("q", token_ids)  # NOTE: each an integer, checked in C: in Python 2,048 ids took 170 us a piece
+        except (TypeError, OverflowError):
+            raise TypeError(
+                f"Piece.content must be a string or token ids, got {_describe(self.content, token_ids)}"
+            ) from None
         object.__setattr__(self, "content", token_ids)
 
 
