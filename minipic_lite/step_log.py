@@ -1,13 +1,16 @@
 """A bounded record of recent engine steps: how many tokens of each kind every step computed.
 
-    step   span prefill   final prefill   decode
-    41     48             0               3        <- a new request's SSEP documents, beside three decodes
-    42     0              21              3        <- its question and answer header (PDEP), same batch
-    43     0              0               4        <- everyone decodes
+    step   span prefill   final prefill   decode   recompute
+    41     48             0               3        0      <- a new request's SSEP documents, beside three decodes
+    42     0              21              3        0      <- its question and answer header (PDEP), same batch
+    43     0              0               4        0      <- everyone decodes
+    57     0              40              4        25     <- a preempted request returns: its prompt past its
+                                                             cached blocks, the 25 answer tokens it had computed
 
 Prompt tokens inside SSEP segments (position-independent spans) count as *span prefill*, every other prompt
-token (the leading segment, PDEP segments) as *final prefill*, and tokens past the prompt as *decode* (also
-outputs recomputed after a preemption). A burst of k decode steps is one record with k x its tokens.
+token (the leading segment, PDEP segments) as *final prefill*. Past the prompt, the token a step samples from
+(its request's last) counts as *decode*, and answer tokens computed again after a preemption as *recompute*. A
+burst of k decode steps is one record with k x its tokens.
 Written by the engine loop thread, read by anyone (the web app's scheduler timeline): hence the lock.
 """
 
@@ -31,11 +34,12 @@ class StepRecord:
     num_span_prefill_tokens: int
     num_final_prefill_tokens: int
     num_decode_tokens: int
+    num_recompute_tokens: int  # answer tokens computed again after a preemption
 
 
-def count_tokens(out) -> tuple[int, int, int]:
-    """(span prefill, final prefill, decode) tokens of one `SchedulerOutput`."""
-    span = final = decode = 0
+def count_tokens(out) -> tuple[int, int, int, int]:
+    """(span prefill, final prefill, decode, recompute) tokens of one `SchedulerOutput`."""
+    span = final = decode = recompute = 0
     for scheduled in out.scheduled:
         req = scheduled.seq
         ssep = [s for s in (req.layout.segments if req.layout else ()) if s.kind is SegmentKind.SSEP]
@@ -45,8 +49,13 @@ def count_tokens(out) -> tuple[int, int, int]:
             in_spans = sum(max(0, min(prompt_end, s.end) - max(start, s.start)) for s in ssep)
             span += in_spans
             final += num_prompt - in_spans
-            decode += (end - start - num_prompt) * out.num_steps
-    return span, final, decode
+            past_prompt = end - start - num_prompt
+            # NOTE: a chunk that samples ends at its request's last token, the one a decode computes; every answer
+            # token before it had been computed once already (a recompute after a preemption)
+            new = 1 if scheduled.do_sample and end == scheduled.query_ranges[-1][1] and past_prompt else 0
+            decode += new * out.num_steps
+            recompute += (past_prompt - new) * out.num_steps
+    return span, final, decode, recompute
 
 
 class StepLog:

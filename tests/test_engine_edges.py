@@ -134,7 +134,8 @@ def test_a_hybrid_asked_for_async_scheduling_runs_its_steps_one_after_another(tm
 def test_a_preempted_request_reports_its_preemption_and_the_tokens_of_a_roomy_cache(tiny_dir):
     """Six blocks of 16 hold two 40-token prompts (3 blocks each) and nothing more: the first decode that crosses
     into a fourth block preempts the newer request, which is recomputed later. Its output says so in its metrics
-    (`num_preemptions` 1, the other 0) and its tokens are those of a cache with room for both."""
+    (`num_preemptions` 1, the other 0), the step log counts its recompute, and its tokens are those of a cache with
+    room for both."""
     params = mp.SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, detokenize=False)
     prompts = [PROMPT, [t + 100 for t in PROMPT]]  # NOTE: no block shared, so each needs its own three
     tight = mp.LLM(str(tiny_dir), device="cpu", max_model_len=96, num_blocks=6)
@@ -143,6 +144,13 @@ def test_a_preempted_request_reports_its_preemption_and_the_tokens_of_a_roomy_ca
     # NOTE: vLLM's num_cached_tokens: the prompt tokens found cached when it first ran, not what its re-admission
     # found of its own prompt and generated tokens
     assert [o.num_cached_tokens for o in outs] == [0, 0] and tight.stats()["prompt_token_hit_rate"] == 0
+    # the step log: when it returns, the newer request finds its first two blocks still cached and computes its
+    # prompt's last 8 tokens, the 8 answer tokens it had computed before (recompute), and the one it sampled last
+    # (decode); one decode for every token sampled after each request's first, and every token computed counted once
+    records = tight.engine.step_log.records()
+    kinds = [[getattr(r, f"num_{k}_tokens") for k in ("final_prefill", "decode", "recompute")] for r in records]
+    assert [k for k in kinds if k[2]] == [[8, 1, 8]] and sum(k[1] for k in kinds) == 2 * (12 - 1)
+    assert sum(map(sum, kinds)) == tight.stats()["num_computed_tokens"] and records[0].index == 0
     tight.close()
     roomy = tiny_llm(tiny_dir)
     assert [o.token_ids for o in outs] == [o.token_ids for o in roomy.generate(prompts, params, use_tqdm=False)]

@@ -1,4 +1,5 @@
-"""The step log's counts: prompt tokens inside SSEP spans, the rest of the prompt, and decode tokens (x the burst)."""
+"""The step log's counts: prompt tokens inside SSEP spans, the rest of the prompt, decode tokens (x the burst) and
+answer tokens recomputed after a preemption."""
 
 from minipic_lite.chunks import ScheduledSeq, SchedulerOutput
 from minipic_lite.config import ControlTokens
@@ -22,14 +23,14 @@ def span_request(request_id: str = "a") -> Request:
 def test_prefill_chunks_with_holes_split_into_span_and_final_tokens():
     req = span_request()
     out = SchedulerOutput([ScheduledSeq(req, [(0, 6), (8, 15)], 15, do_sample=True)])  # block 1 is a hit (hole)
-    assert count_tokens(out) == (2 + 4, 4 + 3, 0)  # span: 4..6 and 8..12; final: 0..4 and 12..15
+    assert count_tokens(out) == (2 + 4, 4 + 3, 0, 0)  # span: 4..6 and 8..12; final: 0..4 and 12..15
 
 
 def test_decode_tokens_count_every_step_of_a_burst():
     req = span_request()
     req.append_token(50)
     out = SchedulerOutput([ScheduledSeq(req, [(15, 16)], 16, do_sample=True)], num_steps=4)
-    assert count_tokens(out) == (0, 0, 4)
+    assert count_tokens(out) == (0, 0, 4, 0)
 
 
 def test_plain_prompts_have_no_span_tokens_and_the_log_is_bounded():

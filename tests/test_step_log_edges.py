@@ -1,6 +1,6 @@
 """Edges of the step log (step_log.py) that test_step_log leaves open: a decode past the prompt counts no prompt
-tokens, a record counts the step's sequences, a recompute's outputs count as decode, and a prompt may open with a
-span."""
+tokens, a record counts the step's sequences, a recompute's answer tokens count apart from its new one, and a prompt
+may open with a span."""
 
 from minipic_lite.chunks import ScheduledSeq, SchedulerOutput
 from minipic_lite.config import ControlTokens
@@ -23,7 +23,7 @@ def request(request_id: str, num_outputs: int = 0) -> Request:
 def test_a_decode_past_the_prompt_counts_no_prompt_tokens():
     req = request("a", num_outputs=2)
     out = SchedulerOutput([ScheduledSeq(req, [(16, 17)], 17, do_sample=True)])
-    assert count_tokens(out) == (0, 0, 1)
+    assert count_tokens(out) == (0, 0, 1, 0)
 
 
 def test_a_record_counts_the_steps_sequences():
@@ -33,13 +33,24 @@ def test_a_record_counts_the_steps_sequences():
     log.record(SchedulerOutput(decodes, num_steps=3), now=1.5)
     (record,) = log.records()
     assert (record.num_steps, record.num_seqs, record.num_decode_tokens, record.time) == (3, 2, 6, 1.5)
+    assert record.num_recompute_tokens == 0
 
 
-def test_a_recompute_past_the_prompt_counts_its_outputs_as_decode():
-    """After a preemption one chunk recomputes the prompt and the outputs so far: the outputs are decode tokens."""
+def test_a_recompute_counts_the_answer_tokens_computed_before_apart_from_the_new_one():
+    """After a preemption one chunk recomputes the prompt and the answer so far: the answer's last token (sampled,
+    never computed) is the decode that samples the next; the one before it had been computed once already."""
     req = request("a", num_outputs=2)
     out = SchedulerOutput([ScheduledSeq(req, [(0, 17)], 17, do_sample=True)])
-    assert count_tokens(out) == (0, 15, 2)
+    assert count_tokens(out) == (0, 15, 1, 1)
+
+
+def test_a_recompute_in_chunks_counts_no_decode_until_its_last_chunk():
+    """Past cached blocks (a hit up to 12) and in two chunks: the first samples nothing, so its answer tokens are
+    all recomputed; the last samples, so its last token is the decode."""
+    req = request("a", num_outputs=5)  # 20 tokens: 15 prompt, 5 answer
+    first = SchedulerOutput([ScheduledSeq(req, [(12, 17)], 17, do_sample=False)])
+    last = SchedulerOutput([ScheduledSeq(req, [(17, 20)], 20, do_sample=True)])
+    assert count_tokens(first) == (0, 3, 0, 2) and count_tokens(last) == (0, 0, 1, 2)
 
 
 def test_a_prompt_that_opens_with_an_ssep_span_counts_it_as_span_prefill():
@@ -47,4 +58,4 @@ def test_a_prompt_that_opens_with_an_ssep_span_counts_it_as_span_prefill():
     token_ids = [1, 20, 21, 3, 2, 40, 41]
     layout = span_layout(token_ids, ControlTokens(ssep_id=1, pdep_id=2, pad_id=3), B, True)
     req = Request("s", token_ids, SamplingParams(), B, ROOT, layout)
-    assert count_tokens(SchedulerOutput([ScheduledSeq(req, [(0, 7)], 7, do_sample=True)])) == (4, 3, 0)
+    assert count_tokens(SchedulerOutput([ScheduledSeq(req, [(0, 7)], 7, do_sample=True)])) == (4, 3, 0, 0)

@@ -204,15 +204,17 @@ def test_hit_rates_are_timed_from_the_monitors_start():
 
 
 def test_timeline_keeps_the_latest_steps_one_row_per_kind():
-    records = [StepRecord(i, 0.0, 1, 1, 10 * i, 100 * i, 1000 * i) for i in range(5)]
+    records = [StepRecord(i, 0.0, 1, 1, 10 * i, 100 * i, 1000 * i, 10000 * i) for i in range(5)]
     frame = timeline_frame(records, num_steps=2)
     assert frame.values.tolist() == [
         [3, "span prefill", 30],
         [3, "final prefill", 300],
         [3, "decode", 3000],
+        [3, "recompute", 30000],
         [4, "span prefill", 40],
         [4, "final prefill", 400],
         [4, "decode", 4000],
+        [4, "recompute", 40000],
     ]
 
 

@@ -1,4 +1,4 @@
-"""The scheduler timeline: tokens of span prefill, final prefill and decode per engine step (step_log.py).
+"""The scheduler timeline: tokens of span prefill, final prefill, decode and recompute per engine step (step_log.py).
 
 With the inline policy (the default) a request's SSEP documents are prefilled in the same chunks as the rest of
 its prompt, so span and final prefill share steps; isps and barrier (`--span-policy`) show them apart.
@@ -12,6 +12,7 @@ KINDS = {
     "span prefill": "num_span_prefill_tokens",
     "final prefill": "num_final_prefill_tokens",
     "decode": "num_decode_tokens",
+    "recompute": "num_recompute_tokens",
 }
 TIMELINE_STEPS = 120  # the most recent steps drawn
 
