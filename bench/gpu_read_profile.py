@@ -220,6 +220,15 @@ def sweep_for(name: str) -> list[dict]:
             "short16k_cold": grid(TILE_N=(32,), num_warps=(4, 8), num_stages=(2, 3), NUM_SPLITS=(32, 64)),
             "b1x8k": grid(TILE_N=(64, 128), num_warps=(4, 8), num_stages=(3, 4), NUM_SPLITS=(32,)),
         }.get(name, [])
+    if MODE == "deep":  # few splits, deep pipelines (issue 13's batch-1 decode, not yet run): one program of 4 warps
+        # an SM (8 kv heads x 16 splits = 128 programs) streaming 512 keys through 4-6 stages of 32-key tiles, where the
+        # defaults' 512 programs each read 128 keys through 2 stages, their latency chain (position, block ids, keys)
+        # paid by every one; and a 16-split merge in place of 64 (ncu, 87b1122: 74% of cycles no warp eligible)
+        if name.startswith("b1x8k"):
+            return grid(TABLE_AHEAD=(True,), TILE_N=(32,), NUM_SPLITS=(8, 16), num_stages=(4, 6)) + grid(
+                TABLE_AHEAD=(True,), TILE_N=(64,), NUM_SPLITS=(8, 16), num_stages=(3, 4)
+            )
+        return []
     if MODE == "merge":  # the split merge's dims cut over programs (MERGE_D_CHUNK; 0: one program a (token, head))
         # and its warps: a batch-1 decode merges 64 splits in 32 programs of 4 warps (2.13 us of 15.25 on the H100)
         if name.startswith(("b1x", "short16k")):
