@@ -130,7 +130,7 @@ if want splits; then  # the short read's split count past 32
     step short_prefill_splits 200 python3 bench/gpu_short_prefill.py --splits
 fi
 if want readprof || want read; then  # issues 10/13: the split-KV read (short prefill, decode) by case, with sweeps
-    step read_profile 200 python3 bench/gpu_read_profile.py --out "$OUT" \
+    step read_profile "${READ_LIMIT:-200}" python3 bench/gpu_read_profile.py --out "$OUT" \
         --cases "${READ_CASES:-short16k,b1x8k,b64x8k,b1x576w8k,b64x576w8k}"
 fi
 if want readprof; then  # ... and the same kernels under ncu
