@@ -2,8 +2,8 @@
 
 Compose a block-attention prompt, watch the answer stream in, reorder the documents, generate again and see
 the documents' blocks turn to hits; two pages at once each get their own answer; a too-long input shows its
-message; closing a tab aborts its request. Screenshots go to $UI_ARTIFACTS (default test-artifacts/ui, not
-committed).
+message; closing a tab aborts its request; Stop aborts the answer in flight; the scheduler timeline draws the step
+log. Screenshots go to $UI_ARTIFACTS (default test-artifacts/ui, not committed).
 """
 
 import os
@@ -256,4 +256,32 @@ def test_stop_aborts_the_answer_in_flight_and_the_page_says_so(browser, app_url,
     assert page.locator("#answer textarea").input_value() == answer
     assert len(llm.tokenizer.encode(answer)) < compose.MAX_NEW_TOKENS
     page.screenshot(path=ARTIFACTS / "7-stopped.png", full_page=True)
+    page.context.close()
+
+
+def test_the_scheduler_timeline_draws_the_step_log(browser, app_url, llm):
+    """The Scheduler timeline tab, once the timer has drawn it, holds one bar per step and kind of the step log's last
+    steps (vega names each bar's step, tokens and kind in its aria-label), and a legend of the four kinds."""
+    from ui.timeline import KINDS, timeline_frame
+
+    page = open_page(browser, app_url)
+    fill_form(page, unique_documents()[:2], "Which note is about startups?", max_tokens=4)
+    page.click("#generate")
+    wait_finished(page)
+    page.get_by_role("tab", name="Scheduler timeline").click()
+    frame = timeline_frame(llm.engine.step_log.records())
+    expected = [f"step: {r.step}; tokens: {r.tokens}; kind: {r.kind}" for r in frame.itertuples()]
+    bars, deadline = [], time.monotonic() + 30
+    while bars != expected and time.monotonic() < deadline:  # NOTE: the one-second timer redraws the chart
+        time.sleep(0.2)
+        labels = page.eval_on_selector_all(
+            "#timeline [aria-roledescription=bar]", "bars => bars.map(b => b.getAttribute('aria-label'))"
+        )
+        bars = [label.replace(",", "") for label in labels]  # NOTE: vega writes 1,024
+    assert bars == expected and len(expected) == 4 * frame["step"].nunique() > 4
+    legend = page.eval_on_selector_all(
+        "#timeline [aria-roledescription=legend] text", "texts => texts.map(t => t.textContent)"
+    )
+    assert [text for text in legend if text in KINDS] == list(KINDS)
+    page.screenshot(path=ARTIFACTS / "8-timeline.png", full_page=True)
     page.context.close()

@@ -92,7 +92,8 @@ def build_demo(llm) -> gr.Blocks:
         with gr.Tab("Scheduler timeline"):
             gr.Markdown(
                 "Tokens per engine step: **span prefill** (SSEP documents), **final prefill** (the rest of the "
-                f"prompt) and **decode**. This engine's span policy: **{llm.config.scheduler.span_policy}** "
+                "prompt), **decode**, and **recompute** (answer tokens computed again after a preemption). This "
+                f"engine's span policy: **{llm.config.scheduler.span_policy}** "
                 f"({SPAN_POLICY_NOTES[llm.config.scheduler.span_policy]}; `minipic-lite ui --span-policy` picks it)."
             )
             timeline = gr.BarPlot(x="step", y="tokens", color="kind", label="Scheduler timeline", elem_id="timeline")
