@@ -220,10 +220,13 @@ def sweep_for(name: str) -> list[dict]:
             "short16k_cold": grid(TILE_N=(32,), num_warps=(4, 8), num_stages=(2, 3), NUM_SPLITS=(32, 64)),
             "b1x8k": grid(TILE_N=(64, 128), num_warps=(4, 8), num_stages=(3, 4), NUM_SPLITS=(32,)),
         }.get(name, [])
-    if MODE == "deep":  # few splits, deep pipelines (issue 13's batch-1 decode, not yet run): one program of 4 warps
-        # an SM (8 kv heads x 16 splits = 128 programs) streaming 512 keys through 4-6 stages of 32-key tiles, where the
-        # defaults' 512 programs each read 128 keys through 2 stages, their latency chain (position, block ids, keys)
-        # paid by every one; and a 16-split merge in place of 64 (ncu, 87b1122: 74% of cycles no warp eligible)
+    if MODE == "deep":  # few splits, deep pipelines (issue 13's batch-1 decode): one program of 4 warps an SM (8 kv
+        # heads x 16 splits = 128 programs) streaming 512 keys through 4-6 stages of 32-key tiles, where the defaults'
+        # 512 programs each read 128 keys through 2 stages, their latency chain (position, block ids, keys) paid by
+        # every one; and a 16-split merge in place of 64 (ncu, 87b1122: 74% of cycles no warp eligible). Slower at
+        # every point (read_profile_b975e27_h100_deep.json, H100): 15.7 us at best (64-key tiles, 16 splits, 3
+        # stages), 19.6-34.8 at the others, against the defaults' 14.09 (SDPA 12.43): more bytes in flight a program
+        # do not make up for 4x fewer programs
         if name.startswith("b1x8k"):
             return grid(TABLE_AHEAD=(True,), TILE_N=(32,), NUM_SPLITS=(8, 16), num_stages=(4, 6)) + grid(
                 TABLE_AHEAD=(True,), TILE_N=(64,), NUM_SPLITS=(8, 16), num_stages=(3, 4)
