@@ -377,3 +377,19 @@ def test_a_stream_left_open_at_exit_ends_quietly(tmp_path):
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.strip() == "1", done.stderr
     assert "Exception ignored" not in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+def test_the_package_lists_its_public_names_before_importing_them():
+    """`import minipic_lite` imports no torch (PEP 562 exports), yet dir() (tab completion, help()) lists every
+    public name; an unknown one is an AttributeError naming it."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, minipic_lite as mp\n"
+        "print(sorted(set(mp.__all__) - set(dir(mp))), 'LLM' in vars(mp), 'torch' in sys.modules)\n"
+        "mp.Nope\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.stdout == "[] False False\n"
+    assert done.stderr.endswith("AttributeError: module 'minipic_lite' has no attribute 'Nope'\n"), done.stderr

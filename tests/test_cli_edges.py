@@ -138,6 +138,31 @@ def test_a_host_that_is_not_this_machines_is_a_usage_error_before_the_model_load
     assert err.startswith("minipic-lite ui: error: cannot listen on 192.0.2.1:7860: ") and err.count("\n") == 1
 
 
+def test_version_from_a_checkout_that_is_not_installed_says_so(monkeypatch, capsys):
+    """Run from a source tree (PYTHONPATH, no `pip install`), --version has no distribution to read: it says so and
+    exits 0 instead of a PackageNotFoundError traceback."""
+    import importlib.metadata
+
+    def not_installed(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", not_installed)
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args(["--version"])
+    assert exited.value.code == 0 and capsys.readouterr().out == "minipic-lite (not installed)\n"
+
+
+def test_a_host_name_that_cannot_be_a_name_is_a_usage_error_naming_it(monkeypatch, capsys):
+    """An empty label ("a..b") fails in the resolver's IDNA step (a UnicodeError, not socket.gaierror), before any
+    lookup: one line naming the host, exit 2, not a traceback."""
+    fake_ui(monkeypatch, refuse_to_serve, listen=True)
+    monkeypatch.setattr(cli, "check_model", lambda model: None)
+    assert cli.main(["ui", "--host", "a..b"]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.startswith("minipic-lite ui: error: cannot listen on --host 'a..b': ") and err.count("\n") == 1
+    assert "label empty or too long" in err
+
+
 def test_ui_passes_every_option_to_serve_and_auto_dtype_as_none(monkeypatch):
     calls = []
     fake_ui(monkeypatch, lambda *args: calls.append(args) or 0)

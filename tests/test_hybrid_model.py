@@ -349,3 +349,24 @@ def test_the_hybrid_decodes_through_the_cpu_mirror_as_through_the_paged_op(tmp_p
     assert len(served) >= 15 and all(step is not None for step in served)
     assert mirror.k.shape[0] == ours.config.model.num_attention_layers < ours.config.model.num_layers
     assert max_abs_err(ours.engine.runner.kv_cache, paged.engine.runner.kv_cache) < 1e-4
+
+
+def test_aborting_a_request_that_waits_for_a_state_slot_leaves_the_slots_whole(hybrid):
+    """One seat: b waits behind a and is aborted before it ever had a state slot. a still gets transformers' tokens,
+    and c then takes the one slot a leaves (a release that gave back b's missing slot put None among the free ones)."""
+    path, hf = hybrid
+    llm = _llm(path, max_num_seqs=1)
+    engine, params = llm.engine, mp.SamplingParams(max_tokens=4, detokenize=False, **GREEDY)
+    a_ids, b_ids, c_ids = _prompts(3, [20, 9, 12], seed=5)
+    a, b = engine.add_request(a_ids, params), engine.add_request(b_ids, params)
+    engine.step()
+    assert [r.request_id for r in engine.scheduler.waiting] == [b]
+    aborted = engine.abort(b)
+    assert (aborted.finish_reason, aborted.token_ids) == ("abort", [])
+    c = engine.add_request(c_ids, params)
+    outputs = {}
+    while engine.has_unfinished():
+        outputs.update((o.request_id, o.token_ids) for o in engine.step() if o.finished)
+    assert outputs == {a: _hf_greedy(hf, a_ids, 4), c: _hf_greedy(hf, c_ids, 4)}
+    assert list(engine.kv.states.free_slots) == [0]
+    llm.close()

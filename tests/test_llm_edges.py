@@ -97,6 +97,17 @@ def test_module_level_generate_takes_keywords_as_params_and_gives_a_list_for_a_l
     ]
 
 
+def test_module_level_generate_passes_the_callers_sampling_params_as_they_are(monkeypatch):
+    """Given sampling_params (and no keywords), the module-level generate hands that object on: its temperature 1.0
+    is not made greedy, as the keyword form's default is."""
+    recorder = RecordingLLM()
+    monkeypatch.setattr(llm_module, "get_default_llm", lambda: recorder)
+    params = mp.SamplingParams(max_tokens=5, seed=3)
+    assert mp.generate(["a", "b"], params) == ["output of a", "output of b"]
+    ((prompts, passed, use_tqdm),) = recorder.calls
+    assert (prompts, use_tqdm) == (["a", "b"], False) and passed is params and passed.temperature == 1.0
+
+
 @pytest.mark.parametrize("message", [{"content": "hi"}, {"role": 1, "content": "hi"}, {"role": "user", "content": 2}])
 def test_a_chat_message_needs_a_role_string_and_a_content_string(message):
     with pytest.raises(ValueError, match=r'message 1 must have a "role" and a "content" string'):
@@ -217,3 +228,25 @@ def test_the_default_llm_is_built_once_for_many_threads_and_again_once_closed(mo
     assert StubLLM.built == 1 and all(e is engines[0] for e in engines)
     engines[0].close()
     assert mp.get_default_llm() is not engines[0] and StubLLM.built == 2
+
+
+def test_float16_on_the_cpu_has_no_decode_route_and_gives_transformers_tokens(tiny_dir):
+    """float16 on the CPU is allowed (config.py warns that it is slow): neither oneDNN's packing nor the C loop takes
+    it, so the runner times no routes, the model follows no route, and every matmul is F.linear in float16. Its
+    greedy tokens are transformers' in float16 (the tiny model's wide lm_head keeps rounding from flipping one)."""
+    from transformers import AutoModelForCausalLM
+
+    llm = mp.LLM(str(tiny_dir), device="cpu", dtype="float16", max_model_len=64, num_blocks=32, block_size=4)
+    runner = llm.engine.runner
+    assert runner.decode_routes == {} and runner.model.matmul_route is None and runner.dtype == torch.float16
+    prompts = [[5, 6, 7, 8, 9], [10, 11, 12]]
+    params = mp.SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, detokenize=False)
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    llm.close()
+    hf = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float16).eval()
+    for token_ids, out in zip(prompts, outs, strict=True):
+        mask = torch.ones(1, len(token_ids), dtype=torch.long)
+        with torch.no_grad():
+            expected = hf.generate(torch.tensor([token_ids]), attention_mask=mask, max_new_tokens=6, do_sample=False,
+                                   eos_token_id=None, pad_token_id=0)  # fmt: skip
+        assert out.token_ids == expected[0, len(token_ids) :].tolist()

@@ -302,6 +302,17 @@ def test_span_hash_memo_keeps_the_most_recent_chains_up_to_its_block_budget():
     assert len(memo) == num_chains  # one block: hashed, never remembered
 
 
+def test_span_hash_memo_hashes_a_chain_longer_than_its_budget_and_keeps_what_it_had():
+    """A run of more blocks than the memo holds is hashed (exactly) but not remembered: kept, it would have evicted
+    every chain and then itself, leaving the memo empty."""
+    memo, width = SpanHashMemo(max_blocks=5), B * 8
+    a, c = (token_bytes(list(range(start, start + 2 * B))) for start in (0, 200))  # 2 blocks each
+    long_run = token_bytes(list(range(500, 500 + 6 * B)))  # 6 blocks
+    kept = [memo.chain(ROOT, data, width) for data in (a, c)]
+    assert memo.chain(ROOT, long_run, width) == chain_hashes_bytes(ROOT, long_run, width)
+    assert list(memo._chains.values()) == kept and memo.num_blocks == 4
+
+
 # -- per-block reuse of spans in the scheduler ---------------------------------------------------------------
 
 

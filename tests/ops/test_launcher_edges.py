@@ -99,3 +99,22 @@ def test_a_decode_hint_that_takes_in_a_two_token_chunk_is_rejected():
     rope_paged_attention(**args, num_decode_seqs=1)
     with pytest.raises(ValueError, match="^num_decode_seqs: the first 2 sequences"):
         rope_paged_attention(**args, num_decode_seqs=2)
+
+
+@pytest.mark.parametrize("head_dim", [8, 24])
+def test_the_triton_path_refuses_a_head_dim_that_is_no_power_of_two_from_16(head_dim):
+    """The torch path takes any even head_dim; the kernel's tiles need a power of two >= 16, said before launch."""
+    args = make_problem([SeqSpec.prefill(5)], 4, 2, head_dim, 16, torch.float32, seed=3).args()
+    assert rope_paged_attention(*args, impl="torch").shape == (5, 4, head_dim)
+    message = f"^q: the Triton kernel needs head_dim a power of two >= 16, got {head_dim}$"
+    with pytest.raises(ValueError, match=message):
+        rope_paged_attention(*args, impl="triton")
+
+
+def test_the_triton_path_refuses_cpu_tensors_unless_triton_interprets(args, monkeypatch):
+    from ops import triton_kernel
+
+    monkeypatch.setattr(triton_kernel, "_interpreting", lambda: False)
+    message = r"^q: the Triton kernel needs CUDA tensors \(or TRITON_INTERPRET=1\), got cpu$"
+    with pytest.raises(ValueError, match=message):
+        rope_paged_attention(**args, impl="triton")

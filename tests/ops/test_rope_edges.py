@@ -23,3 +23,9 @@ def test_apply_rope_refuses_positions_of_another_length():
     x, cos_sin = torch.randn(3, 2, 8), rope_cos_sin(16, 8)
     with pytest.raises(ValueError, match=r"^positions must be \[3\], got shape \(2,\)"):
         apply_rope(x, torch.arange(2), cos_sin)
+
+
+def test_apply_rope_refuses_x_without_a_heads_axis():
+    x, cos_sin = torch.randn(3, 8), rope_cos_sin(16, 8)
+    with pytest.raises(ValueError, match=r"^x must be \[num_tokens, num_heads, head_dim\], got shape \(3, 8\)$"):
+        apply_rope(x, torch.arange(3), cos_sin)
