@@ -40,3 +40,7 @@ def test_notebook_runs(path):
         notebook, timeout=CELL_TIMEOUT_S, kernel_name="python3", resources={"metadata": {"path": str(ROOT)}}
     )
     client.execute()  # raises CellExecutionError, with the failing cell and its traceback, on any error
+    # NOTE: without ipywidgets (the set-up installs it) tqdm's first bar in a notebook prints "TqdmWarning: IProgress
+    # not found" to stderr, in the reader's first cell
+    stderr = [out.text for cell in notebook.cells for out in cell.get("outputs", []) if out.get("name") == "stderr"]
+    assert not any("TqdmWarning" in text for text in stderr), stderr
