@@ -62,6 +62,7 @@ def _warp_split_decode_kernel(
     HEAD_DIM: tl.constexpr,
     TILE_N: tl.constexpr,  # keys a program reads an iteration, W sub-tiles of TILE_N // W
     W: tl.constexpr,  # sub-tiles, one a warp (num_warps)
+    AHEAD: tl.constexpr = False,  # the next tile's block ids read an iteration ahead (the op's TABLE_AHEAD)
 ):
     kv_head = tl.program_id(0)
     split = tl.program_id(1)
@@ -96,11 +97,20 @@ def _warp_split_decode_kernel(
     l_i = tl.zeros([W, ROWS], dtype=tl.float32)
     table = tables_ptr + seq.to(tl.int64) * stride_tbl
     ROPE_DTYPE: tl.constexpr = k_cache_ptr.dtype.element_ty
+    # sub-tile w holds keys tile * TILE_N + n * W + w (interleaved: a warp's keys spread over the tile's blocks)
+    sub_keys = offs_n[None, :] * W + offs_w[:, None]  # [W, NW]
+    if AHEAD:
+        next_blocks = tl.load(table + (tile_begin * TILE_N + sub_keys) // BLOCK_SIZE,
+                              mask=tile_begin * TILE_N + sub_keys < key_end, other=0)  # fmt: skip
     for tile in range(tile_begin, tile_end):
-        # sub-tile w holds keys tile * TILE_N + n * W + w (interleaved: a warp's keys spread over the tile's blocks)
-        key = tile * TILE_N + offs_n[None, :] * W + offs_w[:, None]  # [W, NW]
+        key = tile * TILE_N + sub_keys
         ok = (key < key_end) & (key >= vis)
-        blocks = tl.load(table + key // BLOCK_SIZE, mask=ok, other=0)
+        if AHEAD:
+            blocks = next_blocks
+            next_key = key + TILE_N
+            next_blocks = tl.load(table + next_key // BLOCK_SIZE, mask=next_key < key_end, other=0)
+        else:
+            blocks = tl.load(table + key // BLOCK_SIZE, mask=ok, other=0)
         base = blocks.to(tl.int64) * stride_k_blk + (key % BLOCK_SIZE) * stride_k_slot + kv_head * stride_k_head
         ptrs = base[:, None, :] + offs_h[None, :, None]  # [W, HALF, NW]
         ok3 = ok[:, None, :]
@@ -138,7 +148,8 @@ def _warp_split_decode_kernel(
 
 
 def warp_split_decode(q, k_cache, v_cache, tables, q_positions, visible_start, cos_sin, scale, num_splits: int,
-                      tile_n: int = 64, num_warps: int = 4, num_stages: int = 2) -> torch.Tensor:  # fmt: skip
+                      tile_n: int = 64, num_warps: int = 4, num_stages: int = 2,
+                      ahead: bool = False) -> torch.Tensor:  # fmt: skip
     """One query token a sequence (a decode batch), keys rotated in the kernel; the op's merge after."""
     num_seqs, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
@@ -149,7 +160,7 @@ def warp_split_decode(q, k_cache, v_cache, tables, q_positions, visible_start, c
         partial_out, partial_m, partial_l, q, k_cache, v_cache, tables, q_positions, visible_start, cos_sin,
         scale * LOG2E, num_heads, num_splits, tables.stride(0), k_cache.stride(0), k_cache.stride(1),
         k_cache.stride(2), cos_sin.stride(0), BLOCK_SIZE=k_cache.shape[1], GROUP=num_heads // num_kv_heads,
-        HEAD_DIM=head_dim, TILE_N=tile_n, W=num_warps, num_warps=num_warps, num_stages=num_stages,
+        HEAD_DIM=head_dim, TILE_N=tile_n, W=num_warps, AHEAD=ahead, num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     out = torch.empty_like(q)
     triton_kernel.merge_splits(out, partial_out, partial_m, partial_l)
@@ -166,11 +177,11 @@ def check_on_cpu() -> None:
     specs = [SeqSpec.decode(37), SeqSpec.decode(200), SeqSpec(150, ((149, 150),), ((40, 150),))]
     p = make_problem(specs, num_heads=8, num_kv_heads=2, head_dim=32, block_size=16, seed=1)
     expected = rope_paged_attention_ref(*p.args())
-    for splits in (1, 2, 3):
+    for splits, ahead in itertools.product((1, 2, 3), (False, True)):
         got = warp_split_decode(p.q, p.k_cache, p.v_cache, p.block_tables, p.q_positions, p.visible_start,
-                                p.cos_sin, p.scale, num_splits=splits)  # fmt: skip
+                                p.cos_sin, p.scale, num_splits=splits, ahead=ahead)  # fmt: skip
         err = (got - expected).abs().max().item()
-        print(f"splits {splits}: max error {err:.2e}")
+        print(f"splits {splits}, ahead {ahead}: max error {err:.2e}")
         assert err < 1e-4, err
 
 
@@ -188,10 +199,13 @@ def bench_cuda(out_dir: Path) -> None:
     fn, note = sdpa_baselines("decode", 1, 8192, HEADS, device)["default"]
     rows["sdpa_default_us"], rows["sdpa_note"] = 1e3 * clock(fn), note
     rows["variants"] = []
-    for tile_n, splits, stages in itertools.product((64, 128), (32, 64), (1, 2, 3)):
-        cfg = dict(tile_n=tile_n, num_splits=splits, num_stages=stages)
+    configs = [*itertools.product((64,), (32, 64), (1, 2, 3), (False,)),
+               *itertools.product((64,), (32, 64), (2, 3), (True,)),
+               *itertools.product((128,), (32, 64), (1, 2), (False, True))]  # fmt: skip
+    for tile_n, splits, stages, ahead in configs:
+        cfg = dict(tile_n=tile_n, num_splits=splits, num_stages=stages, ahead=ahead)
         run = functools.partial(warp_split_decode, q, k_cache, v_cache, tables, positions, visible, cos_sin, scale,
-                                num_splits=splits, tile_n=tile_n, num_stages=stages)  # fmt: skip
+                                num_splits=splits, tile_n=tile_n, num_stages=stages, ahead=ahead)  # fmt: skip
         try:
             err = (run().float() - expected.float()).abs().max().item()
             rows["variants"].append(dict(cfg, us=1e3 * clock(run), max_err_vs_op=err))
