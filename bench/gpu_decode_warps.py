@@ -177,11 +177,12 @@ def check_on_cpu() -> None:
     specs = [SeqSpec.decode(37), SeqSpec.decode(200), SeqSpec(150, ((149, 150),), ((40, 150),))]
     p = make_problem(specs, num_heads=8, num_kv_heads=2, head_dim=32, block_size=16, seed=1)
     expected = rope_paged_attention_ref(*p.args())
-    for splits, ahead in itertools.product((1, 2, 3), (False, True)):
+    for splits, ahead, (tile_n, warps) in itertools.product((1, 2, 3), (False, True), ((64, 4), (128, 8))):
         got = warp_split_decode(p.q, p.k_cache, p.v_cache, p.block_tables, p.q_positions, p.visible_start,
-                                p.cos_sin, p.scale, num_splits=splits, ahead=ahead)  # fmt: skip
+                                p.cos_sin, p.scale, num_splits=splits, ahead=ahead, tile_n=tile_n,
+                                num_warps=warps)  # fmt: skip
         err = (got - expected).abs().max().item()
-        print(f"splits {splits}, ahead {ahead}: max error {err:.2e}")
+        print(f"splits {splits}, ahead {ahead}, {tile_n}-key tiles, {warps} warps: max error {err:.2e}")
         assert err < 1e-4, err
 
 
@@ -199,13 +200,14 @@ def bench_cuda(out_dir: Path) -> None:
     fn, note = sdpa_baselines("decode", 1, 8192, HEADS, device)["default"]
     rows["sdpa_default_us"], rows["sdpa_note"] = 1e3 * clock(fn), note
     rows["variants"] = []
-    configs = [*itertools.product((64,), (32, 64), (1, 2, 3), (False,)),
-               *itertools.product((64,), (32, 64), (2, 3), (True,)),
-               *itertools.product((128,), (32, 64), (1, 2), (False, True))]  # fmt: skip
-    for tile_n, splits, stages, ahead in configs:
-        cfg = dict(tile_n=tile_n, num_splits=splits, num_stages=stages, ahead=ahead)
+    configs = [*itertools.product((64,), (32, 64), (1, 2, 3), (False,), (4,)),
+               *itertools.product((64,), (32, 64), (2, 3), (True,), (4,)),
+               *itertools.product((128,), (32, 64), (1, 2), (False, True), (4,)),
+               *itertools.product((128,), (32, 64), (2, 3), (True,), (8,))]  # fmt: skip
+    for tile_n, splits, stages, ahead, warps in configs:
+        cfg = dict(tile_n=tile_n, num_splits=splits, num_stages=stages, ahead=ahead, num_warps=warps)
         run = functools.partial(warp_split_decode, q, k_cache, v_cache, tables, positions, visible, cos_sin, scale,
-                                num_splits=splits, tile_n=tile_n, num_stages=stages, ahead=ahead)  # fmt: skip
+                                **cfg)  # fmt: skip
         try:
             err = (run().float() - expected.float()).abs().max().item()
             rows["variants"].append(dict(cfg, us=1e3 * clock(run), max_err_vs_op=err))
