@@ -9,11 +9,11 @@
 # Parts: tests (the GPU tests), ops (tests, the op's validation, the short read), ttft (tests, validation, the TTFT
 # grid, RAG), grid, ttft1 (the cached 8 x 2,048 row), next93 (that row straight after its documents, then 200 ms
 # after), next93b (the GPU tests), rag, ragphase, rag0, offload, spans (uncached span scaling), host, hostdiag,
-# splits, read, readprof (with ncu), decodewarps, readfloor, engineread, mixed, smallkernels, gemm, skinny, l2, handoff,
+# splits, read, readprof (with ncu), readfloor, engineread, mixed, smallkernels, gemm, skinny, l2, handoff,
 # aftereffect, prefill (engine prefill vs transformers), engine (gpu_engine: decode, prefill, profile), decode (the
 # engine's decode, default schedule), ttftab / decodeab (.base's tree beside this one, alternated), hybrid, final,
 # a, b, all. The one-off parts of earlier sessions' experiments (next21 ... next91, each named in its results'
-# files) are in git history: `git show 3239062:bench/gpu_issue10.sh`.
+# files) are in git history: `git show 3239062:bench/gpu_issue10.sh` (decodewarps: `git show 19db9d0:...`).
 set -u
 cd "$(dirname "$0")/.."
 export TRITON_INTERPRET=0 PYTHONUNBUFFERED=1 GIT_SHA=${GIT_SHA:-unknown}
@@ -132,9 +132,6 @@ fi
 if want readprof || want read; then  # issues 10/13: the split-KV read (short prefill, decode) by case, with sweeps
     step read_profile "${READ_LIMIT:-200}" python3 bench/gpu_read_profile.py --out "$OUT" \
         --cases "${READ_CASES:-short16k,b1x8k,b64x8k,b1x576w8k,b64x576w8k}"
-fi
-if want decodewarps; then  # issue 13: a batch-1 decode whose warps each keep their own softmax (bench/gpu_decode_warps.py)
-    step decode_warps 240 python3 bench/gpu_decode_warps.py --out "$OUT"
 fi
 if want readprof; then  # ... and the same kernels under ncu
     NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)

@@ -115,6 +115,11 @@ def grid(**axes) -> list[dict]:
 # addition (ANGLE_ADD at 8754d13: one table row a tile, the offsets' rows loaded once; read_profile_a2cdd71_angle.json,
 # H100): the short read 42.61 us against 42.35 (keys as stored 36.61), decode 1 x 8k 18.51 at best against 14.46
 # (ptxas: 160 registers against 125, 381 instructions a body iteration against 254); removed
+# each warp its own online softmax over its own keys (bench/gpu_decode_warps.py at 19db9d0, removed: a batched dot
+# [W, 16, d] x [W, d, N / W] with the batch along the warps, so no row max, sum or score tile crosses warps, and the W
+# states merged once a program; ptxas 211-255 registers against 132): slower at every point on an H100
+# (decode_warps_19db9d0_h100.json): 1 x 8k 19.1 us at best (64-key tiles, 32 splits, 3 stages, block ids ahead),
+# 20-65 at the others, against the op's 13.84 and SDPA's 12.08 in the same run
 def sweep_for(name: str) -> list[dict]:
     if MODE == "regs":  # registers capped (ptxas .maxnreg) so that 2 programs of 8 warps share an SM
         return {
