@@ -6,8 +6,8 @@
 #
 #   GIT_SHA=<sha> bash bench/gpu_issue10.sh [part,part,...]      (default: all = a + b)
 #
-# Parts: tests (the GPU tests), ops (tests, the op's validation, the short read), ttft (tests, validation, the TTFT
-# grid, RAG), grid, ttft1 (the cached 8 x 2,048 row), next93 (that row straight after its documents, then 200 ms
+# Parts: tests (the GPU tests), ncusrc (issue 13's batch-1 decode under ncu, per SASS instruction), ops (tests, the
+# op's validation, the short read), ttft (tests, validation, the TTFT grid, RAG), grid, ttft1 (the cached 8 x 2,048 row), next93 (that row straight after its documents, then 200 ms
 # after), next93s (only 200 ms after), next93b (the GPU tests), rag, ragphase, rag0, offload, spans (uncached span
 # scaling), host, hostdiag, splits, read, readprof (with ncu), readfloor, engineread, mixed, smallkernels, gemm,
 # skinny, l2, handoff, aftereffect, prefill (engine prefill vs transformers), engine (gpu_engine: decode, prefill,
@@ -143,6 +143,19 @@ if want readprof; then  # ... and the same kernels under ncu
         step "ncu_$c" 90 "$NCU" --clock-control none --set detailed --profile-from-start off --launch-count 4 \
             python3 bench/gpu_read_profile.py --case "$c" --calls 4
     done
+fi
+if want ncusrc; then  # issue 13: where the batch-1 decode's read stalls, per SASS instruction (position-free and keys as
+    # stored), and the launch shape of cuDNN's kernels for the same decode
+    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
+    for c in b1x8k b1x8k_stored; do
+        step "ncusrc_$c" 150 "$NCU" --clock-control none --set full --profile-from-start off --launch-count 1 \
+            -k regex:_rope_paged --page source --print-source sass --csv \
+            python3 bench/gpu_read_profile.py --case "$c" --calls 2
+        step "ncudet_$c" 150 "$NCU" --clock-control none --set full --profile-from-start off --launch-count 1 \
+            -k regex:_rope_paged python3 bench/gpu_read_profile.py --case "$c" --calls 2
+    done
+    step ncudet_sdpa_b1x8k 150 "$NCU" --clock-control none --set full --profile-from-start off --launch-count 3 \
+        python3 bench/gpu_read_profile.py --case sdpa_b1x8k --calls 2
 fi
 if want readfloor; then  # K and V read through the block table with no math, beside the op and SDPA
     step read_floor 150 python3 bench/gpu_read_floor.py --out "$OUT"

@@ -47,6 +47,10 @@ def case_args(name: str, device) -> list:
         return problem(1, 17, 16384, device, block_size=int(name.removeprefix("short16k_b")))
     if name.startswith("short16k_"):  # _contig / _spread: the same blocks placed in a pool as large as the engine's
         return placed_in_pool(problem(1, 17, 16384, device), spread=name.endswith("spread"))
+    if name.endswith("_stored"):  # the same read with keys used as stored (cos_sin None: no rotation)
+        args = case_args(name.removesuffix("_stored"), device)
+        args[8] = None
+        return args
     batch, length = DECODE_CASES[name]
     args = list(paged_problem("decode", batch, length, HEADS, device).args())
     args[8] = args[8].to(torch.bfloat16)
