@@ -124,6 +124,17 @@ def grid(**axes) -> list[dict]:
 # states merged once a program; ptxas 211-255 registers against 132): slower at every point on an H100
 # (decode_warps_19db9d0_h100.json): 1 x 8k 19.1 us at best (64-key tiles, 32 splits, 3 stages, block ids ahead),
 # 20-65 at the others, against the op's 13.84 and SDPA's 12.08 in the same run
+# where the batch-1 decode's read waits (ncu's source counters, H100, part ncusrc at e368785:
+# ncusrc_e368785_h100_*.csv.gz, ncu_e368785_h100_*.log): at 2 stages the loop's top waits for every copy in flight
+# (`DEPBAR.LE SB0, 0x0`: 31% of the warps' stall samples, long scoreboard), and the next tile's copies are issued after
+# this tile's scores and softmax, so each of a program's 4 tiles pays most of a DRAM round trip; the block ids read a
+# tile ahead, carried in registers, are waited for at the loop's back edge (10%). Keys as stored at their own config
+# (128-key tiles, 32 splits) wait at the same place (48%). cuDNN's kernel for the same decode: 32 splits x 8 heads =
+# 256 programs of 4 warps, 16x128x128 tiles (two 128-key tiles a program), 183 registers, 86 KB of shared memory, 17.25
+# us cold under ncu against the op's read 20.29 (keys as stored 19.55), then a 4.38 us reduction. Not run: the key
+# loop unrolled twice (`loop_unroll_factor`; compiled for sm_90a on the CPU machine) waits once every two tiles but
+# spills 32 bytes at 128 registers, as 64-key tiles do (measured slower); 3 stages keep a tile in flight (`DEPBAR 0x5`)
+# and were slower at 64 splits (read_profile_3ef1983_h200_s64.json: 17.14 against 15.33 us)
 def sweep_for(name: str) -> list[dict]:
     if MODE == "regs":  # registers capped (ptxas .maxnreg) so that 2 programs of 8 warps share an SM
         return {
