@@ -36,6 +36,9 @@ from ops.torch_impl import rope_paged_attention_torch  # noqa: E402
 # position-free decode steps took 8.9 ms against keys stored rotated's 7.7 (rag-dbcc69c-cuda.md, reuse 0)
 DECODE_CASES = {"b1x8k": (1, 8192), "b64x8k": (64, 8192), "b1x576w8k": (1, 576), "b64x576w8k": (64, 576),
                 "b32x2200w8k": (32, 2200)}  # fmt: skip
+# batch-1 decodes over 1k-32k keys: the op's and SDPA's time against the keys read, whose slope is the streaming rate
+# and whose intercept the fixed chain (launch, metadata, first tile, merge)
+DECODE_CASES.update({f"b1x{n}k": (1, n * 1024) for n in (1, 2, 4, 16, 32)})
 
 
 def case_args(name: str, device) -> list:
