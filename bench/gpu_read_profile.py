@@ -37,7 +37,11 @@ from ops.torch_impl import rope_paged_attention_torch  # noqa: E402
 DECODE_CASES = {"b1x8k": (1, 8192), "b64x8k": (64, 8192), "b1x576w8k": (1, 576), "b64x576w8k": (64, 576),
                 "b32x2200w8k": (32, 2200)}  # fmt: skip
 # batch-1 decodes over 1k-32k keys: the op's and SDPA's time against the keys read, whose slope is the streaming rate
-# and whose intercept the fixed chain (launch, metadata, first tile, merge)
+# and whose intercept the fixed chain (launch, metadata, first tile, merge). H100 (read_profile_3ffe891_h100_lengths):
+# op / keys as stored / SDPA 12.62 / 11.21 / 7.07 us at 1k, 14.61 / 12.17 / 12.63 at 8k, 32.18 / 29.96 / 30.11 at
+# 16k, 55.03 / 51.75 / 51.30 at 32k; cold 8k 20.19 / 18.60 / 19.30, cold 32k 55.29 / 51.68 / 51.33. Up to 8k
+# (33.5 MB) K and V stay in the 50 MB L2 between calls: the warm 8k case is an L2 read; from 16k, read from DRAM,
+# keys as stored stream at SDPA's rate and the rotation costs 6-8%
 DECODE_CASES.update({f"b1x{n}k": (1, n * 1024) for n in (1, 2, 4, 16, 32)})
 
 
