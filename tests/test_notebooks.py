@@ -23,6 +23,7 @@ def test_the_notebooks_are_all_here_and_committed_without_outputs():
         "03_scheduling",
         "04_sparse_checkpoints",
         "05_hybrid_resume",
+        "06_rope_inside_attention",
     ]
     for path in NOTEBOOKS:
         cells = [c for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
