@@ -259,6 +259,12 @@ def sweep_for(name: str) -> list[dict]:
                 TABLE_AHEAD=(True,), TILE_N=(64,), NUM_SPLITS=(8, 16), num_stages=(3, 4)
             )
         return []
+    if MODE == "w2":  # 2 warps beside 4 at the current defaults (64 splits, the merge by 32-dim chunks): at 029b6e6
+        # and 7c9d222 2 warps had won on the H200 (14.44 against 15.26 us; 15.57 against 17.00), before 4 warps took
+        # 64 splits at 128 registers
+        if name.startswith("b1x"):
+            return grid(num_warps=(2, 4), TILE_N=(16, 32), num_stages=(2, 3), NUM_SPLITS=(64, 128))
+        return []
     if MODE == "merge":  # the split merge's dims cut over programs (MERGE_D_CHUNK; 0: one program a (token, head))
         # and its warps: a batch-1 decode merges 64 splits in 32 programs of 4 warps (2.13 us of 15.25 on the H100)
         if name.startswith(("b1x", "short16k")):
