@@ -261,7 +261,9 @@ def sweep_for(name: str) -> list[dict]:
         return []
     if MODE == "w2":  # 2 warps beside 4 at the current defaults (64 splits, the merge by 32-dim chunks): at 029b6e6
         # and 7c9d222 2 warps had won on the H200 (14.44 against 15.26 us; 15.57 against 17.00), before 4 warps took
-        # 64 splits at 128 registers
+        # 64 splits at 128 registers. H100 (read_profile_04f83b6_h100_w2.json): no change past the spread, 2 against 4
+        # warps (32-key tiles, 64 splits, 2 stages) 13.60 / 14.00 us at 1 x 8k, cold 19.62 / 19.06, 1 x 576 keys in
+        # 8k-wide tables 6.38 / 6.21, 1 x 32k 55.36 / 55.79; 128 splits and 3 stages slower everywhere
         if name.startswith("b1x"):
             return grid(num_warps=(2, 4), TILE_N=(16, 32), num_stages=(2, 3), NUM_SPLITS=(64, 128))
         return []
