@@ -267,6 +267,14 @@ def sweep_for(name: str) -> list[dict]:
         if name.startswith("b1x"):
             return grid(num_warps=(2, 4), TILE_N=(16, 32), num_stages=(2, 3), NUM_SPLITS=(64, 128))
         return []
+    if MODE == "splitids":  # a split's block ids read once before its loop (SPLIT_IDS): no load in the key loop, so
+        # Triton's pipelining may keep 2-3 tiles in flight without a block-id load between them (ncu, e368785: at 2
+        # stages every tile's copies waited for whole, and the ids carried a tile ahead waited at the back edge)
+        if name.startswith("b1x"):
+            return grid(SPLIT_IDS=(False, True), num_stages=(2, 3, 4), TILE_N=(16, 32), NUM_SPLITS=(32, 64))
+        if name.startswith("short16k"):
+            return grid(SPLIT_IDS=(False, True), num_stages=(2, 3), NUM_SPLITS=(16, 32))
+        return []
     if MODE == "merge":  # the split merge's dims cut over programs (MERGE_D_CHUNK; 0: one program a (token, head))
         # and its warps: a batch-1 decode merges 64 splits in 32 programs of 4 warps (2.13 us of 15.25 on the H100)
         if name.startswith(("b1x", "short16k")):

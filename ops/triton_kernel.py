@@ -286,6 +286,9 @@ def _attend_key_tiles(
     v_cache_ptr,  # [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD_DIM]
     k_table_ptr,  # [max_blocks] this sequence's row of the key block table
     v_table_ptr,  # [max_blocks] this sequence's row of the value block table
+    k_split_ids,  # [SPLIT_IDS] the split's key blocks from its first tile on (SPLIT_IDS > 0)
+    v_split_ids,  # [SPLIT_IDS] its value blocks
+    split_tile,  # the split's first tile
     cos_sin_ptr,  # [max_position, ROTARY_DIM]
     kv_head,
     qk_scale,
@@ -305,6 +308,7 @@ def _attend_key_tiles(
     DOT_PRECISION: tl.constexpr,
     TABLE_AHEAD: tl.constexpr,
     INT32_OFFSETS: tl.constexpr,
+    SPLIT_IDS: tl.constexpr,
 ):
     """Key tiles [tile_begin, tile_end) into the running (acc, m, l).
 
@@ -313,11 +317,16 @@ def _attend_key_tiles(
     num_stages=3, 10 at 4). Without it the copies depend on a block-table load issued after this tile's math, and
     every iteration waits for all of them at its top (`async_wait {num = 0}` at any num_stages; with contiguous keys,
     2-10): no memory overlaps the math (bench/ptxas_stats.py's compile, its ttgir)."""
-    if TABLE_AHEAD:
+    if TABLE_AHEAD and SPLIT_IDS == 0:
         k_ids = _block_ids(k_table_ptr, tile_begin, key_end, BLOCK_SIZE, TILE_N)
         v_ids = _block_ids(v_table_ptr, tile_begin, key_end, BLOCK_SIZE, TILE_N)
     for tile in range(tile_begin, tile_end):
-        if TABLE_AHEAD:  # this tile's blocks were read an iteration ago; read the next tile's now
+        if SPLIT_IDS > 0:  # the split's blocks, in registers since before the loop: no load waits on another
+            entry = (tile - split_tile) * (TILE_N // BLOCK_SIZE) + tl.arange(0, TILE_N) // BLOCK_SIZE
+            entry = tl.minimum(entry, SPLIT_IDS - 1)  # NOTE: the launcher sizes SPLIT_IDS to a split's tiles
+            k_blocks = tl.gather(k_split_ids, entry, 0)
+            v_blocks = tl.gather(v_split_ids, entry, 0)
+        elif TABLE_AHEAD:  # this tile's blocks were read an iteration ago; read the next tile's now
             k_blocks, v_blocks = k_ids, v_ids
             k_ids = _block_ids(k_table_ptr, tile + 1, key_end, BLOCK_SIZE, TILE_N)
             v_ids = _block_ids(v_table_ptr, tile + 1, key_end, BLOCK_SIZE, TILE_N)
@@ -397,6 +406,7 @@ def _rope_paged_attention_kernel(
     TILES_LAST: tl.constexpr,  # grid (kv heads, splits, tiles) instead of (tiles, kv heads, splits)
     DOT_PRECISION: tl.constexpr,
     TABLE_AHEAD: tl.constexpr = False,  # the next key tile's block ids read an iteration ahead
+    SPLIT_IDS: tl.constexpr = 0,  # > 0: a split's block ids (this many table entries) read once, before its loop
     ONE_TOKEN_SEQS: tl.constexpr = False,  # every sequence has one query token (a decode): tile i is sequence i
     INT32_OFFSETS: tl.constexpr = False,  # key, value and cos/sin offsets in int32 (`offsets_fit_int32`)
     PDL: tl.constexpr = False,  # launched as a programmatic dependent (`use_pdl`): wait for the kernel before it
@@ -472,14 +482,22 @@ def _rope_paged_attention_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     k_table_ptr = k_block_tables_ptr + seq.to(tl.int64) * stride_kbt_seq
     v_table_ptr = v_block_tables_ptr + seq.to(tl.int64) * stride_vbt_seq
+    if SPLIT_IDS > 0:
+        entries = tile_begin * (TILE_N // BLOCK_SIZE) + tl.arange(0, SPLIT_IDS)
+        entry_ok = entries < tl.cdiv(key_end, BLOCK_SIZE)
+        k_split_ids = tl.load(k_table_ptr + entries, mask=entry_ok, other=0)
+        v_split_ids = tl.load(v_table_ptr + entries, mask=entry_ok, other=0)
+    else:
+        k_split_ids = tile_begin
+        v_split_ids = tile_begin
     for part in tl.static_range(3):
         lo, hi = _part_range(part, tile_begin, body_begin, body_end, tile_end)
         acc, m_i, l_i = _attend_key_tiles(
             acc, m_i, l_i, q_lo, q_hi, q_pass, row_pos, row_vis, lo, hi, key_end,
-            k_cache_ptr, v_cache_ptr, k_table_ptr, v_table_ptr, cos_sin_ptr, kv_head, qk_scale,
-            stride_k_blk, stride_k_slot, stride_k_head, stride_v_blk, stride_v_slot, stride_v_head,
+            k_cache_ptr, v_cache_ptr, k_table_ptr, v_table_ptr, k_split_ids, v_split_ids, tile_begin, cos_sin_ptr,
+            kv_head, qk_scale, stride_k_blk, stride_k_slot, stride_k_head, stride_v_blk, stride_v_slot, stride_v_head,
             stride_cs_pos, BLOCK_SIZE, HEAD_DIM, ROTARY_DIM, HALF_PAD, TILE_N,
-            part != 1, DOT_PRECISION, TABLE_AHEAD, INT32_OFFSETS,
+            part != 1, DOT_PRECISION, TABLE_AHEAD, INT32_OFFSETS, SPLIT_IDS,
         )  # fmt: skip
 
     # -- epilogue --
@@ -1022,7 +1040,7 @@ def compile_key(cfg: dict) -> tuple:
     return (cfg["BLOCK_M"], cfg["TILE_N"], cfg["num_warps"], cfg["num_stages"], merge, cfg["PRE_ROTATE"],
             cfg["DENSE"], cfg["WARP_SPECIALIZE"], cfg.get("MAX_REGS"), cfg.get("TABLE_AHEAD", False),
             cfg.get("Q_SPLIT", 1), cfg["DENSE"] and cfg.get("HEADS_FIRST", False),
-            not cfg["DENSE"] and cfg.get("ONE_TOKEN_SEQS", False))  # fmt: skip
+            not cfg["DENSE"] and cfg.get("ONE_TOKEN_SEQS", False), cfg.get("SPLIT_IDS", False))  # fmt: skip
 
 
 # Step shapes that `variant_shapes` tries: sequences, query tokens per sequence (around pick_config's thresholds of
@@ -1269,6 +1287,7 @@ def rope_paged_attention_triton(
     if int32_offsets and not fits:
         raise ValueError("config: INT32_OFFSETS needs every cache and cos/sin offset below 2^31")
     pdl = use_pdl(q)
+    split_ids = split_table_entries(cfg, num_splits, block_tables.shape[1], block_size)
     num_tiles = num_seqs if one_token else num_tokens // block_q + num_seqs
     tiles_last = cfg.get("TILES_LAST", num_splits > 1) and num_tiles <= MAX_GRID_Z  # split launches: tiles last
     grid = (num_kv_heads, num_splits, num_tiles) if tiles_last else (num_tiles, num_kv_heads, num_splits)
@@ -1284,6 +1303,7 @@ def rope_paged_attention_triton(
         HALF_PAD=max(_next_pow2(rotary_dim // 2), 16), BLOCK_M=block_m, BLOCK_Q=block_q,
         TILE_N=cfg["TILE_N"], SPLIT_KV=num_splits > 1, TILES_LAST=tiles_last,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", TABLE_AHEAD=cfg.get("TABLE_AHEAD", False),
+        SPLIT_IDS=split_ids,
         ONE_TOKEN_SEQS=one_token, INT32_OFFSETS=int32_offsets, PDL=pdl,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], maxnreg=cfg.get("MAX_REGS"),
         **({"launch_pdl": True} if pdl else {}),
@@ -1291,6 +1311,21 @@ def rope_paged_attention_triton(
     if num_splits > 1:
         merge_splits(out, partial_out, partial_m, partial_l, cfg.get("MERGE_WARPS"), cfg.get("MERGE_D_CHUNK"))
     return out
+
+
+MAX_SPLIT_IDS = 256  # table entries a split may hold in registers (SPLIT_IDS)
+
+
+def split_table_entries(cfg: dict, num_splits: int, max_blocks: int, block_size: int) -> int:
+    """The SPLIT_IDS constexpr of a launch: with `cfg["SPLIT_IDS"]`, a split launch whose tiles start on a block,
+    the table entries any split of tables `max_blocks` wide reads (a power of two, at most MAX_SPLIT_IDS); else 0,
+    the block ids read tile by tile."""
+    tile_n = cfg["TILE_N"]
+    if not cfg.get("SPLIT_IDS", False) or num_splits == 1 or tile_n % block_size:
+        return 0
+    tiles_per_split = math.ceil(math.ceil(max_blocks * block_size / tile_n) / num_splits)
+    entries = _next_pow2(tiles_per_split * (tile_n // block_size))
+    return entries if entries <= MAX_SPLIT_IDS else 0
 
 
 def offsets_fit_int32(*tensors: torch.Tensor | None) -> bool:

@@ -70,6 +70,7 @@ def check_against_ref(problem: Problem, impl: str, what: str, **kwargs) -> None:
 SHORT = {"PRE_ROTATE": False, "BLOCK_M": 128, "TABLE_AHEAD": True}  # pick_config's short read on CUDA (head_dim 128)
 TABLE_AHEAD = {"TABLE_AHEAD": True, "num_stages": 3, "TILE_N": 16}
 DENSE_HALVES = {"DENSE": True, "Q_SPLIT": 2, "TILE_N": 16}
+SPLIT_IDS = {"SPLIT_IDS": True, "NUM_SPLITS": 4}
 MERGE_CUT = {"NUM_SPLITS": 8, "MERGE_D_CHUNK": 32, "MERGE_WARPS": 2}  # the merge's dims over programs, 2 warps each
 TRITON_CASES = [
     # scenario, heads, head_dim, rotary_dim, block_size, dtype, position_free, extra, config
@@ -114,6 +115,14 @@ TRITON_CASES = [
     # tiles smaller than a block (16 keys in blocks of 32): a key's slot is not the same in every tile
     ("short_over_long", "gqa4", 64, None, 32, torch.bfloat16, True, {}, {**SHORT, **TABLE_AHEAD, "NUM_SPLITS": 4}),
     ("decode_only", "gqa4", 64, None, 32, torch.float32, True, {}, {**TABLE_AHEAD, "NUM_SPLITS": 2}),
+    # a split's block ids read once before its loop and taken from registers tile by tile (SPLIT_IDS): 16- and
+    # 32-key tiles over 16-key blocks, 16-key tiles in 32-key blocks (refused: the ids are read tile by tile),
+    # masked SSEP segments (a split may start past the sequence's first tile), a short read over 1,100 keys
+    ("decode_only", "gqa4", 64, None, 16, torch.float32, True, {}, {**SPLIT_IDS, "TILE_N": 16}),
+    ("decode_only", "gqa4", 64, None, 16, torch.bfloat16, True, {}, {**SPLIT_IDS, "NUM_SPLITS": 2, "TILE_N": 32}),
+    ("decode_only", "gqa4", 64, None, 32, torch.float32, True, {}, {**SPLIT_IDS, "NUM_SPLITS": 2, "TILE_N": 16}),
+    ("ssep_segments", "mha4", 64, 32, 16, torch.float32, True, {}, {**SHORT, **SPLIT_IDS, "TILE_N": 16}),
+    ("short_over_long", "gqa4", 64, None, 16, torch.bfloat16, True, {}, {**SHORT, **SPLIT_IDS, "num_stages": 3}),
     # the dense kernel (gathered K and V, tensor-descriptor loads; the default for 16-bit prefill on Hopper)
     ("mixed", "gqa4", 128, None, 16, torch.bfloat16, True, {"repeat_block": True}, {"DENSE": True}),
     ("mixed", "gqa3", 64, 32, 32, torch.float16, True, {"share_span": True}, {"DENSE": True, "TILE_N": 32}),

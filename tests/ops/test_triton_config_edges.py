@@ -81,3 +81,17 @@ def test_config_for_args_is_pick_configs_choice_for_the_launchs_shapes(h200):
 def test_an_element_two_to_the_31_from_the_first_does_not_fit_int32():
     assert tk.offsets_fit_int32(torch.empty(2**31, device="meta"))  # the last element 2^31 - 1 from the first
     assert not tk.offsets_fit_int32(torch.empty(2**31 + 1, device="meta"))
+
+
+def test_split_ids_hold_every_table_entry_a_split_reads():
+    """SPLIT_IDS: a split's table entries, a power of two; 0 (ids read tile by tile) when off, unsplit, with tiles
+    that do not start on a block, or past MAX_SPLIT_IDS."""
+    on = {"SPLIT_IDS": True, "TILE_N": 32}
+    assert tk.split_table_entries(on, 64, 512, 16) == 8  # 8k keys: 256 tiles, 4 a split, 2 blocks a tile
+    assert tk.split_table_entries(on, 64, 2048, 16) == 32  # 32k keys: 16 tiles a split
+    assert tk.split_table_entries(on, 3, 40, 16) == 16  # 20 tiles in 3 splits: 7 a split, 14 entries
+    assert tk.split_table_entries({**on, "TILE_N": 64}, 16, 1024, 16) == 64  # the short read over 16k keys
+    assert tk.split_table_entries({**on, "SPLIT_IDS": False}, 64, 512, 16) == 0
+    assert tk.split_table_entries(on, 1, 512, 16) == 0
+    assert tk.split_table_entries({**on, "TILE_N": 16}, 4, 512, 32) == 0  # a 16-key tile inside a 32-key block
+    assert tk.split_table_entries(on, 2, 512, 16) == 256 and tk.split_table_entries(on, 2, 513, 16) == 0
