@@ -100,6 +100,8 @@ MERGE_WARPS = 1
 # (4x the programs, each loading a quarter), where it took four warps a (token, head) before: measured on an H100 and
 # an H200 (bench/results/read_profile_{4d17421,f31046e}_merge.json; ops/README.md has the figures)
 LONG_MERGE_D_CHUNK = 32
+# SPLIT_IDS: a split holds the block ids of at most this many keys in registers (the short read over 16 splits: 32k)
+MAX_SPLIT_KEYS = 2048
 
 
 @triton.jit
@@ -957,6 +959,10 @@ def pick_config(
         HEADS_FIRST=heads_first,
         MAX_REGS=max_regs,
         TABLE_AHEAD=bf16_decode or short_read,
+        # NOTE: measured on an H100 (read_profile_b498383_h100_splitids.json, two more runs at 4d556a7), 17 new
+        # tokens over 16k keys: 38.3-39.2 us against 41.3-42.0 with the block ids read a tile ahead (cold 38.2-38.6
+        # against 42.2-42.8, blocks of 32 keys 37.8 against 40.1-40.3); decode no faster (within 1%): it keeps them
+        SPLIT_IDS=short_read and keys_per_split(max_context, tile_n, num_splits) <= MAX_SPLIT_KEYS,
         ONE_TOKEN_SEQS=num_tokens == num_seqs and not dense,
     )
 
@@ -1006,6 +1012,11 @@ def _num_splits(
     if long_decode:
         return splits_to_fill(programs, seqs * num_kv_heads, max_context, LONG_DECODE_MIN_KEYS, LONG_DECODE_SPLITS)
     return splits_to_fill(programs, seqs * num_kv_heads, max_context)
+
+
+def keys_per_split(max_context: int, tile_n: int, num_splits: int) -> int:
+    """Keys a split of a key range `max_context` long reads at most: whole tiles, the kernel's rounding."""
+    return math.ceil(math.ceil(max_context / tile_n) / num_splits) * tile_n
 
 
 def splits_to_fill(
@@ -1313,19 +1324,16 @@ def rope_paged_attention_triton(
     return out
 
 
-MAX_SPLIT_IDS = 256  # table entries a split may hold in registers (SPLIT_IDS)
-
-
 def split_table_entries(cfg: dict, num_splits: int, max_blocks: int, block_size: int) -> int:
-    """The SPLIT_IDS constexpr of a launch: with `cfg["SPLIT_IDS"]`, a split launch whose tiles start on a block,
-    the table entries any split of tables `max_blocks` wide reads (a power of two, at most MAX_SPLIT_IDS); else 0,
-    the block ids read tile by tile."""
+    """The SPLIT_IDS constexpr of a launch: with `cfg["SPLIT_IDS"]`, a split launch whose tiles start on a block and
+    whose splits of tables `max_blocks` wide hold at most MAX_SPLIT_KEYS keys, MAX_SPLIT_KEYS // block_size (one
+    value for a cache, whatever the tables' width: no compile in the middle of serving); else 0, the block ids read
+    tile by tile."""
     tile_n = cfg["TILE_N"]
-    if not cfg.get("SPLIT_IDS", False) or num_splits == 1 or tile_n % block_size:
+    if not cfg.get("SPLIT_IDS", False) or num_splits == 1 or tile_n % block_size or tile_n > MAX_SPLIT_KEYS:
         return 0
-    tiles_per_split = math.ceil(math.ceil(max_blocks * block_size / tile_n) / num_splits)
-    entries = _next_pow2(tiles_per_split * (tile_n // block_size))
-    return entries if entries <= MAX_SPLIT_IDS else 0
+    fits = keys_per_split(max_blocks * block_size, tile_n, num_splits) <= MAX_SPLIT_KEYS
+    return MAX_SPLIT_KEYS // block_size if fits else 0
 
 
 def offsets_fit_int32(*tensors: torch.Tensor | None) -> bool:

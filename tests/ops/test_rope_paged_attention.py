@@ -612,6 +612,7 @@ def test_pick_config_reads_a_short_prefill_over_a_long_context_like_a_decode(mon
     assert (short["BLOCK_M"], short["NUM_SPLITS"], short["PRE_ROTATE"], short["DENSE"]) == (128, 16, False, False)
     # measured: 64-key tiles, 8 warps, 3 stages, the block ids read a tile ahead, one program per SM (head_dim 128)
     assert (short["TILE_N"], short["num_warps"], short["num_stages"], short["TABLE_AHEAD"]) == (64, 8, 3, True)
+    assert short["SPLIT_IDS"]  # a split's block ids read once, before its loop (measured on an H100)
     assert short["MAX_REGS"] is None
     graphed = tk.pick_config(32, 2, 8, 4, 128, 16384, True, cuda, table_elem_size=2)  # the (2, 32) graph bucket
     assert graphed["NUM_SPLITS"] == short["NUM_SPLITS"]  # its padding sequence (one key) does not count

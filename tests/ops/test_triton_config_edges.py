@@ -83,15 +83,28 @@ def test_an_element_two_to_the_31_from_the_first_does_not_fit_int32():
     assert not tk.offsets_fit_int32(torch.empty(2**31 + 1, device="meta"))
 
 
-def test_split_ids_hold_every_table_entry_a_split_reads():
-    """SPLIT_IDS: a split's table entries, a power of two; 0 (ids read tile by tile) when off, unsplit, with tiles
-    that do not start on a block, or past MAX_SPLIT_IDS."""
-    on = {"SPLIT_IDS": True, "TILE_N": 32}
-    assert tk.split_table_entries(on, 64, 512, 16) == 8  # 8k keys: 256 tiles, 4 a split, 2 blocks a tile
-    assert tk.split_table_entries(on, 64, 2048, 16) == 32  # 32k keys: 16 tiles a split
-    assert tk.split_table_entries(on, 3, 40, 16) == 16  # 20 tiles in 3 splits: 7 a split, 14 entries
-    assert tk.split_table_entries({**on, "TILE_N": 64}, 16, 1024, 16) == 64  # the short read over 16k keys
-    assert tk.split_table_entries({**on, "SPLIT_IDS": False}, 64, 512, 16) == 0
-    assert tk.split_table_entries(on, 1, 512, 16) == 0
-    assert tk.split_table_entries({**on, "TILE_N": 16}, 4, 512, 32) == 0  # a 16-key tile inside a 32-key block
-    assert tk.split_table_entries(on, 2, 512, 16) == 256 and tk.split_table_entries(on, 2, 513, 16) == 0
+def test_split_ids_hold_max_split_keys_of_block_ids_where_a_split_fits_them():
+    """SPLIT_IDS: MAX_SPLIT_KEYS // block_size entries (one value per block size, whatever the tables' width), where
+    every split's keys fit in MAX_SPLIT_KEYS; 0 (ids read tile by tile) when off, unsplit, past it, or with tiles
+    that do not start on a block."""
+    on, max_keys = {"SPLIT_IDS": True, "TILE_N": 64}, tk.MAX_SPLIT_KEYS
+    assert tk.split_table_entries(on, 16, 1024, 16) == max_keys // 16  # the short read over 16k keys
+    assert tk.split_table_entries(on, 16, 536, 32) == max_keys // 32  # 17,152 keys: 17 tiles, 1,088 keys a split
+    assert tk.keys_per_split(16 * max_keys, 64, 16) == max_keys  # 32k keys fit 16 splits exactly ...
+    assert tk.split_table_entries(on, 16, 16 * max_keys // 16, 16) == max_keys // 16
+    assert tk.split_table_entries(on, 16, 16 * max_keys // 16 + 1, 16) == 0  # ... one block more does not
+    assert tk.split_table_entries({**on, "SPLIT_IDS": False}, 16, 1024, 16) == 0
+    assert tk.split_table_entries(on, 1, 1024, 16) == 0
+    assert tk.split_table_entries({**on, "TILE_N": 16}, 16, 512, 32) == 0  # a 16-key tile inside a 32-key block
+    assert tk.keys_per_split(1000, 64, 3) == 384  # 16 tiles in 3 splits: 6 tiles a split
+
+
+def test_the_short_read_takes_split_ids_while_its_splits_fit_them(h200):
+    """pick_config's short read (17 tokens, 8 kv heads of 4, d128, 16 splits) holds a split's block ids up to
+    MAX_SPLIT_KEYS a split; past it, and for decode, they are read tile by tile."""
+
+    def short_read(keys):
+        return tk.pick_config(17, 1, 8, 4, 128, keys, True, h200, elem_size=2, table_elem_size=2)
+
+    assert short_read(16 * tk.MAX_SPLIT_KEYS)["SPLIT_IDS"] and not short_read(16 * tk.MAX_SPLIT_KEYS + 64)["SPLIT_IDS"]
+    assert not tk.pick_config(1, 1, 8, 4, 128, 8192, True, h200, elem_size=2, table_elem_size=2)["SPLIT_IDS"]
