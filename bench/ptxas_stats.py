@@ -12,6 +12,8 @@ for the 4-warp short read, as ncu read it on the H200).
     python bench/ptxas_stats.py                              # the short read's default and a few neighbours
     python bench/ptxas_stats.py --config 128,32,8,2,128      # BLOCK_M,TILE_N,num_warps,num_stages,maxnreg (0: none)
     python bench/ptxas_stats.py --table-ahead --config 128,64,8,3,0   # the short read's default (pick_config)
+    python bench/ptxas_stats.py --table-ahead --decode --config 16,32,4,2,128   # a long batch-1 decode's default
+    python bench/ptxas_stats.py --decode --split-ids 8 --config 16,32,4,2,128   # ... its split's block ids held
 """
 
 from __future__ import annotations
@@ -111,6 +113,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", action="append", help="BLOCK_M,TILE_N,num_warps,num_stages,maxnreg (0: none)")
     parser.add_argument("--table-ahead", action="store_true", help="the TABLE_AHEAD option")
+    parser.add_argument("--decode", action="store_true", help="a decode launch: one token a sequence "
+                        "(ONE_TOKEN_SEQS), int32 offsets and PDL, as a bf16 decode on Hopper compiles")  # fmt: skip
+    parser.add_argument("--split-ids", type=int, default=0, help="SPLIT_IDS: a split's table entries held "
+                        "(a power of two; 0: off)")  # fmt: skip
     args = parser.parse_args()
     configs = [tuple(int(x) for x in c.split(",")) for c in args.config] if args.config else DEFAULT_CONFIGS
     print(
@@ -119,7 +125,9 @@ def main() -> None:
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for block_m, tile_n, warps, stages, maxnreg in configs:
-        options = dict(TABLE_AHEAD=args.table_ahead)
+        options = dict(TABLE_AHEAD=args.table_ahead, SPLIT_IDS=args.split_ids)
+        if args.decode:
+            options.update(ONE_TOKEN_SEQS=True, INT32_OFFSETS=True, PDL=True)
         compiled = compile_read(block_m, tile_n, warps, stages, maxnreg or None, **options)
         usage, ptx = resource_usage(compiled.asm["cubin"]), compiled.asm["ptx"]
         loops = " / ".join(map(str, loop_instructions(compiled.asm["cubin"])))

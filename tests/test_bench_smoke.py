@@ -105,6 +105,15 @@ def test_ptxas_stats(tmp_path):
     assert 0 < registers <= 255
 
 
+def test_ptxas_stats_of_a_decode_holding_its_splits_block_ids(tmp_path):
+    """SPLIT_IDS takes the block-table loads out of the decode's key loop: fewer instructions an iteration."""
+    args = ("--decode", "--config", "16,32,4,2,128")
+    rows = [run_bench(tmp_path, "ptxas_stats", *args, *more) for more in ((), ("--split-ids", 8))]
+    body = [int(next(line for line in r.splitlines() if line.startswith("| 16 |")).split("|")[12].split("/")[1])
+            for r in rows]  # fmt: skip
+    assert 0 < body[1] < body[0]
+
+
 def test_span_scaling(tmp_path):
     run_bench(tmp_path, "span_scaling", "--span-tokens", 32, "--ns", "1,2", "--repeats", 1, "--out", tmp_path)
     rows = only(tmp_path, "span_scaling-*-cpu.json")["rows"]
