@@ -33,6 +33,8 @@ Design (after vLLM's unified attention and Triton tutorial 06):
   with no key to read stores only its (max, sum), which the merge weighs 0 (it never uses that split's output).
 * On Hopper and later the split read and the merge are launched as programmatic dependents (``use_pdl``): each may
   be scheduled while the kernel before it drains, and waits for it (``gdc_wait``) before it reads anything.
+* A short read's split reads the block ids of all its keys once, before its key loop (``SPLIT_IDS``), and takes each
+  tile's from registers, so no load in the loop waits on another; decode reads them a tile ahead (``TABLE_AHEAD``).
 """
 
 from __future__ import annotations
