@@ -491,7 +491,7 @@ def _rope_paged_attention_kernel(
         entry_ok = entries < tl.cdiv(key_end, BLOCK_SIZE)
         k_split_ids = tl.load(k_table_ptr + entries, mask=entry_ok, other=0)
         v_split_ids = tl.load(v_table_ptr + entries, mask=entry_ok, other=0)
-    else:
+    else:  # unused: the ids are read tile by tile
         k_split_ids = tile_begin
         v_split_ids = tile_begin
     for part in tl.static_range(3):
@@ -961,9 +961,10 @@ def pick_config(
         HEADS_FIRST=heads_first,
         MAX_REGS=max_regs,
         TABLE_AHEAD=bf16_decode or short_read,
-        # NOTE: measured on an H100 (read_profile_b498383_h100_splitids.json, two more runs at 4d556a7), 17 new
-        # tokens over 16k keys: 38.3-39.2 us against 41.3-42.0 with the block ids read a tile ahead (cold 38.2-38.6
-        # against 42.2-42.8, blocks of 32 keys 37.8 against 40.1-40.3); decode no faster (within 1%): it keeps them
+        # NOTE: measured on an H100 (read_profile_b498383_h100_splitids.json; two more runs at 4d556a7, whose files
+        # did not come back: their printed bests), 17 new tokens over 16k keys: 38.3-39.2 us against 41.3-42.0 with
+        # the block ids read a tile ahead (cold 38.2-38.6 against 42.2-42.8, blocks of 32 keys 37.8 against 40.1-40.3);
+        # decode no faster (within 1%): it keeps them
         SPLIT_IDS=short_read and keys_per_split(max_context, tile_n, num_splits) <= MAX_SPLIT_KEYS,
         ONE_TOKEN_SEQS=num_tokens == num_seqs and not dense,
     )
