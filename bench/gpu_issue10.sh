@@ -8,13 +8,13 @@
 #
 # Parts: tests (the GPU tests), ncusrc (issue 13's batch-1 decode under ncu, per SASS instruction), ops (tests, the op's
 # validation, the short read), ttft (tests, validation, the TTFT grid, RAG), grid, ttft1 (the cached 8 x 2,048 row),
-# next93 (that row straight after its documents, then 200 ms after), next93s (only 200 ms after), next93b (the GPU
-# tests), rag, ragphase, rag0, offload, spans (uncached span scaling), host, hostdiag, splits, read, readprof (with
-# ncu), readfloor, engineread, mixed, smallkernels, gemm, skinny, l2, handoff, aftereffect, prefill (engine prefill vs
-# transformers), engine (gpu_engine: decode, prefill, profile), decode (the engine's decode, default schedule), ttftab /
-# decodeab (.base's tree beside this one, alternated), hybrid, final, a, b, all. The one-off parts of earlier sessions'
-# experiments (next21 ... next91, each named in its results' files) are in git history: `git show
-# 3239062:bench/gpu_issue10.sh` (decodewarps: `git show 19db9d0:...`).
+# next93 (that row straight after its documents, then 200 ms after), next53 (next93, then the short read's SPLIT_IDS on
+# and off), next93s (only 200 ms after), next93b (the GPU tests), rag, ragphase, rag0, offload, spans (uncached span
+# scaling), host, hostdiag, splits, read, readprof (with ncu), readfloor, engineread, mixed, smallkernels, gemm, skinny,
+# l2, handoff, aftereffect, prefill (engine prefill vs transformers), engine (gpu_engine: decode, prefill, profile),
+# decode (the engine's decode, default schedule), ttftab / decodeab (.base's tree beside this one, alternated), hybrid,
+# final, a, b, all. The one-off parts of earlier sessions' experiments (next21 ... next91, each named in its results'
+# files) are in git history: `git show 3239062:bench/gpu_issue10.sh` (decodewarps: `git show 19db9d0:...`).
 set -u
 cd "$(dirname "$0")/.."
 export TRITON_INTERPRET=0 PYTHONUNBUFFERED=1 GIT_SHA=${GIT_SHA:-unknown}
@@ -89,6 +89,13 @@ if want next93; then  # issue 10: the cached 8 x 2,048 TTFT as a first prompt st
     # with the clock), each in its own process
     step ttft 240 python3 $TTFT_8X2048 --tag=-next93
     step ttft_settle 150 python3 $TTFT_8X2048 --settle-ms 200 --tag=-next93
+fi
+if want next53; then  # stop 53's open questions on an H200: next93's two TTFTs, then the short read with and without
+    # SPLIT_IDS (its default since e82a40c, measured on an H100 only)
+    step ttft 240 python3 $TTFT_8X2048 --tag=-next93
+    step ttft_settle 150 python3 $TTFT_8X2048 --settle-ms 200 --tag=-next93
+    step read_splitids 120 env READ_SWEEP=splitids python3 bench/gpu_read_profile.py --out "$OUT" \
+        --cases short16k,short16k_cold
 fi
 if want next93s; then  # next93's second half alone (the first prompt 200 ms after its documents): fits ~300 s of device
     step ttft_settle 150 python3 $TTFT_8X2048 --settle-ms 200 --tag=-next93
