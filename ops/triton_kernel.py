@@ -1333,7 +1333,7 @@ def split_table_entries(cfg: dict, num_splits: int, max_blocks: int, block_size:
     value for a cache, whatever the tables' width: no compile in the middle of serving); else 0, the block ids read
     tile by tile."""
     tile_n = cfg["TILE_N"]
-    if not cfg.get("SPLIT_IDS", False) or num_splits == 1 or tile_n % block_size or tile_n > MAX_SPLIT_KEYS:
+    if not cfg.get("SPLIT_IDS", False) or num_splits == 1 or tile_n % block_size:
         return 0
     fits = keys_per_split(max_blocks * block_size, tile_n, num_splits) <= MAX_SPLIT_KEYS
     return MAX_SPLIT_KEYS // block_size if fits else 0
