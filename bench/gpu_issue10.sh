@@ -9,7 +9,7 @@
 # Parts: tests (the GPU tests), ncusrc (issue 13's batch-1 decode under ncu, per SASS instruction), ops (tests, the op's
 # validation, the short read), ttft (tests, validation, the TTFT grid, RAG), grid, ttft1 (the cached 8 x 2,048 row),
 # next93 (that row straight after its documents, then 200 ms after), next53 (next93, then the short read's SPLIT_IDS on
-# and off), offrope (issue 13's read with keys turned by tile offsets, on and off), next93s (only 200 ms after), next93b (the GPU tests), rag, ragphase, rag0, offload, spans (uncached span
+# and off), next93s (only 200 ms after), next93b (the GPU tests), rag, ragphase, rag0, offload, spans (uncached span
 # scaling), host, hostdiag, splits, read, readprof (with ncu), readfloor, engineread, mixed, smallkernels, gemm, skinny,
 # l2, handoff, aftereffect, prefill (engine prefill vs transformers), engine (gpu_engine: decode, prefill, profile),
 # decode (the engine's decode, default schedule), ttftab / decodeab (.base's tree beside this one, alternated), hybrid,
@@ -96,10 +96,6 @@ if want next53; then  # stop 53's open questions on an H200: next93's two TTFTs,
     step ttft_settle 150 python3 $TTFT_8X2048 --settle-ms 200 --tag=-next93
     step read_splitids 120 env READ_SWEEP=splitids python3 bench/gpu_read_profile.py --out "$OUT" \
         --cases short16k,short16k_cold
-fi
-if want offrope; then  # issue 13: the read with keys turned by their offset in the tile (OFFSET_ROPE) against the default
-    step read_offrope 300 env READ_SWEEP=offrope python3 bench/gpu_read_profile.py --out "$OUT" \
-        --cases b1x8k,b1x8k_cold,b1x32k,b1x576w8k,b64x8k,short16k
 fi
 if want next93s; then  # next93's second half alone (the first prompt 200 ms after its documents): fits ~300 s of device
     step ttft_settle 150 python3 $TTFT_8X2048 --settle-ms 200 --tag=-next93

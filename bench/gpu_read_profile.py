@@ -275,13 +275,6 @@ def sweep_for(name: str) -> list[dict]:
         if name.startswith("short16k"):
             return grid(SPLIT_IDS=(False, True), num_stages=(2, 3), NUM_SPLITS=(16, 32))
         return []
-    if MODE == "offrope":  # keys turned by their offset in the tile and the query back by the tile's start
-        # (OFFSET_ROPE): no cos / sin tile read a tile (8 of a decode tile's 24 KB), one table row instead; ptxas
-        # (sm_90a): 167 registers and 289 SASS instructions a body iteration against 114 and 264 (capped at 128: 64
-        # bytes spilled, 301)
-        if name.startswith("b1x"):
-            return grid(OFFSET_ROPE=(False, True), num_stages=(2, 3), MAX_REGS=(None, 128))
-        return grid(OFFSET_ROPE=(False, True))
     if MODE == "merge":  # the split merge's dims cut over programs (MERGE_D_CHUNK; 0: one program a (token, head))
         # and its warps: a batch-1 decode merges 64 splits in 32 programs of 4 warps (2.13 us of 15.25 on the H100)
         if name.startswith(("b1x", "short16k")):

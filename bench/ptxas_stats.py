@@ -14,7 +14,6 @@ for the 4-warp short read, as ncu read it on the H200).
     python bench/ptxas_stats.py --table-ahead --config 128,64,8,3,0   # the short read's default (pick_config)
     python bench/ptxas_stats.py --table-ahead --decode --config 16,32,4,2,128   # a long batch-1 decode's default
     python bench/ptxas_stats.py --decode --split-ids 8 --config 16,32,4,2,128   # ... its split's block ids held
-    python bench/ptxas_stats.py --table-ahead --decode --offset-rope --config 16,32,4,2,128   # ... OFFSET_ROPE
 """
 
 from __future__ import annotations
@@ -118,7 +117,6 @@ def main() -> None:
                         "(ONE_TOKEN_SEQS), int32 offsets and PDL, as a bf16 decode on Hopper compiles")  # fmt: skip
     parser.add_argument("--split-ids", type=int, default=0, help="SPLIT_IDS: a split's table entries held "
                         "(a power of two; 0: off)")  # fmt: skip
-    parser.add_argument("--offset-rope", action="store_true", help="the OFFSET_ROPE option")
     args = parser.parse_args()
     configs = [tuple(int(x) for x in c.split(",")) for c in args.config] if args.config else DEFAULT_CONFIGS
     print(
@@ -127,7 +125,7 @@ def main() -> None:
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for block_m, tile_n, warps, stages, maxnreg in configs:
-        options = dict(TABLE_AHEAD=args.table_ahead, SPLIT_IDS=args.split_ids, OFFSET_ROPE=args.offset_rope)
+        options = dict(TABLE_AHEAD=args.table_ahead, SPLIT_IDS=args.split_ids)
         if args.decode:
             options.update(ONE_TOKEN_SEQS=True, INT32_OFFSETS=True, PDL=True)
         compiled = compile_read(block_m, tile_n, warps, stages, maxnreg or None, **options)

@@ -173,7 +173,6 @@ def _load_keys(
     TILE_N: tl.constexpr,
     IS_WHOLE: tl.constexpr,  # every key of the tile is < key_end (the loop's unmasked body): no bounds checks
     INT32_OFFSETS: tl.constexpr,  # every element of the caches and the cos/sin table lies < 2^31 from its base
-    LOAD_COS_SIN: tl.constexpr = True,  # False: the caller rotates by offsets (OFFSET_ROPE); cos and sin not read
 ):
     """Key tile `tile` as stored: (K^T's first rotary half, second half, cos, sin, K^T past rotary_dim, the values'
     row offsets, which keys exist); with ROTARY_DIM == 0, K^T whole in the first slot (the next four repeat it)."""
@@ -202,13 +201,9 @@ def _load_keys(
         k_ptrs = k_cache_ptr + k_base[None, :] + offs_h[:, None]  # K^T, first rotary half
         k1 = tl.load(k_ptrs, mask=half_ok, other=0.0).to(ROPE_DTYPE)  # [HALF_PAD, TILE_N]
         k2 = tl.load(k_ptrs + HALF, mask=half_ok, other=0.0).to(ROPE_DTYPE)  # [HALF_PAD, TILE_N]
-        if LOAD_COS_SIN:
-            cs_ptrs = cos_sin_ptr + key_pos[None, :] * stride_cs_pos + offs_h[:, None]
-            cos = tl.load(cs_ptrs, mask=half_ok, other=0.0).to(ROPE_DTYPE)  # [HALF_PAD, TILE_N]
-            sin = tl.load(cs_ptrs + HALF, mask=half_ok, other=0.0).to(ROPE_DTYPE)  # [HALF_PAD, TILE_N]
-        else:  # unused
-            cos = k1
-            sin = k1
+        cs_ptrs = cos_sin_ptr + key_pos[None, :] * stride_cs_pos + offs_h[:, None]
+        cos = tl.load(cs_ptrs, mask=half_ok, other=0.0).to(ROPE_DTYPE)  # [HALF_PAD, TILE_N]
+        sin = tl.load(cs_ptrs + HALF, mask=half_ok, other=0.0).to(ROPE_DTYPE)  # [HALF_PAD, TILE_N]
         k_pass = k1
         if ROTARY_DIM < HEAD_DIM:  # dims past rotary_dim pass through unrotated
             pass_ok = key_ok[None, :] & (offs_d[:, None] >= ROTARY_DIM)
@@ -318,7 +313,6 @@ def _attend_key_tiles(
     TABLE_AHEAD: tl.constexpr,
     INT32_OFFSETS: tl.constexpr,
     SPLIT_IDS: tl.constexpr,
-    OFFSET_ROPE: tl.constexpr,
 ):
     """Key tiles [tile_begin, tile_end) into the running (acc, m, l).
 
@@ -330,15 +324,6 @@ def _attend_key_tiles(
     if TABLE_AHEAD and SPLIT_IDS == 0:
         k_ids = _block_ids(k_table_ptr, tile_begin, key_end, BLOCK_SIZE, TILE_N)
         v_ids = _block_ids(v_table_ptr, tile_begin, key_end, BLOCK_SIZE, TILE_N)
-    if OFFSET_ROPE:  # R(tile start + j) = R(tile start) R(j): keys turn by their offset j in the tile, from table rows
-        # 0..TILE_N-1 read once here; the query turns back by the tile's start, one table row a tile
-        offs_n = tl.arange(0, TILE_N)
-        offs_h = tl.arange(0, HALF_PAD)
-        HALF: tl.constexpr = ROTARY_DIM // 2
-        off_ptrs = cos_sin_ptr + offs_n[None, :] * stride_cs_pos + offs_h[:, None]
-        off_ok = (offs_n[None, :] < key_end) & (offs_h[:, None] < HALF)  # NOTE: the table may hold < TILE_N rows
-        cos_off = tl.load(off_ptrs, mask=off_ok, other=0.0).to(k_cache_ptr.dtype.element_ty)  # [HALF_PAD, TILE_N]
-        sin_off = tl.load(off_ptrs + HALF, mask=off_ok, other=0.0).to(k_cache_ptr.dtype.element_ty)
     for tile in range(tile_begin, tile_end):
         if SPLIT_IDS > 0:  # the split's blocks, in registers since before the loop: no load waits on another
             entry = (tile - split_tile) * (TILE_N // BLOCK_SIZE) + tl.arange(0, TILE_N) // BLOCK_SIZE
@@ -355,18 +340,9 @@ def _attend_key_tiles(
         k1, k2, cos, sin, k_pass, v_base, key_ok = _load_keys(
             tile, key_end, k_blocks, v_blocks, k_cache_ptr, cos_sin_ptr, kv_head, stride_k_blk, stride_k_slot,
             stride_k_head, stride_v_blk, stride_v_slot, stride_v_head, stride_cs_pos, BLOCK_SIZE, HEAD_DIM,
-            ROTARY_DIM, HALF_PAD, TILE_N, not APPLY_MASK, INT32_OFFSETS, not OFFSET_ROPE,
+            ROTARY_DIM, HALF_PAD, TILE_N, not APPLY_MASK, INT32_OFFSETS,
         )  # fmt: skip
-        q_lo_t, q_hi_t = q_lo, q_hi
-        if OFFSET_ROPE:  # q . R(s + j) k = (R(-s) q) . (R(j) k), s the tile's first key position
-            start = tile * TILE_N if INT32_OFFSETS else tile.to(tl.int64) * TILE_N
-            start_ptrs = cos_sin_ptr + start * stride_cs_pos + offs_h
-            cos_s = tl.load(start_ptrs, mask=offs_h < HALF, other=0.0).to(q_lo.dtype)[None, :]  # [1, HALF_PAD]
-            sin_s = tl.load(start_ptrs + HALF, mask=offs_h < HALF, other=0.0).to(q_lo.dtype)[None, :]
-            q_lo_t = (q_lo * cos_s + q_hi * sin_s).to(q_lo.dtype)
-            q_hi_t = (q_hi * cos_s - q_lo * sin_s).to(q_lo.dtype)
-            cos, sin = cos_off, sin_off
-        qk = _scores(q_lo_t, q_hi_t, q_pass, k1, k2, cos, sin, k_pass, row_pos, row_vis, tile, HEAD_DIM, ROTARY_DIM,
+        qk = _scores(q_lo, q_hi, q_pass, k1, k2, cos, sin, k_pass, row_pos, row_vis, tile, HEAD_DIM, ROTARY_DIM,
                      TILE_N, APPLY_MASK, DOT_PRECISION)  # fmt: skip
         p, alpha, m_i, l_i = _online_softmax(qk, m_i, l_i, qk_scale)
         # -- compute pv --
@@ -435,7 +411,6 @@ def _rope_paged_attention_kernel(
     DOT_PRECISION: tl.constexpr,
     TABLE_AHEAD: tl.constexpr = False,  # the next key tile's block ids read an iteration ahead
     SPLIT_IDS: tl.constexpr = 0,  # > 0: a split's block ids (this many table entries) read once, before its loop
-    OFFSET_ROPE: tl.constexpr = False,  # keys turned by their offset in the tile, the query back by its start
     ONE_TOKEN_SEQS: tl.constexpr = False,  # every sequence has one query token (a decode): tile i is sequence i
     INT32_OFFSETS: tl.constexpr = False,  # key, value and cos/sin offsets in int32 (`offsets_fit_int32`)
     PDL: tl.constexpr = False,  # launched as a programmatic dependent (`use_pdl`): wait for the kernel before it
@@ -526,7 +501,7 @@ def _rope_paged_attention_kernel(
             k_cache_ptr, v_cache_ptr, k_table_ptr, v_table_ptr, k_split_ids, v_split_ids, tile_begin, cos_sin_ptr,
             kv_head, qk_scale, stride_k_blk, stride_k_slot, stride_k_head, stride_v_blk, stride_v_slot, stride_v_head,
             stride_cs_pos, BLOCK_SIZE, HEAD_DIM, ROTARY_DIM, HALF_PAD, TILE_N,
-            part != 1, DOT_PRECISION, TABLE_AHEAD, INT32_OFFSETS, SPLIT_IDS, OFFSET_ROPE and ROTARY_DIM > 0,
+            part != 1, DOT_PRECISION, TABLE_AHEAD, INT32_OFFSETS, SPLIT_IDS,
         )  # fmt: skip
 
     # -- epilogue --
@@ -1079,8 +1054,7 @@ def compile_key(cfg: dict) -> tuple:
     return (cfg["BLOCK_M"], cfg["TILE_N"], cfg["num_warps"], cfg["num_stages"], merge, cfg["PRE_ROTATE"],
             cfg["DENSE"], cfg["WARP_SPECIALIZE"], cfg.get("MAX_REGS"), cfg.get("TABLE_AHEAD", False),
             cfg.get("Q_SPLIT", 1), cfg["DENSE"] and cfg.get("HEADS_FIRST", False),
-            not cfg["DENSE"] and cfg.get("ONE_TOKEN_SEQS", False), cfg.get("SPLIT_IDS", False),
-            cfg.get("OFFSET_ROPE", False))  # fmt: skip
+            not cfg["DENSE"] and cfg.get("ONE_TOKEN_SEQS", False), cfg.get("SPLIT_IDS", False))  # fmt: skip
 
 
 # Step shapes that `variant_shapes` tries: sequences, query tokens per sequence (around pick_config's thresholds of
@@ -1343,7 +1317,7 @@ def rope_paged_attention_triton(
         HALF_PAD=max(_next_pow2(rotary_dim // 2), 16), BLOCK_M=block_m, BLOCK_Q=block_q,
         TILE_N=cfg["TILE_N"], SPLIT_KV=num_splits > 1, TILES_LAST=tiles_last,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", TABLE_AHEAD=cfg.get("TABLE_AHEAD", False),
-        SPLIT_IDS=split_ids, OFFSET_ROPE=cfg.get("OFFSET_ROPE", False) and rotary_dim > 0,
+        SPLIT_IDS=split_ids,
         ONE_TOKEN_SEQS=one_token, INT32_OFFSETS=int32_offsets, PDL=pdl,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], maxnreg=cfg.get("MAX_REGS"),
         **({"launch_pdl": True} if pdl else {}),

@@ -71,7 +71,6 @@ SHORT = {"PRE_ROTATE": False, "BLOCK_M": 128, "TABLE_AHEAD": True}  # pick_confi
 TABLE_AHEAD = {"TABLE_AHEAD": True, "num_stages": 3, "TILE_N": 16}
 DENSE_HALVES = {"DENSE": True, "Q_SPLIT": 2, "TILE_N": 16}
 SPLIT_IDS = {"SPLIT_IDS": True, "NUM_SPLITS": 4}
-OFFSET_ROPE = {"OFFSET_ROPE": True, "TABLE_AHEAD": True, "TILE_N": 16}
 MERGE_CUT = {"NUM_SPLITS": 8, "MERGE_D_CHUNK": 32, "MERGE_WARPS": 2}  # the merge's dims over programs, 2 warps each
 TRITON_CASES = [
     # scenario, heads, head_dim, rotary_dim, block_size, dtype, position_free, extra, config
@@ -124,15 +123,6 @@ TRITON_CASES = [
     ("decode_only", "gqa4", 64, None, 32, torch.float32, True, {}, {**SPLIT_IDS, "NUM_SPLITS": 2, "TILE_N": 16}),
     ("ssep_segments", "mha4", 64, 32, 16, torch.float32, True, {}, {**SHORT, **SPLIT_IDS, "TILE_N": 16}),
     ("short_over_long", "gqa4", 64, None, 16, torch.bfloat16, True, {}, {**SHORT, **SPLIT_IDS, "num_stages": 3}),
-    # keys turned by their offset in the tile, the query back by the tile's first position (OFFSET_ROPE): decode
-    # split (fp32; bf16 at d128 with 32-key tiles), partial rotary, masked SSEP segments (a split may start past the
-    # sequence's first tile), a short read over 1,100 keys, keys as stored (the option does nothing)
-    ("decode_only", "gqa4", 64, None, 16, torch.float32, True, {}, {**OFFSET_ROPE, "NUM_SPLITS": 4}),
-    ("decode_only", "gqa4", 128, None, 16, torch.bfloat16, True, {}, {**OFFSET_ROPE, "NUM_SPLITS": 2, "TILE_N": 32}),
-    ("mixed", "gqa3", 64, 32, 16, torch.float16, True, {"repeat_block": True}, {**OFFSET_ROPE, "PRE_ROTATE": False}),
-    ("ssep_segments", "mha4", 64, 32, 16, torch.float32, True, {}, {**SHORT, **OFFSET_ROPE, "NUM_SPLITS": 2}),
-    ("short_over_long", "gqa4", 64, None, 16, torch.bfloat16, True, {}, {**SHORT, **OFFSET_ROPE, "NUM_SPLITS": 4}),
-    ("mixed", "gqa4", 64, None, 16, torch.float32, False, {}, OFFSET_ROPE),
     # the dense kernel (gathered K and V, tensor-descriptor loads; the default for 16-bit prefill on Hopper)
     ("mixed", "gqa4", 128, None, 16, torch.bfloat16, True, {"repeat_block": True}, {"DENSE": True}),
     ("mixed", "gqa3", 64, 32, 32, torch.float16, True, {"share_span": True}, {"DENSE": True, "TILE_N": 32}),
