@@ -40,3 +40,15 @@ def test_a_reset_tier_forgets_every_hash_and_hands_out_all_its_slots_again():
     assert (host.store(b"c"), host.store(b"d")) == (0, 1)  # both slots free again, none holds a stale hash
     assert b"a" not in host and b"c" in host and b"d" in host
     host.check_integrity()
+
+
+def test_a_host_tier_of_one_slot_hands_that_slot_to_each_new_hash():
+    """One slot is the smallest tier (only 0 or fewer are refused): each new hash takes slot 0 from the hash before
+    it, unless that one is pinned by the admission loading it from there (then no copy is made)."""
+    host = HostTier(1)
+    assert host.store(b"a") == 0
+    assert host.store(b"b") == 0 and b"a" not in host and b"b" in host
+    host.pinned = {b"b"}
+    assert host.store(b"c") is None and b"b" in host and b"c" not in host
+    assert host.num_stored == 2
+    host.check_integrity()

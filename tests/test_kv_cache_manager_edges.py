@@ -2,6 +2,8 @@
 pending block, match() after a reset, a hybrid resuming across host-tier hits, the host tier's copies and LRU around
 admissions and resets; integrity after every call."""
 
+import pytest
+
 from minipic_lite.checkpoints.planner import CheckpointPlanner
 from minipic_lite.config import ControlTokens, SchedulerConfig
 from minipic_lite.hashing import root_hash
@@ -207,3 +209,61 @@ def test_copy_rerotate_goes_by_where_a_reused_block_was_computed_last():
     assert kv.match(req("c", [*span_e, P, 62])) == [HIT, HIT]
     assert kv.match(req("d", [20, 21, 22, PAD, *span_e, P, 63])) == [HIT, REROTATE, REROTATE]
     kv.check_integrity()
+
+
+def test_a_second_match_with_nothing_changed_is_answered_from_the_memo_without_asking_the_pool():
+    """The memo exists to spare the pool's map a waiting prompt's thousand lookups every step: while no hash was
+    logged as changed, match() answers from the entry it made, and the pool is asked again only after a change."""
+    kv = KVCacheManager(8)
+    asked = []
+    peek_many = kv.pool.peek_many
+    kv.pool.peek_many = lambda hashes: asked.append(len(hashes)) or peek_many(hashes)
+    a = req("a", range(10, 19))
+    assert kv.match(a) == [MISS, MISS] and asked == [2]
+    assert kv.match(a) == [MISS, MISS] and kv.hit_block_ids(a) == [] and asked == [2]  # from the memo
+    run_and_free(kv, req("b", range(10, 19)))  # publishes a's two hashes: logged as changed
+    asked.clear()
+    assert kv.match(a) == [HIT, HIT] and asked == [2]  # the memo's entry no longer holds: the pool is asked
+    kv.check_integrity()
+
+
+def two_requests_sharing_doc(kv):
+    """a computes DOC's two blocks (pending); b admitted after it waits for them."""
+    a, b = req("a", [20, 21, 22, PAD, *DOC, P, 60]), req("b", [25, 26, 27, PAD, *DOC, P, 61])
+    assert kv.allocate_prompt(a) and kv.allocate_prompt(b)
+    assert b.waiting_blocks == {1, 2}
+    kv.check_integrity()
+    return a, b
+
+
+def test_integrity_check_catches_a_pending_block_its_owner_does_not_hold():
+    kv = KVCacheManager(16)
+    a, _ = two_requests_sharing_doc(kv)
+    a.block_table = a.block_table[3:]  # still holds a block, but none of those it computes for others
+    with pytest.raises(AssertionError, match="a pending block's owner does not hold it"):
+        kv.check_integrity()
+
+
+def test_integrity_check_catches_a_pending_block_that_is_free():
+    kv = KVCacheManager(16)
+    a, _ = two_requests_sharing_doc(kv)
+    kv.pool.free([a.block_table[0]])  # a's lead block (pending on a, nobody waits) loses its only reference
+    kv.pool.check_integrity()  # the pool's own books still add up
+    with pytest.raises(AssertionError, match="a pending block is free"):
+        kv.check_integrity()
+
+
+def test_integrity_check_catches_requests_waiting_for_a_block_nobody_computes():
+    kv = KVCacheManager(16)
+    a, _ = two_requests_sharing_doc(kv)
+    del kv.pending[a.block_hashes[1]]  # b still waits for it
+    with pytest.raises(AssertionError, match="requests wait for a block nobody computes"):
+        kv.check_integrity()
+
+
+def test_integrity_check_catches_a_waiter_that_does_not_know_it_waits():
+    kv = KVCacheManager(16)
+    _, b = two_requests_sharing_doc(kv)
+    b.waiting_blocks.discard(1)  # listed as a waiter of DOC's first block, but would read it before it is computed
+    with pytest.raises(AssertionError):
+        kv.check_integrity()

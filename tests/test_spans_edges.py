@@ -1,8 +1,21 @@
-"""SpanHashMemo's block budget at its edges, and which prompts it remembers."""
+"""SpanHashMemo's block budget at its edges, and which prompts it remembers; segments at block size 1,
+`check_markers`'s default mode, and layouts as immutable values."""
+
+import dataclasses
+
+import pytest
 
 from minipic_lite.config import ControlTokens
 from minipic_lite.hashing import chain_hashes_bytes, root_hash, token_bytes
-from minipic_lite.spans import SpanHashMemo, block_hashes, span_layout
+from minipic_lite.spans import (
+    Segment,
+    SegmentKind,
+    SpanHashMemo,
+    block_hashes,
+    check_markers,
+    span_layout,
+    split_segments,
+)
 
 B = 4
 S, P, PAD = 1, 2, 3
@@ -36,3 +49,41 @@ def test_a_prompt_without_markers_is_hashed_without_the_memo():
     span_prompt = [10, 11, 12, PAD, S, 20, 21, 22, 23, 24, 25, 26, P, 30]
     block_hashes(span_prompt, B, ROOT, span_layout(span_prompt, CONTROL, B).marker_blocks, memo=memo)
     assert len(memo) == 1  # the two-block span is
+
+
+def test_with_block_size_one_a_marker_at_index_one_still_follows_a_leading_segment():
+    """With B = 1 (a positive power of two, so a valid block size) every index is a block start, so a marker may
+    sit at index 1: the token before it is the leading segment (DESIGN §2: tokens before any marker), and the
+    segments still partition the prompt from index 0."""
+    token_ids = [10, S, 11, P, 12]
+    layout = span_layout(token_ids, CONTROL, 1)
+    assert [(s.kind, s.start, s.end, s.index) for s in layout.segments] == [
+        (SegmentKind.LEADING, 0, 1, 0),
+        (SegmentKind.SSEP, 1, 3, 1),
+        (SegmentKind.PDEP, 3, 5, 2),
+    ]
+    assert layout.visible_start == (0, 1, 1, 0, 0)
+    assert split_segments(3, [(1, SegmentKind.SSEP)]) == [
+        Segment(SegmentKind.LEADING, 0, 1, 0),
+        Segment(SegmentKind.SSEP, 1, 3, 1),
+    ]
+
+
+def test_check_markers_applies_position_free_semantics_unless_told_otherwise():
+    """Position-free mode is the engine's default (`CacheConfig.position_free`), and so it is `check_markers`'s:
+    without the argument a block-aligned marker takes effect and a misplaced one is an error, not a token."""
+    assert check_markers([10, 11, 12, 13, S, 14], CONTROL, B) == [(4, SegmentKind.SSEP)]
+    with pytest.raises(ValueError, match="at index 2 is not at a KV block start"):
+        check_markers([10, 11, P, 12], CONTROL, B)
+
+
+def test_segments_and_layouts_are_immutable_values():
+    """A layout is made once per prompt and shared (a `Prompt`, its requests, their cached `span_segments`), so
+    neither it nor its segments can be changed in place; segments compare and hash by value."""
+    layout = span_layout([10, 11, 12, PAD, S, 20], CONTROL, B)
+    seg = layout.segments[1]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        seg.end = 99
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        layout.visible_start = ()
+    assert {seg, Segment(SegmentKind.SSEP, 4, 6, 1)} == {seg}
