@@ -212,3 +212,16 @@ def test_an_integer_like_id_that_is_no_integer_keeps_its_type_error():
     with pytest.raises(TypeError, match="only integer tensors of a single element can be converted to an index"):
         as_token_ids(torch.tensor([1.0, 2.0]))
     assert as_token_ids(torch.tensor([1, 2])) == [1, 2]
+
+
+def test_a_request_aborted_while_waiting_reports_no_cached_tokens(tiny_dir):
+    """A request aborted before its admission was never looked up in the cache: its output reports 0 cached tokens,
+    even where its prompt's blocks are cached (by a first run of the same prompt)."""
+    llm = tiny_llm(tiny_dir)
+    llm.generate([PROMPT], GREEDY4, use_tqdm=False)
+    engine = llm.engine
+    engine.add_request(PROMPT, GREEDY4, request_id="w")
+    final = engine.abort("w")
+    assert (final.finish_reason, final.token_ids, final.num_cached_tokens) == ("abort", [], 0)
+    assert llm.stats()["num_cached_blocks"] == 2
+    llm.close()

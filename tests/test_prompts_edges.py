@@ -1,17 +1,22 @@
 """Edges of the prompt composer (prompts.py) on a character tokenizer: empty pieces, padding without a pad id,
 markers in the first piece (and the first of two), the chat frame's switches, epic documents that fit in their link
 block, the composer `for_llm` builds, and recipe inputs of the wrong type (documents given as one string, a document,
-question or system that is no string, schema items and pieces of no text); and, on a real Hugging Face tokenizer that
-adds a BOS, a recipe with none in the middle."""
+question or system that is no string, schema items and pieces of no text, each error naming what it got); which
+values are token ids; prompts, pieces and schema items as frozen values; the composer's short repr; and, on a real
+Hugging Face tokenizer that adds a BOS, a recipe with none in the middle."""
 
+import copy
+import dataclasses
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
+import torch
 
 import minipic_lite as mp
 from minipic_lite.config import CacheConfig, ControlTokens
-from minipic_lite.prompts import Piece, PromptComposer
+from minipic_lite.prompts import Piece, PromptComposer, is_token_id
 from minipic_lite.spans import SegmentKind
 from tests.conftest import bos_tokenizer
 
@@ -212,7 +217,41 @@ def test_a_schema_item_of_no_text_is_refused_when_made(make):
         make()
 
 
-@pytest.mark.parametrize("content", [None, 5, [1, "a"]], ids=["None", "int", "list-with-a-str"])
-def test_a_piece_of_neither_text_nor_token_ids_is_refused_when_made(content):
-    with pytest.raises(TypeError, match="Piece.content must be a string or token ids"):
+@pytest.mark.parametrize(
+    ("content", "described"),
+    [(None, "NoneType"), (5, "int"), ([1, "a"], "a list of int, str"), ((2.5, 1), "a tuple of float, int")],
+    ids=["None", "int", "list-with-a-str", "tuple-with-a-float"],
+)
+def test_a_piece_of_neither_text_nor_token_ids_is_refused_naming_what_it_got(content, described):
+    """The error says what the content was: its type, and for an iterable the types of its items, sorted."""
+    with pytest.raises(TypeError, match=rf"^Piece\.content must be a string or token ids, got {described}$"):
         Piece(content)
+
+
+@pytest.mark.parametrize(
+    ("t", "expected"),
+    [(7, True), (np.int64(7), True), (torch.tensor(7), True), (True, False), (7.0, False), ("7", False)],
+    ids=["int", "numpy-int64", "torch-scalar", "bool", "float", "str"],
+)
+def test_is_token_id_takes_integers_of_any_kind_but_no_bool(t, expected):
+    """Token ids may be numpy's or torch's integers; a bool is no token id, nor is a float or a string."""
+    assert is_token_id(t) is expected
+
+
+def test_composed_prompts_pieces_and_schema_items_are_values_that_cannot_change():
+    """A Prompt, a Piece and a Module are frozen: equal ones hash alike (usable as keys), and none can be changed
+    after it is made (a prompt's tokens stay those it was composed and checked with)."""
+    prompt = composer().compose([Piece("ab"), Piece("c", SegmentKind.SSEP)])
+    again = composer().compose([Piece("ab"), Piece("c", SegmentKind.SSEP)])
+    assert prompt == again and hash(prompt) == hash(again)
+    for value, name in ((prompt, "token_ids"), (Piece((5, 6)), "content"), (mp.Module("m"), "text")):
+        assert hash(value) == hash(copy.copy(value))
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(value, name, "changed")
+
+
+def test_a_composers_repr_leaves_out_its_tokenizer_and_token_memo():
+    """The repr of a composer stays one short line: the tokenizer and the memo of encoded texts are left out."""
+    c = composer()
+    c.encode("memo")
+    assert repr(c) == "PromptComposer(control=ControlTokens(ssep_id=1, pdep_id=2, pad_id=3), block_size=4, chat=True)"
