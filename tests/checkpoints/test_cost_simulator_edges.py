@@ -2,7 +2,9 @@
 test_simulator leave open: a scalar is not 1-D weights, a bool is not a budget, positions come back unique, the worst
 case counts only depths with mass and refuses zero mass as the expected cost does; no request resumes past L - 1 (a
 checkpoint at L serves no identical request), equal overlaps go to the most recently used entry, an empty cache
-matches at depth 0, and the per-request ratios of a one-request run."""
+matches at depth 0, and the per-request ratios of a one-request run. Also: a bad position beside good ones, the first
+bad weight named, the default cache of 16 entries, ℓ below an entry's first checkpoint, a resume at the first token,
+and an empty replay."""
 
 import numpy as np
 import pytest
@@ -79,3 +81,48 @@ def test_the_planner_observes_each_request_with_its_overlap_depth_and_best_entry
     planner = Recording()
     simulate([[1, 2, 3, 4, 5], [1, 2, 3, 9, 9]], planner, num_entries=2)
     assert planner.observed == [([1, 2, 3, 4, 5], 0, None), ([1, 2, 3, 9, 9], 3, [1, 2, 3, 4, 5])]
+
+
+def test_a_position_out_of_range_raises_beside_valid_ones():
+    """Both ends of the sorted positions are checked: 0 beside 2, or N + 1 beside 1, raises."""
+    with pytest.raises(ValueError, match=r"lie in 1..3, got \[0, 2\]"):
+        validate_positions([2, 0], 3)
+    with pytest.raises(ValueError, match=r"lie in 1..3, got \[1, 4\]"):
+        validate_positions([4, 1], 3)
+
+
+def test_bad_weights_are_reported_at_the_first_bad_depth():
+    with pytest.raises(ValueError, match=r"finite: weights\[1\] = nan$"):
+        validate_weights([1.0, float("nan"), float("inf")])
+    with pytest.raises(ValueError, match=r"non-negative: weights\[1\] = -0.5$"):
+        validate_weights([1.0, -0.5, -2.0])
+
+
+def test_the_default_cache_holds_sixteen_entries():
+    """16 entries by default: the first of 16 distinct requests is still cached for a 17th, not for an 18th.
+    Each request of 4 tokens is cached with balanced(N=4, M=1) = {2}; the same request again resumes at 2."""
+    distinct = [[i] * 4 for i in range(1, 18)]
+    kept = simulate(distinct[:16] + [distinct[0]], Planner("balanced", 1))
+    assert kept.recomputed_per_request[-1] == 2
+    evicted = simulate(distinct + [distinct[0]], Planner("balanced", 1))
+    assert evicted.recomputed_per_request[-1] == 4
+
+
+def test_an_entry_resumes_from_the_empty_prefix_before_its_first_checkpoint():
+    """ℓ(t; C) = max({0} ∪ {c ∈ C : c ≤ t}): 0 below the first checkpoint, else the deepest one not past t."""
+    cache = CheckpointCache(1)
+    cache.insert(np.array([1, 2, 3, 4, 5, 6]), [5, 2])
+    entry = cache.entries[0]
+    assert [entry.resume_depth(t) for t in range(7)] == [0, 0, 2, 2, 2, 5, 5]
+
+
+def test_a_resume_at_the_first_token_counts_as_resumed():
+    """[5, 6] is cached with balanced(N=2, M=1) = {1}; [5, 7] shares 1 token and resumes there."""
+    result = simulate([[5, 6], [5, 7]], Planner("balanced", 1))
+    assert result.recomputed_per_request == [2, 1] and result.num_resumed == 1
+
+
+def test_an_empty_replay_has_zero_ratios():
+    """No request: nothing computed and nothing saved; the ratios are 0, not a division by zero."""
+    result = simulate([], Planner("balanced", 1))
+    assert (result.num_requests, result.savings_factor, result.checkpoints_per_request) == (0, 0.0, 0.0)

@@ -1,6 +1,10 @@
 """Edges of the engine's checkpoint planner (checkpoints/planner.py) that test_state_cache leaves open: a
-baseline plans over the whole prompt, and what counts as evidence that moves `dp` off its prior."""
+baseline plans over the whole prompt, what counts as evidence that moves `dp` off its prior (one shared token is), a
+planner re-plans after every observation by default, and the engine's planner looks at the last 512 prompts."""
 
+import numpy as np
+
+from minipic_lite.checkpoints import DepthHistogram, Planner
 from minipic_lite.checkpoints.planner import CheckpointPlanner
 
 B = 4
@@ -37,3 +41,32 @@ def test_observe_measures_the_depth_without_the_prompts_last_token_and_only_agai
     planner.observe(list(range(100, 116)))  # the same prompt again: its last token is computed anyway
     planner.observe(list(range(500, 516)))  # shares nothing: no entry
     assert seen == [(0, None), (15, 16), (0, None)]
+
+
+def test_a_planner_replans_after_every_observation_by_default():
+    """The plan cached for a length is dropped as soon as one new request is observed (replan_every = 1)."""
+    planner = Planner("dp", 1, DepthHistogram(prior_weight=0.0))
+    entry = np.arange(8)
+    assert planner.plan(entry) == []  # no mass at all: no checkpoint helps
+    planner.observe(entry, 3, np.arange(8))  # one request left an entry of 8 tokens at depth 3
+    assert planner.plan(entry) == [3]
+
+
+def test_the_engines_planner_and_its_estimator_look_at_the_last_512_prompts():
+    planner = CheckpointPlanner("dp", budget=2, bin_size=B, prior="balanced")
+    assert planner.recent.maxlen == planner.planner.estimator.history.maxlen == 512
+
+
+def test_a_recent_prompt_that_shares_one_token_is_evidence():
+    planner = CheckpointPlanner("dp", budget=2, bin_size=B, prior="balanced")
+    planner.observe(list(range(100, 164)))
+    assert planner.has_evidence([100] + list(range(600, 663)))
+
+
+def test_dps_estimate_is_uniform_past_the_shared_header_until_a_request_leaves_a_prompt():
+    """A recent prompt shares 3 tokens of a new one (N = 8): history 1 at 3; its own request 1/5 on each of 4..8
+    (past the header, what `balanced` assumes); the prior 1/8 on each of 1..8."""
+    planner = CheckpointPlanner("dp", budget=1, bin_size=1, prior="balanced")
+    planner.observe([1, 2, 3, 9])
+    weights = planner.planner.estimator.weights_for(np.array([1, 2, 3, 4, 5, 6, 7, 8]))
+    np.testing.assert_allclose(weights, [0, 1 / 8, 1 / 8, 1 + 1 / 8] + [1 / 5 + 1 / 8] * 5)
