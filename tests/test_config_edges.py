@@ -3,8 +3,9 @@ field out means (transformers' LlamaConfig defaults are the oracle: one kv head 
 untied embeddings), the rope fields of `rope_parameters`, a list of eos ids, a top-level eos beside a `text_config`,
 a sliding window wider than the context, Qwen3.5's default conv kernel, layer_types that name too few layers, a
 config.json that is not an object or names no model_type, the inclusive ends of each option's range and the first
-values past them, the defaults the README documents, what the hash namespace and a cuda:N device mean, and control
-tokens of the wrong type or outside the vocabulary."""
+values past them, the defaults the README documents, what the hash namespace and a cuda:N device mean, control
+tokens of the wrong type or outside the vocabulary, the smallest block size and cache, and memory sizes below 1 GiB
+or below 0."""
 
 import json
 from pathlib import Path
@@ -229,3 +230,25 @@ def test_control_tokens_are_a_controltokens_of_ids_inside_the_vocabulary():
     with pytest.raises(ValueError, match=r"control_tokens.ssep_id must be a token id in \[0, 64\), got '1'"):
         EngineConfig(Path("m"), model, control=ControlTokens(ssep_id="1"))
     assert EngineConfig(Path("m"), model, control=ControlTokens(ssep_id=0, pdep_id=63)).control.pdep_id == 63
+
+
+def test_one_is_the_smallest_block_size_and_sizes_between_powers_of_two_are_refused():
+    """A block of one token is a power of two (2**0) like 16; 6 and 3 are not."""
+    assert CacheConfig(block_size=1).block_size == 1
+    for bad in (6, 3):
+        with pytest.raises(ValueError, match=f"block_size must be a positive power of two, got {bad}"):
+            CacheConfig(block_size=bad)
+
+
+def test_memory_sizes_take_fractions_of_a_gib_and_refuse_negative_ones():
+    """A CPU cache cap of half a GiB is positive, so taken; a host tier or checkpoint store of -0.5 GiB is no size."""
+    assert CacheConfig(cpu_kv_cache_gib=0.5).cpu_kv_cache_gib == 0.5
+    with pytest.raises(ValueError, match=r"host_cache_gib must be >= 0 \(0: no host tier\), got -0.5"):
+        CacheConfig(host_cache_gib=-0.5)
+    with pytest.raises(ValueError, match=r"state_cache_gib must be >= 0 \(0: no checkpoints\), got -0.5"):
+        CacheConfig(state_cache_gib=-0.5)
+
+
+def test_a_cache_of_one_block_is_taken():
+    """num_blocks is None (sized from memory) or a positive count: one block is the fewest."""
+    assert CacheConfig(num_blocks=1).num_blocks == 1

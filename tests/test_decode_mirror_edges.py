@@ -1,7 +1,7 @@
 """Edges of the CPU decode mirror (decode_mirror.py) that test_decode_mirror leaves open: its budget counts exactly
 the bytes it allocates, a growth that fits the budget to the byte is taken (and doubles only past what a step asks),
-a request's keys are copied once, and again after a preemption, and the copies are in the type their attention
-reads."""
+a request's keys are copied once, and again after a preemption, the copies are in the type their attention reads,
+the C kernel attends as SDPA does, and a step that fits what the mirror holds keeps its tensors."""
 
 import torch
 
@@ -141,3 +141,29 @@ def test_a_query_sees_only_the_keys_from_its_visible_start_on():
         keys, values = mirror.k[0, slot, :, first : last + 1], mirror.v[0, slot, :, first : last + 1]
         expected = torch.nn.functional.scaled_dot_product_attention(q[row].view(2, 2, 8), keys, values, scale=0.35)
         torch.testing.assert_close(attended[row], expected.reshape(4, 8))
+
+
+def test_the_c_kernel_attends_each_query_over_its_own_visible_keys_as_sdpa_does():
+    """With heads the C kernel takes (D = 16), a decode step attends through it where it is built (else through SDPA):
+    either way each query reads its own slot's keys from its visible start to its own, as SDPA over them does."""
+    cfg = ModelConfig("llama", 64, 32, 64, 2, 4, 2, 16, 1e-6, 10000.0, 256, False)
+    mirror = DecodeMirror(cfg, position_free=True, max_bytes=1 << 20)
+    assert mirror.native == (native.load() is not None)
+    sched, seqs = decoding(2)
+    kv_cache, cos_sin = torch.randn(2, 2, 33, B, 2, 16), torch.randn(256, 16)
+    step = mirror.prepare(sched.schedule(), kv_cache, cos_sin, torch.tensor([3, 0], dtype=torch.int32))
+    q, k, v = torch.randn(2, 4, 16), torch.randn(2, 2, 16), torch.randn(2, 2, 16)
+    attended = step.attend(1, q, k, v, scale=0.25)
+    for row, (slot, first, last) in enumerate([(0, 3, 5), (1, 0, 6)]):
+        keys, values = mirror.k[1, slot, :, first : last + 1], mirror.v[1, slot, :, first : last + 1]
+        expected = torch.nn.functional.scaled_dot_product_attention(q[row].view(2, 2, 16), keys, values, scale=0.25)
+        torch.testing.assert_close(attended[row], expected.reshape(4, 16))
+
+
+def test_a_step_that_asks_exactly_what_the_mirror_holds_keeps_its_tensors():
+    """Growing copies every key the mirror holds: a step that asks exactly the slots and the capacity it has (most
+    decode steps) keeps its tensors as they are."""
+    mirror = DecodeMirror(tiny_config(), position_free=True, max_bytes=1 << 20)
+    assert mirror._reserve(2, MIN_CAPACITY) and mirror.k.shape[1] == 2 and mirror.k.shape[3] == MIN_CAPACITY
+    k, v = mirror.k, mirror.v
+    assert mirror._reserve(2, MIN_CAPACITY) and mirror.k is k and mirror.v is v

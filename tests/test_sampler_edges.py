@@ -1,6 +1,7 @@
 """Edges of the sampler (sampler.py) that the main tests leave open: the temperature's effect on a seeded draw,
-top-p alone in a batch, top-p over the top-k renormalized mass, and the top-p boundary. Seeded rows draw their
-noise from `torch.Generator().manual_seed(seed)`, so a draw is recomputed here exactly."""
+top-p alone in a batch, top-p over the top-k renormalized mass, the top-p boundary, top-k 1 alone, and the tensors
+of a batch in which no row cuts. Seeded rows draw their noise from `torch.Generator().manual_seed(seed)`, so a draw
+is recomputed here exactly."""
 
 import torch
 
@@ -92,3 +93,21 @@ def test_a_temperature_too_small_to_divide_by_is_greedy_and_a_huge_top_k_cuts_no
     batch = sampler.prepare(["c", "d"], huge)
     assert batch.top_k.tolist() == [2**31 - 1, 0]
     assert apply_top_k_top_p(logits, batch.top_k, batch.top_p).isfinite().all(), "a huge k drops no token"
+
+
+def test_top_k_of_one_alone_keeps_only_the_most_likely_token():
+    """top_k=1 with no top-p cut is a cut of its own: every seed draws the argmax, never one of the 63 others that
+    hold ~83% of the mass together."""
+    logits = torch.zeros(1, VOCAB)
+    logits[0, 5] = 1.0
+    assert [draw(logits, [SamplingParams(temperature=1.0, top_k=1, seed=seed)])[0] for seed in range(10)] == [5] * 10
+
+
+def test_a_batch_in_which_no_row_cuts_has_no_top_k_or_top_p_tensors():
+    """The sort of the vocabulary that top-k and top-p need is skipped unless a row cuts: top_k 0 (or -1) and top_p 1
+    build no tensors; one row with top-p below 1 builds them for the batch."""
+    sampler = Sampler(torch.device("cpu"))
+    no_cut = sampler.prepare(["a", "b"], [SamplingParams(temperature=1.0), SamplingParams(temperature=0.5, top_k=-1)])
+    assert no_cut.top_k is None and no_cut.top_p is None
+    cut = sampler.prepare(["a", "b"], [SamplingParams(temperature=1.0), SamplingParams(temperature=1.0, top_p=0.9)])
+    assert cut.top_k.tolist() == [0, 0] and torch.equal(cut.top_p, torch.tensor([1.0, 0.9]))

@@ -1,6 +1,8 @@
 """Scheduler paths its other tests leave out, with exact chunks: the budget left after capped span prefills, span
 prefills once nothing runs, barrier's wait for running span prefills, one-block spans, the lookahead's edge, bursts
-beside waiting requests and at a block boundary, and the books kept for finished requests."""
+beside waiting requests and at a block boundary, the books kept for finished requests, a span-ahead cap of zero, the
+hit guard asked for a partly cached span, the budget of a request waiting for another's blocks and of a span
+prefill's last token, and when the lookahead is asked and where it stops."""
 
 from collections import deque
 
@@ -146,3 +148,112 @@ def test_a_finished_waiting_request_leaves_no_books_behind():
     sched.finish(b, "abort")  # aborted while waiting
     assert sched.complete_ahead == {}
     run(sched)
+
+
+def test_a_span_ahead_cap_of_zero_computes_no_span_ahead_while_another_request_runs():
+    """isps with span_ahead_tokens=0: while a runs, b's span is not started ahead (not even one token); once a
+    finishes, b takes the seat and computes its span in its own prefill."""
+    sched = scheduler(max_num_seqs=1, policy="isps", span_ahead_tokens=0)
+    a = request("a", [20, 21, 22, PAD, P, 60, 61], max_tokens=2)
+    b = request("b", [25, 26, 27, PAD, *DOC2, P, 60, 62])
+    sched.add(a)
+    sched.add(b)
+    assert step(sched) == [("a", [(0, 7)])]
+    assert step(sched) == [("a", [(7, 8)])]  # a finishes
+    assert step(sched) == [("b", [(0, 15)])]
+    run(sched)
+    assert b.cached_block_ids == set()
+
+
+def test_a_span_prefill_asks_the_hit_guard_for_the_fresh_blocks_of_its_missing_blocks_only():
+    """A span prefill asks the hit guard for one fresh block per missing block of its span, none for its cached ones:
+    b's DOC has its first block cached (a computed it), so its span prefill takes one fresh block, the never-cached
+    one at the old end of the free queue, and starts (asked for three, the guard would hold it back for b's hit)."""
+    sched = scheduler(num_blocks=3, policy="barrier")
+    a = request("a", [20, 21, 22, PAD, *DOC])  # blocks 0 (lead), 1 (DOC's first), 2 (DOC's second)
+    assert sched.kv.allocate_prompt(a)
+    sched.kv.publish(a, 8)  # a's lead and DOC's first block cached
+    sched.kv.free(a)  # tail first: the free queue is 2 (never cached), 1, 0
+    b = request("b", [*DOC, P, 60, 62])
+    sched.add(b)
+    assert step(sched) == [("b/span0", [(4, 8)])]
+    assert step(sched) == [("b", [(8, 11)])]
+    assert b.block_table == [1, 2, 0]  # DOC's cached block, the span prefill's fresh one, then the final's
+    run(sched)
+    assert b.cached_block_ids == {0, 1}
+
+
+def test_a_request_waiting_for_blocks_another_computes_leaves_the_whole_budget_to_the_next():
+    """isps, three seats, span prefills capped at one token a step: b's span DOC2 is computed ahead while a, x and y
+    run. When x and y finish, b takes a seat but computes nothing (its first blocks are the span prefill's, not
+    written yet) and takes none of the budget: c, admitted after it, gets all 8 tokens that a and the span left."""
+    sched = scheduler(budget=10, max_num_seqs=3, policy="isps", span_ahead_tokens=1)
+    a = request("a", [20, 21], max_tokens=8)
+    x = request("x", [23, 24])
+    y = request("y", [25, 26])
+    b = request("b", [*DOC2, P, 60, 62])
+    c = request("c", range(70, 79))  # 9 tokens: one more than the budget left to it
+    for r in (a, x, y, b, c):
+        sched.add(r)
+    assert step(sched) == [("a", [(0, 2)]), ("x", [(0, 2)]), ("y", [(0, 2)]), ("b/span0", [(0, 1)])]
+    assert step(sched) == [("a", [(2, 3)]), ("x", [(2, 3)]), ("y", [(2, 3)]), ("b/span0", [(1, 2)])]  # x, y finish
+    assert step(sched) == [("a", [(3, 4)]), ("b/span0", [(2, 3)]), ("c", [(0, 8)])]
+    assert b in sched.running and b.waiting_blocks == {0, 1}
+    run(sched)
+    assert b.cached_block_ids == {0, 1} and b.num_output_tokens == 2
+
+
+def count_lookaheads(sched):
+    """The calls of `sched._lookahead` from now on (a list that grows by one a call)."""
+    calls, lookahead = [], sched._lookahead
+    sched._lookahead = lambda: calls.append(1) or lookahead()
+    return calls
+
+
+def test_isps_asks_no_lookahead_in_a_step_that_leaves_no_budget():
+    """a's prefill takes the whole budget: no span prefill could start, so the lookahead (a match of each waiting
+    prompt) is not asked; the next step's budget left starts b's span prefill."""
+    sched = scheduler(budget=7, max_num_seqs=1, policy="isps")
+    a = request("a", [20, 21, 22, PAD, P, 60, 61], max_tokens=4)
+    b = request("b", [25, 26, 27, PAD, *DOC2, P, 60, 62])
+    sched.add(a)
+    sched.add(b)
+    calls = count_lookaheads(sched)
+    assert step(sched) == [("a", [(0, 7)])] and calls == []
+    assert step(sched) == [("a", [(7, 8)]), ("b/span1", [(0, 6)])] and calls == [1]
+
+
+def test_barrier_asks_the_lookahead_once_in_a_step_that_admits_nobody():
+    """Only an admission changes what the lookahead depends on: in a step that admits no final (b misses a span),
+    the lookahead asked at the step's start is the one its span prefills start from."""
+    sched = scheduler(policy="barrier")
+    b = request("b", [25, 26, 27, PAD, *DOC2, P, 60, 62])
+    sched.add(b)
+    calls = count_lookaheads(sched)
+    assert step(sched) == [("b/span1", [(0, 8)])] and calls == [1]
+
+
+def test_the_last_token_of_budget_a_span_prefill_leaves_starts_the_next_prompts_span_prefill():
+    """barrier, budget 9: b's span prefill computes its 8 tokens, and the one token left goes to c's span prefill."""
+    sched = scheduler(budget=9, policy="barrier")
+    b = request("b", [25, 26, 27, PAD, *DOC2, P, 60, 62])
+    c = request("c", [28, 29, 30, PAD, *DOC, P, 60, 63])
+    sched.add(b)
+    sched.add(c)
+    assert step(sched) == [("b/span1", [(0, 8)]), ("c/span1", [(0, 1)])]
+    run(sched)
+    assert b.cached_block_ids == c.cached_block_ids == {1, 2}
+
+
+def test_the_lookahead_stops_before_a_prompt_one_block_past_the_free_blocks():
+    """As the exact fit above, but w2 needs two fresh blocks where one is left: the lookahead ends at w1."""
+    sched = scheduler(num_blocks=10, max_num_seqs=4, policy="isps")
+    r = request("r", range(10, 19))  # 3 blocks, 2 of them full and published, all held
+    assert sched.kv.allocate_prompt(r)
+    sched.kv.publish(r, 9)
+    w0 = request("w0", range(100, 116))  # 4 fresh blocks
+    w1 = request("w1", [*range(10, 18), 90, 91, 92, 93, 94])  # 4 blocks: r's 2 (held) and 2 fresh
+    w2 = request("w2", range(200, 205))  # 2 fresh blocks: one more than is left
+    sched.waiting = deque([w0, w1, w2])
+    assert [sched.kv.num_blocks_to_admit(w) for w in (w0, w1, w2)] == [4, 2, 2]
+    assert sched._lookahead() == [w0, w1]

@@ -1,6 +1,6 @@
 """Edges of the step log (step_log.py) that test_step_log leaves open: a decode past the prompt counts no prompt
-tokens, a record counts the step's sequences, a recompute's answer tokens count apart from its new one, and a prompt
-may open with a span."""
+tokens, a record counts the step's sequences, a recompute's answer tokens count apart from its new one (in a chunk
+with a hole too), and a prompt may open with a span."""
 
 from minipic_lite.chunks import ScheduledSeq, SchedulerOutput
 from minipic_lite.config import ControlTokens
@@ -59,3 +59,11 @@ def test_a_prompt_that_opens_with_an_ssep_span_counts_it_as_span_prefill():
     layout = span_layout(token_ids, ControlTokens(ssep_id=1, pdep_id=2, pad_id=3), B, True)
     req = Request("s", token_ids, SamplingParams(), B, ROOT, layout)
     assert count_tokens(SchedulerOutput([ScheduledSeq(req, [(0, 7)], 7, do_sample=True)])) == (4, 3, 0, 0)
+
+
+def test_a_recompute_with_a_hole_counts_its_decode_at_the_end_of_its_last_range():
+    """A recompute chunk that skips a cached block: its last range ends at the token it samples from (the decode),
+    the answer token before it was computed once already; the range before the hole holds no answer token."""
+    req = request("a", num_outputs=2)  # 17 tokens: 15 prompt, 2 answer
+    out = SchedulerOutput([ScheduledSeq(req, [(0, 4), (8, 17)], 17, do_sample=True)])  # block 1 is a hit
+    assert count_tokens(out) == (0, 4 + 7, 1, 1)
