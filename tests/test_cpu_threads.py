@@ -1,6 +1,7 @@
 """The CPU engine's thread count follows the cores other programs leave free (cpu_threads.py): the rule, the reading
 of /proc/stat, a governor on a stand-in clock and machine, when one is made, and the engine loop driving it."""
 
+import os
 import threading
 from types import SimpleNamespace
 
@@ -120,6 +121,30 @@ def test_a_governor_counts_the_cores_it_may_run_on_not_its_threads(monkeypatch):
     assert threads == [1]  # three taken: one left
 
 
+def test_a_governor_waits_an_interval_on_a_clock_that_does_not_start_at_zero(monkeypatch):
+    """The interval runs from the last look, not from the clock's origin (time.monotonic starts anywhere)."""
+    machine, governor, threads = governed(monkeypatch, {0, 1})
+    machine.wall = 1000.0
+    governor.after_step()  # the first look, at 1000 s
+    machine.run(INTERVAL_S / 2, own_cores=1.0, other_cores=1.0)
+    governor.after_step()
+    assert threads == [2]  # half the interval: no look yet
+    machine.run(INTERVAL_S / 2, own_cores=1.0, other_cores=1.0)
+    governor.after_step()
+    assert threads == [1]
+
+
+def test_a_governor_takes_its_cores_from_its_own_affinity():
+    """The cores this process may run on, which a launcher (taskset) may narrow below the machine's, not another
+    process's."""
+    cores = os.sched_getaffinity(0)
+    try:
+        os.sched_setaffinity(0, {min(cores)})  # NOTE: the calling thread only (pid 0): torch's pool keeps its cores
+        assert ThreadGovernor().cores == {min(cores)}
+    finally:
+        os.sched_setaffinity(0, cores)
+
+
 def test_a_governor_is_made_only_where_the_thread_count_is_left_to_it(monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.delenv(cpu_threads.ENV_SWITCH, raising=False)
@@ -152,3 +177,18 @@ def test_the_loop_tells_its_governor_of_each_step_and_of_each_wait(monkeypatch):
     run_with_timeout(loop.close)
     runs = [c for i, c in enumerate(calls) if i == 0 or c != calls[i - 1]]  # a wait woken by a call waits again
     assert runs == ["idle", "step", "idle", "step", "idle"]
+
+
+def test_a_loop_serving_a_request_tells_its_governor_of_no_wait_between_its_steps(monkeypatch):
+    """Steps back to back are serving, not waiting: a wait reported between two of them would restart the governor's
+    interval at every step, and the thread count would never follow the machine."""
+    calls = []
+    governor = SimpleNamespace(after_step=lambda: calls.append("step"), idle=lambda: calls.append("idle"))
+    monkeypatch.setattr(ThreadGovernor, "for_device", classmethod(lambda cls, device: governor))
+    loop = run_with_timeout(EngineLoop, CountingEngine)
+    finished = threading.Event()
+    loop.submit([request("a", max_tokens=3)], lambda out: out.finished and finished.set())
+    assert finished.wait(WAIT_S)
+    run_with_timeout(loop.close)
+    first = calls.index("step")
+    assert calls[first : first + 3] == ["step"] * 3

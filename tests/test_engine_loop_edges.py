@@ -85,6 +85,16 @@ def test_a_cuda_engine_already_on_one_torch_thread_is_left_alone(monkeypatch, ca
     assert calls == [] and caplog.records == []
 
 
+def test_a_cuda_engine_on_two_torch_threads_drops_to_one(monkeypatch):
+    """Any count above one is lowered, two included (a two-core machine's default)."""
+    calls = []
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    monkeypatch.setattr(torch, "set_num_threads", calls.append)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    fewer_cpu_threads(torch.device("cuda"))
+    assert calls == [1]
+
+
 def test_the_loop_thread_of_a_cuda_engine_drops_to_one_torch_thread_once_the_engine_is_built(monkeypatch):
     """The loop calls fewer_cpu_threads on its own thread after the build (loading weights keeps every thread)."""
     events = []
@@ -429,4 +439,11 @@ def test_a_failed_step_keeps_the_loop_serving():
     loop.submit([request("a", 5)], lambda out: got.append(out) or done.set())
     assert done.wait(WAIT_S) and [str(e) for e in got] == ["injected"]
     assert run_with_timeout(loop.call, lambda e: dict(e.requests)) == {}, "the loop stopped serving"
+    run_with_timeout(loop.close)
+
+
+def test_a_loop_left_open_does_not_keep_the_interpreter_alive():
+    """Its thread is a daemon: a program that exits without closing its LLM is not held by a loop waiting for work."""
+    loop = run_with_timeout(EngineLoop, CountingEngine)
+    assert loop._thread.daemon
     run_with_timeout(loop.close)

@@ -41,3 +41,11 @@ def test_scratch_states_are_zeros_per_sequence_with_the_ssm_in_float32():
     assert step.ssm.shape == (3, 2, 4, 8, 8) and step.ssm.dtype == torch.float32
     assert not step.conv.any() and not step.ssm.any()
     assert (step.slot_ids, step.query_lens, step.cu_seqlens_cpu.tolist()) == ([0, 1], [3, 1], [0, 3, 4])
+
+
+def test_a_recurrent_step_is_a_decode_only_when_every_sequence_has_one_query_token():
+    """The hybrid's one-token recurrent update serves a step of decodes only: one prefill among them needs the
+    chunked path."""
+    conv, ssm = torch.zeros(1, 3, 4, 2), torch.zeros(1, 3, 2, 4, 4)
+    assert RecurrentStep.build([0, 2], [0, 1, 2], conv, ssm).is_decode
+    assert not RecurrentStep.build([0, 2], [0, 1, 4], conv, ssm).is_decode
