@@ -3,6 +3,7 @@ the bytes it allocates, a growth that fits the budget to the byte is taken (and 
 a request's keys are copied once, and again after a preemption, the copies are in the type their attention reads,
 the C kernel attends as SDPA does, and a step that fits what the mirror holds keeps its tensors."""
 
+import pytest
 import torch
 
 from minipic_lite.config import ModelConfig, SchedulerConfig
@@ -127,37 +128,26 @@ def test_the_copies_are_in_the_type_their_attention_reads():
     assert not small.native and small.k.dtype == torch.float32
 
 
-def test_a_query_sees_only_the_keys_from_its_visible_start_on():
-    """A decode after a span that starts at key 3 (SSEP): its query attends to keys 3..its own, the other's to all."""
-    mirror = DecodeMirror(tiny_config(), position_free=True, max_bytes=1 << 20)
-    sched, seqs = decoding(2)
-    kv_cache, cos_sin = torch.randn(2, 2, 33, B, 2, 8), torch.randn(256, 8)
-    out = sched.schedule()
-    step = mirror.prepare(out, kv_cache, cos_sin, torch.tensor([3, 0], dtype=torch.int32))
-    assert step.visible_start.tolist() == [3, 0] and step.positions.tolist() == [5, 6]
-    q, k, v = torch.randn(2, 4, 8), torch.randn(2, 2, 8), torch.randn(2, 2, 8)
-    attended = step.attend(0, q, k, v, scale=0.35)
-    for row, (slot, first, last) in enumerate([(0, 3, 5), (1, 0, 6)]):
-        keys, values = mirror.k[0, slot, :, first : last + 1], mirror.v[0, slot, :, first : last + 1]
-        expected = torch.nn.functional.scaled_dot_product_attention(q[row].view(2, 2, 8), keys, values, scale=0.35)
-        torch.testing.assert_close(attended[row], expected.reshape(4, 8))
-
-
-def test_the_c_kernel_attends_each_query_over_its_own_visible_keys_as_sdpa_does():
-    """With heads the C kernel takes (D = 16), a decode step attends through it where it is built (else through SDPA):
-    either way each query reads its own slot's keys from its visible start to its own, as SDPA over them does."""
-    cfg = ModelConfig("llama", 64, 32, 64, 2, 4, 2, 16, 1e-6, 10000.0, 256, False)
+@pytest.mark.parametrize(("head_dim", "layer"), [(8, 0), (16, 1)], ids=["sdpa-heads", "c-kernel-heads"])
+def test_a_query_sees_only_the_keys_from_its_visible_start_on(head_dim, layer):
+    """A decode after a span that starts at key 3 (SSEP): its query attends to keys 3..its own, the other's to all, as
+    SDPA over those keys does; at D = 16 through the C kernel where it is built (D = 8 always takes SDPA)."""
+    cfg = ModelConfig("llama", 64, 32, 64, 2, 4, 2, head_dim, 1e-6, 10000.0, 256, False)
     mirror = DecodeMirror(cfg, position_free=True, max_bytes=1 << 20)
-    assert mirror.native == (native.load() is not None)
+    if head_dim == 16:
+        assert mirror.native == (native.load() is not None)
     sched, seqs = decoding(2)
-    kv_cache, cos_sin = torch.randn(2, 2, 33, B, 2, 16), torch.randn(256, 16)
+    kv_cache, cos_sin = torch.randn(2, 2, 33, B, 2, head_dim), torch.randn(256, head_dim)
     step = mirror.prepare(sched.schedule(), kv_cache, cos_sin, torch.tensor([3, 0], dtype=torch.int32))
-    q, k, v = torch.randn(2, 4, 16), torch.randn(2, 2, 16), torch.randn(2, 2, 16)
-    attended = step.attend(1, q, k, v, scale=0.25)
+    assert step.visible_start.tolist() == [3, 0] and step.positions.tolist() == [5, 6]
+    q, k, v = torch.randn(2, 4, head_dim), torch.randn(2, 2, head_dim), torch.randn(2, 2, head_dim)
+    attended = step.attend(layer, q, k, v, scale=0.35)
     for row, (slot, first, last) in enumerate([(0, 3, 5), (1, 0, 6)]):
-        keys, values = mirror.k[1, slot, :, first : last + 1], mirror.v[1, slot, :, first : last + 1]
-        expected = torch.nn.functional.scaled_dot_product_attention(q[row].view(2, 2, 16), keys, values, scale=0.25)
-        torch.testing.assert_close(attended[row], expected.reshape(4, 16))
+        keys, values = mirror.k[layer, slot, :, first : last + 1], mirror.v[layer, slot, :, first : last + 1]
+        expected = torch.nn.functional.scaled_dot_product_attention(
+            q[row].view(2, 2, head_dim), keys, values, scale=0.35
+        )
+        torch.testing.assert_close(attended[row], expected.reshape(4, head_dim))
 
 
 def test_a_step_that_asks_exactly_what_the_mirror_holds_keeps_its_tensors():

@@ -6,6 +6,8 @@ prefill's last token, and when the lookahead is asked and where it stops."""
 
 from collections import deque
 
+import pytest
+
 from minipic_lite.config import SchedulerConfig
 from minipic_lite.kv_cache_manager import KVCacheManager
 from minipic_lite.scheduler import Scheduler
@@ -101,18 +103,25 @@ def test_a_span_another_prompt_computes_ahead_counts_as_started():
     run(sched)
 
 
-def test_the_lookahead_takes_a_prompt_that_fills_the_free_blocks_exactly():
+@pytest.mark.parametrize(
+    ("w2_tokens", "w2_blocks", "taken"),
+    [([200, 201, 202], 1, 3), (range(200, 205), 2, 2)],
+    ids=["exact-fit", "one-block-past"],
+)
+def test_the_lookahead_takes_prompts_while_their_fresh_blocks_fit_the_free_ones(w2_tokens, w2_blocks, taken):
+    """7 free blocks: w0 takes 4 fresh, w1 2 (its first 2 are r's, held); w2 fits the last one exactly with 1 fresh
+    block, and with 2 the lookahead ends at w1."""
     sched = scheduler(num_blocks=10, max_num_seqs=4, policy="isps")
     r = request("r", range(10, 19))  # 3 blocks, 2 of them full and published, all held
     assert sched.kv.allocate_prompt(r)
     sched.kv.publish(r, 9)
     w0 = request("w0", range(100, 116))  # 4 fresh blocks
     w1 = request("w1", [*range(10, 18), 90, 91, 92, 93, 94])  # 4 blocks: r's 2 (held) and 2 fresh
-    w2 = request("w2", [200, 201, 202])  # 1 fresh block: the last free one
+    w2 = request("w2", w2_tokens)
     sched.waiting = deque([w0, w1, w2])
     assert sched.kv.num_free_blocks == 7
-    assert [sched.kv.num_blocks_to_admit(w) for w in (w0, w1, w2)] == [4, 2, 1]
-    assert sched._lookahead() == [w0, w1, w2]
+    assert [sched.kv.num_blocks_to_admit(w) for w in (w0, w1, w2)] == [4, 2, w2_blocks]
+    assert sched._lookahead() == [w0, w1, w2][:taken]
 
 
 def test_no_burst_while_a_request_waits():
@@ -243,17 +252,3 @@ def test_the_last_token_of_budget_a_span_prefill_leaves_starts_the_next_prompts_
     assert step(sched) == [("b/span1", [(0, 8)]), ("c/span1", [(0, 1)])]
     run(sched)
     assert b.cached_block_ids == c.cached_block_ids == {1, 2}
-
-
-def test_the_lookahead_stops_before_a_prompt_one_block_past_the_free_blocks():
-    """As the exact fit above, but w2 needs two fresh blocks where one is left: the lookahead ends at w1."""
-    sched = scheduler(num_blocks=10, max_num_seqs=4, policy="isps")
-    r = request("r", range(10, 19))  # 3 blocks, 2 of them full and published, all held
-    assert sched.kv.allocate_prompt(r)
-    sched.kv.publish(r, 9)
-    w0 = request("w0", range(100, 116))  # 4 fresh blocks
-    w1 = request("w1", [*range(10, 18), 90, 91, 92, 93, 94])  # 4 blocks: r's 2 (held) and 2 fresh
-    w2 = request("w2", range(200, 205))  # 2 fresh blocks: one more than is left
-    sched.waiting = deque([w0, w1, w2])
-    assert [sched.kv.num_blocks_to_admit(w) for w in (w0, w1, w2)] == [4, 2, 2]
-    assert sched._lookahead() == [w0, w1]
