@@ -1,6 +1,6 @@
 """EntryHistory's known prefix at its edges: a request that leaves exactly there, a known prefix that is exactly a
 branch point, entries remembered for more than one window and, past four windows of them, forgotten oldest first;
-and make_estimator's names. Also: hedge_earlier by hand, a one-token entry, the observation count and default window,
+and make_estimator's names. Also: hedge_earlier by hand, a one-token entry, the observation count,
 the branch prior over several points, the own request kept out of shared turns and off depth 0, a negative depth,
 and the known prefix of an entry never planned."""
 
@@ -86,10 +86,6 @@ def test_entry_history_counts_every_request_it_observes():
     estimator.observe_request(np.array([1, 2, 3]), 0, None)
     estimator.observe_request(np.array([1, 2, 4]), 2, np.array([1, 2, 3]))
     assert estimator.num_observations == 2
-
-
-def test_entry_history_looks_at_the_last_512_requests_by_default():
-    assert EntryHistory().history.maxlen == 512
 
 
 def test_entry_history_shares_the_branch_prior_evenly_among_several_branch_points():

@@ -1,6 +1,6 @@
 """Edges of the engine's checkpoint planner (checkpoints/planner.py) that test_state_cache leaves open: a
 baseline plans over the whole prompt, what counts as evidence that moves `dp` off its prior (one shared token is), a
-planner re-plans after every observation by default, and the engine's planner looks at the last 512 prompts."""
+planner re-plans after every observation by default, and the engine's planner and its estimator share one window."""
 
 import numpy as np
 
@@ -52,9 +52,10 @@ def test_a_planner_replans_after_every_observation_by_default():
     assert planner.plan(entry) == [3]
 
 
-def test_the_engines_planner_and_its_estimator_look_at_the_last_512_prompts():
+def test_the_engines_planner_and_its_estimator_look_at_the_same_recent_prompts():
+    """The overlap estimate and the depth of a new prompt are read over one window of recent prompts."""
     planner = CheckpointPlanner("dp", budget=2, bin_size=B, prior="balanced")
-    assert planner.recent.maxlen == planner.planner.estimator.history.maxlen == 512
+    assert planner.recent.maxlen == planner.planner.estimator.history.maxlen
 
 
 def test_a_recent_prompt_that_shares_one_token_is_evidence():

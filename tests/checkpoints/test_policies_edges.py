@@ -1,11 +1,10 @@
 """Edges of the placement policies: a prefix whose length is a multiple of the block or bin (or one short of it),
-direct calls with a budget past N, bin_size validation, blocks of one token, positions at the first token and at N,
-and the default grid."""
+direct calls with a budget past N, bin_size validation, blocks of one token, positions at the first token and at N."""
 
 import numpy as np
 import pytest
 
-from minipic_lite.checkpoints import DEFAULT_BIN_SIZE, bin_weights, plan
+from minipic_lite.checkpoints import bin_weights, plan
 from minipic_lite.checkpoints.policies import balanced, block
 
 
@@ -61,8 +60,3 @@ def test_sqrt_places_nothing_past_the_prefix():
 def test_binned_dp_places_nothing_when_n_is_one_short_of_a_bin():
     """N = 63 < 64: no multiple of the bin lies in 1..N."""
     assert plan("dp", np.ones(64), 3, bin_size=64) == []
-
-
-def test_the_default_grid_is_64_tokens():
-    """The README's alignment for the simulator, bench and UI: 64 tokens, a multiple of KV blocks and scan chunks."""
-    assert DEFAULT_BIN_SIZE == 64
