@@ -9,8 +9,8 @@ question's block is computed and everything else hits: 8 x 2048 gives 16,561 tok
 The engine is driven directly (no loop thread), one request at a time, and its methods are timed where they
 are called, so the sections are the engine's own code:
 
-    validate       make_request's checks and span layout (before arrival_time: not in the TTFT)
-    request        the Request record: block hashes (arrival_time is set as it starts)
+    validate       make_request's checks and span layout (arrival_time is set as it starts: in the TTFT)
+    request        the rest of make_request: the ids' conversion, the Request record and its block hashes
     schedule       lookup and admission, the chunk plan, publishing (Scheduler.schedule)
     report         the cache report's admission snapshot (LLMEngine._report_admissions; after the launch, so on
                    CUDA the device computes meanwhile and `forward`'s wait is that much shorter)
@@ -18,7 +18,7 @@ are called, so the sections are the engine's own code:
     forward        the model and the sampler (ModelRunner.launch and wait, less prepare)
     post           postprocess, stop checks, the output (the rest of LLMEngine.step)
     host           ttft - forward: everything the TTFT holds besides the forward
-    gc             Python's garbage collector in the run (validate too), whichever section it interrupted
+    gc             Python's garbage collector in the run, whichever section it interrupted
 
 Each figure is the median over `--runs` runs (and the minimum: the machine may be shared). Results go to
 bench/results/host_ttft-<sha>-cpu[-shuffle].json (`--out` names another folder).
@@ -109,37 +109,28 @@ class Timer:
 def run_once(engine: LLMEngine, timer: Timer, token_ids: list[int]) -> dict[str, float]:
     timer.times.clear()
     start = time.perf_counter()
-    engine.validate(token_ids, ONE_TOKEN, True)
-    timer.times["validate"] = time.perf_counter() - start
     req = engine.make_request(token_ids, ONE_TOKEN, require_spans=True)
-    timer.times["make_request"] = time.perf_counter() - start - timer.times["validate"]
+    timer.times["make_request"] = time.perf_counter() - start
     engine.add(req)
     step_times = []
     while req.first_token_time is None:
         step_start = time.perf_counter()
         engine.step()
         step_times.append(time.perf_counter() - step_start)
-    return split_sections(dict(timer.times), step_times, req, start)
+    return split_sections(dict(timer.times), step_times, req)
 
 
-def split_sections(t: dict, step_times: list[float], req, start: float) -> dict[str, float]:
-    """The run's sections (SECTIONS) from the timed methods' seconds `t` (validate, make_request, schedule, report,
-    prepare and execute: launch and wait, which holds prepare), each step's seconds, the request's times and the
-    run's start."""
+def split_sections(t: dict, step_times: list[float], req) -> dict[str, float]:
+    """The run's sections (SECTIONS) from the timed methods' seconds `t` (make_request and the validate within it,
+    schedule, report, prepare and execute: launch and wait, which holds prepare), each step's seconds and the
+    request's times."""
     t.setdefault("gc", 0.0)
-    # NOTE: make_request validates again (its own call, before arrival_time); the Request record is the rest
-    t["request"] = req_time(req, start, t)
+    t["request"] = t.pop("make_request") - t["validate"]
     t["ttft"] = req.first_token_time - req.arrival_time
     t["forward"] = t.pop("execute") - t["prepare"]
     t["post"] = sum(step_times) - t["schedule"] - t["report"] - t["prepare"] - t["forward"]
     t["host"] = t["ttft"] - t["forward"]
     return t
-
-
-def req_time(req, start: float, t: dict) -> float:
-    """Seconds from arrival_time to the end of make_request (the Request record and its hashes)."""
-    made = start + t["validate"] + t["make_request"]
-    return made - req.arrival_time
 
 
 def summarize(rows: list[dict]) -> tuple[dict, dict]:
@@ -230,6 +221,7 @@ def main() -> None:
     spans, finals = prompts(composer, args.docs, args.doc_tokens, 3 + args.runs + num_profiled, args.shuffle)
     prefill(engine, spans)  # the documents cached as spans, and the system turn
     timer = Timer()
+    timer.wrap(engine, "_check", "validate")
     timer.wrap(engine.scheduler, "schedule", "schedule")
     timer.wrap(engine, "_report_admissions", "report")
     timer.wrap(engine.runner, "prepare", "prepare")

@@ -159,21 +159,24 @@ class LLMEngine:
         require_spans: bool = False,
         span_labels: tuple[str | None, ...] = (),
         request_id: str | None = None,
+        arrival_time: float | None = None,
     ) -> Request:
         """A validated request, not queued yet (safe from any thread: it reads only the config).
 
         Span markers in `token_ids` take effect in position-free mode (spans.py): the engine derives each
         token's visible_start and the block hashes from the tokens and the control tokens. `require_spans`
         (a composed span prompt) makes markers an error where they cannot take effect. `span_labels` name the
-        segments in the cache report.
+        segments in the cache report. `arrival_time` (`time.perf_counter()` seconds; None: as this call starts) is
+        where its TTFT starts, so the TTFT holds the checks, as vLLM's holds its input processing.
         """
+        arrival_time = time.perf_counter() if arrival_time is None else arrival_time
         token_ids = as_token_ids(token_ids)
         layout, data = self._check(token_ids, params, require_spans)
         request_id = str(next(self._ids)) if request_id is None else request_id
         block_size = self.config.cache.block_size
         return Request(
             request_id, token_ids, params, block_size, self.root, layout, prompt, span_labels, stream,
-            hash_memo=self.hash_memo, prompt_bytes=data,
+            hash_memo=self.hash_memo, prompt_bytes=data, arrival_time=arrival_time,
         )  # fmt: skip
 
     def add(self, req: Request) -> None:

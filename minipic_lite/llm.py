@@ -10,6 +10,7 @@ import functools
 import queue
 import re
 import threading
+import time
 import weakref
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -194,14 +195,17 @@ class LLM:
     def make_requests(
         self, prompts: list, params: list[SamplingParams], stream: bool = False, request_id: str | None = None
     ) -> list[Request]:
-        """Encode and validate every prompt (in the caller's thread) before any is queued."""
-        requests = []
+        """Encode and validate every prompt (in the caller's thread) before any is queued. They all arrive as this
+        call starts: their TTFT holds the encoding and the checks."""
+        arrival_time, requests = time.perf_counter(), []
         for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
             is_composed = isinstance(prompt, Prompt)
             spans = {"require_spans": prompt.has_markers, "span_labels": prompt.labels} if is_composed else {}
             try:
                 token_ids, text = self.encode(prompt)
-                req = self.engine.make_request(token_ids, p, text, stream=stream, request_id=request_id, **spans)
+                req = self.engine.make_request(
+                    token_ids, p, text, stream=stream, request_id=request_id, arrival_time=arrival_time, **spans
+                )
             except (ValueError, TypeError) as e:
                 raise type(e)(f"prompt {i}: {e}") from None
             requests.append(req)

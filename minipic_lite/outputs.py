@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 
 @dataclass
 class RequestMetrics:
-    """A request's timings: `time.perf_counter()` seconds (`ttft`, `total_time`: seconds from its arrival)."""
+    """A request's timings: `time.perf_counter()` seconds (`ttft`, `total_time`: seconds from its arrival, which is
+    the call that made it: the prompt's encoding and checks are in them)."""
 
     arrival_time: float
     first_token_time: float | None = None

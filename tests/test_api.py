@@ -206,6 +206,32 @@ def test_ttft_runs_from_arrival_to_the_first_token_and_stays(llm):
     assert m.ttft < m.total_time  # five more steps came after the first token
 
 
+def test_the_ttft_holds_the_encoding_and_the_checks(llm, monkeypatch):
+    """Every prompt of a generate() call arrives as the call starts, before any is encoded or checked (as vLLM's
+    arrival comes before its input processing), so its TTFT holds them; `make_request` alone arrives as it starts,
+    before its checks, unless it is given an arrival time."""
+    encoded, checked = [], []
+    real_encode, real_check = llm.encode, llm.engine._check
+
+    def encode(prompt):
+        encoded.append(time.perf_counter())
+        return real_encode(prompt)
+
+    def check(*args):
+        checked.append(time.perf_counter())
+        return real_check(*args)
+
+    monkeypatch.setattr(llm, "encode", encode)
+    monkeypatch.setattr(llm.engine, "_check", check)
+    params = mp.SamplingParams(max_tokens=1, temperature=0.0)
+    first, second = llm.generate(["The quick brown fox", "jumps over"], params, use_tqdm=False)
+    assert len(encoded) == len(checked) == 2
+    assert first.metrics.arrival_time == second.metrics.arrival_time < encoded[0] < checked[0]
+    req = llm.engine.make_request([100, 101, 102], params)
+    assert req.arrival_time < checked[-1]
+    assert llm.engine.make_request([100, 101, 102], params, arrival_time=5.0).arrival_time == 5.0
+
+
 def test_eos_stops_unless_ignored(llm):
     chat = [{"role": "user", "content": "Say hi."}]
     out = llm.generate(chat, mp.SamplingParams(max_tokens=64, temperature=0.0), use_tqdm=False)[0]
