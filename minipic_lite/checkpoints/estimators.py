@@ -101,7 +101,6 @@ class DepthHistogram:
             raise ValueError(f"prior_weight must be >= 0, got {prior_weight}")
         self.gamma = gamma
         self.prior_weight = prior_weight
-        self._known_prefix: dict[int, int] = {}  # entry key -> the deepest depth history had reached on it
         self.num_observations = 0
         self._mass = np.zeros(0)  # [max_key + 1], scaled by self._scale
         self._scale = 1.0
