@@ -10,7 +10,7 @@ The engine is driven directly (no loop thread), one request at a time, and its m
 are called, so the sections are the engine's own code:
 
     validate       make_request's checks and span layout (arrival_time is set as it starts: in the TTFT)
-    request        the rest of make_request: the ids' conversion, the Request record and its block hashes
+    request        the rest of make_request: the ids' packing, the Request record and its block hashes
     schedule       lookup and admission, the chunk plan, publishing (Scheduler.schedule)
     report         the cache report's admission snapshot (LLMEngine._report_admissions; after the launch, so on
                    CUDA the device computes meanwhile and `forward`'s wait is that much shorter)

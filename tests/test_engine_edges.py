@@ -3,11 +3,13 @@ and last ids of the vocabulary and a prompt one token short of the context are t
 known run are exact (bursts, span prefills and hybrid checkpoints included), and an abort counts once, frees the id
 and is a no-op the second time."""
 
+import numpy as np
 import pytest
 import torch
 
 import minipic_lite as mp
-from minipic_lite.engine import as_token_ids
+from minipic_lite.engine import as_token_ids, pack_token_ids
+from minipic_lite.hashing import token_bytes
 from tests.conftest import save_tiny_llama
 from tests.hybrid_models import make_hybrid
 
@@ -225,3 +227,36 @@ def test_a_request_aborted_while_waiting_reports_no_cached_tokens(tiny_dir):
     assert (final.finish_reason, final.token_ids, final.num_cached_tokens) == ("abort", [], 0)
     assert llm.stats()["num_cached_blocks"] == 2
     llm.close()
+
+
+@pytest.mark.parametrize(
+    "ids",
+    [
+        [5, 7, 9],
+        (5, 7, 9),
+        [5, np.int64(7), 9],
+        list(torch.tensor([5, 7])),
+        np.array([5, 7]),
+        [5, 2**70],
+        [np.int64(2**62), np.int64(2**62)],  # their sum overflows int64: no warning, and Python ints out
+        [2**63 - 1, -(2**63)],
+    ],
+    ids=["list", "tuple", "numpy-item", "torch-items", "numpy-array", "past-int64", "numpy-overflow", "int64-edges"],
+)
+def test_packed_ids_are_as_token_ids_and_their_bytes(ids, recwarn):
+    """`pack_token_ids` (a list or tuple of Python ints packed as it is and copied) gives `as_token_ids`' ids, as
+    Python ints and in a new list, and `token_bytes` of them, or None for an id past int64."""
+    packed, data = pack_token_ids(ids)
+    reference = as_token_ids(ids)
+    assert packed == reference and [type(t) for t in packed] == [int] * len(ids) and packed is not ids
+    assert data == (None if max(reference) >= 2**63 else token_bytes(reference))
+    assert not recwarn.list
+
+
+@pytest.mark.parametrize("ids", [[5, 1.5], (5, "7"), [5, None]])
+def test_packing_a_non_integer_id_is_as_token_ids_error(ids):
+    with pytest.raises(ValueError) as packed:
+        pack_token_ids(ids)
+    with pytest.raises(ValueError) as reference:
+        as_token_ids(ids)
+    assert str(packed.value) == str(reference.value) and "is not an integer" in str(packed.value)
