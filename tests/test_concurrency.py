@@ -382,15 +382,17 @@ def test_generate_shows_a_progress_bar_only_when_asked_and_before_its_requests_a
     made, real = [], llm_module.tqdm
 
     def recorded(**kwargs):
-        made.append((time.perf_counter(), kwargs))
-        return real(**kwargs)
+        built = time.perf_counter()
+        bar = real(**kwargs)
+        made.append((built, kwargs, bar))
+        return bar
 
     monkeypatch.setattr(llm_module, "tqdm", recorded)
     run_with_timeout(llm.generate, PROMPTS[:2], GREEDY, use_tqdm=False)
     assert made == []
     outputs = run_with_timeout(lambda: llm.generate(PROMPTS[:2], GREEDY))
-    ((built, kwargs),) = made
-    assert kwargs == {"total": 2, "desc": "generate", "unit": "req"}
+    ((built, kwargs, bar),) = made
+    assert kwargs == {"total": 2, "desc": "generate", "unit": "req"} and bar.n == 2  # one count per request
     assert all(out.metrics.arrival_time > built for out in outputs)
     assert "2/2" in capsys.readouterr().err
     with pytest.raises(TypeError, match="prompt 1"):

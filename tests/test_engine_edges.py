@@ -3,6 +3,8 @@ and last ids of the vocabulary and a prompt one token short of the context are t
 known run are exact (bursts, span prefills and hybrid checkpoints included), and an abort counts once, frees the id
 and is a no-op the second time."""
 
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -27,21 +29,31 @@ def tiny_llm(tiny_dir) -> mp.LLM:
 
 
 def test_the_ends_of_the_vocabulary_and_a_prompt_one_short_of_the_context_are_taken(tiny_dir):
+    """Ids 0 and vocab - 1 and a prompt of max_model_len - 1 tokens pass; an id just past either end, after both
+    ends, is the one the error names; params that are no SamplingParams are a TypeError naming their type."""
     llm = tiny_llm(tiny_dir)
     vocab, max_len = llm.config.model.vocab_size, llm.config.scheduler.max_model_len
     assert (vocab, max_len) == (32000, 128)
     llm.engine.validate([0, vocab - 1], GREEDY4)
     llm.engine.validate([1] * (max_len - 1), GREEDY4)
+    # the error names the id outside, not an id at an end of the vocabulary beside it
+    for bad in (vocab, -1):
+        with pytest.raises(ValueError, match=rf"^token id {bad} is outside the vocabulary \[0, {vocab}\)$"):
+            llm.engine.validate([0, vocab - 1, bad], GREEDY4)
     with pytest.raises(TypeError, match="sampling params must be a SamplingParams, got dict"):
         llm.engine.validate([1, 2], {"max_tokens": 4})
     llm.close()
 
 
 def test_cache_stats_of_one_prompt_run_twice(tiny_dir):
-    """The second run hits the two full blocks (the last token's block is computed); 4 steps a run."""
+    """The second run hits the two full blocks (the last token's block is computed); 4 steps a run; with no host tier
+    nothing moves to or from the host. The step time summed is the time the steps took: more than nothing and no more
+    than the wall time around the two runs."""
     llm = tiny_llm(tiny_dir)
+    start = time.perf_counter()
     for _ in range(2):
         llm.generate([PROMPT], GREEDY4, use_tqdm=False)
+    elapsed = time.perf_counter() - start
     stats, s = llm.stats(), llm.engine.stats
     expected = {
         "num_blocks": 16, "num_free_blocks": 16, "num_used_blocks": 0, "num_cached_blocks": 2,
@@ -49,19 +61,35 @@ def test_cache_stats_of_one_prompt_run_twice(tiny_dir):
         "prompt_token_hit_rate": 32 / 80, "num_running": 0, "num_waiting": 0, "num_preemptions": 0, "num_aborted": 0,
         "num_hit_blocks": 2, "num_computed_blocks": 3 + 1, "prompt_block_hit_rate": 2 / 6,
         "num_computed_tokens": (40 + 3) + (8 + 3),
+        "num_host_blocks": 0, "num_host_hit_blocks": 0, "host_bytes_moved": 0,  # no host tier
     }  # fmt: skip
     assert {k: stats[k] for k in expected} == expected
     assert s.num_steps == 8 and stats["mean_step_ms"] == 1e3 * s.total_step_time / 8 > 0
+    assert 0 < s.total_step_time <= elapsed
+    llm.close()
+
+
+def test_a_one_token_request_counts_the_prompt_tokens_it_found_cached(tiny_dir):
+    """max_tokens=1: a request that finishes at its first token still counts its cached prompt tokens, in its output
+    and in the prompt token hit rate (the second run finds 32 of its 40 tokens cached)."""
+    llm = tiny_llm(tiny_dir)
+    params = mp.SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True, detokenize=False)
+    outs = [llm.generate([PROMPT], params, use_tqdm=False)[0] for _ in range(2)]
+    assert [o.num_cached_tokens for o in outs] == [0, 32]
+    assert llm.stats()["prompt_token_hit_rate"] == 32 / 80
     llm.close()
 
 
 def test_running_and_waiting_counts_and_an_abort_that_counts_once(tiny_dir):
+    """Two requests wait, then run (a step gives no output for a request not streamed and not finished); an abort
+    gives a final output once, counts once and frees the id; an id in use is refused; a step of the idle engine
+    gives no output and counts no step."""
     llm = tiny_llm(tiny_dir)
     engine = llm.engine  # NOTE: driven directly: nothing is in flight on the loop
     ids = [engine.add_request(PROMPT, GREEDY4, request_id=i) for i in ("a", "b")]
     assert ids == ["a", "b"]
     assert (llm.stats()["num_waiting"], llm.stats()["num_running"]) == (2, 0)
-    engine.step()
+    assert engine.step() == []  # a request is not streamed unless asked: no output until it finishes
     assert (llm.stats()["num_waiting"], llm.stats()["num_running"]) == (0, 2)
     final = engine.abort("a")
     assert (final.finished, final.finish_reason, len(final.token_ids)) == (True, "abort", 1)
@@ -72,6 +100,8 @@ def test_running_and_waiting_counts_and_an_abort_that_counts_once(tiny_dir):
     while engine.has_unfinished():
         engine.step()
     assert not engine.requests and llm.stats()["num_used_blocks"] == 0
+    num_steps = engine.stats.num_steps
+    assert engine.step() == [] and engine.stats.num_steps == num_steps  # an idle engine's step runs nothing
     llm.close()
 
 
@@ -119,6 +149,25 @@ def test_a_hybrid_resumed_from_a_checkpoint_gets_its_cache_report_and_counts_its
     assert stats["state_memory_bytes"] == engine.runner.state_tensors.checkpoint_bytes  # the one checkpoint held
     engine.kv.states.stats.num_declined_saves, engine.kv.states.stats.num_moved = 2, 3  # each read from its own
     assert (engine.cache_stats()["num_checkpoints_declined"], engine.cache_stats()["num_checkpoints_moved"]) == (2, 3)
+
+
+def test_a_hybrids_checkpoint_plan_moves_up_to_the_turn_start_it_is_given(tmp_path):
+    """`checkpoint_turn_start_id` reaches the engine's checkpoint planner: one checkpoint for a 97-token prompt whose
+    turns start at 0, 72 and 90 is planned at its one branch point (72, the start of a turn but the last) rounded
+    down to the block grid, 64, where the prior alone places it lower."""
+    make_hybrid(tmp_path, seed=1)
+    T = 7
+    prompt = [T, *range(100, 171), T, *range(100, 117), T, *[50] * 6]
+    assert (len(prompt), [i for i, t in enumerate(prompt) if t == T]) == (97, [0, 72, 90])
+    plans = {}
+    for turn_start in (None, T):
+        llm = mp.LLM(str(tmp_path), device="cpu", dtype="float32", num_blocks=96, max_model_len=512, block_size=16,
+                     checkpoint_policy="dp", checkpoint_prior="balanced", checkpoints_per_entry=1,
+                     checkpoint_turn_start_id=turn_start)  # fmt: skip
+        (out,) = llm.generate([prompt], mp.SamplingParams(max_tokens=1, detokenize=False), use_tqdm=False)
+        plans[turn_start] = out.state_report.planned_checkpoints
+        llm.close()
+    assert plans[T] == (64,) and len(plans[None]) == 1 and plans[None][0] < 64
 
 
 def test_a_hybrid_asked_for_async_scheduling_runs_its_steps_one_after_another(tmp_path):
@@ -170,13 +219,16 @@ def test_a_burst_counts_each_of_its_decode_steps(tiny_dir):
 
 
 def test_require_spans_makes_markers_an_error_where_they_cannot_take_effect(tiny_dir):
-    """With position_free off span markers are ordinary tokens, unless the caller asks for spans."""
+    """With position_free off span markers are ordinary tokens, unless the caller asks for spans: a prompt of token
+    ids holding them generates, and only `require_spans` (a composed prompt's) refuses them."""
     llm = mp.LLM(str(tiny_dir), device="cpu", max_model_len=128, num_blocks=16, position_free=False,
                  control_tokens=mp.ControlTokens(ssep_id=3, pdep_id=4, pad_id=5))  # fmt: skip
     ids = [3] + [7] * 15 + [9, 9]
     assert not llm.engine.validate(ids, GREEDY4).has_spans
     with pytest.raises(ValueError, match="span marker SSEP at index 0: span semantics need position_free=True"):
         llm.engine.validate(ids, GREEDY4, require_spans=True)
+    (out,) = llm.generate([ids], GREEDY4, use_tqdm=False)  # token ids, not a composed prompt: no spans required
+    assert (len(out.token_ids), out.finish_reason) == (4, "length")
     llm.close()
 
 
