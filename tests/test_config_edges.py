@@ -35,6 +35,15 @@ def test_fields_left_out_take_transformers_defaults():
     assert cfg.eos_token_ids == () and cfg.max_position == 128
 
 
+@pytest.mark.parametrize(("model_type", "bias", "qk_norm"), [("llama", False, False), ("qwen2", True, False),
+                                                          ("qwen3", False, True)])  # fmt: skip
+def test_a_config_json_naming_no_attention_bias_takes_its_familys_layout(model_type, bias, qk_norm):
+    """With no attention_bias in config.json, Qwen2's q/k/v projections have biases (transformers builds them so) and
+    Llama's and Qwen3's have none; Qwen3 alone normalizes q and k per head."""
+    cfg = ModelConfig._from_json({**LLAMA, "model_type": model_type})
+    assert (cfg.attention_bias, cfg.qk_norm) == (bias, qk_norm)
+
+
 def test_rope_parameters_eos_lists_and_a_text_configs_top_level_eos_are_read():
     rope = {"rope_type": None, "rope_theta": 500000.0}  # no type named: plain RoPE
     cfg = ModelConfig._from_json({**LLAMA, "rope_parameters": rope, "eos_token_id": [2, 7]})

@@ -255,6 +255,19 @@ def test_a_burst_never_passes_max_tokens_or_the_context(max_tokens, max_model_le
     sched.add(a)
     run_burst(sched)  # 1 output token, len 7
     assert sched.schedule().num_steps == expected
+    assert a.block_table == [0, 1]  # the KV it writes (positions 6 .. 6 + expected - 1 <= 7) and no block more
+
+
+@pytest.mark.parametrize("steps", [1, 2, 3])
+def test_a_burst_is_num_scheduler_steps_long_where_nothing_caps_it(steps):
+    """A decode step of a lone request with tokens, context and blocks to spare runs exactly num_scheduler_steps
+    steps (1: every step is an ordinary one)."""
+    sched, _ = make_burst_scheduler(steps=steps)
+    a = make_seq(0, range(6))
+    a.sampling_params = SamplingParams(max_tokens=16)
+    sched.add(a)
+    run_burst(sched)  # the prefill step
+    assert sched.schedule().num_steps == steps
 
 
 def test_no_burst_while_a_request_waits_or_blocks_are_short():
@@ -307,6 +320,8 @@ def test_a_continuation_stops_at_max_tokens_counting_the_last_bursts_tokens():
     last = sched.schedule()  # outputs 1 -> 5
     assert last.num_steps == 4
     assert sched.plan_continuation(last).num_steps == 2  # 2 left of 7
+    sched, _, a, b = two_decoding(max_tokens=6)
+    assert sched.plan_continuation(sched.schedule()).num_steps == 1  # a continuation of one step: 1 left of 6
     sched, _, a, b = two_decoding(max_tokens=5)
     assert sched.plan_continuation(sched.schedule()) is None  # the burst ends them both
 
