@@ -269,8 +269,9 @@ class Scheduler:
 
     def plan_continuation(self, last: SchedulerOutput) -> SchedulerOutput | None:
         """A burst that continues `last` before its tokens are known (async scheduling: the host plans it while
-        `last` runs), or None where it cannot: `last` did not decode every running request, a request waits or
-        would end by length during `last`, or blocks are short. A request that stops on a token or a string during
+        `last` runs), or None where it cannot: `last` did not decode every running request, a span prefill is still
+        to run or `last` preempted a request (the next step is planned with the tokens in), a request waits or would
+        end by length during `last`, or blocks are short. A request that stops on a token or a string during
         `last` is not known yet: its tokens of the continuation are dropped (postprocess skips it).
 
             last:  kv_len L (per request), k steps: computes positions L-1 .. L+k-2, samples tokens L .. L+k-1

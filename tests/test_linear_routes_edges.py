@@ -30,6 +30,7 @@ def test_float32_packs_on_the_cpu_wherever_onednn_is():
 def test_the_packed_route_keeps_the_inputs_leading_dims():
     torch.manual_seed(0)
     linear = PackedLinear(nn.Linear(8, 4), MatmulRoute(kind="packed"))
+    assert linear.packed is not None  # a layer packs by default: the route runs oneDNN, not the F.linear fallback
     x = torch.randn(2, 3, 8)
     out = linear(x)
     assert out.shape == (2, 3, 4)

@@ -1,9 +1,10 @@
 """Edges of the model loader (models/loader.py) that test_loader and the CLI / API checks leave open, with stand-ins
 for transformers (no model): a finished conversion is published whole (config.json without the quantization, no
-separate LM head where the embeddings are tied, the tokenizer, a folder others may read), a cached conversion is
-taken without converting again, the cache key moves with the file's mtime, '~' is expanded while an error names the
-path as given, a plain module is no model package, a folder with only a sentencepiece model has a tokenizer, an empty
-model path is named as empty, and a file gguf cannot read (or one that names no architecture) is named."""
+separate LM head where the embeddings are tied, the tokenizer, a folder others may read), a first conversion creates
+the cache path whole, a cached conversion is taken without converting again, the cache key moves with the file's
+mtime, '~' is expanded while an error names the path as given, a plain module is no model package, a folder with only
+a sentencepiece model has a tokenizer, the progress bar ends at 4 of 4 stages, an empty model path is named as empty,
+and a file gguf cannot read (or one that names no architecture) is named."""
 
 import json
 import os
@@ -55,6 +56,14 @@ def test_a_conversion_is_published_whole(converting, tmp_path):
     assert (out / "tokenizer.json").is_file() and (out.stat().st_mode & 0o777) == 0o755
 
 
+def test_a_first_conversion_makes_the_cache_folder_and_its_parents(converting, tmp_path, monkeypatch):
+    """A first start on a machine with no cache yet (not even ~/.cache) creates the whole cache path."""
+    root = tmp_path / "home" / ".cache" / "minipic_lite"
+    monkeypatch.setenv(loader.CACHE_ENV, str(root))
+    out = loader.convert_gguf(converting)
+    assert out.parent == root and (out / "model.safetensors").is_file()
+
+
 def test_a_cached_conversion_is_taken_without_converting_again(converting, monkeypatch):
     out = loader.convert_gguf(converting)
     monkeypatch.setattr(loader, "conversion_progress", None)  # a second conversion would fail at once
@@ -99,6 +108,7 @@ def test_each_stage_shows_the_stages_done_before_it(capsys, tmp_path):
     err = capsys.readouterr().err
     assert re.search(r"0/4 stages [^\r\n]*reading the tokenizer", err)
     assert re.search(r"1/4 stages [^\r\n]*dequantizing the weights", err)
+    assert re.findall(r"(\d+)/4 stages", err)[-1] == "4"  # a conversion that ends fills the bar: 4 of 4, not more
 
 
 @pytest.mark.parametrize("model", ["", "  "], ids=["empty", "blank"])

@@ -87,6 +87,10 @@ def test_the_native_route_runs_the_loop_and_falls_back_to_f_linear_where_the_lay
     linear.native = False  # e.g. a weight the loop does not support
     torch.testing.assert_close(linear(x), F.linear(x, linear.weight, linear.bias))
     assert calls == [(2, 16)]
+    wide = PackedLinear(nn.Linear(16, 8, dtype=torch.float64), MatmulRoute(kind="native"), pack=False)
+    assert not wide.native  # a weight the loop does not support (float64): its layer never takes the loop
+    torch.testing.assert_close(wide(x.double()), F.linear(x.double(), wide.weight, wide.bias))
+    assert calls == [(2, 16)]
 
 
 def test_the_build_is_cached_and_keyed_by_the_cpu(fresh_load, tmp_path, monkeypatch):

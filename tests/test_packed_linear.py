@@ -143,6 +143,8 @@ def test_the_first_start_keeps_the_probes_picks_and_the_next_start_reads_them(mo
     monkeypatch.setattr(packed_linear, "cache_root", lambda: tmp_path)
     calls = []
     monkeypatch.setattr(model_runner, "decode_routes", lambda model: calls.append(1) or decode_routes(model))
+    packs = []  # each start's `pack`: whether it builds the packed copies
+    monkeypatch.setattr(model_runner, "pack_linears", lambda m, pack: packs.append(pack) or pack_linears(m, pack))
     llm = mp.LLM(max_model_len=256)
     first = llm.engine.runner.decode_routes
     llm.close()
@@ -152,17 +154,19 @@ def test_the_first_start_keeps_the_probes_picks_and_the_next_start_reads_them(mo
     llm = mp.LLM(max_model_len=256)
     assert len(calls) == 1 and llm.engine.runner.decode_routes == {1: "linear", 2: "native", 4: "linear", 8: "linear"}
     linears = [m for m in llm.engine.runner.model.modules() if isinstance(m, PackedLinear)]
-    assert linears and all(m.packed is None for m in linears)  # never built, not only dropped
+    assert linears and all(m.packed is None for m in linears) and packs[1:] == [False]  # never built, not dropped
     out = llm.generate("The capital of France is", mp.SamplingParams(max_tokens=3, temperature=0.0))[0]
     assert len(out.token_ids) == 3
     llm.close()
 
 
 def test_kept_picks_read_back_only_when_whole(tmp_path):
-    path = tmp_path / "routes" / "key.json"
+    path = tmp_path / "cache" / "routes" / "key.json"  # no cache folder yet: write_routes makes it
     assert read_routes(path) is None  # none kept
     write_routes(path, {1: "native", 8: "packed"})
     assert read_routes(path) == {1: "native", 8: "packed"}
+    write_routes(path, {1: "native", 2: "linear", 8: "packed"})  # written again, its folder there; every route
+    assert read_routes(path) == {1: "native", 2: "linear", 8: "packed"}
     for text in ("{", "[1, 2]", "{}", '{"1": "mystery"}', '{"one": "linear"}'):
         path.write_text(text)
         assert read_routes(path) is None, text

@@ -339,3 +339,22 @@ def test_no_continuation_after_a_finish_an_arrival_or_with_blocks_short():
     last = sched.schedule()
     assert sched.plan_continuation(last) is None and pool.num_free_blocks == 1
     sched.kv.check_integrity()
+
+
+def test_no_continuation_after_a_step_that_prefills():
+    """A continuation only continues a decode step: with nothing waiting and every running request scheduled, a step
+    of a prompt's first chunk (budget 64 of 70 tokens: nothing sampled) or of its last chunk (its first token sampled)
+    gets none, and takes no block for one."""
+    sched, pool = make_burst_scheduler(num_blocks=32)
+    a = make_seq(0, range(70))
+    a.sampling_params = SamplingParams(max_tokens=16)
+    sched.add(a)
+    for query_range, do_sample in [((0, 64), False), ((64, 70), True)]:
+        last = sched.schedule()
+        assert [(s.query_ranges, s.do_sample) for s in last.scheduled] == [([query_range], do_sample)]
+        assert not sched.waiting and sched.running == [a] and not last.preempted
+        free = pool.num_free_blocks
+        assert sched.plan_continuation(last) is None and pool.num_free_blocks == free
+        sched.postprocess(last, [[7] if do_sample else []], lambda seq: False)
+    assert sched.plan_continuation(sched.schedule()) is not None  # its first decode step is continued
+    sched.kv.check_integrity()
