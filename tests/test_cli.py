@@ -91,6 +91,7 @@ def test_version_names_the_installed_package():
 # -- usage errors: one line, exit 2, before anything loads ---------------------------------------------------
 
 USAGE_ERRORS = {
+    "no-command": ([], "the following arguments are required: COMMAND"),
     "no-prompt": (["generate"], "give a prompt"),
     "prompt-and-file": (["generate", "hi", "--file", "x.txt"], "exactly one"),
     "empty-prompt": (["generate", ""], "the prompt is empty"),

@@ -129,6 +129,21 @@ def test_a_busy_port_is_a_usage_error_before_the_model_loads(monkeypatch, capsys
     assert "pick another with --port" in err and "(see minipic-lite ui --help)" in err
 
 
+def test_a_port_whose_last_connection_waits_in_time_wait_is_not_busy():
+    """An app just stopped (uvicorn, which sets SO_REUSEADDR) leaves its closed connections in TIME_WAIT on its
+    port; the next uvicorn binds over them, so check_listen must take that port, not refuse it as busy."""
+    with socket.socket() as server:
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn's listener
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        with socket.create_connection(("127.0.0.1", port)) as client:
+            conn, _ = server.accept()
+            conn.close()  # the server's end closes first: it is the one left in TIME_WAIT
+            client.recv(1)  # the server's FIN has arrived
+    cli.check_listen("127.0.0.1", port)  # no UsageError
+
+
 def test_a_host_that_is_not_this_machines_is_a_usage_error_before_the_model_loads(monkeypatch, capsys):
     """192.0.2.1 is TEST-NET-1 (RFC 5737), an address no machine of ours holds: bind() refuses it at once."""
     fake_ui(monkeypatch, refuse_to_serve, listen=True)
@@ -220,12 +235,16 @@ class RecordingLLM:
 
 
 def test_generate_hands_every_sampling_flag_to_the_params(monkeypatch, capsys):
+    """Every sampling flag (and no flag: the defaults) reaches SamplingParams; the reply goes to stdout, and the
+    summary line on stderr counts the tokens and times the load as the clock around LLM(...) says."""
     import minipic_lite
     from minipic_lite import SamplingParams
 
     monkeypatch.setattr(cli, "check_model", lambda model: None)
     monkeypatch.setattr(minipic_lite, "LLM", RecordingLLM)
     monkeypatch.setattr(RecordingLLM, "calls", [])
+    # the clock read before and after LLM(...) of each run: the first loads in 2.5 s
+    monkeypatch.setattr(cli, "time", SimpleNamespace(perf_counter=iter([100.0, 102.5, 200.0, 200.0]).__next__))
     flags = ["--max-tokens", "7", "--temperature", "0.5", "--top-p", "0.9", "--top-k", "3", "--seed", "11"]
     assert cli.main(["generate", "--raw", "hi", *flags, "--stop", "a", "--stop", "b", "--ignore-eos"]) == 0
     assert cli.main(["generate", "hi"]) == 0
@@ -237,7 +256,7 @@ def test_generate_hands_every_sampling_flag_to_the_params(monkeypatch, capsys):
     ]
     out, err = capsys.readouterr()
     assert out == "ok\nok\n"
-    assert err.splitlines()[0].startswith("[2 prompt tokens, 1 generated (length); load ")
+    assert err.splitlines()[0] == "[2 prompt tokens, 1 generated (length); load 2.5 s, ttft 10 ms, total 0.02 s]"
 
 
 # Runs the CLI's main() in a fresh interpreter with RecordingLLM in place of the LLM (nothing loads).

@@ -170,6 +170,15 @@ def test_build_prompt_strips_the_fields_and_gives_prompt_cache_its_schema(handle
     assert built.token_ids == composer.prompt_cache(None, compose.schema(docs), "Why?").token_ids
 
 
+def test_generate_queues_the_recipes_prompt_of_every_field(handlers):
+    """The prompt generate() queues (the token ids the monitor records as served) is the recipe's prompt of the
+    form's system prompt, documents and question: none of them is dropped on the way."""
+    system, docs = f"Be brief ({uuid.uuid4().hex[:8]}).", ["A short document.", "Another one."]
+    *_, (_, _, _, status) = handlers.generate("prefix", system, compose.join_documents(docs), "Why?", 1, "s-fields")
+    assert ": done" in status  # it ran
+    assert handlers.monitor.served_prompts()[-1] == list(handlers.composer.prefix(system, docs, "Why?").token_ids)
+
+
 def test_a_control_token_in_a_document_gets_the_composers_message(handlers):
     *_, (answer, _, _, status) = handlers.generate("block_attention", "", "a <repo_name> b", "Why?", 8, "s-ctl")
     assert answer == "" and "contains the SSEP control token" in status
@@ -406,10 +415,11 @@ def test_plan_checkpoints_on_a_bench_stream_and_on_the_apps_prompts(handlers):
     assert list(table["policy"]) == ["block", "balanced", "logarithmic", "sqrt", "dp"]
     assert "Learned from 60 requests" in caption and histogram["mass"].sum() == pytest.approx(1.0)
     assert set(positions["policy"]) <= set(table["policy"])
-    for budget in (0, 2.5, float("nan"), None):  # the number box takes any number: a fraction is not quietly cut
+    for budget in (0, 33, 2.5, float("nan"), None):  # the number box takes any number: a fraction is not quietly cut
         with pytest.raises(InputError, match="budget must be a whole number from 1 to 32"):
             handlers.plan_checkpoints("system_prompts", budget)
-    assert "with a budget of M = 2, on a" in handlers.plan_checkpoints("system_prompts", 2.0)[3]
+    for budget in (1, 2.0, 32):  # both ends of the range are taken
+        assert f"with a budget of M = {int(budget)}, on a" in handlers.plan_checkpoints("system_prompts", budget)[3]
     fresh = Handlers(handlers.llm)
     with pytest.raises(InputError, match="Generate a few prompts first"):
         fresh.plan_checkpoints(APP_STREAM, 4)
@@ -427,6 +437,9 @@ def test_plan_on_the_apps_prompts_learns_from_two_and_plans_for_the_latest(llm):
     h.monitor.start("r1", "s", list(range(30)) + list(range(100, 140)))  # 70 tokens, 30 shared with the first
     caption = h.plan_checkpoints(APP_STREAM, 2, 16)[3]
     assert caption.startswith(f"Learned from 2 requests of *{APP_STREAM}*") and "(N = 70 tokens)" in caption
+    h.monitor.start("r2", "s", list(range(30)) + list(range(200, 255)))  # the latest is a third: 85 tokens
+    caption = h.plan_checkpoints(APP_STREAM, 2, 16)[3]
+    assert caption.startswith(f"Learned from 3 requests of *{APP_STREAM}*") and "(N = 85 tokens)" in caption
 
 
 def test_an_unknown_stream_gets_a_message_not_a_crash(handlers):
