@@ -10,7 +10,8 @@ The engine is driven directly (no loop thread), one request at a time, and its m
 are called, so the sections are the engine's own code:
 
     validate       make_request's checks and span layout (arrival_time is set as it starts: in the TTFT)
-    request        the rest of make_request: the ids' packing, the Request record and its block hashes
+    request        the rest of make_request: the ids' copy (a composed prompt packed them as it was made), the
+                   Request record and its block hashes
     schedule       lookup and admission, the chunk plan, publishing (Scheduler.schedule)
     report         the cache report's admission snapshot (LLMEngine._report_admissions; after the launch, so on
                    CUDA the device computes meanwhile and `forward`'s wait is that much shorter)
@@ -54,7 +55,7 @@ from provenance import git_is_dirty, git_sha  # bench/provenance.py, beside this
 import minipic_lite as mp
 from minipic_lite.config import EngineConfig, ModelConfig
 from minipic_lite.engine import LLMEngine
-from minipic_lite.prompts import Piece, PromptComposer
+from minipic_lite.prompts import Piece, Prompt, PromptComposer
 from minipic_lite.spans import SegmentKind
 
 CONTROL = mp.ControlTokens(ssep_id=3, pdep_id=4, pad_id=5)
@@ -106,10 +107,10 @@ class Timer:
         setattr(obj, name, timed)
 
 
-def run_once(engine: LLMEngine, timer: Timer, token_ids: list[int]) -> dict[str, float]:
+def run_once(engine: LLMEngine, timer: Timer, prompt: Prompt) -> dict[str, float]:
     timer.times.clear()
     start = time.perf_counter()
-    req = engine.make_request(token_ids, ONE_TOKEN, require_spans=True)
+    req = engine.make_request(prompt, ONE_TOKEN, require_spans=True)  # NOTE: as generate() passes a composed prompt
     timer.times["make_request"] = time.perf_counter() - start
     engine.add(req)
     step_times = []
@@ -156,7 +157,7 @@ def prompts(composer: PromptComposer, num_docs: int, doc_tokens: int, num_runs: 
 
 def prefill(engine: LLMEngine, prompts) -> None:
     for prompt in prompts:
-        engine.add(engine.make_request(list(prompt.token_ids), ONE_TOKEN, require_spans=True))
+        engine.add(engine.make_request(prompt, ONE_TOKEN, require_spans=True))
     while engine.has_unfinished():
         engine.step()
 
@@ -228,14 +229,14 @@ def main() -> None:
     for name in ("launch", "wait"):  # NOTE: queue the step, read its tokens: together what execute does
         timer.wrap(engine.runner, name, "execute")
     for prompt in finals[:3]:  # warm-up
-        run_once(engine, timer, list(prompt.token_ids))
+        run_once(engine, timer, prompt)
     rows, computed = [], 0
     for prompt in finals[3 : 3 + args.runs]:
         if args.fresh:
             engine.kv.reset_prefix_cache()
             prefill(engine, spans)
         num_computed_before = engine.stats.num_computed_tokens
-        rows.append(run_once(engine, timer, list(prompt.token_ids)))
+        rows.append(run_once(engine, timer, prompt))
         computed += engine.stats.num_computed_tokens - num_computed_before
     n = len(finals[-1])
     print(f"{args.docs} x {args.doc_tokens} cached: prompts of {n} tokens, {computed / len(rows):.0f} computed each;")
@@ -248,7 +249,7 @@ def main() -> None:
         profiler = cProfile.Profile()
         for prompt in finals[3 + args.runs :]:
             profiler.enable()
-            run_once(engine, timer, list(prompt.token_ids))
+            run_once(engine, timer, prompt)
             profiler.disable()
         s = io.StringIO()
         stats = pstats.Stats(profiler, stream=s)

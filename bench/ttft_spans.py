@@ -131,7 +131,7 @@ def direct_ttft(llm: mp.LLM, setup, prompt, repeats: int) -> float:
         llm.engine.kv.reset_prefix_cache()
         setup()
         engine = llm.engine
-        req = engine.make_request(list(prompt.token_ids), ONE_TOKEN, require_spans=True)
+        req = engine.make_request(prompt, ONE_TOKEN, require_spans=True)
         engine.add(req)
         while req.first_token_time is None:
             engine.step()

@@ -10,9 +10,6 @@ engine_loop.py for `LLM` and `AsyncLLM`; a test or a benchmark that drives it di
 
 from __future__ import annotations
 
-import contextlib
-import operator
-import struct
 import time
 from dataclasses import dataclass
 from itertools import count
@@ -23,10 +20,11 @@ from minipic_lite.cache_report import StateReport, build_cache_report
 from minipic_lite.checkpoints.planner import CheckpointPlanner
 from minipic_lite.chunks import SchedulerOutput
 from minipic_lite.config import EngineConfig, cdiv
-from minipic_lite.hashing import root_hash, token_bytes
+from minipic_lite.hashing import pack_token_ids, root_hash
 from minipic_lite.kv_cache_manager import KVCacheManager
 from minipic_lite.model_runner import InFlight, ModelRunner
 from minipic_lite.outputs import RequestMetrics, RequestOutput
+from minipic_lite.prompts import Prompt
 from minipic_lite.request import Request
 from minipic_lite.sampling_params import SamplingParams
 from minipic_lite.scheduler import Scheduler
@@ -35,39 +33,10 @@ from minipic_lite.state_cache import StateCache
 from minipic_lite.step_log import StepLog
 
 
-def as_token_ids(token_ids) -> list[int]:
-    """A prompt's token ids as a new list of Python ints: integers of any kind (numpy's, torch's) taken as their
-    values; anything else (a float, a string) is a ValueError naming it.
-
-    NOTE: one `operator.index` an id, in place of a scan of the ids' types and a copy, which refused numpy's
-    integers (calling them outside the vocabulary); no slower (bench/host_ttft.py, 16.7k ids on 2 CPU cores:
-    validate 0.76 ms median against 0.79)."""
-    try:
-        return list(map(operator.index, token_ids))
-    except TypeError:
-        bad = [t for t in token_ids if not hasattr(type(t), "__index__")]  # NOTE: a list, so that None is named too
-        if not bad:  # an integer-like that refuses to be one (a float tensor's item): its own error
-            raise
-        raise ValueError(f"token id {bad[0]!r} is not an integer") from None
-
-
-def pack_token_ids(token_ids) -> tuple[list[int], bytes | None]:
-    """`as_token_ids`, and the ids packed as `hashing.token_bytes` (None: an id past int64): what validation reads
-    and the request hashes.
-
-    NOTE: a list or tuple of Python ints (a tokenizer's, a composed prompt's) is packed as it is and copied, in place
-    of an `operator.index` an id: struct takes integers only, and a sum that stays a Python int shows that none is
-    numpy's or torch's (a bool, a Python int, stays one); anything else takes that path. 16.6k ids on 2 CPU cores:
-    0.31 ms against 0.59 median, `make_request` 0.43 against 0.61 (8 x 2048 cached, bench/host_ttft.py's prompts)."""
-    if isinstance(token_ids, list | tuple):
-        with contextlib.suppress(struct.error), np.errstate(over="ignore"):  # NOTE: errors: the slow path names them
-            data = token_bytes(token_ids)
-            if type(sum(token_ids)) is int:
-                return list(token_ids), data
-    ids = as_token_ids(token_ids)
-    with contextlib.suppress(struct.error):  # NOTE: an id past int64
-        return ids, token_bytes(ids)
-    return ids, None
+def packed(token_ids: list[int] | Prompt) -> tuple[list[int], bytes | None]:
+    """A prompt's ids as a new list of Python ints, and their bytes (`hashing.pack_token_ids`); a composed `Prompt`'s
+    were made when it was."""
+    return token_ids.packed() if isinstance(token_ids, Prompt) else pack_token_ids(token_ids)
 
 
 @dataclass
@@ -135,15 +104,17 @@ class LLMEngine:
 
     # -- requests ----------------------------------------------------------------------------------------
 
-    def validate(self, token_ids: list[int], params: SamplingParams, require_spans: bool = False) -> SpanLayout:
+    def validate(
+        self, token_ids: list[int] | Prompt, params: SamplingParams, require_spans: bool = False
+    ) -> SpanLayout:
         """Check one request; returns its span layout (spans.py). Raises ValueError / TypeError naming the fault."""
-        return self._check(*pack_token_ids(token_ids), params, require_spans)
+        return self._check(*packed(token_ids), params, require_spans)
 
     def _check(
         self, token_ids: list[int], data: bytes | None, params: SamplingParams, require_spans: bool
     ) -> SpanLayout:
-        """`validate` of what `pack_token_ids` made: Python ints, and the same packed (the request hashes its blocks
-        from those bytes)."""
+        """`validate` of what `packed` made: Python ints, and the same packed (the request hashes its blocks from
+        those bytes)."""
         if not isinstance(params, SamplingParams):
             raise TypeError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
         if not token_ids:
@@ -170,7 +141,7 @@ class LLMEngine:
 
     def make_request(
         self,
-        token_ids: list[int],
+        token_ids: list[int] | Prompt,
         params: SamplingParams,
         prompt: str | None = None,
         stream: bool = False,
@@ -182,13 +153,14 @@ class LLMEngine:
         """A validated request, not queued yet (safe from any thread: it reads only the config).
 
         Span markers in `token_ids` take effect in position-free mode (spans.py): the engine derives each
-        token's visible_start and the block hashes from the tokens and the control tokens. `require_spans`
+        token's visible_start and the block hashes from the tokens and the control tokens; a composed `Prompt` gives
+        its ids as it checked and packed them when it was made (`packed`). `require_spans`
         (a composed span prompt) makes markers an error where they cannot take effect. `span_labels` name the
         segments in the cache report. `arrival_time` (`time.perf_counter()` seconds; None: as this call starts) is
         where its TTFT starts, so the TTFT holds the checks, as vLLM's holds its input processing.
         """
         arrival_time = time.perf_counter() if arrival_time is None else arrival_time
-        token_ids, data = pack_token_ids(token_ids)
+        token_ids, data = packed(token_ids)
         layout = self._check(token_ids, data, params, require_spans)
         request_id = str(next(self._ids)) if request_id is None else request_id
         block_size = self.config.cache.block_size

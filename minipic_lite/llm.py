@@ -199,10 +199,14 @@ class LLM:
         call starts: their TTFT holds the encoding and the checks."""
         arrival_time, requests = time.perf_counter(), []
         for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
+            # NOTE: a composed prompt asks for span semantics (its markers, where it has any, are an error where they
+            # cannot take effect) and goes to the engine whole: it gives its ids as it checked and packed them
             is_composed = isinstance(prompt, Prompt)
-            spans = {"require_spans": prompt.has_markers, "span_labels": prompt.labels} if is_composed else {}
+            spans = {"require_spans": True, "span_labels": prompt.labels} if is_composed else {}
             try:
-                token_ids, text = self.encode(prompt)
+                if is_composed:
+                    self._check_composed_for_us(prompt)
+                token_ids, text = (prompt, prompt.text) if is_composed else self.encode(prompt)
                 req = self.engine.make_request(
                     token_ids, p, text, stream=stream, request_id=request_id, arrival_time=arrival_time, **spans
                 )

@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from minipic_lite.config import DEFAULT_BLOCK_SIZE, ControlTokens
+from minipic_lite.hashing import pack_token_ids
 from minipic_lite.spans import Segment, SegmentKind, SpanLayout, find_markers, span_layout
 
 RECIPES = ("prefix", "block_attention", "epic", "prompt_cache")
@@ -43,6 +44,10 @@ class Prompt:
     The engine re-derives segments, `visible_start` and hashes from `token_ids` and its control tokens; the
     prompt only adds what tokens cannot say: which block size and markers it was composed for (checked), that it
     asks for span semantics (an error where they cannot apply), and a label per segment for the cache report.
+
+    Its ids are checked and packed once, as it is made (`hashing.pack_token_ids`: Python ints, a ValueError naming
+    any other): every request made of it reads them from there, so a generate() of it does not check and pack them
+    again (16.6k ids: ~0.2 ms on 2 CPU cores, in its time to first token).
     """
 
     token_ids: tuple[int, ...]
@@ -51,13 +56,23 @@ class Prompt:
     labels: tuple[str | None, ...] = ()  # one per segment, in order
     recipe: str | None = None
     text: str | None = None  # the decoded prompt (for display)
+    _bytes: bytes | None = field(init=False, default=None, repr=False, compare=False)  # token_ids packed
+
+    def __post_init__(self):
+        token_ids, data = pack_token_ids(self.token_ids)
+        object.__setattr__(self, "token_ids", tuple(token_ids))
+        object.__setattr__(self, "_bytes", data)
 
     def __len__(self) -> int:
         return len(self.token_ids)
 
+    def packed(self) -> tuple[list[int], bytes | None]:
+        """`hashing.pack_token_ids` of its ids, made when it was: a new list of them, and their bytes."""
+        return list(self.token_ids), self._bytes
+
     @property
     def layout(self) -> SpanLayout:
-        return span_layout(self.token_ids, self.control, self.block_size)
+        return span_layout(self.token_ids, self.control, self.block_size, data=self._bytes)
 
     @property
     def segments(self) -> tuple[Segment, ...]:
@@ -69,7 +84,7 @@ class Prompt:
 
     @property
     def has_markers(self) -> bool:
-        return bool(find_markers(self.token_ids, self.control))
+        return bool(find_markers(self.token_ids, self.control, self._bytes))
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,15 @@ from dataclasses import dataclass, field
 from minipic_lite.config import cdiv
 from minipic_lite.hashing import TOKEN_BYTES, BlockHash
 from minipic_lite.sampling_params import SamplingParams
-from minipic_lite.spans import HashState, Segment, SegmentKind, SpanHashMemo, SpanLayout, block_hashes
+from minipic_lite.spans import (
+    HashState,
+    Segment,
+    SegmentKind,
+    SpanHashMemo,
+    SpanLayout,
+    VisibleStarts,
+    block_hashes,
+)
 
 
 class RequestStatus(enum.Enum):
@@ -73,14 +81,14 @@ class Request:
     # -- derived --
     num_prompt_tokens: int = field(init=False)
     _prompt_token_ids: list[int] | None = field(default=None, init=False, repr=False)  # prompt_token_ids, once made
-    visible_start: list[int] | None = field(init=False, repr=False)  # per token; None: all 0
+    visible_start: VisibleStarts | None = field(init=False, repr=False)  # per token, from the segments; None: all 0
     _hash_state: HashState | None = field(default=None, init=False, repr=False)
     _span_segments: tuple[Segment, ...] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self):
         self.num_prompt_tokens = len(self.token_ids)
         has_spans = self.layout is not None and self.layout.has_spans
-        self.visible_start = list(self.layout.visible_start) if has_spans else None
+        self.visible_start = VisibleStarts(self.layout.segments, self.token_ids) if has_spans else None
         if self.prompt_bytes is not None and len(self.prompt_bytes) != TOKEN_BYTES * len(self.token_ids):
             raise ValueError(f"prompt_bytes holds {len(self.prompt_bytes)} bytes, not {len(self.token_ids)} tokens")
         self._extend_hashes(self.prompt_bytes)
@@ -113,9 +121,7 @@ class Request:
         return cdiv(num_tokens, self.block_size)
 
     def append_token(self, token_id: int) -> None:
-        self.token_ids.append(token_id)
-        if self.visible_start is not None:
-            self.visible_start.append(self.visible_start[-1])  # generated tokens continue the last segment
+        self.token_ids.append(token_id)  # NOTE: it continues the last segment (visible_start reads the length)
         self._extend_hashes()
 
     def _extend_hashes(self, prompt_bytes: bytes | None = None) -> None:
@@ -159,15 +165,14 @@ class Request:
             prompt:  [ system | SSEP doc1 | SSEP doc2 | SSEP doc3 | PDEP question ]    span_prefill([doc1, doc3])
             unit:             [ SSEP doc1 | SSEP doc3 ]                             (whole blocks: span_segments)
         """
-        B, tokens, hashes, unit_segments, visible = self.block_size, [], [], [], []
+        B, tokens, hashes, unit_segments = self.block_size, [], [], []
         for segment in segments:
             start = len(tokens)
             tokens += self.token_ids[segment.start : segment.end]
             hashes += self.block_hashes[segment.start // B : segment.end // B]  # NOTE: whole blocks (span_segments)
             unit_segments.append(Segment(SegmentKind.SSEP, start, len(tokens), len(unit_segments)))
-            visible += [start] * (segment.end - segment.start)
         markers = {s.start // B: SegmentKind.SSEP for s in unit_segments}
-        layout = SpanLayout(tuple(unit_segments), tuple(visible), markers)
+        layout = SpanLayout(tuple(unit_segments), markers)
         request_id = f"{self.request_id}/span" + ",".join(str(s.index) for s in segments)
         return Request(
             request_id, tokens, SamplingParams(max_tokens=1), B, self.root, layout, is_span_prefill=True,

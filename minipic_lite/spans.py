@@ -63,9 +63,11 @@ from __future__ import annotations
 
 import enum
 import threading
+from bisect import bisect_right
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence, Sized
 from dataclasses import dataclass
+from operator import attrgetter
 
 import numpy as np
 
@@ -162,12 +164,48 @@ def split_segments(num_tokens: int, markers: Sequence[tuple[int, SegmentKind]]) 
     return [Segment(kind, start, end, i) for i, ((start, kind), end) in enumerate(zip(bounds, ends, strict=True))]
 
 
-def visible_starts(segments: Sequence[Segment]) -> list[int]:
-    """`visible_start[i]` for every token of the segments."""
-    starts = []
-    for seg in segments:
-        starts += [seg.visible_start] * (seg.end - seg.start)
+def visible_starts(segments: Sequence[Segment], start: int = 0, end: int | None = None) -> list[int]:
+    """`visible_start[i]` for the tokens [start, end) of the segments (end None: to the last segment's end); tokens
+    past the last segment continue it, as generated tokens do. The segments partition [0, their end)."""
+    end = segments[-1].end if end is None else end
+    starts, index = [], bisect_right(segments, start, key=attrgetter("start")) - 1
+    while start < end:  # NOTE: a run a segment (a chunk meets few), not a loop a token
+        seg = segments[index]
+        stop = end if index == len(segments) - 1 else min(end, seg.end)
+        starts += [seg.visible_start] * (stop - start)
+        start, index = stop, index + 1
     return starts
+
+
+class VisibleStarts(Sequence[int]):
+    """`visible_start[i]` of every token of a sequence (its prompt's, then the generated ones), read from its segments
+    when asked: a list a token would cost a 16k-token prompt two passes (its layout's and its request's copy) where a
+    step reads the few tokens it computes. `tokens` is the sequence (only its length is read)."""
+
+    __slots__ = ("segments", "tokens")
+
+    def __init__(self, segments: Sequence[Segment], tokens: Sized):
+        self.segments, self.tokens = segments, tokens
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            start, stop, step = index.indices(len(self))
+            starts = visible_starts(self.segments, start, max(start, stop)) if step == 1 else None
+            return starts if starts is not None else [self[i] for i in range(start, stop, step)]
+        index = range(len(self))[index]  # NOTE: a negative index counts from the end; out of range raises
+        return visible_starts(self.segments, index, index + 1)[0]
+
+    def __iter__(self):
+        return iter(self[:])
+
+    def __eq__(self, other) -> bool:  # NOTE: compares as the list it stands for
+        return isinstance(other, Sequence) and not isinstance(other, str) and list(self) == list(other)
+
+    def __repr__(self) -> str:
+        return f"VisibleStarts({list(self)!r})"
 
 
 def marker_blocks(segments: Sequence[Segment], block_size: int) -> dict[int, SegmentKind]:
@@ -327,15 +365,20 @@ class SpanHashMemo:
 
 @dataclass(frozen=True, slots=True)
 class SpanLayout:
-    """What span semantics make of one prompt: its segments, `visible_start` per token and marker blocks."""
+    """What span semantics make of one prompt: its segments and marker blocks (and from them `visible_start`)."""
 
     segments: tuple[Segment, ...]
-    visible_start: tuple[int, ...]
     marker_blocks: Mapping[int, SegmentKind]
 
     @property
     def has_spans(self) -> bool:
         return bool(self.marker_blocks)
+
+    @property
+    def visible_start(self) -> tuple[int, ...]:
+        """`visible_start[i]` per token of the prompt (made when asked: the engine reads it by ranges,
+        `VisibleStarts`)."""
+        return tuple(visible_starts(self.segments))
 
 
 def span_layout(
@@ -349,7 +392,7 @@ def span_layout(
     """Check the markers of a prompt and lay it out (see `check_markers` for what raises and `data`)."""
     markers = check_markers(token_ids, control, block_size, position_free, require_spans, data)
     segments = split_segments(len(token_ids), markers)
-    return SpanLayout(tuple(segments), tuple(visible_starts(segments)), marker_blocks(segments, block_size))
+    return SpanLayout(tuple(segments), marker_blocks(segments, block_size))
 
 
 def prompt_block_hashes(

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import minipic_lite as mp
-from minipic_lite.engine import as_token_ids, pack_token_ids
-from minipic_lite.hashing import token_bytes
+from minipic_lite.hashing import as_token_ids, pack_token_ids, token_bytes
+from minipic_lite.prompts import Prompt
 from tests.conftest import save_tiny_llama
 from tests.hybrid_models import make_hybrid
 
@@ -312,3 +312,46 @@ def test_packing_a_non_integer_id_is_as_token_ids_error(ids):
     with pytest.raises(ValueError) as reference:
         as_token_ids(ids)
     assert str(packed.value) == str(reference.value) and "is not an integer" in str(packed.value)
+
+
+def test_a_prompt_checks_and_packs_its_ids_once_and_the_engine_takes_them_as_they_are(tiny_dir):
+    """A composed `Prompt` checks its ids as it is made (Python ints kept, numpy's turned into them, a float named)
+    and packs them once; a request made of it equals one made of its ids as a list, and its list is the request's
+    own (growing it leaves the prompt as it was)."""
+    control = mp.ControlTokens(ssep_id=3, pdep_id=4, pad_id=5)
+    ids = [7, 8] + [5, 5] + [3] + [9] * 3 + [4, 11]
+    prompt = Prompt(tuple(np.array(ids)), 4, control, ("sys", "doc", "q"))
+    assert prompt.token_ids == tuple(ids) and all(type(t) is int for t in prompt.token_ids)
+    assert prompt.packed() == (ids, token_bytes(ids)) and prompt.packed()[0] is not prompt.packed()[0]
+    assert prompt.has_markers and prompt.layout == Prompt(tuple(ids), 4, control).layout
+    with pytest.raises(ValueError, match=r"token id 1\.5 is not an integer"):
+        Prompt((7, 1.5), 4, control)
+    assert Prompt((7, 2**70), 4, control).packed() == ([7, 2**70], None)  # refused by the engine, naming the id
+    llm = mp.LLM(str(tiny_dir), device="cpu", max_model_len=128, num_blocks=40, block_size=4, control_tokens=control)
+    engine = llm.engine
+    with pytest.raises(ValueError, match=r"token id 1180591620717411303424 is outside the vocabulary"):
+        engine.make_request(Prompt((7, 2**70), 4, control), GREEDY4)
+    from_prompt = engine.make_request(prompt, GREEDY4, require_spans=True)
+    from_list = engine.make_request(ids, GREEDY4, require_spans=True)
+    assert from_prompt.token_ids == ids and from_prompt.block_hashes == from_list.block_hashes
+    assert from_prompt.layout == from_list.layout and from_prompt.visible_start == from_list.visible_start
+    from_prompt.append_token(12)
+    assert prompt.token_ids == tuple(ids) and engine.validate(prompt, GREEDY4).has_spans
+    (out,) = llm.generate(prompt, GREEDY4, use_tqdm=False)
+    assert out.prompt_token_ids == ids and len(out.token_ids) == 4
+    llm.close()
+
+
+def test_a_composed_prompt_without_markers_generates_where_markers_cannot_take_effect(tiny_dir):
+    """A composed prompt always asks for span semantics; one without markers has none to refuse: with position_free
+    off it generates, as the same ids do, while one with a marker is refused naming it."""
+    control = mp.ControlTokens(ssep_id=3, pdep_id=4, pad_id=5)
+    llm = mp.LLM(str(tiny_dir), device="cpu", max_model_len=128, num_blocks=40, block_size=4, position_free=False,
+                 control_tokens=control)  # fmt: skip
+    plain = [7] * 9
+    (composed,) = llm.generate(Prompt(tuple(plain), 4, control), GREEDY4, use_tqdm=False)
+    (listed,) = llm.generate([plain], GREEDY4, use_tqdm=False)
+    assert composed.token_ids == listed.token_ids and len(composed.token_ids) == 4
+    with pytest.raises(ValueError, match="prompt 0: span marker SSEP at index 4: span semantics need position_free"):
+        llm.generate(Prompt((7, 8, 5, 5, 3, 9), 4, control), GREEDY4, use_tqdm=False)
+    llm.close()

@@ -18,6 +18,7 @@ from minipic_lite.spans import (
     HashState,
     SegmentKind,
     SpanHashMemo,
+    VisibleStarts,
     block_hashes,
     check_markers,
     find_markers,
@@ -27,6 +28,7 @@ from minipic_lite.spans import (
     prompt_block_hashes,
     run_chain,
     span_layout,
+    visible_starts,
 )
 from tests import span_oracle
 
@@ -90,6 +92,30 @@ def test_segments_partition_the_prompt_and_visible_start_follows_them(token_ids)
     assert all(v <= i for i, v in enumerate(layout.visible_start))
     assert list(layout.visible_start) == span_oracle.visible_starts(token_ids, S, P)  # DESIGN §2, restated
     assert layout.has_spans == any(t in (S, P) for t in token_ids)
+
+
+@given(span_prompts(), st.integers(0, 3 * B), st.data())
+def test_visible_starts_read_by_ranges_equal_the_oracle_and_generated_tokens_continue_the_last_segment(
+    token_ids, num_generated, data
+):
+    """The engine reads visible_start by ranges (a step's chunk), from the segments: each range, index and slice of
+    `VisibleStarts` equals the oracle's list per token, also past the prompt, where generated tokens continue the
+    last segment, and the view grows with the sequence."""
+    segments = span_layout(token_ids, CONTROL, B).segments
+    tokens = list(token_ids)
+    view = VisibleStarts(segments, tokens)
+    oracle = span_oracle.visible_starts(token_ids, S, P)
+    tokens += [10] * num_generated
+    expected = oracle + [oracle[-1]] * num_generated
+    start = data.draw(st.integers(0, len(tokens)))
+    end = data.draw(st.integers(start, len(tokens)))
+    assert visible_starts(segments, start, end) == expected[start:end]
+    assert len(view) == len(tokens) and view == expected and list(view) == expected
+    assert view[start:end] == expected[start:end] and view[::2] == expected[::2] and view[end:start] == []
+    index = data.draw(st.integers(-len(tokens), len(tokens) - 1))
+    assert view[index] == expected[index]
+    with pytest.raises(IndexError):
+        view[len(tokens)]
 
 
 def test_segments_of_a_block_attention_prompt():
