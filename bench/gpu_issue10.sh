@@ -9,8 +9,9 @@
 # Parts: tests (the GPU tests), ncusrc (issue 13's batch-1 decode under ncu, per SASS instruction), ops (tests, the op's
 # validation, the short read), ttft (tests, validation, the TTFT grid, RAG), grid, ttft1 (the cached 8 x 2,048 row),
 # next93 (that row straight after its documents, then 200 ms after), next53 (next93, then the short read's SPLIT_IDS on
-# and off), next93s (only 200 ms after), next93b (the GPU tests), rag, ragphase, rag0, offload, spans (uncached span
-# scaling), host, hostdiag, splits, read, readprof (with ncu), readfloor, engineread, mixed, smallkernels, gemm, skinny,
+# and off), next57 (.base's tree and this one alternated on that row, then host_ttft), next93s (only 200 ms after),
+# next93b (the GPU tests), rag, ragphase, rag0, offload, spans (uncached span scaling), host, hostdiag, splits, read,
+# readprof (with ncu), readfloor, engineread, mixed, smallkernels, gemm, skinny,
 # l2, handoff, aftereffect, prefill (engine prefill vs transformers), engine (gpu_engine: decode, prefill, profile),
 # decode (the engine's decode, default schedule), ttftab / decodeab (.base's tree beside this one, alternated), hybrid,
 # final, a, b, all. The one-off parts of earlier sessions' experiments (next21 ... next91, each named in its results'
@@ -96,6 +97,14 @@ if want next53; then  # stop 53's open questions on an H200: next93's two TTFTs,
     step ttft_settle 150 python3 $TTFT_8X2048 --settle-ms 200 --tag=-next93
     step read_splitids 120 env READ_SWEEP=splitids python3 bench/gpu_read_profile.py --out "$OUT" \
         --cases short16k,short16k_cold
+fi
+if want next57; then  # stop 57's host-time changes: .base's tree (the stop's start) and this one alternated twice,
+    # then host_ttft of this one
+    for round in 1 2; do
+        step ttft_base_$round 150 $BASE_ENV python3 .base/$TTFT_8X2048 --tag=-base-$round --out "$OUT"
+        step ttft_new_$round 150 python3 $TTFT_8X2048 --tag=-new-$round --out "$OUT"
+    done
+    step host_new 90 python3 bench/host_ttft.py --device cuda --llama3-8b-shape --runs 20 --block-size 32 --out "$OUT"
 fi
 if want next93s; then  # next93's second half alone (the first prompt 200 ms after its documents): fits ~300 s of device
     step ttft_settle 150 python3 $TTFT_8X2048 --settle-ms 200 --tag=-next93

@@ -13,8 +13,9 @@ are called, so the sections are the engine's own code:
     request        the rest of make_request: the ids' copy (a composed prompt packed them as it was made), the
                    Request record and its block hashes
     schedule       lookup and admission, the chunk plan, publishing (Scheduler.schedule)
-    report         the cache report's admission snapshot (LLMEngine._report_admissions; after the launch, so on
-                   CUDA the device computes meanwhile and `forward`'s wait is that much shorter)
+    report         the cache report's admission snapshot and the prompt's copy for the first output
+                   (LLMEngine._report_admissions, _copy_prompts; after the launch, so on CUDA the device computes
+                   meanwhile and `forward`'s wait is that much shorter)
     prepare        the step's host metadata and its tensors (ModelRunner.prepare)
     forward        the model and the sampler (ModelRunner.launch and wait, less prepare)
     post           postprocess, stop checks, the output (the rest of LLMEngine.step)
@@ -225,6 +226,7 @@ def main() -> None:
     timer.wrap(engine, "_check", "validate")
     timer.wrap(engine.scheduler, "schedule", "schedule")
     timer.wrap(engine, "_report_admissions", "report")
+    timer.wrap(engine, "_copy_prompts", "report")
     timer.wrap(engine.runner, "prepare", "prepare")
     for name in ("launch", "wait"):  # NOTE: queue the step, read its tokens: together what execute does
         timer.wrap(engine.runner, name, "execute")

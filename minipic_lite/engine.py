@@ -122,8 +122,8 @@ class LLMEngine:
         vocab = self.config.model.vocab_size
         # NOTE: one packing of the prompt: its range and its markers are read from those bytes in C, and the request
         # hashes them (8 x 2048 cached, bench/host_ttft.py on 2 CPU cores: 1.21-1.41 -> 0.77-0.87 ms)
-        ids = None if data is None else np.frombuffer(data, dtype="<i8")
-        if ids is None or ids.min() < 0 or ids.max() >= vocab:
+        # NOTE: read as unsigned, a negative id is past every vocabulary: one pass over the ids finds both ends
+        if data is None or np.frombuffer(data, dtype="<u8").max() >= vocab:
             bad = next(t for t in token_ids if not 0 <= t < vocab)
             raise ValueError(f"token id {bad!r} is outside the vocabulary [0, {vocab})")
         max_len = self.config.scheduler.max_model_len
@@ -214,7 +214,9 @@ class LLMEngine:
             if not out.scheduled:
                 return []
             flight = self.runner.launch(out)
-            self._report_admissions(out)  # NOTE: after the launch, while the device computes (it reads no tensor)
+            # NOTE: after the launch, while the device computes: host work that reads no sampled token
+            self._report_admissions(out)
+            self._copy_prompts(out)
         out = flight.out
         if self.is_async:
             nxt = self.scheduler.plan_continuation(out)
@@ -264,6 +266,13 @@ class LLMEngine:
                 self.stats.num_hit_blocks += report.num_hit_blocks
                 self.stats.num_computed_blocks += len(report) - report.num_hit_blocks
                 self.stats.num_resumed_tokens += req.num_resumed_tokens
+
+    def _copy_prompts(self, out: SchedulerOutput) -> None:
+        """Make the prompt's copy that the first output of each request sampling its first token in `out` carries
+        (`Request.prompt_token_ids`), before the token is known: 16.6k ids take ~0.04 ms on 2 CPU cores."""
+        for scheduled in out.scheduled:
+            if scheduled.do_sample and scheduled.seq.num_output_tokens == 0:
+                scheduled.seq.copy_prompt()
 
     def _stops(self, req: Request) -> bool:
         """After each new token: finish the request if it stops here (the scheduler drops the rest of a burst)."""

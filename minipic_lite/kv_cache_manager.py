@@ -181,8 +181,8 @@ class KVCacheManager:
         req.waiting_blocks = set()
         if self.host is not None:  # NOTE: evictions by this admission must not take the slots it loads from
             self.host.pinned = {hashes[i] for i, kind in enumerate(kinds) if kind == HOST}
-        hit_ids = [*filter(is_found, hits)]
-        self.pool.touch_many(hit_ids + [*filter(is_found, sources)])  # NOTE: first: a fresh block never evicts them
+        hit_ids = hits if None not in hits else [*filter(is_found, hits)]  # NOTE: a cached prompt's are all found
+        self.pool.touch_many(chain(hit_ids, filter(is_found, sources)))  # NOTE: first: a fresh block never evicts them
         table = hits + [None] * (num_blocks - len(hits))  # the hits in place, None elsewhere
         # NOTE: a cached prompt's blocks are all hits: their indices need no pass over them
         cached = set(range(len(hits)) if len(hit_ids) == len(hits) else compress(range(len(hits)), map(is_found, hits)))

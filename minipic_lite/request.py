@@ -99,11 +99,16 @@ class Request:
 
     @property
     def prompt_token_ids(self) -> list[int]:
-        # NOTE: copied once, so that an output per step does not copy the whole prompt again; and only when first
-        # asked (the first output is built after its token's time is taken): the prompt's tokens never change
+        # NOTE: copied once, so that an output per step does not copy the whole prompt again; the prompt's tokens
+        # never change
+        if self._prompt_token_ids is None:
+            self.copy_prompt()
+        return self._prompt_token_ids
+
+    def copy_prompt(self) -> None:
+        """Make `prompt_token_ids` now (the engine does while the device computes the first token), if not made."""
         if self._prompt_token_ids is None:
             self._prompt_token_ids = self.token_ids[: self.num_prompt_tokens]
-        return self._prompt_token_ids
 
     @property
     def output_token_ids(self) -> list[int]:

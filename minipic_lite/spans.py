@@ -325,15 +325,21 @@ class SpanHashMemo:
     An SSEP span restarts the chain at the root, so its hashes depend on its tokens alone, and a cached span is
     hashed again in every prompt that uses it; so is the digest chain through it, the same wherever the span
     follows the same prefix. At ~0.7 us a block that was most of a cached prompt's host time. The memo keys a
-    chain by (parent, width, the run's bytes): the dict hashes the bytes once per run (Python's own hash of
-    bytes, ~2.5x cheaper than a sha256 of them) and a hit compares them in full, so two runs never share a
-    chain. It keeps the most recently used chains, at most `max_blocks` hashes in all (and their runs' bytes).
-    Safe from any thread (requests are built in callers' threads).
+    chain by (parent, width, the run's length, its first and last blocks) and holds the run's bytes beside it: a hit
+    compares them in full (one memcmp), so two runs never share a chain, and a run of the same key but other tokens
+    takes its place. It keeps the most recently used chains, at most `max_blocks` hashes in all (and their runs'
+    bytes). Safe from any thread (requests are built in callers' threads).
+
+    NOTE: keyed by the whole run, the dict hashed every byte of it (Python's SipHash, ~1 cycle a byte: 8 x 2,048
+    cached ids, 130 kB, in every request of them); two blocks of it are as good a key.
     """
 
     def __init__(self, max_blocks: int = SPAN_HASH_MEMO_BLOCKS):
         self.max_blocks = max_blocks
-        self._chains: OrderedDict[tuple[BlockHash, int, bytes], list[BlockHash]] = OrderedDict()  # LRU: oldest first
+        # LRU (oldest first): (parent, width, len(run), first block, last block) -> (run, its chain)
+        self._chains: OrderedDict[tuple[BlockHash, int, int, bytes, bytes], tuple[bytes, list[BlockHash]]] = (
+            OrderedDict()
+        )
         self._num_blocks = 0
         self._lock = threading.Lock()
 
@@ -346,20 +352,20 @@ class SpanHashMemo:
 
     def chain(self, parent: BlockHash, run: bytes, width: int) -> list[BlockHash]:
         """`chain_hashes_bytes(parent, run, width)`, remembered."""
-        key = (parent, width, run)
+        key = (parent, width, len(run), run[:width], run[-width:])
         with self._lock:
-            hashes = self._chains.get(key)
-            if hashes is not None:
+            entry = self._chains.get(key)
+            if entry is not None and entry[0] == run:
                 self._chains.move_to_end(key)
-                return hashes
+                return entry[1]
         hashes = chain_hashes_bytes(parent, run, width)
         if len(hashes) <= self.max_blocks:
             with self._lock:
-                if key not in self._chains:
-                    self._chains[key] = hashes
-                    self._num_blocks += len(hashes)
+                old = self._chains.pop(key, None)  # NOTE: another run of its key (or this one, kept by another thread)
+                self._num_blocks += len(hashes) - (0 if old is None else len(old[1]))
+                self._chains[key] = (run, hashes)
                 while self._num_blocks > self.max_blocks:
-                    self._num_blocks -= len(self._chains.popitem(last=False)[1])
+                    self._num_blocks -= len(self._chains.popitem(last=False)[1][1])
         return hashes
 
 

@@ -355,3 +355,26 @@ def test_a_composed_prompt_without_markers_generates_where_markers_cannot_take_e
     with pytest.raises(ValueError, match="prompt 0: span marker SSEP at index 4: span semantics need position_free"):
         llm.generate(Prompt((7, 8, 5, 5, 3, 9), 4, control), GREEDY4, use_tqdm=False)
     llm.close()
+
+
+def test_the_first_outputs_prompt_copy_is_made_while_the_device_computes_its_token(tiny_dir):
+    """The prompt's copy that a request's first output carries is made after the step's launch and before its tokens
+    are read (on CUDA, while the device computes), only for requests sampling their first token; it equals the
+    prompt and is not the request's growing token list."""
+    llm = tiny_llm(tiny_dir)
+    engine, seen = llm.engine, []
+    wait = engine.runner.wait
+
+    def spy(flight):
+        seen.append([s.seq._prompt_token_ids for s in flight.out.scheduled])
+        return wait(flight)
+
+    engine.runner.wait = spy
+    ids = list(range(10, 30))
+    req = engine.make_request(ids, GREEDY4, stream=True)
+    engine.add(req)
+    (out,) = engine.step()
+    assert seen == [[ids]] and out.prompt_token_ids == ids and out.prompt_token_ids is not req.token_ids
+    engine.step()
+    assert seen[1] == [ids] and seen[1][0] is seen[0][0]  # made once
+    llm.close()

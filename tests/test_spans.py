@@ -308,6 +308,11 @@ def test_block_hashes_of_a_known_prompt():
     assert HashState(h2, h0).digest() == d2 != h2
 
 
+def chains(memo: SpanHashMemo) -> list:
+    """The chains a memo keeps, oldest first."""
+    return [hashes for _, hashes in memo._chains.values()]
+
+
 def test_span_hash_memo_keeps_the_most_recent_chains_up_to_its_block_budget():
     memo, width = SpanHashMemo(max_blocks=5), B * 8
     a, b, c = (token_bytes(list(range(start, start + 2 * B))) for start in (0, 100, 200))  # 2 blocks each
@@ -318,8 +323,8 @@ def test_span_hash_memo_keeps_the_most_recent_chains_up_to_its_block_budget():
     for data in (a, b, a, c):  # a is used again before c comes: b is the oldest when c needs room
         assert chain(ROOT, data) == chain_hashes_bytes(ROOT, data, width)
     assert len(memo) == 2 and memo.num_blocks == 4
-    kept = list(memo._chains.values())
-    assert chain(ROOT, a) is kept[0] and list(memo._chains.values()) == kept[::-1]  # served, now the newest
+    kept = chains(memo)
+    assert chain(ROOT, a) is kept[0] and chains(memo) == kept[::-1]  # served, now the newest
     other = root_hash("other")  # the same run after another parent: another chain
     assert chain(other, a) == chain_hashes_bytes(other, a, width) != chain(ROOT, a)
     assert chain(ROOT, bytes(bytearray(a))) is kept[0]  # another bytes object of the same run: the same chain
@@ -336,7 +341,7 @@ def test_span_hash_memo_hashes_a_chain_longer_than_its_budget_and_keeps_what_it_
     long_run = token_bytes(list(range(500, 500 + 6 * B)))  # 6 blocks
     kept = [memo.chain(ROOT, data, width) for data in (a, c)]
     assert memo.chain(ROOT, long_run, width) == chain_hashes_bytes(ROOT, long_run, width)
-    assert list(memo._chains.values()) == kept and memo.num_blocks == 4
+    assert chains(memo) == kept and memo.num_blocks == 4
 
 
 # -- per-block reuse of spans in the scheduler ---------------------------------------------------------------

@@ -41,6 +41,25 @@ def test_chains_that_fill_the_block_budget_exactly_are_all_kept():
     assert len(memo) == 2 and memo.num_blocks == 4
 
 
+def test_runs_that_share_their_key_blocks_never_share_a_chain():
+    """The memo finds a run by its length and first and last blocks, and holds it to the whole run: a run with the
+    same ends but another middle block gets its own chain (and takes the place of the first), and the first run
+    met again is hashed again, correctly; the block count follows."""
+    memo = SpanHashMemo(max_blocks=8)
+    first = run_of(100, 3)
+    other = first[:WIDTH] + run_of(500, 1) + first[-WIDTH:]
+    assert memo.chain(ROOT, first, WIDTH) == chain_hashes_bytes(ROOT, first, WIDTH)
+    assert (
+        memo.chain(ROOT, other, WIDTH)
+        == chain_hashes_bytes(ROOT, other, WIDTH)
+        != chain_hashes_bytes(ROOT, first, WIDTH)
+    )
+    assert len(memo) == 1 and memo.num_blocks == 3
+    assert memo.chain(ROOT, first, WIDTH) == chain_hashes_bytes(ROOT, first, WIDTH)
+    assert memo.chain(ROOT, bytes(bytearray(first)), WIDTH) is memo.chain(ROOT, first, WIDTH)  # now kept
+    assert len(memo) == 1 and memo.num_blocks == 3
+
+
 def test_a_prompt_without_markers_is_hashed_without_the_memo():
     memo, prompt = SpanHashMemo(), list(range(10, 30))
     layout = span_layout(prompt, CONTROL, B)
