@@ -24,13 +24,15 @@ def variants():
 
     return {
         "llama-tied": (LlamaForCausalLM, LlamaConfig(**TINY, tie_word_embeddings=True)),
+        # three layers: a layer's output is normed by the next layer's input norm, and the last one's by the final norm
+        "llama-3-layers": (LlamaForCausalLM, LlamaConfig(**TINY | dict(num_hidden_layers=3))),
         "mistral": (MistralForCausalLM, MistralConfig(**TINY, sliding_window=None)),
         "qwen2-qkv-bias": (Qwen2ForCausalLM, Qwen2Config(**TINY, tie_word_embeddings=False)),
         "qwen3-qk-norm": (Qwen3ForCausalLM, Qwen3Config(**TINY, head_dim=32, tie_word_embeddings=False)),
     }
 
 
-@pytest.mark.parametrize("name", ["llama-tied", "mistral", "qwen2-qkv-bias", "qwen3-qk-norm"])
+@pytest.mark.parametrize("name", ["llama-tied", "llama-3-layers", "mistral", "qwen2-qkv-bias", "qwen3-qk-norm"])
 def test_variant_matches_transformers(tmp_path, name):
     model_cls, config = variants()[name]
     torch.manual_seed(0)

@@ -6,7 +6,15 @@ import re
 import pytest
 import torch
 
-from minipic_lite.models.llama import Kernels, add_rms_norm, compile_kernel, eager_add_rms_norm, rms_norm, silu_and_mul
+from minipic_lite.models.llama import (
+    Kernels,
+    add_rms_norm,
+    compile_kernel,
+    eager_add_rms_norm,
+    eager_rms_norm,
+    rms_norm,
+    silu_and_mul,
+)
 from ops import apply_rope, rope_cos_sin
 from ops.rope import RotationTables, rotate_with_rows
 
@@ -55,6 +63,16 @@ def test_add_rms_norm_is_the_residual_add_then_norm():
     torch.testing.assert_close(normed, expected)
     gate, up = torch.randn(4, 8), torch.randn(4, 8)
     torch.testing.assert_close(silu_and_mul(torch.cat([gate, up], -1)), gate * torch.sigmoid(gate) * up)
+
+
+def test_the_norms_of_per_head_rows_take_each_heads_own_statistics():
+    """qk-norm (Qwen3) normalizes q and k as [T, H, D]: each head's D values by their own mean square, in the form
+    Inductor compiles (CUDA) and the eager one (CPU)."""
+    torch.manual_seed(0)
+    x, w = torch.randn(5, 3, 16) * torch.tensor([1.0, 4.0, 0.25])[:, None], torch.randn(16)
+    expected = w * (x / x.pow(2).mean(-1, keepdim=True).add(1e-6).sqrt())
+    torch.testing.assert_close(rms_norm(x, w, 1e-6), expected)
+    torch.testing.assert_close(eager_rms_norm(x, w, 1e-6), expected)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])

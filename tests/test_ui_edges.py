@@ -13,7 +13,7 @@ from minipic_lite.config import ControlTokens
 from minipic_lite.outputs import RequestMetrics, RequestOutput
 from minipic_lite.step_log import StepRecord
 from ui import compose, texts
-from ui.cache_view import grid_cells, grid_html, inflight_html, pool_markdown, summary_markdown
+from ui.cache_view import STYLE, grid_cells, grid_html, inflight_html, pool_markdown, summary_markdown
 from ui.checkpoints_panel import TokenAxis, axis_html, format_bytes, histogram_frame, plans_frame
 from ui.compose import InputError
 from ui.monitor import Monitor
@@ -84,6 +84,15 @@ def test_grid_html_groups_by_segment_and_shows_the_short_hash():
         ("pdep", "P", "ffeedd"),
         ("pdep", "", "-"),  # the partial block: no hash
     ]
+
+
+def test_an_empty_grid_is_its_caption_alone_without_the_legend():
+    """No cells yet (no request, a refused input, a request waiting for its report): the caption, or "No request
+    yet." without one, in place of the legend and the grid."""
+    assert grid_html([]) == STYLE + "<div class='mp-empty'>No request yet.</div>"
+    assert grid_html([], "Waiting for request 3's cache report") == (
+        STYLE + "<div class='mp-empty'>Waiting for request 3&#x27;s cache report</div>"
+    )
 
 
 def test_user_text_reaches_the_html_escaped():
