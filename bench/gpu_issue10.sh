@@ -98,13 +98,13 @@ if want next53; then  # stop 53's open questions on an H200: next93's two TTFTs,
     step read_splitids 120 env READ_SWEEP=splitids python3 bench/gpu_read_profile.py --out "$OUT" \
         --cases short16k,short16k_cold
 fi
-if want next57; then  # stop 57's host-time changes: .base's tree (the stop's start) and this one alternated twice,
-    # then host_ttft of this one
-    for round in 1 2; do
-        step ttft_base_$round 150 $BASE_ENV python3 .base/$TTFT_8X2048 --tag=-base-$round --out "$OUT"
-        step ttft_new_$round 150 python3 $TTFT_8X2048 --tag=-new-$round --out "$OUT"
-    done
+if want next57; then  # stop 57's host-time changes: .base's tree (the stop's start) and this one on that row, host_ttft
+    # of this one, then the row again in the other order (what fits a call comes first)
+    step ttft_base_1 150 $BASE_ENV python3 .base/$TTFT_8X2048 --tag=-base-1 --out "$OUT"
+    step ttft_new_1 150 python3 $TTFT_8X2048 --tag=-new-1 --out "$OUT"
     step host_new 90 python3 bench/host_ttft.py --device cuda --llama3-8b-shape --runs 20 --block-size 32 --out "$OUT"
+    step ttft_new_2 150 python3 $TTFT_8X2048 --tag=-new-2 --out "$OUT"
+    step ttft_base_2 150 $BASE_ENV python3 .base/$TTFT_8X2048 --tag=-base-2 --out "$OUT"
 fi
 if want next93s; then  # next93's second half alone (the first prompt 200 ms after its documents): fits ~300 s of device
     step ttft_settle 150 python3 $TTFT_8X2048 --settle-ms 200 --tag=-next93
