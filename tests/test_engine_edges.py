@@ -314,6 +314,14 @@ def test_packing_a_non_integer_id_is_as_token_ids_error(ids):
     assert str(packed.value) == str(reference.value) and "is not an integer" in str(packed.value)
 
 
+def test_of_several_non_integer_ids_the_error_names_the_first():
+    """Where several ids are not integers, `as_token_ids` and `pack_token_ids` name the first of them, in the
+    prompt's order."""
+    for pack in (as_token_ids, pack_token_ids):
+        with pytest.raises(ValueError, match=r"^token id 1\.5 is not an integer$"):
+            pack([5, 1.5, "7", None])
+
+
 def test_a_prompt_checks_and_packs_its_ids_once_and_the_engine_takes_them_as_they_are(tiny_dir):
     """A composed `Prompt` checks its ids as it is made (Python ints kept, numpy's turned into them, a float named)
     and packs them once; a request made of it equals one made of its ids as a list, and its list is the request's
@@ -377,4 +385,34 @@ def test_the_first_outputs_prompt_copy_is_made_while_the_device_computes_its_tok
     assert seen == [[ids]] and out.prompt_token_ids == ids and out.prompt_token_ids is not req.token_ids
     engine.step()
     assert seen[1] == [ids] and seen[1][0] is seen[0][0]  # made once
+    llm.close()
+
+
+def test_a_chunked_prompts_copy_is_made_at_the_chunk_that_samples_its_first_token(tiny_dir):
+    """A prompt computed in two chunks samples nothing at its first: its prompt's copy is made in the step of its
+    last chunk, the one that samples its first token, and not before."""
+    llm = mp.LLM(str(tiny_dir), device="cpu", max_model_len=128, num_blocks=40, max_num_batched_tokens=64)
+    engine, seen = llm.engine, []
+    wait = engine.runner.wait
+
+    def spy(flight):
+        seen.append([s.seq._prompt_token_ids for s in flight.out.scheduled])
+        return wait(flight)
+
+    engine.runner.wait = spy
+    ids = list(range(10, 110))  # 100 tokens: a chunk of 64, then one of 36
+    engine.add(engine.make_request(ids, GREEDY4))
+    engine.step()
+    engine.step()
+    assert seen == [[None], [ids]]
+    llm.close()
+
+
+def test_a_request_arrives_when_it_is_made_or_when_the_caller_says(tiny_dir):
+    """`make_request`'s arrival_time is where the request's TTFT starts: the one given, else the time of the call."""
+    llm = tiny_llm(tiny_dir)
+    assert llm.engine.make_request([5, 6, 7], GREEDY4, arrival_time=1.5).arrival_time == 1.5
+    before = time.perf_counter()
+    arrival = llm.engine.make_request([5, 6, 7], GREEDY4).arrival_time
+    assert before <= arrival <= time.perf_counter()
     llm.close()

@@ -67,6 +67,13 @@ def test_a_composed_prompt_carries_its_labels_and_its_markers_are_checked(tiny_d
     rotated.close()
 
 
+def test_a_composed_prompts_text_and_ids_come_back_in_its_output(tiny):
+    """A composed prompt goes to the engine whole: its output carries the prompt's decoded text and its ids."""
+    prompt = Prompt(SPAN_PROMPT, 4, CONTROL, ("sys", "doc", "q"), text="the decoded prompt")
+    (out,) = tiny.generate(prompt, greedy(2), use_tqdm=False)
+    assert (out.prompt, out.prompt_token_ids, len(out.token_ids)) == ("the decoded prompt", list(SPAN_PROMPT), 2)
+
+
 def test_a_device_name_is_cpu_cuda_or_cuda_and_a_number():
     with pytest.raises(ValueError, match="device must be 'cpu', 'cuda' or 'cuda:N' .*got 'cuda:'"):
         checked_device("cuda:")

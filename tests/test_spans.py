@@ -118,6 +118,18 @@ def test_visible_starts_read_by_ranges_equal_the_oracle_and_generated_tokens_con
         view[len(tokens)]
 
 
+def test_visible_starts_compare_as_the_list_they_stand_for_and_show_it():
+    """`VisibleStarts` equals the list (or tuple) of its values and nothing else: not a list that differs in any
+    value (the last too) or in its length, not a string, not what is no sequence; its repr shows the list."""
+    token_ids = [20, 21, 22, PAD, *span(S, 30, 31, 32), P, 50]  # [leading] [SSEP span at 4] [PDEP at 8]
+    view = VisibleStarts(span_layout(token_ids, CONTROL, B).segments, token_ids)
+    expected = [0, 0, 0, 0, 4, 4, 4, 4, 0, 0]
+    assert view == expected and view == tuple(expected)
+    for other in ([0] * 10, expected[:-1] + [4], expected[:-1], [*expected, 0], "0000444400", 0, None):
+        assert view != other
+    assert repr(view) == f"VisibleStarts({expected!r})"
+
+
 def test_segments_of_a_block_attention_prompt():
     token_ids = [20, 21, 22, PAD, *span(S, 30, 31, 32, 33), *span(S, 40), P, 50, 51]
     layout = span_layout(token_ids, CONTROL, B)

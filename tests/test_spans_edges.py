@@ -60,6 +60,38 @@ def test_runs_that_share_their_key_blocks_never_share_a_chain():
     assert len(memo) == 1 and memo.num_blocks == 3
 
 
+def test_runs_that_differ_in_their_length_or_an_end_block_are_all_kept():
+    """The memo keys a run by its length and its first and last blocks: runs that share all but one of them are
+    kept side by side, each served from the memo, and the block count holds them all."""
+    memo = SpanHashMemo(max_blocks=16)
+    first = run_of(100, 3)
+    runs = [
+        first,
+        first[:WIDTH] + first[-WIDTH:],  # the same ends, shorter
+        run_of(500, 1) + first[WIDTH:],  # another first block
+        first[:-WIDTH] + run_of(500, 1),  # another last block
+    ]
+    kept = [memo.chain(ROOT, run, WIDTH) for run in runs]
+    assert kept == [chain_hashes_bytes(ROOT, run, WIDTH) for run in runs]
+    assert len(memo) == 4 and memo.num_blocks == 11
+    assert all(memo.chain(ROOT, bytes(bytearray(run)), WIDTH) is chain for run, chain in zip(runs, kept, strict=True))
+
+
+def test_a_run_that_takes_the_place_of_another_of_its_key_is_the_newest():
+    """A run of the same key but other tokens takes the place of the run kept under it and is the most recently used:
+    when room is needed, the oldest other chain goes and it stays."""
+    memo = SpanHashMemo(max_blocks=6)
+    first, other_key = run_of(100, 3), run_of(300, 2)
+    same_key = first[:WIDTH] + run_of(500, 1) + first[-WIDTH:]
+    for run in (first, other_key):
+        memo.chain(ROOT, run, WIDTH)
+    replaced = memo.chain(ROOT, same_key, WIDTH)
+    assert replaced == chain_hashes_bytes(ROOT, same_key, WIDTH) and len(memo) == 2 and memo.num_blocks == 5
+    memo.chain(ROOT, run_of(900, 2), WIDTH)  # 7 blocks: the oldest chain (other_key's) goes
+    assert len(memo) == 2 and memo.num_blocks == 5
+    assert memo.chain(ROOT, bytes(bytearray(same_key)), WIDTH) is replaced
+
+
 def test_a_prompt_without_markers_is_hashed_without_the_memo():
     memo, prompt = SpanHashMemo(), list(range(10, 30))
     layout = span_layout(prompt, CONTROL, B)
