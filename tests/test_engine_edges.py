@@ -365,19 +365,24 @@ def test_a_composed_prompt_without_markers_generates_where_markers_cannot_take_e
     llm.close()
 
 
-def test_the_first_outputs_prompt_copy_is_made_while_the_device_computes_its_token(tiny_dir):
-    """The prompt's copy that a request's first output carries is made after the step's launch and before its tokens
-    are read (on CUDA, while the device computes), only for requests sampling their first token; it equals the
-    prompt and is not the request's growing token list."""
-    llm = tiny_llm(tiny_dir)
-    engine, seen = llm.engine, []
-    wait = engine.runner.wait
+def prompt_copies_at_wait(engine) -> list[list]:
+    """Record, each time the engine reads a step's tokens, each scheduled request's prompt copy (None: not made)."""
+    seen, wait = [], engine.runner.wait
 
     def spy(flight):
         seen.append([s.seq._prompt_token_ids for s in flight.out.scheduled])
         return wait(flight)
 
     engine.runner.wait = spy
+    return seen
+
+
+def test_the_first_outputs_prompt_copy_is_made_while_the_device_computes_its_token(tiny_dir):
+    """The prompt's copy that a request's first output carries is made after the step's launch and before its tokens
+    are read (on CUDA, while the device computes), only for requests sampling their first token; it equals the
+    prompt and is not the request's growing token list."""
+    llm = tiny_llm(tiny_dir)
+    engine, seen = llm.engine, prompt_copies_at_wait(llm.engine)
     ids = list(range(10, 30))
     req = engine.make_request(ids, GREEDY4, stream=True)
     engine.add(req)
@@ -392,14 +397,7 @@ def test_a_chunked_prompts_copy_is_made_at_the_chunk_that_samples_its_first_toke
     """A prompt computed in two chunks samples nothing at its first: its prompt's copy is made in the step of its
     last chunk, the one that samples its first token, and not before."""
     llm = mp.LLM(str(tiny_dir), device="cpu", max_model_len=128, num_blocks=40, max_num_batched_tokens=64)
-    engine, seen = llm.engine, []
-    wait = engine.runner.wait
-
-    def spy(flight):
-        seen.append([s.seq._prompt_token_ids for s in flight.out.scheduled])
-        return wait(flight)
-
-    engine.runner.wait = spy
+    engine, seen = llm.engine, prompt_copies_at_wait(llm.engine)
     ids = list(range(10, 110))  # 100 tokens: a chunk of 64, then one of 36
     engine.add(engine.make_request(ids, GREEDY4))
     engine.step()
