@@ -168,6 +168,18 @@ def test_a_failed_build_logs_the_compilers_errors_on_one_line(fresh_load, monkey
     assert f"its build failed ({compiler} exited with 3: gemv.c:1: error: boom one more)" in caplog.text
 
 
+def test_a_long_build_failure_is_logged_on_one_line_cut_short(fresh_load, monkeypatch, caplog, tmp_path):
+    compiler = tmp_path / "fake-cc"
+    script = ["#!/bin/sh", '[ "$1" = --version ] && exit 0', "printf '%0600d' 0 >&2", "exit 1", ""]
+    compiler.write_text("\n".join(script))
+    compiler.chmod(0o755)
+    monkeypatch.setenv("CC", str(compiler))
+    with caplog.at_level(logging.INFO, logger="minipic_lite.models.native"):
+        assert fresh_load() is None
+    assert f"its build failed ({compiler} exited with 1: 000" in caplog.text
+    assert "0" * 500 not in caplog.text and not any("\n" in r.getMessage() for r in caplog.records)
+
+
 def test_an_input_in_another_dtype_or_layout_is_cast_and_made_contiguous():
     """The loop reads x as a contiguous matrix of weight's type: a float32 input to a bf16 weight is rounded first, and
     a transposed input is read by its values, not its memory order."""
@@ -188,6 +200,22 @@ def test_a_build_that_times_out_is_off_with_a_reason(fresh_load, monkeypatch, ca
     with caplog.at_level(logging.INFO, logger="minipic_lite.models.native"):
         assert fresh_load() is None
     assert "its build failed (Command" in caplog.text and "timed out after 30 seconds)" in caplog.text
+
+
+def test_a_compile_that_hangs_is_cut_off_and_the_kernels_are_off(fresh_load, monkeypatch, caplog):
+    run, timeouts = subprocess.run, []
+
+    def compile_hangs(command, **kwargs):
+        if command[1:] == ["--version"]:
+            return run(command, **kwargs)
+        timeouts.append(kwargs.get("timeout"))
+        raise subprocess.TimeoutExpired(command, kwargs["timeout"])
+
+    monkeypatch.setattr(native.subprocess, "run", compile_hangs)
+    with caplog.at_level(logging.INFO, logger="minipic_lite.models.native"):
+        assert fresh_load() is None
+    assert len(timeouts) == 1 and 30 <= timeouts[0] <= 600  # time for a cold compile, not forever
+    assert "its build failed (Command" in caplog.text
 
 
 def test_the_build_is_keyed_by_the_compilers_version(fresh_load, tmp_path, monkeypatch):

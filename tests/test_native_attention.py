@@ -96,6 +96,7 @@ def test_only_whole_vectors_of_16_floats_and_at_most_16_heads_a_group_are_taken(
     assert native.supports_attention(9, 3, 64) and native.supports_attention(32, 8, 128)
     assert not native.supports_attention(4, 2, 8)  # the tiny test models: SDPA serves their mirror
     assert not native.supports_attention(64, 2, 64)  # 32 query heads a kv head
+    assert native.supports_attention(16, 1, 64) and not native.supports_attention(17, 1, 64)  # MAX_G: 16
     assert not native.supports_attention(8, 8, 512)
 
 
