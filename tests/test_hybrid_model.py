@@ -262,6 +262,35 @@ def test_the_fla_call_computes_what_the_torch_path_does(hybrid, monkeypatch):
     assert max_abs_err(_prefill_logits(_llm(path, **one_step), prompts[4]), logits) <= 1e-4
 
 
+def test_every_linear_layer_hands_its_delta_rule_to_fla_where_fla_is_found(hybrid, monkeypatch):
+    """Prefill steps go to fla's chunked kernel, decode steps to its fused-recurrent one, once per linear layer and
+    step (the stand-ins above), none to the torch path, and the tokens are still transformers' greedy ones."""
+    from minipic_lite.models import qwen3_5
+
+    path, hf = hybrid
+    calls = []
+
+    def chunk(*args, **kwargs):
+        calls.append("chunk")
+        return fake_chunk(*args, **kwargs)
+
+    def fused(*args, **kwargs):
+        calls.append("fused")
+        return fake_fused(*args, **kwargs)
+
+    def torch_path(*args):
+        raise AssertionError("the torch path ran where fla is found")
+
+    monkeypatch.setattr(qwen3_5, "_fla_kernels", lambda device: (chunk, fused))
+    monkeypatch.setattr(gdr, "chunk_gated_delta_rule", torch_path)
+    monkeypatch.setattr(gdr, "recurrent_step", torch_path)
+    prompt = _prompts(1, [20], seed=6)[0]
+    (out,) = _llm(path, enable_prefix_caching=False).generate([prompt], mp.SamplingParams(max_tokens=4, **GREEDY),
+                                                            use_tqdm=False)  # fmt: skip
+    assert out.token_ids == _hf_greedy(hf, prompt, 4)
+    assert calls == ["chunk"] * 3 + ["fused"] * 3 * 3  # 3 linear layers: one prefill step, then 3 decode steps
+
+
 # -- the varlen causal conv: one buffer for the step, held to a per-sequence F.conv1d ------------------------------
 
 
