@@ -14,10 +14,13 @@ TINY_HYBRID = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hi
                    initializer_range=0.08)  # fmt: skip
 
 
-def make_hybrid(path, seed: int = 0, **overrides):
+def make_hybrid(path, seed: int = 0, decays: tuple[float, float] | None = (0.01, 1.0), **overrides):
     """Save a random `Qwen3_5ForCausalLM` (model_type qwen3_5_text) to `path`; returns the transformers model.
 
-    Norm weights are drawn around their identity, so that a norm applied the wrong way shows in the logits.
+    Norm weights are drawn around their identity, so that a norm applied the wrong way shows in the logits. The
+    recurrent layers' decays are drawn small (`decays`: over [0.01, 1]), so that their state carries over tens of
+    tokens. None keeps transformers' own draw, over [0.01, 16], with which every head kept at most ~0.4 of its state
+    a token, and a prefill that applied each state update twice still gave transformers' tokens.
     """
     from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
 
@@ -29,6 +32,8 @@ def make_hybrid(path, seed: int = 0, **overrides):
                 param.normal_(1.0, 0.1)  # gated norm: scales by weight
             elif name.endswith("norm.weight"):
                 param.normal_(0.0, 0.1)  # Qwen3.5's other norms scale by (1 + weight)
+            elif name.endswith("A_log") and decays is not None:  # decays A over `decays`: transformers' over [0.01, 16]
+                param.copy_(torch.empty_like(param).uniform_(*decays).log())
     hf.save_pretrained(path)
     return hf
 

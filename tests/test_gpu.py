@@ -107,7 +107,7 @@ def hybrid_gpu(tmp_path_factory):
     from tests.hybrid_models import make_hybrid
 
     path = tmp_path_factory.mktemp("hybrid_gpu")
-    hf = make_hybrid(path)
+    hf = make_hybrid(path, decays=None)  # NOTE: transformers' draw, on which the tolerances below were measured
     with torch.no_grad():
         hf.lm_head.weight.normal_(0.0, 2.0)  # logits far apart
     hf.save_pretrained(path)
