@@ -1,14 +1,14 @@
 """Edges of the launcher's checks (ops/launcher.py) that test_launcher_rejects leaves open: each bound at the
-first value past it, and the checks whose bad values would otherwise fail elsewhere without naming the argument.
-One prefill of 20 keys over blocks of 16 (its second block partial) and, for the decode hint, a decode then a
-two-token chunk."""
+first value past it and at the last value inside it, and the checks whose bad values would otherwise fail elsewhere
+without naming the argument. One prefill of 20 keys over blocks of 16 (its second block partial) and, for the decode
+hint, a decode then a two-token chunk; impl="ref" is the reference itself."""
 
 import math
 
 import pytest
 import torch
 
-from ops import rope_paged_attention
+from ops import rope_paged_attention, rope_paged_attention_ref
 from ops.testing import SeqSpec, make_problem
 
 NAMES = ["q", "k_cache", "v_cache", "block_tables", "cu_seqlens_q", "q_positions", "kv_lens", "visible_start"]
@@ -118,3 +118,46 @@ def test_the_triton_path_refuses_cpu_tensors_unless_triton_interprets(args, monk
     message = r"^q: the Triton kernel needs CUDA tensors \(or TRITON_INTERPRET=1\), got cpu$"
     with pytest.raises(ValueError, match=message):
         rope_paged_attention(**args, impl="triton")
+
+
+def test_kv_lens_filling_every_block_of_the_table_is_accepted():
+    args = args_of([SeqSpec.prefill(32)])  # two blocks of 16, plus a spare column
+    expected = rope_paged_attention(**args, impl="ref")
+    full = {**args, "block_tables": args["block_tables"][:, :2].contiguous()}  # capacity 32 = kv_len
+    torch.testing.assert_close(rope_paged_attention(**full), expected, rtol=2e-5, atol=2e-5)
+
+
+def test_a_bad_block_id_in_a_last_block_holding_a_single_key_is_rejected():
+    args = args_of([SeqSpec.prefill(17)])  # key 16 alone in the second block
+    num_blocks = args["k_cache"].shape[0]
+    bad = changed(args, "block_tables", lambda t: t.__setitem__((0, 1), num_blocks))
+    with pytest.raises(ValueError, match=rf"^block_tables: block id {num_blocks} out of range"):
+        rope_paged_attention(**bad)
+
+
+def test_the_block_id_named_is_the_bad_one_not_a_block_0_before_it(args):
+    num_blocks = args["k_cache"].shape[0]
+    bad = changed(args, "block_tables", lambda t: t.__setitem__((0, slice(0, 2)), torch.tensor([0, -3])))
+    with pytest.raises(ValueError, match=rf"^block_tables: block id -3 out of range \[0, {num_blocks}\)"):
+        rope_paged_attention(**bad)
+
+
+def test_cos_sin_with_exactly_one_row_per_key_is_accepted(args):
+    expected = rope_paged_attention(**args)
+    exact = {**args, "cos_sin": args["cos_sin"][:20]}  # keys 0..19
+    torch.testing.assert_close(rope_paged_attention(**exact), expected, rtol=0, atol=0)
+
+
+def test_cos_sin_on_another_device_than_q_is_rejected_by_name(args):
+    with pytest.raises(ValueError, match="^cos_sin: on meta, but q is on cpu"):
+        rope_paged_attention(**{**args, "cos_sin": args["cos_sin"].to("meta")})
+
+
+def test_impl_ref_returns_the_references_output(args):
+    assert torch.equal(rope_paged_attention(**args, impl="ref"), rope_paged_attention_ref(**args))
+
+
+def test_the_triton_path_takes_cpu_tensors_while_triton_interprets(args):
+    """tests/ops/conftest.py sets TRITON_INTERPRET=1: the checked launch runs the kernel on the CPU tensors."""
+    expected = rope_paged_attention(**args, impl="ref")
+    torch.testing.assert_close(rope_paged_attention(**args, impl="triton"), expected, rtol=2e-5, atol=2e-5)

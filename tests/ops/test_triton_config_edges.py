@@ -1,7 +1,9 @@
 """Edges of the Triton op's host-side config rules (ops/triton_kernel.py) that test_rope_paged_attention leaves open,
 no kernel launched: the path thresholds of `pick_config`'s docstring at their ends (decode-like up to 16 query rows a
-sequence, short prefills up to SHORT_PREFILL_ROWS, the dense path past it), rows per sequence rounded up, and the next
-power of two of a power of two being itself."""
+sequence, short prefills up to SHORT_PREFILL_ROWS, the dense path past it), rows per sequence rounded up, the next
+power of two of a power of two being itself, an unsplit read's block ids read tile by tile even where they would fit
+a split, and a mixed step's leading decodes read apart exactly where the whole
+batch would take the prefill-like path, a single leading decode included."""
 
 import pytest
 import torch
@@ -108,3 +110,30 @@ def test_the_short_read_takes_split_ids_while_its_splits_fit_them(h200):
 
     assert short_read(16 * tk.MAX_SPLIT_KEYS)["SPLIT_IDS"] and not short_read(16 * tk.MAX_SPLIT_KEYS + 64)["SPLIT_IDS"]
     assert not tk.pick_config(1, 1, 8, 4, 128, 8192, True, h200, elem_size=2, table_elem_size=2)["SPLIT_IDS"]
+
+
+@pytest.mark.parametrize("rows", [tk.SHORT_PREFILL_ROWS, tk.SHORT_PREFILL_ROWS + 1])
+def test_leading_decodes_are_read_apart_exactly_where_the_batch_would_take_the_prefill_path(h200, rows):
+    """Two decodes then a chunk, GQA group 1: `rows` query rows a sequence on average (the chunk: 3 x rows - 2)."""
+    num_tokens, num_seqs = 3 * rows, 3
+    whole = tk.pick_config(num_tokens, num_seqs, 8, 1, 128, 4096, True, h200, table_elem_size=2)
+    assert tk.is_split_worth_it(num_tokens, num_seqs, 1, 2) == whole["DENSE"]
+
+
+def test_a_single_leading_decode_before_a_long_chunk_is_read_apart():
+    assert tk.is_split_worth_it(1 + 4 * tk.SHORT_PREFILL_ROWS, 2, 1, 1)
+
+
+def test_an_unsplit_read_takes_no_split_ids_even_where_its_keys_would_fit_them():
+    on = {"SPLIT_IDS": True, "TILE_N": 64}
+    assert tk.split_table_entries(on, 2, 8, 16) == tk.MAX_SPLIT_KEYS // 16  # 128 keys, two splits: they fit
+    assert tk.split_table_entries(on, 1, 8, 16) == 0  # the same keys unsplit: ids tile by tile
+
+
+def test_configs_whose_launches_compile_different_kernels_have_different_compile_keys(h200):
+    """An unsplit read and a split one (the split compiles SPLIT_KV and a merge), one token a sequence or not (a
+    constexpr of the read): a decode's config and its variants, each its own key."""
+    cfg = tk.pick_config(1, 1, 8, 4, 128, 4096, True, h200, table_elem_size=2)
+    assert not cfg["DENSE"] and cfg["ONE_TOKEN_SEQS"]
+    variants = [{**cfg, "NUM_SPLITS": 1}, {**cfg, "NUM_SPLITS": 2}, {**cfg, "NUM_SPLITS": 1, "ONE_TOKEN_SEQS": False}]
+    assert len({tk.compile_key(v) for v in variants}) == len(variants)
