@@ -2,8 +2,8 @@
 no kernel launched: the path thresholds of `pick_config`'s docstring at their ends (decode-like up to 16 query rows a
 sequence, short prefills up to SHORT_PREFILL_ROWS, the dense path past it), rows per sequence rounded up, the next
 power of two of a power of two being itself, an unsplit read's block ids read tile by tile even where they would fit
-a split, and a mixed step's leading decodes read apart exactly where the whole
-batch would take the prefill-like path, a single leading decode included."""
+a split, a mixed step's leading decodes read apart exactly where the whole batch would take the prefill-like path
+(a single leading decode included), and every config one Triton can compile, its tiles within shared memory."""
 
 import pytest
 import torch
@@ -137,3 +137,33 @@ def test_configs_whose_launches_compile_different_kernels_have_different_compile
     assert not cfg["DENSE"] and cfg["ONE_TOKEN_SEQS"]
     variants = [{**cfg, "NUM_SPLITS": 1}, {**cfg, "NUM_SPLITS": 2}, {**cfg, "NUM_SPLITS": 1, "ONE_TOKEN_SEQS": False}]
     assert len({tk.compile_key(v) for v in variants}) == len(variants)
+
+
+def is_pow2(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+@pytest.mark.parametrize("on_cuda", [False, True])
+def test_every_config_is_one_triton_can_compile_and_the_tiles_fit_in_shared_memory(h200, on_cuda):
+    """Over decode, short and long batches, head dims 16-256, GQA groups 1-8, both dtypes' sizes and both modes:
+    power-of-two tiles of at least 16 (tl.dot's smallest side), a warp count of a power of two up to 8, a stage at
+    least, a token's query heads in one tile, a decode's or short prefill's sequence in one tile (up to head_dim 128),
+    and Q with the pipelined K and V tiles within the shared-memory budget."""
+    device = h200 if on_cuda else torch.device("cpu")
+    for rows in (1, 4, 16, 17, 64, 65, tk.SHORT_PREFILL_ROWS, tk.SHORT_PREFILL_ROWS + 1, 1024, 8192):
+        for head_dim in (16, 64, 128, 256):
+            for group in (1, 4, 8):
+                for elem_size in (2, 4):
+                    for is_rotary in (False, True):
+                        num_seqs = 2
+                        cfg = tk.pick_config(rows * num_seqs // group or num_seqs, num_seqs, 8, group, head_dim,
+                                             16384, is_rotary, device, elem_size=elem_size)  # fmt: skip
+                        block_m, tile_n = cfg["BLOCK_M"] // cfg["Q_SPLIT"], cfg["TILE_N"]
+                        assert is_pow2(block_m) and block_m >= 16 and is_pow2(tile_n) and tile_n >= 16, cfg
+                        assert cfg["num_warps"] in (1, 2, 4, 8) and cfg["num_stages"] >= 1, cfg
+                        assert cfg["BLOCK_M"] >= group, cfg
+                        per_seq = tk.rows_per_sequence(rows * num_seqs // group or num_seqs, num_seqs, group)
+                        if on_cuda and per_seq <= tk.SHORT_PREFILL_ROWS and head_dim <= 128:  # (256: 64-row tiles)
+                            assert cfg["BLOCK_M"] >= per_seq, cfg
+                        tiles = elem_size * head_dim * (cfg["BLOCK_M"] + 2 * cfg["num_stages"] * tile_n)
+                        assert tiles <= tk.SHARED_MEMORY_BUDGET, cfg
