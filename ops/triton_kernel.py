@@ -893,9 +893,10 @@ def pick_config(
 
     Measured on an H200 (bench/results): decode-like batches (<= 16 query rows per sequence) use 16-row
     tiles and split the key range when too few programs would fill the GPU (flash-decoding); short prefills
-    (<= SHORT_PREFILL_ROWS rows per sequence, on CUDA) do the same with one query tile per sequence, 8 warps and
-    one program per SM. Both read the next tile's block ids an iteration ahead (TABLE_AHEAD) where measured
-    (head_dim 128, 16-bit), so that Triton's pipelining overlaps the key copies with the math; longer
+    (<= SHORT_PREFILL_ROWS rows per sequence, on CUDA) do the same with one query tile per sequence (at head_dim
+    256 its tiles hold 64 rows: two for a longer one), 8 warps and one program per SM. Both read the next tile's
+    block ids an iteration ahead (TABLE_AHEAD) where measured (head_dim 128, 16-bit), so that Triton's pipelining
+    overlaps the key copies with the math; longer
     prefill-like batches use 128-row tiles and, in position-free mode, rotate each key once per call into a scratch
     buffer (PRE_ROTATE) instead of once per query tile. On Hopper, 16-bit prefill-like batches take the DENSE
     path: keys (rotated) and values gathered into contiguous scratch, read by tensor-descriptor (TMA) loads.
