@@ -896,10 +896,10 @@ def pick_config(
     (<= SHORT_PREFILL_ROWS rows per sequence, on CUDA) do the same with one query tile per sequence (at head_dim
     256 its tiles hold 64 rows: two for a longer one), 8 warps and one program per SM. Both read the next tile's
     block ids an iteration ahead (TABLE_AHEAD) where measured (head_dim 128, 16-bit), so that Triton's pipelining
-    overlaps the key copies with the math; longer
-    prefill-like batches use 128-row tiles and, in position-free mode, rotate each key once per call into a scratch
-    buffer (PRE_ROTATE) instead of once per query tile. On Hopper, 16-bit prefill-like batches take the DENSE
-    path: keys (rotated) and values gathered into contiguous scratch, read by tensor-descriptor (TMA) loads.
+    overlaps the key copies with the math; longer prefill-like batches use 128-row tiles and, in position-free mode,
+    rotate each key once per call into a scratch buffer (PRE_ROTATE) instead of once per query tile. On Hopper,
+    16-bit prefill-like batches take the DENSE path: keys (rotated) and values gathered into contiguous scratch,
+    read by tensor-descriptor (TMA) loads.
     ``table_elem_size`` is the cos/sin table's element size (the engine passes it in the model dtype).
     """
     rows_per_seq = rows_per_sequence(num_tokens, num_seqs, group)
