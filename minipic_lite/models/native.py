@@ -318,6 +318,9 @@ def load() -> ctypes.CDLL | None:
     if reason is None:
         try:
             lib = ctypes.CDLL(str(_build()))
+        except subprocess.TimeoutExpired as e:  # NOTE: its text starts with the whole command, past the cut below
+            doing = "to print its version" if "--version" in e.cmd else "compiling the kernels"
+            reason = f"its build failed ({Path(e.cmd[0]).name} took over {e.timeout:g} s {doing})"
         except (OSError, subprocess.SubprocessError) as e:
             message = " ".join(str(e).split())[:300] or type(e).__name__  # the compiler's errors on one line
             reason = f"its build failed ({message})"
