@@ -9,7 +9,8 @@
 # Parts: tests (the GPU tests), ncusrc (issue 13's batch-1 decode under ncu, per SASS instruction), ops (tests, the op's
 # validation, the short read), ttft (tests, validation, the TTFT grid, RAG), grid, ttft1 (the cached 8 x 2,048 row),
 # next93 (that row straight after its documents, then 200 ms after), next53 (next93, then the short read's SPLIT_IDS on
-# and off), next57 (.base's tree and this one alternated on that row, then host_ttft), next58 (next57's first pair),
+# and off), next57 (.base's tree and this one alternated on that row, then host_ttft), next58 (next57's first pair), next59 (this tree's
+# row twice around its host_ttft, then .base's once),
 # next93s (only 200 ms after), next93b (the GPU tests), rag, ragphase, rag0, offload, spans (uncached span scaling),
 # host, hostdiag, splits, read, readprof (with ncu), readfloor, engineread, mixed, smallkernels, gemm, skinny,
 # l2, handoff, aftereffect, prefill (engine prefill vs transformers), engine (gpu_engine: decode, prefill, profile),
@@ -108,6 +109,12 @@ if want next57; then  # stop 57's host-time changes: .base's tree (the stop's st
 fi
 if want next58; then  # next57's first pair alone (this tree, then .base's), for a call with ~300 s of device time left
     step ttft_new_1 150 python3 $TTFT_8X2048 --tag=-new-1 --out "$OUT"
+    step ttft_base_1 150 $BASE_ENV python3 .base/$TTFT_8X2048 --tag=-base-1 --out "$OUT"
+fi
+if want next59; then  # this tree's row twice around its host_ttft, then .base's once (what fits a call comes first)
+    step ttft_new_1 150 python3 $TTFT_8X2048 --tag=-new-1 --out "$OUT"
+    step host_new 90 python3 bench/host_ttft.py --device cuda --llama3-8b-shape --runs 20 --block-size 32 --out "$OUT"
+    step ttft_new_2 150 python3 $TTFT_8X2048 --tag=-new-2 --out "$OUT"
     step ttft_base_1 150 $BASE_ENV python3 .base/$TTFT_8X2048 --tag=-base-1 --out "$OUT"
 fi
 if want next93s; then  # next93's second half alone (the first prompt 200 ms after its documents): fits ~300 s of device
