@@ -9,12 +9,12 @@
 # Parts: tests (the GPU tests), ncusrc (issue 13's batch-1 decode under ncu, per SASS instruction), ops (tests, the op's
 # validation, the short read), ttft (tests, validation, the TTFT grid, RAG), grid, ttft1 (the cached 8 x 2,048 row),
 # next93 (that row straight after its documents, then 200 ms after), next53 (next93, then the short read's SPLIT_IDS on
-# and off), next57 (.base's tree and this one alternated on that row, then host_ttft), next58 (next57's first pair), next59 (this tree's
-# row twice around its host_ttft, then .base's once),
-# next93s (only 200 ms after), next93b (the GPU tests), rag, ragphase, rag0, offload, spans (uncached span scaling),
-# host, hostdiag, splits, read, readprof (with ncu), readfloor, engineread, mixed, smallkernels, gemm, skinny,
-# l2, handoff, aftereffect, prefill (engine prefill vs transformers), engine (gpu_engine: decode, prefill, profile),
-# decode (the engine's decode, default schedule), ttftab / decodeab (.base's tree beside this one, alternated), hybrid,
+# and off), next57 (.base's tree and this one alternated on that row, then host_ttft), next58 (next57's first pair),
+# next59 (this tree's row twice around its host_ttft, then .base's once), next93s (only 200 ms after), next93b (the GPU
+# tests), rag, ragphase, rag0, offload, spans (uncached span scaling), host, hostdiag, splits, read, readprof (with
+# ncu), readfloor, engineread, mixed, smallkernels, gemm, skinny, l2, handoff, aftereffect, prefill (engine prefill vs
+# transformers), engine (gpu_engine: decode, prefill, profile), decode (the engine's decode, default schedule), ttftab /
+# decodeab (.base's tree beside this one, alternated), hybrid,
 # final, a, b, all. The one-off parts of earlier sessions' experiments (next21 ... next91, each named in its results'
 # files) are in git history: `git show 3239062:bench/gpu_issue10.sh` (decodewarps: `git show 19db9d0:...`).
 set -u
