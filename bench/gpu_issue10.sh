@@ -14,9 +14,9 @@
 # tests), rag, ragphase, rag0, offload, spans (uncached span scaling), host, hostdiag, splits, read, readprof (with
 # ncu), readfloor, engineread, mixed, smallkernels, gemm, skinny, l2, handoff, aftereffect, prefill (engine prefill vs
 # transformers), engine (gpu_engine: decode, prefill, profile), decode (the engine's decode, default schedule), ttftab /
-# decodeab (.base's tree beside this one, alternated), hybrid,
-# final, a, b, all. The one-off parts of earlier sessions' experiments (next21 ... next91, each named in its results'
-# files) are in git history: `git show 3239062:bench/gpu_issue10.sh` (decodewarps: `git show 19db9d0:...`).
+# decodeab (.base's tree beside this one, alternated), hybrid, final, a, b, all. The one-off parts of earlier sessions'
+# experiments (next21 ... next91, each named in its results' files) are in git history: `git show
+# 3239062:bench/gpu_issue10.sh` (decodewarps: `git show 19db9d0:...`).
 set -u
 cd "$(dirname "$0")/.."
 export TRITON_INTERPRET=0 PYTHONUNBUFFERED=1 GIT_SHA=${GIT_SHA:-unknown}
