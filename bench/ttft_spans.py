@@ -92,6 +92,25 @@ def measure(llm: mp.LLM, setup, prompt, repeats: int) -> dict:
 TOP_KERNELS = 32  # kernels kept in a result, by device time: every small one a step runs, for reading what to fuse
 
 
+def kernel_gaps(kernels: list[tuple[str, float, float]], top: int = 12) -> dict:
+    """Where the device sat idle inside a step: `kernels` are (name, start, end) of its kernels and copies (µs, any
+    order); a gap is the time from the latest end so far to the next start. Each gap is counted under the pair of
+    names either side (their first 48 characters: cuBLAS's kernels differ by tile shape, so each projection keeps its
+    own), so a span that exceeds the busy time says which launches leave the device waiting."""
+    pairs: dict[tuple[str, str], list[float]] = {}
+    total, end, last = 0.0, None, None
+    for name, start, stop in sorted(kernels, key=lambda k: k[1]):
+        if end is not None and start > end:
+            gap = pairs.setdefault((last[:48], name[:48]), [0, 0.0])
+            gap[0] += 1
+            gap[1] += start - end
+            total += start - end
+        if end is None or stop >= end:
+            end, last = stop, name
+    ranked = sorted(pairs.items(), key=lambda item: -item[1][1])[:top]
+    return {"gaps_us": total, "by_pair": [(a, b, n, us) for (a, b), (n, us) in ranked]}
+
+
 def device_time(llm: mp.LLM, setup, prompt, fresh: bool = True) -> dict:
     """One more cached run under the profiler: the GPU's busy time (kernels and copies summed) beside the TTFT,
     so `ttft / device` says how much of the TTFT is host time. The top kernels go in the result. `fresh=False`:
@@ -109,9 +128,11 @@ def device_time(llm: mp.LLM, setup, prompt, fresh: bool = True) -> dict:
     events = [e for e in averages if e.self_device_time_total > 0]
     busy_us = sum(e.self_device_time_total for e in events)
     # NOTE: busy sums the kernels' and copies' times; the span runs from the first one's start to the last one's end,
-    # so it also holds the gaps between a replayed graph's ~550 kernels, which the device spends on the step too
-    ranges = [e.time_range for e in prof.events() if e.device_type == DeviceType.CUDA]
+    # so it also holds the gaps between a replayed graph's ~360 kernels, which the device spends on the step too
+    cuda = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
+    ranges = [e.time_range for e in cuda]
     span_us = max(r.end for r in ranges) - min(r.start for r in ranges) if ranges else float("nan")
+    gaps = kernel_gaps([(e.name, e.time_range.start, e.time_range.end) for e in cuda])
     top = sorted(events, key=lambda e: -e.self_device_time_total)[:TOP_KERNELS]
     host = sorted(averages, key=lambda e: -e.self_cpu_time_total)[:12]  # where the rest goes (syncs, copies)
     return {
@@ -120,6 +141,8 @@ def device_time(llm: mp.LLM, setup, prompt, fresh: bool = True) -> dict:
         "ttft_profiled_s": seconds,
         "top_kernels": [(e.key[:80], e.count, e.self_device_time_total / 1e3) for e in top],  # name, calls, ms
         "top_host_ops": [(e.key[:80], e.count, e.self_cpu_time_total / 1e3) for e in host],  # name, calls, ms
+        "gaps_us": gaps["gaps_us"],  # the span's idle time, and where it falls (kernel before, after, count, µs)
+        "gaps_by_pair": gaps["by_pair"],
     }
 
 
@@ -201,8 +224,9 @@ def profile_k(llm: mp.LLM, docs: list, row: dict, settle_s: float = 0.0) -> None
     print(f"k={row['k']}: next question {1e3 * nxt['ttft_profiled_s']:.1f} ms under the profiler, GPU busy "
           f"{1e3 * nxt['device_s']:.1f} ms (span {1e3 * nxt['device_span_s']:.1f}); first prompt "
           f"{1e3 * first['ttft_profiled_s']:.1f} / {1e3 * first['device_s']:.1f} ms (span "
-          f"{1e3 * first['device_span_s']:.1f}); kernels {nxt['top_kernels'][:3]} vs {first['top_kernels'][:3]}",
-          flush=True)  # fmt: skip
+          f"{1e3 * first['device_span_s']:.1f}); kernels {nxt['top_kernels'][:3]} vs {first['top_kernels'][:3]}; "
+          f"the next question's span idle {1e-3 * nxt['gaps_us']:.2f} ms, longest by the kernels either side "
+          f"{nxt['gaps_by_pair'][:6]}", flush=True)  # fmt: skip
 
 
 NEXT_QUESTIONS = 7  # at least, for the median

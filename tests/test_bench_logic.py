@@ -304,7 +304,7 @@ def test_ttft_spans_run_k_shuffles_two_documents():
 def test_ttft_spans_profile_k_ratios(monkeypatch):
     ts = bench("ttft_spans")
     profiled = {"device_s": 0.004, "device_span_s": 0.005, "ttft_profiled_s": 0.011, "top_kernels": [],
-                "top_host_ops": []}  # fmt: skip
+                "top_host_ops": [], "gaps_us": 1000.0, "gaps_by_pair": []}  # fmt: skip
     monkeypatch.setattr(ts, "device_time", lambda llm, setup, prompt, fresh=True: dict(profiled))
     row = {"k": 2, "pic_cached": {"ttft_s": 0.010}}
     ts.profile_k(FakeSpansLLM([], 0.08, 0.05, {}), ["a", "b"], row)
@@ -312,6 +312,27 @@ def test_ttft_spans_profile_k_ratios(monkeypatch):
     assert first["ttft_s"] == 0.010 and first["device_s"] == 0.004
     assert first["ttft_over_device"] == pytest.approx(2.5) and first["ttft_over_device_span"] == pytest.approx(2.0)
     assert first["next_question"] == profiled
+
+
+def test_ttft_spans_kernel_gaps_by_the_pair_either_side():
+    """Gaps run from the latest end so far (a copy overlapping a kernel leaves none) to the next start, each counted
+    under the pair of names around it; the pairs come by total idle time, longest first."""
+    ts = bench("ttft_spans")
+    kernels = [
+        ("gemm", 0.0, 10.0),
+        ("copy", 2.0, 4.0),  # inside the gemm: no gap, and the gemm stays the latest end
+        ("norm", 13.0, 14.0),  # 3 after the gemm
+        ("gemm", 14.0, 20.0),  # back to back: no gap
+        ("norm", 21.0, 22.0),  # 1 after the gemm
+        ("attention", 22.5, 30.0),  # 0.5 after the norm
+    ]
+    got = ts.kernel_gaps(list(reversed(kernels)))  # any order
+    assert got["gaps_us"] == pytest.approx(4.5)
+    assert got["by_pair"] == [("gemm", "norm", 2, pytest.approx(4.0)), ("norm", "attention", 1, pytest.approx(0.5))]
+    assert ts.kernel_gaps(kernels, top=1)["by_pair"] == [("gemm", "norm", 2, pytest.approx(4.0))]
+    assert ts.kernel_gaps([]) == {"gaps_us": 0.0, "by_pair": []}
+    long = "x" * 60
+    assert ts.kernel_gaps([(long + "a", 0.0, 1.0), (long + "b", 2.0, 3.0)])["by_pair"][0][:2] == ("x" * 48,) * 2
 
 
 def test_ttft_spans_table_row():
