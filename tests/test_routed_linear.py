@@ -193,3 +193,81 @@ def test_a_failing_cublaslt_leaves_the_default_with_a_warning(caplog):
     assert timings[(4, 8, False)][2] == {"cublas": 1.0, "cublaslt": float("inf"), "chosen": "cublas"}
     assert all(m.by_rows == {} for m in model.modules() if isinstance(m, RoutedLinear))
     assert "cuBLASLt left out for (8, 12, True) at 2 rows" in caplog.text
+
+
+class StandInSkinny:
+    """A marked stand-in for ops/skinny_matmul.py's SkinnyRoute: it takes the rows in `rows` for weights of `width`
+    input features, or fails where `fails` says."""
+
+    def __init__(self, calls: list, rows=(2, 16), width=8, fails=False):
+        self.calls, self.rows, self.width, self.fails = calls, rows, width, fails
+
+    def supports(self, num_rows, weight):
+        return num_rows in self.rows and weight.shape[1] == self.width
+
+    def __call__(self, x, weight, bias):
+        if self.fails:
+            raise RuntimeError("no TMA here")
+        self.calls.append(tuple(x.shape))
+        return F.linear(x, weight, bias) - 1000.0
+
+
+def test_the_skinny_route_is_taken_wherever_it_runs_whatever_the_timings(monkeypatch):
+    """MINIPIC_SKINNY_MATMUL's experiment: the skinny matmul is timed beside the libraries and taken at every (shape,
+    rows) it supports, even where a library was faster (the step measures it); elsewhere the libraries' routes stand,
+    and with cuBLASLt off it is still taken."""
+    model = Block()
+    wrap_linears(model)
+    calls, lt_calls = [], []
+    skinny, lt = StandInSkinny(calls), recording(lt_calls)
+
+    def timer(fn, group, x):
+        return {F.linear: 1.0, lt: 0.5}.get(fn, 2.0)  # the skinny matmul slowest of all
+
+    timings = route_many_row_linears(model, [2, 16, 64], timer=timer, cublaslt=lt, skinny=skinny)
+    assert {key: {n: t["chosen"] for n, t in rows.items()} for key, rows in timings.items()} == {
+        (8, 12, True): {2: "skinny", 16: "skinny", 64: "cublaslt"},
+        (4, 8, False): {2: "cublaslt", 16: "cublaslt", 64: "cublaslt"},  # 4 input features: not supported
+    }
+    assert timings[(8, 12, True)][2] == {"cublas": 1.0, "cublaslt": 0.5, "skinny": 2.0, "chosen": "skinny"}
+    assert model.qkv_proj.by_rows == {2: skinny, 16: skinny, 64: lt}
+    x = torch.randn(16, 8)
+    torch.testing.assert_close(model.qkv_proj(x), F.linear(x, model.qkv_proj.weight, model.qkv_proj.bias) - 1000.0)
+    monkeypatch.setenv("MINIPIC_CUBLASLT", "0")
+    model = Block()
+    wrap_linears(model)
+    timings = route_many_row_linears(model, [2, 64], timer=timer, cublaslt=lt, skinny=skinny)
+    assert timings[(8, 12, True)] == {2: {"cublas": 1.0, "cublaslt": float("inf"), "skinny": 2.0, "chosen": "skinny"},
+                                      64: {"cublas": 1.0, "cublaslt": float("inf"), "chosen": "cublas"}}  # fmt: skip
+    assert model.qkv_proj.by_rows == {2: skinny} and model.o_proj.by_rows == {}
+
+
+def test_a_failing_skinny_route_leaves_the_librarys_with_a_warning(caplog):
+    model = Block()
+    wrap_linears(model)
+    skinny = StandInSkinny([], fails=True)
+
+    def timer(fn, group, x):
+        fn(x, group[0].weight, group[0].bias)
+        return 1.0
+
+    timings = route_many_row_linears(model, [2], timer=timer, cublaslt=recording([]), skinny=skinny)
+    assert timings[(8, 12, True)][2] == {"cublas": 1.0, "cublaslt": 1.0, "chosen": "cublas"}
+    assert all(m.by_rows == {} for m in model.modules() if isinstance(m, RoutedLinear))
+    assert "skinny matmul left out for (8, 12, True) at 2 rows: RuntimeError: no TMA here" in caplog.text
+
+
+def test_the_skinny_experiment_is_off_unless_asked_for(monkeypatch):
+    from minipic_lite.models.routed_linear import skinny_requested
+
+    monkeypatch.delenv("MINIPIC_SKINNY_MATMUL", raising=False)
+    assert not skinny_requested()
+    monkeypatch.setenv("MINIPIC_SKINNY_MATMUL", "1")
+    assert skinny_requested()
+    monkeypatch.setenv("MINIPIC_CUBLASLT", "0")
+    model = Block()
+    wrap_linears(model)  # CPU weights: the real route supports none of them, and each keeps cuBLAS
+    assert route_many_row_linears(model, [2], timer=lambda *a: 1.0) == {
+        key: {2: {"cublas": 1.0, "cublaslt": float("inf"), "chosen": "cublas"}}
+        for key in [(8, 12, True), (4, 8, False)]
+    }

@@ -192,15 +192,30 @@ def choose_library(seconds: dict[str, float]) -> str:
     return "cublaslt" if seconds["cublaslt"] < seconds["cublas"] * (1 - LT_MARGIN) else "cublas"
 
 
-def route_many_row_linears(model: nn.Module, rows: list[int], timer=None, cublaslt=None) -> dict[tuple, dict]:
+def skinny_requested() -> bool:
+    """`MINIPIC_SKINNY_MATMUL=1`: the graphs' buckets of few rows take ops/skinny_matmul.py's Triton matmul wherever
+    it can run (an experiment: off until a step measures faster with it)."""
+    return os.environ.get("MINIPIC_SKINNY_MATMUL", "0") == "1"
+
+
+def route_many_row_linears(
+    model: nn.Module, rows: list[int], timer=None, cublaslt=None, skinny=None
+) -> dict[tuple, dict]:
     """Time, per shape group of `model`'s RoutedLinears (CUDA, weights loaded) and per row count of `rows` (the
     CUDA graphs' buckets; one row is `route_one_row_linears`'s), F.linear through torch's default library (cuBLAS)
     and `cublaslt` (default: `through_blas("cublaslt")`), and route that row count to cuBLASLt where
     `choose_library` says so; where cuBLASLt fails (a torch built without it) the default stays, with a warning.
-    `MINIPIC_CUBLASLT=0` keeps the default everywhere. `timer(fn, group, x)` -> seconds
-    (default: CUDA-graph replays). Returns {(in, out, bias): {rows: {"cublas": s, "cublaslt": s, "chosen": name}}}
-    (empty when off)."""
-    if os.environ.get("MINIPIC_CUBLASLT", "1") == "0":
+    `MINIPIC_CUBLASLT=0` keeps the default everywhere. `skinny` (default: ops/skinny_matmul.py's `SkinnyRoute`
+    under `MINIPIC_SKINNY_MATMUL=1`, else none) is timed too where `skinny.supports(rows, weight)`, and taken
+    there whatever the timings (an experiment measured in the step; a failure leaves the library's route, with a
+    warning). `timer(fn, group, x)` -> seconds (default: CUDA-graph replays). Returns {(in, out, bias): {rows:
+    {"cublas": s, "cublaslt": s, ["skinny": s,] "chosen": name}}} (empty when every route is off)."""
+    if skinny is None and skinny_requested():
+        from ops.skinny_matmul import SkinnyRoute
+
+        skinny = SkinnyRoute()
+    use_lt = os.environ.get("MINIPIC_CUBLASLT", "1") != "0"
+    if not use_lt and skinny is None:
         return {}
     timer, cublaslt = timer or _seconds, cublaslt or through_blas("cublaslt")
     linears = [m for m in model.modules() if isinstance(m, RoutedLinear)]
@@ -210,15 +225,22 @@ def route_many_row_linears(model: nn.Module, rows: list[int], timer=None, cublas
             w = group[0].weight
             for n in sorted(set(rows) - {1}):
                 x = torch.randn(n, w.shape[1], device=w.device, dtype=w.dtype)
-                seconds = {"cublas": timer(F.linear, group, x)}
-                try:
-                    seconds["cublaslt"] = timer(cublaslt, group, x)
-                except Exception as e:  # noqa: BLE001 (a torch built without cuBLASLt: the default still works)
-                    logger.warning("cuBLASLt left out for %s at %d rows: %s: %s", key, n, type(e).__name__, e)
-                    seconds["cublaslt"] = float("inf")
+                seconds = {"cublas": timer(F.linear, group, x), "cublaslt": float("inf")}
+                if use_lt:
+                    try:
+                        seconds["cublaslt"] = timer(cublaslt, group, x)
+                    except Exception as e:  # noqa: BLE001 (a torch built without cuBLASLt: the default still works)
+                        logger.warning("cuBLASLt left out for %s at %d rows: %s: %s", key, n, type(e).__name__, e)
                 chosen = choose_library(seconds)
-                if chosen == "cublaslt":
+                if skinny is not None and skinny.supports(n, w):
+                    try:
+                        seconds["skinny"] = timer(skinny, group, x)
+                        chosen = "skinny"
+                    except Exception as e:  # noqa: BLE001 (an experiment: the libraries still work)
+                        logger.warning("skinny matmul left out for %s at %d rows: %s: %s", key, n, type(e).__name__, e)
+                route = {"cublaslt": cublaslt, "skinny": skinny}.get(chosen)
+                if route is not None:
                     for m in group:
-                        m.by_rows[n] = cublaslt
+                        m.by_rows[n] = route
                 timings[key][n] = seconds | {"chosen": chosen}
     return dict(timings)
