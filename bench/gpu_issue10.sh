@@ -10,13 +10,14 @@
 # validation, the short read), ttft (tests, validation, the TTFT grid, RAG), grid, ttft1 (the cached 8 x 2,048 row),
 # next93 (that row straight after its documents, then 200 ms after), next53 (next93, then the short read's SPLIT_IDS on
 # and off), next57 (.base's tree and this one alternated on that row, then host_ttft), next58 (next57's first pair),
-# next59 (this tree's row twice around its host_ttft, then .base's once), next93s (only 200 ms after), next93b (the GPU
-# tests), rag, ragphase, rag0, offload, spans (uncached span scaling), host, hostdiag, splits, read, readprof (with
-# ncu), readfloor, engineread, mixed, smallkernels, gemm, skinny, l2, handoff, aftereffect, prefill (engine prefill vs
-# transformers), engine (gpu_engine: decode, prefill, profile), decode (the engine's decode, default schedule), ttftab /
-# decodeab (.base's tree beside this one, alternated), hybrid, final, a, b, all. The one-off parts of earlier sessions'
-# experiments (next21 ... next91, each named in its results' files) are in git history: `git show
-# 3239062:bench/gpu_issue10.sh` (decodewarps: `git show 19db9d0:...`).
+# next59 (this tree's row twice around its host_ttft, then .base's once), skinny59 (the row with the skinny matmul on,
+# then off, then its GPU test), next93s (only 200 ms after), next93b (the GPU tests), rag, ragphase, rag0, offload,
+# spans (uncached span scaling), host, hostdiag, splits, read, readprof (with ncu), readfloor, engineread, mixed,
+# smallkernels, gemm, skinny, l2, handoff, aftereffect, prefill (engine prefill vs transformers), engine (gpu_engine:
+# decode, prefill, profile), decode (the engine's decode, default schedule), ttftab / decodeab (.base's tree beside this
+# one, alternated), hybrid, final, a, b, all. The one-off parts of earlier sessions' experiments (next21 ... next91,
+# each named in its results' files) are in git history: `git show 3239062:bench/gpu_issue10.sh` (decodewarps: `git show
+# 19db9d0:...`).
 set -u
 cd "$(dirname "$0")/.."
 export TRITON_INTERPRET=0 PYTHONUNBUFFERED=1 GIT_SHA=${GIT_SHA:-unknown}
@@ -116,6 +117,13 @@ if want next59; then  # this tree's row twice around its host_ttft, then .base's
     step host_new 90 python3 bench/host_ttft.py --device cuda --llama3-8b-shape --runs 20 --block-size 32 --out "$OUT"
     step ttft_new_2 150 python3 $TTFT_8X2048 --tag=-new-2 --out "$OUT"
     step ttft_base_1 150 $BASE_ENV python3 .base/$TTFT_8X2048 --tag=-base-1 --out "$OUT"
+fi
+if want skinny59; then  # the skinny matmul's experiment (MINIPIC_SKINNY_MATMUL): the cached 8 x 2,048 row with it on,
+    # then off (this tree's default), then its GPU test (tokens against the eager engine's, its call against F.linear)
+    step ttft_skinny1 170 env MINIPIC_SKINNY_MATMUL=1 python3 $TTFT_8X2048 --tag=-skinny1 --out "$OUT"
+    step ttft_skinny0 130 env MINIPIC_SKINNY_MATMUL=0 python3 $TTFT_8X2048 --tag=-skinny0 --out "$OUT"
+    step gpu_test_skinny 150 python3 -m pytest -q -m gpu tests/test_gpu.py -k "skinny or cublaslt" -p no:cacheprovider \
+        -p no:logging --tb=short
 fi
 if want next93s; then  # next93's second half alone (the first prompt 200 ms after its documents): fits ~300 s of device
     step ttft_settle 150 python3 $TTFT_8X2048 --settle-ms 200 --tag=-next93

@@ -204,6 +204,35 @@ def test_steps_routed_to_cublaslt_give_the_eager_tokens(tiny_dir, monkeypatch):
     assert torch.backends.cuda.preferred_blas_library() == before
 
 
+def test_steps_routed_to_the_skinny_matmul_give_the_eager_tokens(tiny_dir, monkeypatch):
+    """MINIPIC_SKINNY_MATMUL=1 (bf16, Hopper): the graphs' buckets of few rows take ops/skinny_matmul.py's matmul
+    for every projection it can run, its call equals F.linear, and the tokens are the eager engine's (cuBLAS)."""
+    import torch.nn.functional as F
+
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("the skinny matmul reads its weights through TMA: Hopper and later")
+    monkeypatch.setenv("MINIPIC_SKINNY_MATMUL", "1")
+    kwargs = dict(device="cuda", dtype="bfloat16", max_model_len=256, max_num_seqs=8, num_blocks=256)
+    routed = mp.LLM(str(tiny_dir), **kwargs)
+    timings = routed.engine.runner.blas_timings
+    chosen = {(key, n): t["chosen"] for key, rows in timings.items() for n, t in rows.items()}
+    assert chosen and all(c == "skinny" for (_, n), c in chosen.items() if n <= 64), timings
+    monkeypatch.setenv("MINIPIC_SKINNY_MATMUL", "0")
+    eager = mp.LLM(str(tiny_dir), enforce_eager=True, **kwargs)
+    gen = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(6, 512, (n,), generator=gen).tolist() for n in (5, 17, 33, 40, 63)]  # batch 5 -> 8
+    params = mp.SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+    ours, theirs = (llm.generate(prompts, params, use_tqdm=False) for llm in (routed, eager))
+    assert [o.token_ids for o in ours] == [o.token_ids for o in theirs]
+    layer = routed.engine.runner.model.layers[0]
+    for proj in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj):
+        x = torch.randn(24, proj.weight.shape[1], device="cuda", dtype=torch.bfloat16)
+        with torch.inference_mode():
+            expected = F.linear(x.float(), proj.weight.float())
+            got = proj.by_rows[24](x, proj.weight, proj.bias).float()
+        torch.testing.assert_close(got, expected, atol=2e-2 * expected.abs().max().item(), rtol=0)
+
+
 def test_the_compiled_kv_write_is_one_kernel_at_decode():
     """A decode step's keys and values go into one layer's caches with one Triton kernel (two index copies took
     two on the H200), in place."""

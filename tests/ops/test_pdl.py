@@ -1,5 +1,5 @@
-"""Programmatic dependent launch (PDL) of the split read and its merge: when it is on, and that each kernel waits for
-the kernel before it before reading anything (the sm_90a PTX, compiled here without a GPU)."""
+"""Programmatic dependent launch (PDL) of the split read, its merge and the skinny matmul: when it is on, and that each
+kernel waits for the kernel before it before reading anything (the sm_90a PTX, compiled here without a GPU)."""
 
 from __future__ import annotations
 
@@ -73,7 +73,7 @@ sys.path.insert(0, "bench")
 import triton
 from triton.compiler import ASTSource
 from ptxas_stats import HOPPER, compile_read
-from ops import triton_kernel
+from ops import skinny_matmul, triton_kernel
 
 decode = dict(BLOCK_Q=1, TABLE_AHEAD=True, ONE_TOKEN_SEQS=True, BLOCK_SIZE=16, INT32_OFFSETS=True)
 ptx = {}
@@ -86,6 +86,14 @@ for pdl in (False, True):
     signature = {n: kinds.get(n, "constexpr" if n in constexprs else "i32") for n in names}
     source = ASTSource(fn=merge, signature=signature, constexprs={(names.index(n),): v for n, v in constexprs.items()})
     ptx[f"merge_{pdl}"] = triton.compile(source, target=HOPPER, options={"num_warps": 1}).asm["ptx"]
+    skinny = skinny_matmul._skinny_matmul_kernel  # a split matmul: its counts and partials come after the wait too
+    names = skinny.arg_names
+    constexprs = {"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 128, "SPLITS": 2, "NUM_STAGES": 4, "PDL": pdl}
+    kinds = {"x_desc": "tensordesc<bf16[32,128]>", "w_desc": "tensordesc<bf16[64,128]>", "out_ptr": "*bf16",
+             "part_ptr": "*fp32", "count_ptr": "*i32"}
+    signature = {n: kinds.get(n, "constexpr" if n in constexprs else "i32") for n in names}
+    source = ASTSource(fn=skinny, signature=signature, constexprs={(names.index(n),): v for n, v in constexprs.items()})
+    ptx[f"skinny_{pdl}"] = triton.compile(source, target=HOPPER, options={"num_warps": 4}).asm["ptx"]
 print(json.dumps(ptx))
 """
 
@@ -97,10 +105,10 @@ def test_each_pdl_kernel_waits_before_its_first_load():
     run = subprocess.run([sys.executable, "-c", COMPILE], cwd=ROOT, env=env, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-2000:]
     ptx = json.loads(run.stdout.splitlines()[-1])
-    for kernel in ("read", "merge"):
+    for kernel in ("read", "merge", "skinny"):
         plain, pdl = ptx[f"{kernel}_False"], ptx[f"{kernel}_True"]
         assert "griddepcontrol" not in plain
         wait = pdl.index("griddepcontrol.wait")
-        loads = [i for op in ("ld.global", "cp.async", "ld.shared") if (i := pdl.find(op)) >= 0]
+        loads = [i for op in ("ld.global", "cp.async", "ld.shared", "atom.") if (i := pdl.find(op)) >= 0]
         assert loads and wait < min(loads), kernel
         assert pdl.count("griddepcontrol.wait") == 1
