@@ -54,6 +54,9 @@ ttft_ab() {  # ttft_ab LIMIT_S: the cached 8 x 2,048 row at block size 32, .base
         step ttft_new_$round "$1" python3 $TTFT_8X2048 --tag=-new-$round
     done
 }
+fits() {  # fits LIMIT_S: a step of that limit ends before DEADLINE_S (seconds into this script; unset: always)
+    [[ -z ${DEADLINE_S:-} ]] || (( SECONDS + $1 < DEADLINE_S ))
+}
 part=${1:-all}  # one part, or several: hybrid,host
 want() { [[ ",$part," == *",$1,"* ]]; }
 engine_decode() {  # engine_decode NAME LIMIT base|new OUT_JSON [VAR=VALUE...]: gpu_engine --decode-only's default schedule
@@ -122,8 +125,8 @@ if want skinny59; then  # the skinny matmul's experiment (MINIPIC_SKINNY_MATMUL)
     # then off (this tree's default), then its GPU test (tokens against the eager engine's, its call against F.linear)
     step ttft_skinny1 170 env MINIPIC_SKINNY_MATMUL=1 python3 $TTFT_8X2048 --tag=-skinny1 --out "$OUT"
     step ttft_skinny0 130 env MINIPIC_SKINNY_MATMUL=0 python3 $TTFT_8X2048 --tag=-skinny0 --out "$OUT"
-    step gpu_test_skinny 150 python3 -m pytest -q -m gpu tests/test_gpu.py -k "skinny or cublaslt" -p no:cacheprovider \
-        -p no:logging --tb=short
+    fits 150 && step gpu_test_skinny 150 python3 -m pytest -q -m gpu tests/test_gpu.py -k "skinny or cublaslt" \
+        -p no:cacheprovider -p no:logging --tb=short
 fi
 if want next93s; then  # next93's second half alone (the first prompt 200 ms after its documents): fits ~300 s of device
     step ttft_settle 150 python3 $TTFT_8X2048 --settle-ms 200 --tag=-next93
