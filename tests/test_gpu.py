@@ -26,6 +26,16 @@ def tiny_dir(tmp_path_factory):
     return path
 
 
+def assert_same_greedy_tokens(llm: mp.LLM, eager: mp.LLM, seed: int) -> None:
+    """Five random prompts of 5 to 63 tokens (batch 5, a graph bucket of 8), 16 greedy tokens each: the same from
+    both engines."""
+    gen = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(6, 512, (n,), generator=gen).tolist() for n in (5, 17, 33, 40, 63)]
+    params = mp.SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+    ours, theirs = (engine.generate(prompts, params, use_tqdm=False) for engine in (llm, eager))
+    assert [o.token_ids for o in ours] == [o.token_ids for o in theirs]
+
+
 @pytest.mark.parametrize(
     ("num_scheduler_steps", "async_scheduling"), [(1, False), (8, False), (1, True), (8, True)],
     ids=["steps", "bursts", "async_steps", "async_bursts"],
@@ -191,11 +201,7 @@ def test_steps_routed_to_cublaslt_give_the_eager_tokens(tiny_dir, monkeypatch):
     assert timings and all(t["chosen"] == "cublaslt" for rows in timings.values() for t in rows.values()), timings
     assert all({2, 4, 8, 16} <= set(rows) and 1 not in rows for rows in timings.values()), timings
     eager = mp.LLM(str(tiny_dir), enforce_eager=True, **kwargs)
-    gen = torch.Generator().manual_seed(4)
-    prompts = [torch.randint(6, 512, (n,), generator=gen).tolist() for n in (5, 17, 33, 40, 63)]  # batch 5 -> 8
-    params = mp.SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
-    ours, theirs = (llm.generate(prompts, params, use_tqdm=False) for llm in (routed, eager))
-    assert [o.token_ids for o in ours] == [o.token_ids for o in theirs]
+    assert_same_greedy_tokens(routed, eager, seed=4)
     o_proj = routed.engine.runner.model.layers[0].self_attn.o_proj
     x = torch.randn(8, o_proj.weight.shape[1], device="cuda")
     before = torch.backends.cuda.preferred_blas_library()
@@ -219,11 +225,7 @@ def test_steps_routed_to_the_skinny_matmul_give_the_eager_tokens(tiny_dir, monke
     assert chosen and all(c == "skinny" for (_, n), c in chosen.items() if n <= 64), timings
     monkeypatch.setenv("MINIPIC_SKINNY_MATMUL", "0")
     eager = mp.LLM(str(tiny_dir), enforce_eager=True, **kwargs)
-    gen = torch.Generator().manual_seed(5)
-    prompts = [torch.randint(6, 512, (n,), generator=gen).tolist() for n in (5, 17, 33, 40, 63)]  # batch 5 -> 8
-    params = mp.SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
-    ours, theirs = (llm.generate(prompts, params, use_tqdm=False) for llm in (routed, eager))
-    assert [o.token_ids for o in ours] == [o.token_ids for o in theirs]
+    assert_same_greedy_tokens(routed, eager, seed=5)
     layer = routed.engine.runner.model.layers[0]
     for proj in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj):
         x = torch.randn(24, proj.weight.shape[1], device="cuda", dtype=torch.bfloat16)
