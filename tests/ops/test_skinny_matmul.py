@@ -52,9 +52,11 @@ def test_a_route_adds_the_bias_and_keeps_one_counts_buffer_a_shape():
     x = torch.randn(3, 256, dtype=torch.float16)
     assert pick_skinny_config(3, 256, 96).splits == 2  # an output this narrow takes two splits
     expected = reference(x, weight) + bias.double()
-    for _ in range(2):
+    buffers = []
+    for _ in range(2):  # NOTE: one buffer, made at the first call (the probe's warm-up, before any graph's capture)
         torch.testing.assert_close(route(x, weight, bias).double(), expected, atol=2e-2 * expected.abs().max(), rtol=0)
-    assert len(route.counts) == 1 and not next(iter(route.counts.values())).any()
+        buffers += route.counts.values()
+    assert len(route.counts) == 1 and buffers[0] is buffers[1] and not buffers[0].any()
     assert not route.supports(3, weight)  # a CPU weight: the route is for CUDA graphs' steps
 
 
@@ -67,9 +69,10 @@ def test_configs_follow_the_measured_projections_and_fit():
         c = pick_skinny_config(17, k, n)
         assert (c.block_n, c.block_k, c.splits, c.num_stages) == tiles, (k, n, c)
     for rows in (1, 16, 17, 24, 32, 48, 64):
-        for k, n in [*measured, (128256, 4096), (4096, 128256), (576, 1536), (1536, 576), (4160, 64)]:
+        # NOTE: 4160 and 4128 are multiples of 64 and of 32 only: smaller K steps, then (4128) one split
+        for k, n in [*measured, (128256, 4096), (4096, 128256), (576, 1536), (1536, 576), (4160, 64), (4128, 64)]:
             c = pick_skinny_config(rows, k, n)
-            assert k % (c.splits * c.block_k) == 0 or c.splits == 1, (rows, k, n, c)
+            assert k % (c.splits * c.block_k) == 0, (rows, k, n, c)
             assert c.num_stages * 2 * c.block_k * (c.block_n + block_m_for(rows)) <= SHARED_MEMORY_BUDGET
 
 
