@@ -183,9 +183,10 @@ class SkinnyRoute:
         self.counts: dict[tuple, torch.Tensor] = {}
 
     def supports(self, num_rows: int, weight: torch.Tensor) -> bool:
-        x = torch.empty(num_rows, weight.shape[1], dtype=weight.dtype, device="meta")
+        """A CUDA weight the kernel takes at `num_rows` rows (x as the step makes it: contiguous, aligned)."""
+        x = torch.empty(num_rows, weight.shape[1], dtype=weight.dtype, device="meta")  # NOTE: its data_ptr is 0
         config = pick_skinny_config(num_rows, weight.shape[1], weight.shape[0])
-        return weight.device.type == "cuda" and _shape_ok(x, weight, config)
+        return weight.device.type == "cuda" and skinny_unsupported(x, weight, config) is None
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         config = pick_skinny_config(x.shape[0], weight.shape[1], weight.shape[0])
@@ -195,10 +196,3 @@ class SkinnyRoute:
                                            device=weight.device)  # fmt: skip
         out = skinny_linear(x, weight, config, self.counts.get(key))
         return out if bias is None else out + bias
-
-
-def _shape_ok(x: torch.Tensor, weight: torch.Tensor, config: SkinnyConfig) -> bool:
-    """skinny_unsupported's shape and dtype checks (a meta x has no address to check)."""
-    return (x.dtype == weight.dtype and x.dtype in SKINNY_DTYPES and 1 <= x.shape[0] <= SKINNY_MAX_ROWS
-            and x.shape[1] == weight.shape[1] and x.shape[1] % (config.splits * config.block_k) == 0
-            and weight.is_contiguous())  # fmt: skip
