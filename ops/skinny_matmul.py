@@ -133,6 +133,13 @@ def skinny_unsupported(x: torch.Tensor, weight: torch.Tensor, config: SkinnyConf
     return None
 
 
+def skinny_device_ok(device: torch.device) -> bool:
+    """A GPU whose TMA the kernel's tensor-descriptor loads need (Hopper and later); elsewhere the libraries serve."""
+    from ops.triton_kernel import _has_tma
+
+    return device.type == "cuda" and _has_tma(device.index or 0)
+
+
 def skinny_linear(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -183,10 +190,11 @@ class SkinnyRoute:
         self.counts: dict[tuple, torch.Tensor] = {}
 
     def supports(self, num_rows: int, weight: torch.Tensor) -> bool:
-        """A CUDA weight the kernel takes at `num_rows` rows (x as the step makes it: contiguous, aligned)."""
+        """A weight on a GPU with TMA that the kernel takes at `num_rows` rows (x as the step makes it: contiguous,
+        aligned)."""
         x = torch.empty(num_rows, weight.shape[1], dtype=weight.dtype, device="meta")  # NOTE: its data_ptr is 0
         config = pick_skinny_config(num_rows, weight.shape[1], weight.shape[0])
-        return weight.device.type == "cuda" and skinny_unsupported(x, weight, config) is None
+        return skinny_device_ok(weight.device) and skinny_unsupported(x, weight, config) is None
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         config = pick_skinny_config(x.shape[0], weight.shape[1], weight.shape[0])

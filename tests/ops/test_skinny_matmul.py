@@ -14,6 +14,7 @@ from ops.skinny_matmul import (
     SkinnyRoute,
     block_m_for,
     pick_skinny_config,
+    skinny_device_ok,
     skinny_linear,
     skinny_unsupported,
 )
@@ -91,3 +92,17 @@ def test_operands_the_kernel_cannot_take_are_named():
     assert "x must have K contiguous" in skinny_unsupported(strided, w, c)
     with pytest.raises(ValueError, match=r"^skinny matmul: 65 rows"):
         skinny_linear(torch.zeros(65, 256, dtype=torch.float16), w, c)
+
+
+def test_the_route_takes_only_gpus_with_tma(monkeypatch):
+    """The kernel's weight loads are tensor descriptors (TMA: Hopper and later): an older GPU, and the CPU, keep the
+    libraries' routes. (A CUDA device object needs no GPU; the capability probe is replaced.)"""
+    import ops.triton_kernel as tk
+
+    capabilities = {0: 9, 1: 8}
+    monkeypatch.setattr(tk, "_has_tma", lambda index: capabilities[index] >= 9)
+    assert skinny_device_ok(torch.device("cuda", 0))
+    assert skinny_device_ok(torch.device("cuda"))  # no index: the current device, 0 here
+    assert not skinny_device_ok(torch.device("cuda", 1))
+    assert not skinny_device_ok(torch.device("cpu"))
+    assert not SkinnyRoute().supports(16, torch.zeros(64, 256, dtype=torch.bfloat16))  # a CPU weight
