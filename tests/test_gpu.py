@@ -210,10 +210,29 @@ def test_steps_routed_to_cublaslt_give_the_eager_tokens(tiny_dir, monkeypatch):
     assert torch.backends.cuda.preferred_blas_library() == before
 
 
-def test_steps_routed_to_the_skinny_matmul_give_the_eager_tokens(tiny_dir, monkeypatch):
+def greedy_regrets(model, prompts: list[list[int]], outs) -> list[float]:
+    """For each prompt, the worst gap over its generated tokens between `model`'s best logit and its logit of the
+    chosen token (teacher-forced: one forward over prompt + tokens)."""
+    regrets = []
+    for ids, out in zip(prompts, outs, strict=True):
+        with torch.no_grad():
+            logits = model(torch.tensor([ids + out.token_ids], device="cuda")).logits[0, len(ids) - 1 : -1].float()
+        chosen = logits.gather(1, torch.tensor(out.token_ids, device="cuda")[:, None])[:, 0]
+        regrets.append((logits.max(dim=-1).values - chosen).max().item())
+    return regrets
+
+
+def test_steps_routed_to_the_skinny_matmul_pick_tokens_as_near_best_as_cublas(tiny_dir, monkeypatch):
     """MINIPIC_SKINNY_MATMUL=1 (bf16, Hopper): the graphs' buckets of few rows take ops/skinny_matmul.py's matmul
-    for every projection it can run, its call equals F.linear, and the tokens are the eager engine's (cuBLAS)."""
+    for every projection it can run, its call equals F.linear, and its greedy tokens sit as near float32's best as
+    the eager engine's (cuBLAS) do.
+
+    NOTE: not the eager engine's tokens: two bf16 engines whose matmuls round differently part at near ties
+    (measured on the H200 at 793b7b0: the same 9 tokens, then one prompt in five parted, run after run, with PDL on
+    or off; alone, each projection's largest error against float64 equals cuBLAS's at 1-64 rows). A wrong tile,
+    split or bucket moves logits by tens of units, past the bound."""
     import torch.nn.functional as F
+    from transformers import LlamaForCausalLM
 
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("the skinny matmul reads its weights through TMA: Hopper and later")
@@ -225,7 +244,15 @@ def test_steps_routed_to_the_skinny_matmul_give_the_eager_tokens(tiny_dir, monke
     assert chosen and all(c == "skinny" for (_, n), c in chosen.items() if n <= 64), timings
     monkeypatch.setenv("MINIPIC_SKINNY_MATMUL", "0")
     eager = mp.LLM(str(tiny_dir), enforce_eager=True, **kwargs)
-    assert_same_greedy_tokens(routed, eager, seed=5)
+    gen = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(6, 512, (n,), generator=gen).tolist() for n in (5, 17, 33, 40, 63)]  # batch 5 -> 8
+    params = mp.SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+    ours, theirs = (engine.generate(prompts, params, use_tqdm=False) for engine in (routed, eager))
+    truth = LlamaForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32).cuda().eval()
+    ours_worst, cublas_worst = max(greedy_regrets(truth, prompts, ours)), max(greedy_regrets(truth, prompts, theirs))
+    print(f"worst greedy regret under float32: skinny {ours_worst:.3f}, cuBLAS {cublas_worst:.3f}")
+    # NOTE: the CPU's bf16 engine on this model and these prompts: worst regret 0.36; each token moved one id on: 91-111
+    assert ours_worst <= max(2 * cublas_worst, 2.0)
     layer = routed.engine.runner.model.layers[0]
     for proj in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj):
         x = torch.randn(24, proj.weight.shape[1], device="cuda", dtype=torch.bfloat16)
