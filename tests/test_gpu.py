@@ -26,13 +26,18 @@ def tiny_dir(tmp_path_factory):
     return path
 
 
-def assert_same_greedy_tokens(llm: mp.LLM, eager: mp.LLM, seed: int) -> None:
-    """Five random prompts of 5 to 63 tokens (batch 5, a graph bucket of 8), 16 greedy tokens each: the same from
-    both engines."""
+def greedy_runs(engines, seed: int) -> tuple[list[list[int]], list]:
+    """Five random prompts of 5 to 63 tokens (batch 5, a graph bucket of 8) and each engine's 16 greedy tokens for
+    them: (prompts, [outputs of each engine])."""
     gen = torch.Generator().manual_seed(seed)
     prompts = [torch.randint(6, 512, (n,), generator=gen).tolist() for n in (5, 17, 33, 40, 63)]
     params = mp.SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
-    ours, theirs = (engine.generate(prompts, params, use_tqdm=False) for engine in (llm, eager))
+    return prompts, [engine.generate(prompts, params, use_tqdm=False) for engine in engines]
+
+
+def assert_same_greedy_tokens(llm: mp.LLM, eager: mp.LLM, seed: int) -> None:
+    """`greedy_runs`' prompts: the same tokens from both engines."""
+    _, (ours, theirs) = greedy_runs((llm, eager), seed)
     assert [o.token_ids for o in ours] == [o.token_ids for o in theirs]
 
 
@@ -229,8 +234,8 @@ def test_steps_routed_to_the_skinny_matmul_pick_tokens_as_near_best_as_cublas(ti
 
     NOTE: not the eager engine's tokens: two bf16 engines whose matmuls round differently part at near ties
     (measured on the H200 at 793b7b0: the same 9 tokens, then one prompt in five parted, run after run, with PDL on
-    or off; alone, each projection's largest error against float64 equals cuBLAS's at 1-64 rows). A wrong tile,
-    split or bucket moves logits by tens of units, past the bound."""
+    or off; alone, each projection's largest error against float64 equals cuBLAS's at 1-64 rows). Tokens that are
+    not the model's sit tens of units below its best, past the bound."""
     import torch.nn.functional as F
     from transformers import LlamaForCausalLM
 
@@ -244,10 +249,7 @@ def test_steps_routed_to_the_skinny_matmul_pick_tokens_as_near_best_as_cublas(ti
     assert chosen and all(c == "skinny" for (_, n), c in chosen.items() if n <= 64), timings
     monkeypatch.setenv("MINIPIC_SKINNY_MATMUL", "0")
     eager = mp.LLM(str(tiny_dir), enforce_eager=True, **kwargs)
-    gen = torch.Generator().manual_seed(5)
-    prompts = [torch.randint(6, 512, (n,), generator=gen).tolist() for n in (5, 17, 33, 40, 63)]  # batch 5 -> 8
-    params = mp.SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
-    ours, theirs = (engine.generate(prompts, params, use_tqdm=False) for engine in (routed, eager))
+    prompts, (ours, theirs) = greedy_runs((routed, eager), seed=5)
     truth = LlamaForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32).cuda().eval()
     ours_worst, cublas_worst = max(greedy_regrets(truth, prompts, ours)), max(greedy_regrets(truth, prompts, theirs))
     print(f"worst greedy regret under float32: skinny {ours_worst:.3f}, cuBLAS {cublas_worst:.3f}")
