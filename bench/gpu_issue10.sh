@@ -11,7 +11,8 @@
 # next93 (that row straight after its documents, then 200 ms after), next53 (next93, then the short read's SPLIT_IDS on
 # and off), next57 (.base's tree and this one alternated on that row, then host_ttft), next58 (next57's first pair),
 # next59 (this tree's row twice around its host_ttft, then .base's once), skinny59 (the row with the skinny matmul on,
-# then off, then its GPU test), skinny60 (off and on alternated twice, the engine's decode off and on, the GPU test), next93s (only 200 ms after), next93b (the GPU tests), rag, ragphase, rag0, offload,
+# then off, then its GPU test), skinny60 (off and on alternated twice, the engine's decode off and on, the GPU
+# test), next93s (only 200 ms after), next93b (the GPU tests), rag, ragphase, rag0, offload,
 # spans (uncached span scaling), host, hostdiag, splits, read, readprof (with ncu), readfloor, engineread, mixed,
 # smallkernels, gemm, skinny, l2, handoff, aftereffect, prefill (engine prefill vs transformers), engine (gpu_engine:
 # decode, prefill, profile), decode (the engine's decode, default schedule), ttftab / decodeab (.base's tree beside this
