@@ -11,8 +11,8 @@
 # next93 (that row straight after its documents, then 200 ms after), next53 (next93, then the short read's SPLIT_IDS on
 # and off), next57 (.base's tree and this one alternated on that row, then host_ttft), next58 (next57's first pair),
 # next59 (this tree's row twice around its host_ttft, then .base's once), skinny59 (the row with the skinny matmul on,
-# then off, then its GPU test), skinny60 (off and on alternated twice, the engine's decode off and on, the GPU
-# test), next93s (only 200 ms after), next93b (the GPU tests), rag, ragphase, rag0, offload,
+# then off, then its GPU test), skinny60 (off and on alternated twice, the GPU test, the engine's decode off and
+# on), skinny61 (skinny60's last three), next93s (only 200 ms after), next93b (the GPU tests), rag, ragphase, rag0, offload,
 # spans (uncached span scaling), host, hostdiag, splits, read, readprof (with ncu), readfloor, engineread, mixed,
 # smallkernels, gemm, skinny, l2, handoff, aftereffect, prefill (engine prefill vs transformers), engine (gpu_engine:
 # decode, prefill, profile), decode (the engine's decode, default schedule), ttftab / decodeab (.base's tree beside this
@@ -131,15 +131,23 @@ if want skinny59; then  # the skinny matmul's experiment (MINIPIC_SKINNY_MATMUL)
         -p no:cacheprovider -p no:logging --tb=short
 fi
 if want skinny60; then  # stop 60's follow-up: the row with the skinny matmul off and on, twice each (stop 60 had one of
-    # each, 59.81x against 60.96x), the engine's decode at batch 1 and 64 on and off (its graphs' buckets take it too),
-    # then its GPU test (tokens as near float32's best as cuBLAS's)
+    # each, 59.81x against 60.96x), its GPU test (tokens as near float32's best as cuBLAS's), then the engine's decode
+    # at batch 1 and 64 off and on (its graphs' buckets take it too); each step only where it ends before DEADLINE_S
+    # NOTE: the first step starts cold (torch.compile, the routes' timing): 300 s; the next ones reuse its cache
     for round in 1 2; do
-        step ttft_skinny0_$round 200 env MINIPIC_SKINNY_MATMUL=0 python3 $TTFT_8X2048 --tag=-skinny0-$round --out "$OUT"
-        step ttft_skinny1_$round 200 env MINIPIC_SKINNY_MATMUL=1 python3 $TTFT_8X2048 --tag=-skinny1-$round --out "$OUT"
+        fits 300 && step ttft_skinny0_$round $((round == 1 ? 300 : 150)) env MINIPIC_SKINNY_MATMUL=0 \
+            python3 $TTFT_8X2048 --tag=-skinny0-$round --out "$OUT"
+        fits 200 && step ttft_skinny1_$round $((round == 1 ? 200 : 150)) env MINIPIC_SKINNY_MATMUL=1 \
+            python3 $TTFT_8X2048 --tag=-skinny1-$round --out "$OUT"
     done
+    fits 120 && step gpu_test_skinny 120 $GPU_TESTS -k skinny
     fits 140 && engine_decode decode_skinny0 140 new "$OUT/gpu_decode_${GIT_SHA}_skinny0.json" MINIPIC_SKINNY_MATMUL=0
     fits 140 && engine_decode decode_skinny1 140 new "$OUT/gpu_decode_${GIT_SHA}_skinny1.json" MINIPIC_SKINNY_MATMUL=1
+fi
+if want skinny61; then  # skinny60's tail for a second call: the GPU test, then the decode off and on
     fits 120 && step gpu_test_skinny 120 $GPU_TESTS -k skinny
+    fits 140 && engine_decode decode_skinny0 140 new "$OUT/gpu_decode_${GIT_SHA}_skinny0.json" MINIPIC_SKINNY_MATMUL=0
+    fits 140 && engine_decode decode_skinny1 140 new "$OUT/gpu_decode_${GIT_SHA}_skinny1.json" MINIPIC_SKINNY_MATMUL=1
 fi
 if want next93s; then  # next93's second half alone (the first prompt 200 ms after its documents): fits ~300 s of device
     step ttft_settle 150 python3 $TTFT_8X2048 --settle-ms 200 --tag=-next93
