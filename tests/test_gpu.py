@@ -228,7 +228,7 @@ def greedy_regrets(model, prompts: list[list[int]], outs) -> list[float]:
 
 
 def test_steps_routed_to_the_skinny_matmul_pick_tokens_as_near_best_as_cublas(tiny_dir, monkeypatch):
-    """MINIPIC_SKINNY_MATMUL=1 (bf16, Hopper): the graphs' buckets of few rows take ops/skinny_matmul.py's matmul
+    """By default (bf16, Hopper) the graphs' buckets of few rows take ops/skinny_matmul.py's matmul
     for every projection it can run, its call equals F.linear, and its greedy tokens sit as near float32's best as
     the eager engine's (cuBLAS) do.
 
@@ -242,7 +242,7 @@ def test_steps_routed_to_the_skinny_matmul_pick_tokens_as_near_best_as_cublas(ti
 
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("the skinny matmul reads its weights through TMA: Hopper and later")
-    monkeypatch.setenv("MINIPIC_SKINNY_MATMUL", "1")
+    monkeypatch.delenv("MINIPIC_SKINNY_MATMUL", raising=False)
     kwargs = dict(device="cuda", dtype="bfloat16", max_model_len=256, max_num_seqs=8, num_blocks=256)
     routed = mp.LLM(str(tiny_dir), **kwargs)
     timings = routed.engine.runner.blas_timings

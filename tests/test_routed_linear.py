@@ -169,6 +169,7 @@ def test_many_row_routes_follow_the_probe_per_shape_and_row_count():
 
 def test_many_row_routing_off_keeps_the_default_library(monkeypatch):
     monkeypatch.setenv("MINIPIC_CUBLASLT", "0")
+    monkeypatch.setenv("MINIPIC_SKINNY_MATMUL", "0")
     model = Block()
     wrap_linears(model)
     assert route_many_row_linears(model, [2, 64], timer=lambda *a: 1.0, cublaslt=recording([])) == {}
@@ -213,8 +214,8 @@ class StandInSkinny:
 
 
 def test_the_skinny_route_is_taken_wherever_it_runs_whatever_the_timings(monkeypatch):
-    """MINIPIC_SKINNY_MATMUL's experiment: the skinny matmul is timed beside the libraries and taken at every (shape,
-    rows) it supports, even where a library was faster (the step measures it); elsewhere the libraries' routes stand,
+    """The skinny matmul is timed beside the libraries and taken at every (shape, rows) it supports, even where a
+    library was faster (the step measures it); elsewhere the libraries' routes stand,
     and with cuBLASLt off it is still taken."""
     model = Block()
     wrap_linears(model)
@@ -257,13 +258,15 @@ def test_a_failing_skinny_route_leaves_the_librarys_with_a_warning(caplog):
     assert "skinny matmul left out for (8, 12, True) at 2 rows: RuntimeError: no TMA here" in caplog.text
 
 
-def test_the_skinny_experiment_is_off_unless_asked_for(monkeypatch):
-    from minipic_lite.models.routed_linear import skinny_requested
+def test_the_skinny_route_is_on_unless_turned_off(monkeypatch):
+    from minipic_lite.models.routed_linear import skinny_enabled
 
     monkeypatch.delenv("MINIPIC_SKINNY_MATMUL", raising=False)
-    assert not skinny_requested()
+    assert skinny_enabled()
+    monkeypatch.setenv("MINIPIC_SKINNY_MATMUL", "0")
+    assert not skinny_enabled()
     monkeypatch.setenv("MINIPIC_SKINNY_MATMUL", "1")
-    assert skinny_requested()
+    assert skinny_enabled()
     monkeypatch.setenv("MINIPIC_CUBLASLT", "0")
     model = Block()
     wrap_linears(model)  # CPU weights: the real route supports none of them, and each keeps cuBLAS

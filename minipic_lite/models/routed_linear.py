@@ -1,7 +1,7 @@
 """Linear layers that, on CUDA, route each step's matmul to the kernel a start-up probe found fastest for its rows.
 
 One row (batch-1 decode) may take an Inductor reduction kernel instead of cuBLAS's matmul; more rows (the CUDA graphs'
-buckets) cuBLASLt's instead of cuBLAS's (see `route_many_row_linears`).
+buckets) cuBLASLt's instead of cuBLAS's, and on Hopper ops/skinny_matmul.py's (see `route_many_row_linears`).
 
 At batch-1 decode each projection reads its weights once, so it should run at the copy rate. cuBLAS does not always:
 on the H200 with Llama-3-8B's shapes it read `qkv` at 0.82 of the copy rate (its 64-column tiles leave SMs idle) and
@@ -192,10 +192,11 @@ def choose_library(seconds: dict[str, float]) -> str:
     return "cublaslt" if seconds["cublaslt"] < seconds["cublas"] * (1 - LT_MARGIN) else "cublas"
 
 
-def skinny_requested() -> bool:
-    """`MINIPIC_SKINNY_MATMUL=1`: the graphs' buckets of few rows take ops/skinny_matmul.py's Triton matmul wherever
-    it can run (an experiment: off until a step measures faster with it)."""
-    return os.environ.get("MINIPIC_SKINNY_MATMUL", "0") == "1"
+def skinny_enabled() -> bool:
+    """The graphs' buckets of few rows take ops/skinny_matmul.py's Triton matmul wherever it can run, unless
+    `MINIPIC_SKINNY_MATMUL=0` (on by default since stop 61: the cached 8 x 2,048 prompt's step measured faster with it
+    on an H200 and an H100, and the engine's decode no slower; `bench/results/ttft_spans-5a1675b-*`)."""
+    return os.environ.get("MINIPIC_SKINNY_MATMUL", "1") != "0"
 
 
 def route_many_row_linears(
@@ -206,11 +207,12 @@ def route_many_row_linears(
     and `cublaslt` (default: `through_blas("cublaslt")`), and route that row count to cuBLASLt where
     `choose_library` says so; where cuBLASLt fails (a torch built without it) the default stays, with a warning.
     `MINIPIC_CUBLASLT=0` keeps the default everywhere. `skinny` (default: ops/skinny_matmul.py's `SkinnyRoute`
-    under `MINIPIC_SKINNY_MATMUL=1`, else none) is timed too where `skinny.supports(rows, weight)`, and taken
-    there whatever the timings (an experiment measured in the step; a failure leaves the library's route, with a
-    warning). `timer(fn, group, x)` -> seconds (default: CUDA-graph replays). Returns {(in, out, bias): {rows:
+    unless `MINIPIC_SKINNY_MATMUL=0`) is timed too where `skinny.supports(rows, weight)`, and taken there whatever
+    the timings: alone it ran 1.02x cuBLAS on the H200, and what it gains in a step (no split-K reduction kernels, a
+    launch while the kernel before drains) only the step shows; a failure leaves the library's route, with a
+    warning. `timer(fn, group, x)` -> seconds (default: CUDA-graph replays). Returns {(in, out, bias): {rows:
     {"cublas": s, "cublaslt": s, ["skinny": s,] "chosen": name}}} (empty when every route is off)."""
-    if skinny is None and skinny_requested():
+    if skinny is None and skinny_enabled():
         from ops.skinny_matmul import SkinnyRoute
 
         skinny = SkinnyRoute()
