@@ -124,7 +124,8 @@ if want next59; then  # this tree's row twice around its host_ttft, then .base's
     step ttft_base_1 150 $BASE_ENV python3 .base/$TTFT_8X2048 --tag=-base-1 --out "$OUT"
 fi
 if want skinny59; then  # the skinny matmul's experiment (MINIPIC_SKINNY_MATMUL): the cached 8 x 2,048 row with it on,
-    # then off (the default until stop 61), then its GPU test (tokens against the eager engine's, its call against F.linear)
+    # then off (the default until stop 61), then its GPU test (tokens against the eager engine's, its call against
+    # F.linear)
     # NOTE: limits for a machine with no compiled-kernel cache (torch.compile and the routes' timing start cold)
     step ttft_skinny1 300 env MINIPIC_SKINNY_MATMUL=1 python3 $TTFT_8X2048 --tag=-skinny1 --out "$OUT"
     step ttft_skinny0 200 env MINIPIC_SKINNY_MATMUL=0 python3 $TTFT_8X2048 --tag=-skinny0 --out "$OUT"

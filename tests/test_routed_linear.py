@@ -215,8 +215,8 @@ class StandInSkinny:
 
 def test_the_skinny_route_is_taken_wherever_it_runs_whatever_the_timings(monkeypatch):
     """The skinny matmul is timed beside the libraries and taken at every (shape, rows) it supports, even where a
-    library was faster (the step measures it); elsewhere the libraries' routes stand,
-    and with cuBLASLt off it is still taken."""
+    library was faster (the step measures it); elsewhere the libraries' routes stand, and with cuBLASLt off it is
+    still taken."""
     model = Block()
     wrap_linears(model)
     calls, lt_calls = [], []
