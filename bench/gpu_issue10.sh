@@ -134,7 +134,8 @@ if want skinny59; then  # the skinny matmul's experiment (MINIPIC_SKINNY_MATMUL)
 fi
 if want skinny60; then  # stop 60's follow-up: the row with the skinny matmul off and on, twice each (stop 60 had one of
     # each, 59.81x against 60.96x), its GPU test (tokens as near float32's best as cuBLAS's), then the engine's decode
-    # at batch 1 and 64 off and on (its graphs' buckets take it too); each step only where it ends before DEADLINE_S
+    # at batch 1 and 64 off and on (its graphs' buckets take it too: the part below); each step only where it ends
+    # before DEADLINE_S
     # NOTE: the first step starts cold (torch.compile, the routes' timing): 300 s; the next ones reuse its cache
     for round in 1 2; do
         fits 300 && step ttft_skinny0_$round $((round == 1 ? 300 : 150)) env MINIPIC_SKINNY_MATMUL=0 \
@@ -142,11 +143,9 @@ if want skinny60; then  # stop 60's follow-up: the row with the skinny matmul of
         fits 200 && step ttft_skinny1_$round $((round == 1 ? 200 : 150)) env MINIPIC_SKINNY_MATMUL=1 \
             python3 $TTFT_8X2048 --tag=-skinny1-$round --out "$OUT"
     done
-    fits 120 && step gpu_test_skinny 120 $GPU_TESTS -k skinny
-    fits 140 && engine_decode decode_skinny0 140 new "$OUT/gpu_decode_${GIT_SHA}_skinny0.json" MINIPIC_SKINNY_MATMUL=0
-    fits 140 && engine_decode decode_skinny1 140 new "$OUT/gpu_decode_${GIT_SHA}_skinny1.json" MINIPIC_SKINNY_MATMUL=1
 fi
-if want skinny61; then  # skinny60's tail for a second call: the GPU test, then the decode off and on
+if want skinny60 || want skinny61; then  # skinny60's tail, or skinny61 alone in a second call: the GPU test, then the
+    # decode off and on
     fits 120 && step gpu_test_skinny 120 $GPU_TESTS -k skinny
     fits 140 && engine_decode decode_skinny0 140 new "$OUT/gpu_decode_${GIT_SHA}_skinny0.json" MINIPIC_SKINNY_MATMUL=0
     fits 140 && engine_decode decode_skinny1 140 new "$OUT/gpu_decode_${GIT_SHA}_skinny1.json" MINIPIC_SKINNY_MATMUL=1
