@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
-from minipic_lite.llm import LLM, PromptType, _raise_if_error, check_one_prompt
+from minipic_lite.llm import LLM, PromptType, _raise_if_error, check_one_prompt, is_last
 from minipic_lite.outputs import RequestOutput
 from minipic_lite.sampling_params import SamplingParams
 
@@ -42,9 +42,9 @@ class AsyncLLM:
         finished = False
         try:
             while not finished:
-                output = _raise_if_error(await outputs.get())
-                finished = output.finished
-                yield output
+                item = await outputs.get()
+                finished = is_last(item)
+                yield _raise_if_error(item)
         finally:
             # NOTE: cancelled, or the consumer left: free the request's blocks (no waiting here). A generator closed
             # after its LLM was (asyncio finalizes it later) has nothing left to free: close() aborted it

@@ -11,6 +11,7 @@ engine_loop.py for `LLM` and `AsyncLLM`; a test or a benchmark that drives it di
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import count
 
@@ -53,6 +54,23 @@ class EngineStats:
     num_resumed_tokens: int = 0  # hybrids: prompt tokens skipped by loading a recurrent-state checkpoint
     num_continuations: int = 0  # bursts queued before the tokens of the one before them were read (async)
     total_step_time: float = 0.0  # seconds, summed over steps (a list would grow without bound)
+
+
+def shown_text(text: str, stop: Sequence[str]) -> str:
+    """What an unfinished request's output shows of its text so far, as vLLM: not the characters that may yet begin a
+    stop string, nor an incomplete character at the end ('\ufffd', bytes the next token may complete). So a stream's
+    text only grows, and never shows what the final text leaves out."""
+    if stop:
+        text = text[: max(0, len(text) + 1 - max(map(len, stop)))]
+    return text.rstrip("\ufffd")
+
+
+class RequestIdInUse(ValueError):
+    """`add` refused a request whose id names one still in flight; that one runs on untouched."""
+
+    def __init__(self, request_id: str):
+        super().__init__(f"request id {request_id!r} is already in use")
+        self.request_id = request_id
 
 
 class LLMEngine:
@@ -162,7 +180,8 @@ class LLMEngine:
         arrival_time = time.perf_counter() if arrival_time is None else arrival_time
         token_ids, data = packed(token_ids)
         layout = self._check(token_ids, data, params, require_spans)
-        request_id = str(next(self._ids)) if request_id is None else request_id
+        if request_id is None:  # NOTE: past the ids a caller chose that are in flight ('0', '1', ... stay free of them)
+            request_id = next(rid for rid in map(str, self._ids) if rid not in self.requests)
         block_size = self.config.cache.block_size
         return Request(
             request_id, token_ids, params, block_size, self.root, layout, prompt, span_labels, stream,
@@ -171,7 +190,7 @@ class LLMEngine:
 
     def add(self, req: Request) -> None:
         if req.request_id in self.requests:
-            raise ValueError(f"request id {req.request_id!r} is already in use")
+            raise RequestIdInUse(req.request_id)
         self.requests[req.request_id] = req
         self.scheduler.add(req)
         self.stats.num_prompt_tokens += req.num_prompt_tokens
@@ -307,6 +326,7 @@ class LLMEngine:
             self.requests.pop(req.request_id, None)
             self.runner.sampler.forget(req.request_id)
         text = req.stop_text if req.stop_text is not None else self._decode(req)
+        text = text if req.is_finished else shown_text(text, req.sampling_params.stop)
         # NOTE: vLLM's num_cached_tokens, the prompt tokens found cached before its first token: a re-admission
         # after a preemption finds its own prompt's and answer's blocks cached too (that is no saving to report)
         cached = req.num_cached_tokens if req.num_cached_prompt_tokens is None else req.num_cached_prompt_tokens

@@ -26,7 +26,7 @@ from minipic_lite.config import (
     EngineConfig,
     ModelConfig,
 )
-from minipic_lite.engine import LLMEngine
+from minipic_lite.engine import LLMEngine, RequestIdInUse
 from minipic_lite.engine_loop import EngineLoop
 from minipic_lite.models.loader import load_tokenizer, resolve_model_dir
 from minipic_lite.models.registry import model_class
@@ -243,20 +243,25 @@ class LLM:
         bar = tqdm(total=len(prompts), desc="generate", unit="req") if use_tqdm else None
         requests: list[Request] = []
         done: dict[str, RequestOutput] = {}
+        refused: set[str] = set()  # ids the engine refused: in flight as another caller's requests
         try:
             requests = self.make_requests(prompts, params)
             outputs: queue.SimpleQueue = queue.SimpleQueue()
             self.submit(requests, outputs.put)
             while len(done) < len(requests):
-                output = _raise_if_error(outputs.get())
+                item = outputs.get()
+                if isinstance(item, RequestIdInUse):
+                    refused.add(item.request_id)
+                output = _raise_if_error(item)
                 done[output.request_id] = output  # NOTE: only finished outputs come to a non-streaming sink
                 if bar is not None:
                     bar.update(1)
         finally:
             if bar is not None:
                 bar.close()
-            for req in requests:  # interrupted (e.g. Ctrl-C): free what is still running
-                if req.request_id not in done:
+            # NOTE: interrupted (e.g. Ctrl-C) or failed: free what is still running, but not another caller's request
+            for req in requests:
+                if req.request_id not in done and req.request_id not in refused:
                     self.abort(req.request_id)
         return [done[req.request_id] for req in requests]
 
@@ -279,9 +284,9 @@ class LLM:
         finished = False
         try:
             while not finished:
-                output = _raise_if_error(outputs.get())
-                finished = output.finished
-                yield output
+                item = outputs.get()
+                finished = is_last(item)
+                yield _raise_if_error(item)
         finally:
             # NOTE: the consumer stopped early: free the request's blocks. A stream left open at interpreter exit is
             # closed after the loop (weakref.finalize closed it, aborting its requests): nothing left to free
@@ -305,6 +310,12 @@ def _raise_if_error(item):
     if isinstance(item, BaseException):
         raise item
     return item
+
+
+def is_last(item) -> bool:
+    """A sink's last item for its request: the finished output, or an error (the engine refused the request, whose id
+    another caller's holds, or a step failed and aborted it): nothing is left to abort."""
+    return isinstance(item, BaseException) or item.finished
 
 
 _default_llm: LLM | None = None

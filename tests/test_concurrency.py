@@ -127,12 +127,43 @@ def test_async_llm_streams_concurrent_tasks_and_break_aborts(llm, solo):
     assert_idle(llm)
 
 
-def test_a_request_id_in_flight_cannot_be_reused(llm):
-    stream = llm.stream(PROMPTS[0], GREEDY, request_id="same")
+HELD = mp.SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)  # still running while the test acts
+
+
+@pytest.mark.parametrize("second_caller", ["stream", "async"])
+def test_a_request_id_in_flight_cannot_be_reused_and_its_request_runs_on(llm, solo, second_caller):
+    """The refused caller gets the error; the request holding the id is not aborted for it (it was, until stop 63:
+    the refused stream's cleanup aborted the id, which was the other caller's)."""
+    stream = llm.stream(PROMPTS[0], HELD, request_id="same")
     run_with_timeout(next, stream)
+
+    async def refused_async():
+        return [out async for out in mp.AsyncLLM.from_llm(llm).generate(PROMPTS[1], GREEDY, request_id="same")]
+
+    def refused():
+        if second_caller == "stream":
+            return list(llm.stream(PROMPTS[1], GREEDY, request_id="same"))
+        return asyncio.run(refused_async())
+
     with pytest.raises(ValueError, match="'same' is already in use"):
-        run_with_timeout(lambda: list(llm.stream(PROMPTS[1], GREEDY, request_id="same")))
-    assert run_with_timeout(list, stream)[-1].finished
+        run_with_timeout(refused)
+    last = run_with_timeout(list, stream)[-1]
+    assert (last.finish_reason, len(last.token_ids)) == ("length", 40)
+    assert last.token_ids[:12] == solo[PROMPTS[0]]
+    assert_idle(llm)
+
+
+def test_generate_picks_ids_past_those_callers_chose_and_their_requests_run_on(llm, solo):
+    """generate()'s ids are '0', '1', ...; a stream that took the next of them must not refuse generate() (nor be
+    aborted by it)."""
+    taken = str(int(run_with_timeout(llm.generate, PROMPTS[2], GREEDY, use_tqdm=False)[0].request_id) + 1)
+    stream = llm.stream(PROMPTS[0], HELD, request_id=taken)
+    run_with_timeout(next, stream)
+    outs = run_with_timeout(llm.generate, PROMPTS[1:3], GREEDY, use_tqdm=False)
+    assert [o.token_ids for o in outs] == [solo[PROMPTS[1]], solo[PROMPTS[2]]]
+    assert taken not in {o.request_id for o in outs}
+    last = run_with_timeout(list, stream)[-1]
+    assert (last.request_id, last.finish_reason, last.token_ids[:12]) == (taken, "length", solo[PROMPTS[0]])
     assert_idle(llm)
 
 

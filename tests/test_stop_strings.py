@@ -5,9 +5,12 @@ request stops at the first token after which the text contains the stop string; 
 `text` ends just before the stop string.
 """
 
+from itertools import pairwise
+
 import pytest
 
 import minipic_lite as mp
+from minipic_lite.engine import shown_text
 
 PROMPT = "The capital of France is"
 MAX_TOKENS = 12
@@ -91,3 +94,46 @@ def test_a_streamed_output_never_shows_its_stop_string(engine, where, llm, burst
     assert (last.token_ids, last.text) == (token_ids, text)
     assert not any(stop in chunk.text for chunk in chunks)
     assert all(not chunk.finished for chunk in chunks[:-1])
+    # NOTE: nothing shown is taken back: the part of the stop string that came a token early was held back
+    assert all(later.text.startswith(chunk.text) for chunk, later in pairwise(chunks))
+
+
+@pytest.mark.parametrize(
+    ("text", "stop", "shown"),
+    [
+        ("Paris is", [], "Paris is"),
+        ("Paris is", ["Lyon"], "Paris"),  # the last 3 characters may begin "Lyon"
+        ("Paris is", ["x", "Lyon"], "Paris"),  # the longest stop string decides
+        ("Paris is", ["x"], "Paris is"),  # a 1-character stop string is seen whole or not at all
+        ("ab", ["abcdef"], ""),
+        ("caf\ufffd", [], "caf"),  # an incomplete character's bytes: the next token may complete them
+        ("caf\ufffd\ufffd", ["é!"], "caf"),
+    ],
+)
+def test_an_unfinished_output_shows_only_what_its_final_text_keeps(text, stop, shown):
+    assert shown_text(text, stop) == shown
+
+
+def test_the_tokenizer_decodes_a_character_cut_between_tokens_as_the_replacement_character(llm):
+    """What shown_text counts on: a character whose bytes span two tokens decodes to '\ufffd' before its last."""
+    decode = llm.tokenizer.decode
+    ids = llm.tokenizer.encode("你好", add_special_tokens=False)
+    partial = next(decode(ids[:n]) for n in range(1, len(ids)) if decode(ids[:n]).endswith("\ufffd"))
+    assert not decode(ids).startswith(partial)  # shown as it is, a stream would take it back
+    assert decode(ids).startswith(shown_text(partial, [])) and shown_text(partial, []) != partial
+
+
+def test_the_command_line_streams_the_text_it_prints(llm, base, monkeypatch, capsys):
+    """`minipic-lite generate --stream --stop S` printed, a token early, the start of S that the final text leaves
+    out (before stop 63: each new piece was printed as it came, and none was taken back)."""
+    import minipic_lite
+    from minipic_lite import cli
+
+    monkeypatch.setattr(minipic_lite, "LLM", lambda model, device, dtype: llm)
+    stop = across_the_burst_boundary(llm.tokenizer, base.token_ids)
+    args = ["generate", "--raw", PROMPT, "--stop", stop, "--ignore-eos", "--max-tokens", str(MAX_TOKENS)]
+    replies = []
+    for flags in ([], ["--stream"]):
+        assert cli.main([*args, *flags]) == 0
+        replies.append(capsys.readouterr().out)
+    assert replies[0] == replies[1] == cut_at(llm.tokenizer, base.token_ids, stop)[1] + "\n"
