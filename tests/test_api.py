@@ -1,5 +1,6 @@
 """The public API on the real SmolLM2: prompts of every kind, sampling, stopping, streaming, bad input."""
 
+import re
 import time
 
 import numpy as np
@@ -90,6 +91,20 @@ def test_bad_prompt_names_itself_and_the_engine_keeps_serving(llm, prompt, messa
         llm.generate(["Hello", prompt], GREEDY8, use_tqdm=False)
     assert_engine_idle(llm)  # nothing of the batch was queued
     assert len(llm.generate("Hello", GREEDY8, use_tqdm=False)[0].token_ids) == 8
+
+
+@pytest.mark.parametrize(
+    ("prompts", "message"),
+    [
+        ([5, 1.5, 7], "prompt 0: token id 1.5 is not an integer"),  # said "a prompt must be ..., got int" until stop 63
+        ([5, "7"], "prompt 0: token id '7' is not an integer"),
+        (["Hello", 5], "prompt 1: a prompt must be text, token ids, chat messages or a Prompt, got int"),
+    ],
+)
+def test_a_list_that_starts_with_a_token_id_is_one_prompts_ids(llm, prompts, message):
+    with pytest.raises((ValueError, TypeError), match=re.escape(message)):
+        llm.generate(prompts, GREEDY8, use_tqdm=False)
+    assert_engine_idle(llm)
 
 
 def test_integer_token_ids_of_any_kind_are_taken_as_their_values(llm):

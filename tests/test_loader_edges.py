@@ -54,6 +54,9 @@ def test_a_conversion_is_published_whole(converting, tmp_path):
     assert list(load_file(out / "model.safetensors")) == ["embed.weight"]  # tied: no LM head of its own
     assert json.loads((out / "config.json").read_text()) == {"model_type": "llama"}
     assert (out / "tokenizer.json").is_file() and (out.stat().st_mode & 0o777) == 0o755
+    assert {f.name: f.stat().st_mode & 0o777 for f in out.iterdir()} == dict.fromkeys(
+        ["model.safetensors", "config.json", "tokenizer.json"], 0o644
+    )  # NOTE: safetensors wrote its file 0600 (stop 63's review found it): others could not read the weights
 
 
 def test_a_first_conversion_makes_the_cache_folder_and_its_parents(converting, tmp_path, monkeypatch):

@@ -130,6 +130,8 @@ def convert_gguf(path: Path) -> Path:
             config = hf_model.config.to_dict()
             config.pop("quantization_config", None)
             (tmp / "config.json").write_text(json.dumps(config, indent=2))
+            # NOTE: safetensors writes its file 0600: given the mode the umask gave config.json, others may read it
+            (tmp / "model.safetensors").chmod((tmp / "config.json").stat().st_mode & 0o777)
             next_stage()
             tokenizer.save_pretrained(tmp)
         publish(tmp, out)
