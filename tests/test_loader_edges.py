@@ -4,18 +4,22 @@ separate LM head where the embeddings are tied, the tokenizer, a folder others m
 the cache path whole, a cached conversion is taken without converting again, the cache key moves with the file's
 mtime, '~' is expanded while an error names the path as given, a plain module is no model package, a folder with only
 a sentencepiece model has a tokenizer, the progress bar ends at 4 of 4 stages, an empty model path is named as empty,
-and a file gguf cannot read (or one that names no architecture) is named."""
+a file gguf cannot read (or one that names no architecture) is named, a plain tokenizer is built without AutoTokenizer
+and equals its, and a CPU start imports no torch._dynamo."""
 
 import json
 import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
 from minipic_lite.models import loader
-from tests.conftest import write_gguf
+from tests.conftest import save_tiny_llama, write_gguf
 
 
 class Tokenizer:
@@ -147,3 +151,64 @@ def test_a_gguf_without_an_architecture_names_itself(tmp_path, monkeypatch):
         step()
     with pytest.raises(ValueError, match=r"names no architecture \(general.architecture\)"):
         loader.resolve_model_dir(str(path))
+
+
+def test_a_plain_tokenizer_is_built_directly_and_equals_what_autotokenizer_builds(model_dir):
+    """SmolLM2's converted tokenizer is transformers' plain backend: load_tokenizer builds it without AutoTokenizer
+    (whose config import took 1.1 s of a start on 2 cores), and it must be the same tokenizer."""
+    from transformers import AutoTokenizer
+
+    assert loader._tokenizer_class(model_dir) in loader.PLAIN_TOKENIZERS
+    ours, auto = loader.load_tokenizer(model_dir), AutoTokenizer.from_pretrained(model_dir)
+    assert type(ours) is type(auto)
+    texts = ["Hello world", "  spaces\n\nand\ttabs", "你好 émoji 🎉", "<|im_start|>user\nhi<|im_end|>", "<repo_name>x"]
+    for text in texts:
+        for special in (True, False):
+            assert ours.encode(text, add_special_tokens=special) == auto.encode(text, add_special_tokens=special)
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
+    assert ours.apply_chat_template(chat, add_generation_prompt=True, tokenize=False) == auto.apply_chat_template(
+        chat, add_generation_prompt=True, tokenize=False
+    )
+    assert (ours.all_special_ids, ours.eos_token_id, ours.get_vocab()) == (
+        auto.all_special_ids,
+        auto.eos_token_id,
+        auto.get_vocab(),
+    )
+
+
+@pytest.mark.parametrize(
+    ("config", "built_by"),
+    [
+        ({"tokenizer_class": "TokenizersBackend"}, "PreTrainedTokenizerFast"),
+        ({"tokenizer_class": "PreTrainedTokenizerFast"}, "PreTrainedTokenizerFast"),
+        ({"tokenizer_class": "Qwen2Tokenizer"}, "AutoTokenizer"),  # a class of its own: AutoTokenizer finds it
+        ({}, "AutoTokenizer"),
+        (None, "AutoTokenizer"),  # no tokenizer_config.json
+        ("not json", "AutoTokenizer"),
+    ],
+)
+def test_only_a_plain_tokenizer_skips_autotokenizer(tmp_path, monkeypatch, config, built_by):
+    import transformers
+
+    for name in ("AutoTokenizer", "PreTrainedTokenizerFast"):
+        monkeypatch.setattr(getattr(transformers, name), "from_pretrained", lambda directory, name=name: name)
+    (tmp_path / "tokenizer.json").write_text("{}")
+    if config is not None:
+        (tmp_path / "tokenizer_config.json").write_text(config if isinstance(config, str) else json.dumps(config))
+    assert loader.load_tokenizer(tmp_path) == built_by
+
+
+def test_a_cpu_start_imports_no_dynamo(tmp_path):
+    """Nothing of a CPU engine compiles, yet building the model on the meta device imported torch._dynamo (0.9 s of a
+    start on 2 cores: nn.Embedding's random draw and the RoPE table's ops on meta tensors); a fresh interpreter says."""
+    model = save_tiny_llama(tmp_path / "tiny")
+    code = (
+        "import sys, minipic_lite as mp\n"
+        f"llm = mp.LLM({str(model)!r}, device='cpu', dtype='float32', max_model_len=64)\n"
+        "llm.generate([[1, 2, 3]], mp.SamplingParams(max_tokens=2), use_tqdm=False)\n"
+        "print(sorted(m for m in sys.modules if m.startswith('torch._dynamo')))\n"
+    )
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines()[-1] == "[]"

@@ -28,8 +28,10 @@ def rope_table(cfg: ModelConfig, device=None) -> torch.Tensor:
     NOTE: float32 angles (not float64) on purpose: the engine must match the HF oracle to 1e-4 on logits.
     """
     dim = cfg.rope_dim
-    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
-    angles = torch.arange(cfg.max_position, dtype=torch.float32)[:, None] * inv_freq[None, :]
+    # NOTE: on the CPU even under `torch.device("meta")` (build_model): an op on meta tensors imported torch._dynamo
+    # (0.9 s of a CPU start that never compiles)
+    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64, device="cpu").float() / dim))
+    angles = torch.arange(cfg.max_position, dtype=torch.float32, device="cpu")[:, None] * inv_freq[None, :]
     return torch.cat([angles.cos(), angles.sin()], dim=-1).to(device)
 
 
@@ -247,7 +249,11 @@ class CausalLM(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.kernels = Kernels.compiled() if compile else Kernels()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        # NOTE: no random draw (the weights are loaded, or drawn by init_dummy_weights): on the meta device, as
+        # build_model builds, nn.Embedding's draw imported torch._dynamo
+        self.embed_tokens = nn.Embedding(
+            cfg.vocab_size, cfg.hidden_size, _weight=torch.empty(cfg.vocab_size, cfg.hidden_size)
+        )
         self.matmul_route = None  # set by packed_linear.pack_linears on the CPU
 
     def _add_head(self) -> None:
