@@ -320,7 +320,9 @@ class EngineConfig:
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+            raise ValueError(
+                f"dtype must be one of {', '.join(DTYPES)} (or a torch dtype of them, or auto), got {self.dtype!r}"
+            )
         if self.load_format not in LOAD_FORMATS:
             raise ValueError(f"load_format must be one of {', '.join(LOAD_FORMATS)}, got {self.load_format!r}")
         self._check_control()
@@ -375,10 +377,21 @@ class EngineConfig:
                 f"max_model_len={scheduler.max_model_len} is past the model's {model.max_position} positions "
                 f"(max_position_embeddings in {Path(model_dir) / 'config.json'})"
             )
-        dtype = dtype or ("bfloat16" if is_cuda else "float32")
+        dtype = dtype_name(dtype) or ("bfloat16" if is_cuda else "float32")
         if dtype == "float16" and not is_cuda:
             logger.warning("float16 on the CPU has no fast kernels: many times slower than float32 or bfloat16")
         return cls(model_dir, model, cache, scheduler, control, device, dtype, **engine)
+
+
+DTYPE_ALIASES = {"auto": None, "half": "float16", "float": "float32"}  # vLLM's spellings
+
+
+def dtype_name(dtype) -> str | None:
+    """`LLM(dtype=...)` as a name of DTYPES, or None for the device's default: a name, vLLM's "auto", "half" or
+    "float", or a torch.dtype (checked against DTYPES by EngineConfig)."""
+    if type(dtype).__name__ == "dtype" and type(dtype).__module__ == "torch":  # NOTE: torch is not imported here
+        dtype = str(dtype).removeprefix("torch.")
+    return DTYPE_ALIASES.get(dtype, dtype) if isinstance(dtype, str) else dtype
 
 
 ENGINE_OPTIONS = {"enforce_eager", "load_format"}  # the EngineConfig fields that are LLM(...) keywords

@@ -102,7 +102,8 @@ class LLM:
     Args:
         model: None for the embedded SmolLM2-135M-Instruct, a .gguf path, or a local Hugging Face directory.
         device: "cpu", "cuda" or "cuda:N" (default: cuda when torch sees a GPU).
-        dtype: "float32", "bfloat16" or "float16" (default: bfloat16 on CUDA, float32 on the CPU).
+        dtype: "float32", "bfloat16" or "float16", or that torch dtype; None or "auto": bfloat16 on CUDA, float32 on
+            the CPU ("half" and "float" as vLLM reads them).
         control_tokens: the span markers (SSEP, PDEP, pad) of the model's vocabulary; None takes SmolLM2's
             `<repo_name>`, `<reponame>`, `<file_sep>` where the vocabulary has them (see minipic_lite/spans.py).
         **options: engine knobs, named and defaulted in `EngineConfig.from_options` (config.py; an unknown one is a
@@ -123,7 +124,7 @@ class LLM:
         self,
         model: str | Path | None = None,
         device: str | None = None,
-        dtype: str | None = None,
+        dtype: str | torch.dtype | None = None,
         control_tokens: ControlTokens | None = None,
         **options,
     ):

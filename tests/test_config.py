@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import torch
 
 from minipic_lite.config import (
     DEFAULT_CUDA_SCHEDULER_STEPS,
@@ -156,3 +157,27 @@ def test_the_rerotate_baseline_needs_rotated_keys_and_no_host_tier(options):
     with pytest.raises(ValueError, match="rerotate_spans .* needs position_free=False and no host tier"):
         CacheConfig(rerotate_spans=True, **options)
     assert CacheConfig(rerotate_spans=True, position_free=False).rerotate_spans
+
+
+@pytest.mark.parametrize(
+    ("dtype", "device", "expected"),
+    [
+        (None, "cpu", "float32"),
+        ("auto", "cpu", "float32"),  # vLLM's default spelling: the device's
+        ("auto", "cuda", "bfloat16"),
+        (torch.bfloat16, "cpu", "bfloat16"),  # LLM(dtype=torch.float32) was refused until stop 63
+        (torch.float32, "cuda", "float32"),
+        ("half", "cuda", "float16"),
+        ("float", "cpu", "float32"),
+        ("bfloat16", "cpu", "bfloat16"),
+    ],
+)
+def test_dtype_takes_names_torch_dtypes_and_vllms_spellings(model_dir, dtype, device, expected):
+    config = EngineConfig.from_options(model_dir, ModelConfig.from_dir(model_dir), device, ControlTokens(), dtype)
+    assert config.dtype == expected
+
+
+@pytest.mark.parametrize(("dtype", "named"), [(torch.float64, "'float64'"), ("fp8", "'fp8'"), (16, "16")])
+def test_a_dtype_the_engine_has_no_kernels_for_is_named(model_dir, dtype, named):
+    with pytest.raises(ValueError, match=f"dtype must be one of float32, bfloat16, float16 .*got {named}$"):
+        EngineConfig.from_options(model_dir, ModelConfig.from_dir(model_dir), "cpu", ControlTokens(), dtype)
