@@ -1,15 +1,16 @@
-"""Edges of the model loader (models/loader.py) that test_loader and the CLI / API checks leave open, with stand-ins
-for transformers (no model): a finished conversion is published whole (config.json without the quantization, no
-separate LM head where the embeddings are tied, the tokenizer, a folder others may read), a first conversion creates
-the cache path whole, a cached conversion is taken without converting again, the cache key moves with the file's
-mtime, '~' is expanded while an error names the path as given, a plain module is no model package, a folder with only
-a sentencepiece model has a tokenizer, the progress bar ends at 4 of 4 stages, an empty model path is named as empty,
-a file gguf cannot read (or one that names no architecture) is named, a plain tokenizer is built without AutoTokenizer
-and equals its, and a CPU start imports no torch._dynamo."""
+"""Edges of the model loader (models/loader.py) that test_loader and the CLI / API checks leave open, with stand-ins for
+transformers (no model): a finished conversion is published whole (config.json without the quantization, no separate
+LM head where the embeddings are tied, the tokenizer, a folder others may read), a first conversion creates the cache
+path whole, a cached conversion is taken without converting again, the cache key follows the file's bytes (read once
+per place and mtime), '~' is expanded while an error names the path as given, a plain module is no model package, a
+folder with only a sentencepiece model has a tokenizer, the progress bar ends at 4 of 4 stages, an empty model path
+is named as empty, a file gguf cannot read (or one that names no architecture) is named, a plain tokenizer is built
+without AutoTokenizer and equals its, and a CPU start imports no torch._dynamo."""
 
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -54,7 +55,8 @@ def converting(tmp_path, monkeypatch):
 
 def test_a_conversion_is_published_whole(converting, tmp_path):
     out = loader.convert_gguf(converting)
-    assert out == loader._cache_dir_for(converting) and list((tmp_path / "cache").iterdir()) == [out]
+    assert out == loader._cache_dir_for(converting)
+    assert set((tmp_path / "cache").iterdir()) == {out, out.parent / "by-file"}  # the model, its file's digest
     assert list(load_file(out / "model.safetensors")) == ["embed.weight"]  # tied: no LM head of its own
     assert json.loads((out / "config.json").read_text()) == {"model_type": "llama"}
     assert (out / "tokenizer.json").is_file() and (out.stat().st_mode & 0o777) == 0o755
@@ -77,11 +79,37 @@ def test_a_cached_conversion_is_taken_without_converting_again(converting, monke
     assert loader.convert_gguf(converting) == out
 
 
-def test_the_cache_key_moves_with_the_files_mtime(tmp_path):
+def test_the_cache_key_follows_the_files_bytes_not_its_place_or_mtime(tmp_path, monkeypatch):
+    """The same model in another venv, or installed again, finds its conversion (each converted again before stop 63:
+    the key held the path and mtime); other bytes, at the same path and size, get a folder of their own."""
+    monkeypatch.setenv(loader.CACHE_ENV, str(tmp_path / "cache"))
     path = write_gguf(tmp_path / "m.gguf", "llama")
     before = loader._cache_dir_for(path)
-    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))
-    assert loader._cache_dir_for(path) != before and loader._cache_dir_for(path).name.startswith("m-")
+    (tmp_path / "venv2").mkdir()
+    copy = shutil.copy2(path, tmp_path / "venv2" / "m.gguf")
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))  # reinstalled
+    assert loader._cache_dir_for(path) == loader._cache_dir_for(Path(copy)) == before
+    assert before.name.startswith("m-") and before.parent == tmp_path / "cache"
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 1  # one bit of the last tensor's bytes
+    path.write_bytes(bytes(data))
+    assert loader._cache_dir_for(path) != before
+
+
+def test_a_files_digest_is_read_once_per_place_and_mtime(tmp_path, monkeypatch):
+    monkeypatch.setenv(loader.CACHE_ENV, str(tmp_path / "cache"))
+    path = write_gguf(tmp_path / "m.gguf", "llama")
+    digests = []
+    monkeypatch.setattr(loader, "_file_digest", lambda p, digest=loader._file_digest: digests.append(p) or digest(p))
+    first = loader._cache_dir_for(path)
+    assert loader._cache_dir_for(path) == first and digests == [path]  # the second start read no bytes
+    (memo,) = (tmp_path / "cache" / "by-file").iterdir()
+    memo.write_text("garbage")  # a damaged memo is read again from the file
+    assert loader._cache_dir_for(path) == first and digests == [path, path]
+    blocked = tmp_path / "a file"
+    blocked.write_text("")
+    monkeypatch.setenv(loader.CACHE_ENV, str(blocked / "cache"))  # a cache folder it cannot make: the key still comes
+    assert loader._cache_dir_for(path) == blocked / "cache" / first.name and len(digests) == 3
 
 
 def test_a_home_relative_path_is_expanded_and_an_error_names_it_as_given(tmp_path, monkeypatch):
