@@ -320,9 +320,8 @@ class EngineConfig:
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
-            raise ValueError(
-                f"dtype must be one of {', '.join(DTYPES)} (or a torch dtype of them, or auto), got {self.dtype!r}"
-            )
+            names = f"{', '.join(DTYPES)} (or their torch dtypes; auto: the device's)"
+            raise ValueError(f"dtype must be one of {names}, got {self.dtype!r}")
         if self.load_format not in LOAD_FORMATS:
             raise ValueError(f"load_format must be one of {', '.join(LOAD_FORMATS)}, got {self.load_format!r}")
         self._check_control()

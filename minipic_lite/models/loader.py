@@ -97,9 +97,8 @@ def gguf_architecture(path: Path) -> str:
 def _cache_dir_for(path: Path) -> Path:
     """The conversion's folder, named by the file's bytes: the same model in another venv, or installed again (a new
     path or mtime), finds its conversion, where each converted again (517 MB and most of a 15-80 s first start, for
-    the default).
-    The digest is kept per (path, size, mtime) under `by-file/`, so only a file's first start reads its bytes (0.17 s
-    for the default's 98 MB on 2 cores)."""
+    the default). The digest is kept per (path, size, mtime) under `by-file/`, so only a file's first start reads its
+    bytes (0.17 s for the default's 98 MB on 2 cores)."""
     stat = path.stat()
     where = hashlib.sha256(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
     memo = cache_root() / "by-file" / where
