@@ -220,8 +220,8 @@ def stream_to_stdout(llm, prompt, params):
     """Print each new piece of text as it comes; returns the final output."""
     printed = ""
     for output in llm.stream(prompt, params):
-        # NOTE: the text so far only grows: the engine holds back what may begin a stop string or an incomplete
-        # character (engine.shown_text)
+        # NOTE: the text so far only grows (the engine holds back what may begin a stop string or an incomplete
+        # character: engine.shown_text); a decode that rewrote earlier text is skipped, not printed wrong
         if output.text.startswith(printed) and len(output.text) > len(printed):
             sys.stdout.write(output.text[len(printed) :])
             sys.stdout.flush()

@@ -72,10 +72,10 @@ def normalize_prompts(prompts) -> list:
     """One prompt or a list of prompts -> a list of prompts."""
     if _is_single(prompts):
         return [prompts]
-    if isinstance(prompts, list | tuple) and prompts and is_token_id(prompts[0]):
-        return [prompts]  # NOTE: no prompt is a bare token id: one prompt's ids, some not integers (the check names it)
     if isinstance(prompts, list | tuple):
-        return list(prompts)
+        # NOTE: no prompt is a bare token id: a list that starts with one is one prompt's ids, some not integers (the
+        # check names the first)
+        return [prompts] if prompts and is_token_id(prompts[0]) else list(prompts)
     raise TypeError(
         f"prompts must be text, token ids, chat messages, a Prompt or a list of these, got {type(prompts).__name__}"
     )
