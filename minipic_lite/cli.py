@@ -109,7 +109,7 @@ def build_parser() -> Parser:
         ("--max-tokens", checked(int, "an integer >= 1", lambda v: v >= 1), 128, "N", "new tokens at most"),
         ("--temperature", temperature, 0.0, "T", "0 = greedy"),
         ("--top-p", checked(float, "a number in (0, 1]", lambda v: 0 < v <= 1), 1.0, "P", "nucleus sampling"),
-        ("--top-k", checked(int, "an integer >= 0", lambda v: v >= 0), 0, "K", "0 = no cut"),
+        ("--top-k", checked(int, "an integer >= -1", lambda v: v >= -1), 0, "K", "0 or -1 = no cut"),
         ("--seed", seed, None, "S", "seed for sampling"),
     ]:
         sampling.add_argument(
@@ -230,13 +230,14 @@ def stream_to_stdout(llm, prompt, params):
     return output
 
 
-def user_error(message: str, code: int, prog: str = PROG) -> int:
+def user_error(message: str, code: int, prog: str) -> int:
     print(f"{prog}: error: {message}", file=sys.stderr)
     return code
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    prog = f"{PROG} {args.command}"  # NOTE: every error names the command, as argparse's usage errors do
     try:
         if args.command == "ui":
             check_model(args.model)
@@ -249,17 +250,17 @@ def main(argv: list[str] | None = None) -> int:
         check_model(args.model)
         return run_generate(args, prompt_text)
     except UsageError as e:
-        return user_error(f"{e} (see {PROG} {args.command} --help)", EXIT_USAGE, f"{PROG} {args.command}")
+        return user_error(f"{e} (see {prog} --help)", EXIT_USAGE, prog)
     except BrokenPipeError:  # `... | head`: the reader left; say nothing more
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_RUN_ERROR
     except ModuleNotFoundError as e:
-        return user_error(f"{e.name!r} is not installed: run ./scripts/setup.sh (see the README)", EXIT_RUN_ERROR)
+        return user_error(f"{e.name!r} is not installed: run ./scripts/setup.sh (see the README)", EXIT_RUN_ERROR, prog)
     except (ValueError, TypeError, OSError) as e:
         # NOTE: the engine names a batch's prompt by index; the CLI sends one.
-        return user_error(str(e).removeprefix("prompt 0: "), EXIT_RUN_ERROR)
+        return user_error(str(e).removeprefix("prompt 0: "), EXIT_RUN_ERROR, prog)
     except KeyboardInterrupt:
-        return user_error("interrupted", EXIT_INTERRUPTED)
+        return user_error("interrupted", EXIT_INTERRUPTED, prog)
 
 
 if __name__ == "__main__":

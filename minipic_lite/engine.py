@@ -144,6 +144,9 @@ class LLMEngine:
         if data is None or np.frombuffer(data, dtype="<u8").max() >= vocab:
             bad = next(t for t in token_ids if not 0 <= t < vocab)
             raise ValueError(f"token id {bad!r} is outside the vocabulary [0, {vocab})")
+        if params.stop_token_ids and max(params.stop_token_ids) >= vocab:  # it could never be sampled
+            bad = next(t for t in params.stop_token_ids if t >= vocab)
+            raise ValueError(f"stop token id {bad} is outside the vocabulary [0, {vocab}): it can never be generated")
         max_len = self.config.scheduler.max_model_len
         if len(token_ids) >= max_len:
             raise ValueError(

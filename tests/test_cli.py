@@ -101,7 +101,7 @@ USAGE_ERRORS = {
     "negative-temperature": (["generate", "hi", "--temperature", "-1"], "--temperature: must be a number >= 0"),
     "nan-temperature": (["generate", "hi", "--temperature", "nan"], "--temperature: must be a number >= 0"),
     "top-p-zero": (["generate", "hi", "--top-p", "0"], "--top-p: must be a number in (0, 1]"),
-    "top-k-negative": (["generate", "hi", "--top-k", "-5"], "--top-k: must be an integer >= 0"),
+    "top-k-negative": (["generate", "hi", "--top-k", "-5"], "--top-k: must be an integer >= -1"),
     "seed-not-int": (["generate", "hi", "--seed", "x"], "--seed: must be an integer"),
     "seed-past-64-bits": (
         ["generate", "hi", "--seed", str(2**64)],

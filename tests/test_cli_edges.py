@@ -29,6 +29,7 @@ def parse(*args: str):
         ("--temperature", "0", 0.0),
         ("--top-p", "1", 1.0),
         ("--top-k", "0", 0),
+        ("--top-k", "-1", -1),  # vLLM's spelling of no cut, as SamplingParams takes it
         ("--max-tokens", "1", 1),
         ("--seed", str(SEED_MIN), SEED_MIN),
         ("--seed", str(SEED_MAX), SEED_MAX),
@@ -99,7 +100,7 @@ def test_ctrl_c_during_a_run_is_one_line_and_exit_130(monkeypatch, capsys):
     monkeypatch.setattr(cli, "check_model", lambda model: None)
     monkeypatch.setattr(cli, "run_generate", interrupted)
     assert cli.main(["generate", "hi"]) == 130
-    assert capsys.readouterr().err == "minipic-lite: error: interrupted\n"
+    assert capsys.readouterr().err == "minipic-lite generate: error: interrupted\n"
 
 
 def fake_ui(monkeypatch, serve, listen=False):
@@ -193,7 +194,7 @@ def test_a_missing_extra_is_one_line_exit_1_naming_the_module(monkeypatch, capsy
     fake_ui(monkeypatch, serve)
     assert cli.main(["ui"]) == 1
     assert capsys.readouterr().err == (
-        "minipic-lite: error: 'gradio' is not installed: run ./scripts/setup.sh (see the README)\n"
+        "minipic-lite ui: error: 'gradio' is not installed: run ./scripts/setup.sh (see the README)\n"
     )
 
 
@@ -212,7 +213,7 @@ def test_generate_hands_device_and_dtype_to_the_llm_and_auto_as_none(monkeypatch
     assert cli.main(["generate", "hi", "--model", "m.gguf", "--device", "cuda:1", "--dtype", "bfloat16"]) == 1
     assert cli.main(["generate", "hi"]) == 1
     assert calls == [("m.gguf", {"device": "cuda:1", "dtype": "bfloat16"}), (None, {"device": None, "dtype": None})]
-    assert capsys.readouterr().err == "minipic-lite: error: stand-in\n" * 2
+    assert capsys.readouterr().err == "minipic-lite generate: error: stand-in\n" * 2
 
 
 class RecordingLLM:

@@ -45,6 +45,21 @@ def test_the_ends_of_the_vocabulary_and_a_prompt_one_short_of_the_context_are_ta
     llm.close()
 
 
+def test_a_stop_token_id_past_the_vocabulary_is_refused_before_its_batch_is_queued(tiny_dir):
+    """A stop id the model can never generate is a mistake (another tokenizer's id): the request that names it is
+    refused with the id (a batch naming it, before any prompt is queued), the last id of the vocabulary is taken."""
+    llm = tiny_llm(tiny_dir)
+    vocab = llm.config.model.vocab_size
+    llm.engine.validate([1, 2], mp.SamplingParams(max_tokens=2, stop_token_ids=[0, vocab - 1]))
+    bad = mp.SamplingParams(max_tokens=2, stop_token_ids=[5, vocab + 7, vocab])
+    with pytest.raises(ValueError, match=rf"^stop token id {vocab + 7} is outside the vocabulary \[0, {vocab}\): "):
+        llm.engine.validate([1, 2], bad)
+    with pytest.raises(ValueError, match=rf"^prompt 1: stop token id {vocab + 7} "):  # before anything is queued
+        llm.generate([[1, 2], [3, 4]], [GREEDY4, bad], use_tqdm=False)
+    assert len(llm.generate([[1, 2]], GREEDY4, use_tqdm=False)[0].token_ids) == 4
+    llm.close()
+
+
 def test_cache_stats_of_one_prompt_run_twice(tiny_dir):
     """The second run hits the two full blocks (the last token's block is computed); 4 steps a run; with no host tier
     nothing moves to or from the host. The step time summed is the time the steps took: more than nothing and no more
