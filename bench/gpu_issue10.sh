@@ -13,7 +13,8 @@
 # next59 (this tree's row twice around its host_ttft, then .base's once), skinny59 (the row with the skinny matmul on,
 # then off, then its GPU test), skinny60 (off and on alternated twice, the GPU test, the engine's decode off and
 # on), skinny61 (skinny60's last three), confirm61 (the row with the default routes in three processes, then the GPU
-# tests), next93s (only 200 ms after), next93b (the GPU tests), rag, ragphase, rag0, offload,
+# tests), decode1 (issue 13's batch-1 decode over 8k-32k keys: op, keys as stored, SDPA), confirm64 (confirm61's
+# three processes, then decode1; the GPU tests need no H200), next93s (only 200 ms after), next93b (the GPU tests), rag, ragphase, rag0, offload,
 # spans (uncached span scaling), host, hostdiag, splits, read, readprof (with ncu), readfloor, engineread, mixed,
 # smallkernels, gemm, skinny, l2, handoff, aftereffect, prefill (engine prefill vs transformers), engine (gpu_engine:
 # decode, prefill, profile), decode (the engine's decode, default schedule), ttftab / decodeab (.base's tree beside this
@@ -150,13 +151,18 @@ if want skinny60 || want skinny61; then  # skinny60's tail, or skinny61 alone in
     fits 140 && engine_decode decode_skinny0 140 new "$OUT/gpu_decode_${GIT_SHA}_skinny0.json" MINIPIC_SKINNY_MATMUL=0
     fits 140 && engine_decode decode_skinny1 140 new "$OUT/gpu_decode_${GIT_SHA}_skinny1.json" MINIPIC_SKINNY_MATMUL=1
 fi
-if want confirm61; then  # stop 61's open question: the cached 8 x 2,048 row with the default routes (the skinny matmul on
+if want confirm61 || want confirm64; then  # stop 61's open question: the cached 8 x 2,048 row with the default routes (the skinny matmul on
     # Hopper since stop 61) in three processes (60x was met once, in one process), then every GPU test
     for run in 1 2 3; do
         limit=$((run == 1 ? 300 : 150))  # NOTE: the first starts cold
         fits $limit && step ttft_default_$run $limit python3 $TTFT_8X2048 --tag=-default-$run --out "$OUT"
     done
-    fits 300 && step gpu_tests 300 $GPU_TESTS
+    want confirm61 && fits 300 && step gpu_tests 300 $GPU_TESTS
+fi
+if want decode1 || want confirm64; then  # issue 13's open goal as the tree stands: batch-1 decode over 8k-32k keys, the op
+    # against keys as stored (no rotation) and SDPA's default backend, each case's defaults only (no sweep)
+    fits 150 && step decode1 150 env READ_SWEEP=0 python3 bench/gpu_read_profile.py --out "$OUT" \
+        --cases b1x8k,b1x16k,b1x32k,b1x8k_cold
 fi
 if want next93s; then  # next93's second half alone (the first prompt 200 ms after its documents): fits ~300 s of device
     step ttft_settle 150 python3 $TTFT_8X2048 --settle-ms 200 --tag=-next93
