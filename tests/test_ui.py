@@ -2,8 +2,10 @@
 after the documents move, stop and early exit abort, the live views, the checkpoint panel (and a hybrid model's
 checkpoints on its requests' token axes), the CLI entry."""
 
+import html
 import re
 import threading
+import time
 import uuid
 
 import numpy as np
@@ -14,6 +16,7 @@ from minipic_lite.checkpoints import expected_cost
 from minipic_lite.spans import SegmentKind
 from tests.hybrid_models import make_hybrid, make_hybrid_with_tokenizer
 from ui import compose, texts
+from ui import handlers as handlers_module
 from ui.cache_view import grid_cells, grid_html, inflight_html
 from ui.checkpoints_panel import (
     PLAN_COLUMNS,
@@ -179,9 +182,23 @@ def test_generate_queues_the_recipes_prompt_of_every_field(handlers):
     assert handlers.monitor.served_prompts()[-1] == list(handlers.composer.prefix(system, docs, "Why?").token_ids)
 
 
-def test_a_control_token_in_a_document_gets_the_composers_message(handlers):
-    *_, (answer, _, _, status) = handlers.generate("block_attention", "", "a <repo_name> b", "Why?", 8, "s-ctl")
-    assert answer == "" and "contains the SSEP control token" in status
+@pytest.mark.parametrize(
+    "system, documents, question, field",
+    [
+        ("", "first\n---\na <repo_name> b", "Why?", "Document 2 of 2 ('a <repo_name> b')"),
+        ("Be <reponame> brief.", "a doc", "Why?", "The system prompt"),
+        ("", "a doc", "Why <repo_name>?", "The question"),
+    ],
+)
+def test_a_span_markers_text_in_a_field_is_refused_naming_the_field(handlers, system, documents, question, field):
+    """Before: the composer's words, numbering pieces from 0 ("piece 1 (doc 0) contains the SSEP control token")."""
+    marker = "<reponame>" if "<reponame>" in system else "<repo_name>"
+    kind = "PDEP" if marker == "<reponame>" else "SSEP"
+    *_, (answer, _, _, status) = handlers.generate("block_attention", system, documents, question, 8, "s-ctl")
+    message = f"{field} holds '{marker}', the text of this model's {kind} span marker, which the app places itself: "
+    # NOTE: escaped: the status is Markdown, where `<repo_name>` would be read as an HTML tag and vanish
+    assert answer == "" and status == "⚠️ " + html.escape(message + "remove it.", quote=False)
+    assert "&lt;repo_name&gt;" in status or "&lt;reponame&gt;" in status
     assert handlers.monitor.in_flight() == []
 
 
@@ -285,6 +302,52 @@ def test_leaving_the_stream_early_aborts_the_request(handlers, llm):
     assert llm.stats()["num_running"] == 0
 
 
+class LongFirstStep:
+    """An LLM whose engine loop is held `seconds` (as by a long CPU prefill step) before a request's first output:
+    the loop thread itself sleeps, so `stats()` and `abort()` wait as they would for a real step."""
+
+    def __init__(self, llm, seconds: float):
+        self._llm, self.seconds = llm, seconds
+
+    def __getattr__(self, name):
+        return getattr(self._llm, name)
+
+    def submit(self, requests, sink):
+        first = [True]
+
+        def late_first(output):
+            if first[0]:
+                first[0] = False
+                time.sleep(self.seconds)  # NOTE: on the engine loop's thread: nothing else runs meanwhile
+            sink(output)
+
+        self._llm.submit(requests, late_first)
+
+
+def test_a_long_step_neither_freezes_the_views_nor_leaves_the_request_silent(llm, monkeypatch):
+    """While the engine's step runs, the requester's status line counts the seconds (a frame each heartbeat), and a
+    tick answers at once: the pool from the last stats (none yet: a line saying so), the request listed as waiting
+    with its prompt's size. Before: the tick waited for the step, and nothing moved on the page until the first
+    token."""
+    monkeypatch.setattr(handlers_module, "HEARTBEAT_SECONDS", 0.1)
+    h = Handlers(LongFirstStep(llm, seconds=1.5))
+    outputs = h.generate("prefix", "", "", "Name a color.", 2, "s-long-step")
+    request_id = next(outputs)[3].split(":")[0]  # the pending frame
+    waiting = next(outputs)  # no output within a heartbeat: the seconds so far
+    assert waiting[:2] == ("", "") and re.fullmatch(
+        rf"{request_id}: queued or prefilling its \d+ prompt tokens, 0 s so far…", waiting[3]
+    )
+    start = time.perf_counter()
+    pool, *_, inflight, _ = h.tick()
+    assert time.perf_counter() - start < 1.0  # the step still runs: the tick did not wait for it
+    assert pool == handlers_module.WAITING_FOR_STATS and f"request {request_id}: queued or prefilling" in inflight
+    frames = list(outputs)
+    seconds = [int(m.group(1)) for f in frames if (m := re.search(r"its \d+ prompt tokens, (\d+) s so far", f[3]))]
+    assert len(seconds) >= 5 and seconds == sorted(seconds) and seconds[-1] >= 1  # counted up through the step
+    assert frames[-1][3] == f"{request_id}: done: it reached the new-token limit (length)"
+    assert "blocks used / free / total" in h.tick()[0]  # the step over: the counters are back
+
+
 def test_two_sessions_at_once_each_get_their_own_answer(handlers, llm):
     import minipic_lite as mp
 
@@ -319,7 +382,9 @@ def test_tick_shows_the_pool_the_hit_rate_and_the_timeline(handlers):
     assert totals["span prefill"] > 0 and totals["final prefill"] > 0 and totals["decode"] > 0
 
 
-def test_tick_draws_each_request_in_flight_once_it_has_an_output(handlers, llm):
+def test_tick_draws_each_request_in_flight_and_its_blocks_once_it_has_an_output(handlers, llm):
+    """A request with no output yet (queued, or in a long prefill) is listed with its prompt's size and the seconds
+    it has waited; one with an output, with its tokens so far and its blocks."""
     import minipic_lite as mp
 
     out = llm.generate("Count to three.", mp.SamplingParams(max_tokens=3, ignore_eos=True), use_tqdm=False)[0]
@@ -332,8 +397,10 @@ def test_tick_draws_each_request_in_flight_once_it_has_an_output(handlers, llm):
     finally:
         monitor.finish("ui-queued")
         monitor.finish("ui-running")
-    assert "request ui-running: 3 tokens so far" in inflight and "ui-queued" not in inflight
-    assert inflight.count("data-block=") == len(out.cache_report)
+    n = len(out.prompt_token_ids)
+    assert "request ui-running: 3 tokens so far" in inflight
+    assert f"request ui-queued: queued or prefilling its {n} prompt tokens, 0 s so far" in inflight
+    assert inflight.count("data-block=") == len(out.cache_report)  # the queued one has no blocks to draw yet
 
 
 def test_each_hit_rate_has_a_plot_of_its_own(llm):
@@ -375,7 +442,7 @@ def test_inflight_view_shows_blocks_never_text(handlers, llm):
     docs = unique_documents(1)
     prompt = handlers.composer.block_attention(None, docs, "Why?")
     out = llm.generate(prompt, mp.SamplingParams(max_tokens=1), use_tqdm=False)[0]
-    html = inflight_html([("ui-7", grid_cells(out.cache_report, out.prompt_token_ids, llm.config.control), 1)])
+    html = inflight_html([("ui-7", grid_cells(out.cache_report, out.prompt_token_ids, llm.config.control), "1 token")])
     assert "ui-7" in html and "data-status=" in html
     assert docs[0][:20] not in html and "Why?" not in html
 
@@ -457,7 +524,7 @@ def test_a_plan_the_planner_refuses_clears_the_earlier_plan_and_is_logged(handle
     assert len(handlers.plan("system_prompts", 4)[2]) == 5  # an earlier plan on screen
     with caplog.at_level("ERROR", logger="ui.handlers"):
         histogram, positions, table, caption = handlers.plan("system_prompts", 4, bin_size)
-    assert caption.startswith(f"⚠️ The planner refused this input: {message}")
+    assert caption.startswith(f"⚠️ The planner refused this input: {html.escape(message, quote=False)}")
     assert (histogram, positions, len(table)) == (None, None, 0)
     (record,) = caplog.records  # not swallowed: the server log has it, with its traceback
     assert record.exc_info is not None and record.getMessage().startswith("plan('system_prompts', 4, ")
@@ -677,11 +744,15 @@ def test_serve_listens_where_asked_and_never_shares(monkeypatch):
         def block_thread(self):
             pass
 
-    monkeypatch.setattr(mp, "LLM", lambda *args, **kwargs: None)
+    engines = []
+    monkeypatch.setattr(mp, "LLM", lambda *args, **kwargs: engines.append(kwargs))
     monkeypatch.setattr(ui, "build_demo", lambda llm: Demo())
     assert entry.serve("127.0.0.2", 7999) == 0
     (kwargs,) = launches
     assert (kwargs["server_name"], kwargs["server_port"], kwargs["share"]) == ("127.0.0.2", 7999, False)
+    # short engine steps: one user's long prefill holds the others' tokens (and a Stop) one short step at most
+    (engine_kwargs,) = engines
+    assert engine_kwargs["max_num_batched_tokens"] == entry.APP_STEP_TOKENS == 512
 
 
 @pytest.mark.parametrize("argv, expected", [([], None), (["--dtype", "bfloat16"], "bfloat16")])

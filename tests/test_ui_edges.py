@@ -3,6 +3,8 @@ grid cell's marker, padding and sharing; text that reaches HTML escaped; the sum
 the bounds at their limits; the monitor's ids and guards; the openings of the bundled texts."""
 
 import re
+import threading
+import time
 
 import numpy as np
 import pandas as pd
@@ -100,10 +102,10 @@ def test_user_text_reaches_the_html_escaped():
 
     evil = "<b>x</b> 'q'"
     cells = grid_cells([block(0, 0, 4, "computed", 1, SegmentKind.SSEP, 0, evil, None)], TOKEN_IDS, CONTROL)
-    drawn = grid_html(cells, evil) + grid_html([], evil) + inflight_html([(evil, cells, 1)])
+    drawn = grid_html(cells, evil) + grid_html([], evil) + inflight_html([(evil, cells, evil)])
     drawn += axis_html([(evil, TokenAxis(8, 0, (4,), (4,)))]) + axis_html([], evil)
     assert "<b>" not in drawn and "'q'" not in drawn
-    assert drawn.count("&lt;b&gt;x&lt;/b&gt; &#x27;q&#x27;") == 12  # every place the text is shown or stored
+    assert drawn.count("&lt;b&gt;x&lt;/b&gt; &#x27;q&#x27;") == 13  # every place the text is shown or stored
 
 
 def test_summary_counts_tokens_and_blocks():
@@ -197,6 +199,27 @@ def test_in_flight_lists_requests_oldest_first_with_their_session():
     m.update("r1", "out")
     assert m.in_flight() == [("r0", None), ("r1", "out"), ("r2", None)]
     assert m.requests_of("s1") == ["r0", "r2"] and m.requests_of("s3") == []
+
+
+def test_stats_are_fetched_one_at_a_time_and_the_last_stand_in_while_one_runs():
+    """`latest_stats` never waits longer than asked: while a fetch is held (the engine's step), the last stats stand
+    in (None before any) and no second fetch piles up behind it; once it returns, its value is the new last."""
+    m, release, calls = Monitor(), threading.Event(), []
+
+    def fetch():
+        calls.append(1)
+        release.wait(10)
+        return {"n": len(calls)}
+
+    assert [m.latest_stats(fetch, wait=0.05) for _ in range(3)] == [None, None, None] and len(calls) == 1
+    release.set()
+    time.sleep(0.2)  # the first fetch returns, with no tick waiting for it
+    release.clear()
+    assert m.latest_stats(fetch, wait=0.05) == {"n": 1} and len(calls) == 2  # its value kept; a second fetch held
+    assert m.latest_stats(fetch, wait=0.05) == {"n": 1} and len(calls) == 2  # nothing piles up behind it
+    release.set()
+    time.sleep(0.2)  # the step over
+    assert m.latest_stats(fetch, wait=5) == {"n": 3} and len(calls) == 3  # a fresh fetch, not the one done before
 
 
 def test_hit_rates_are_timed_from_the_monitors_start():

@@ -56,9 +56,15 @@ def build_demo(llm) -> gr.Blocks:
                 recipe = gr.Radio(recipes, value=default_recipe, label="Recipe", elem_id="recipe")
                 system_pick = gr.Dropdown(list(systems), value="default", label="System prompt (bundled)")
                 system = gr.Textbox(systems["default"], label="System prompt", lines=2, elem_id="system")
-                doc_pick = gr.Dropdown(list(documents), multiselect=True, label="Bundled documents (essays)")
+                default_docs = list(documents)[:NUM_DEFAULT_DOCUMENTS]
+                doc_pick = gr.Dropdown(
+                    list(documents),
+                    value=default_docs,
+                    multiselect=True,
+                    label="Bundled documents (essays; a pick replaces the Documents box)",
+                )
                 docs = gr.Textbox(
-                    compose.join_documents(list(documents.values())[:NUM_DEFAULT_DOCUMENTS]),
+                    compose.join_documents([documents[n] for n in default_docs]),
                     label=f"Documents, separated by a line '{compose.SEPARATOR}' "
                     f"(prompt_cache: a section starting '{compose.PARAM_PREFIX}' is a parameter)",
                     lines=10,
@@ -79,7 +85,8 @@ def build_demo(llm) -> gr.Blocks:
                 status = gr.Markdown("", elem_id="status")
                 answer = gr.Textbox(label="Answer", lines=6, interactive=False, elem_id="answer")
                 summary = gr.Markdown("", elem_id="summary")
-                grid = gr.HTML(grid_html([]), label="Your last request's blocks", elem_id="grid")
+                gr.Markdown("#### Your last request's blocks")  # NOTE: gradio 6 draws no label over gr.HTML
+                grid = gr.HTML(grid_html([]), elem_id="grid")
         with gr.Tab("Cache view"):
             with gr.Row():
                 pool = gr.Markdown("", elem_id="pool")
@@ -88,7 +95,12 @@ def build_demo(llm) -> gr.Blocks:
                         gr.LinePlot(x="seconds", y="hit rate", y_lim=[0, 1], label=title, elem_id=key.replace("_", "-"))
                         for key, title in HIT_RATES.items()
                     ]
-            inflight = gr.HTML("", label="Requests in flight", elem_id="inflight")
+            gr.Markdown(
+                "*Block lookups that hit*: every lookup of a full prompt block, a preempted request's again included; "
+                "*prompt blocks / tokens hit*: of the prompts served, what came from the cache.\n\n"
+                "#### Requests in flight"
+            )
+            inflight = gr.HTML("", elem_id="inflight")
         with gr.Tab("Scheduler timeline"):
             gr.Markdown(
                 "Tokens per engine step: **span prefill** (SSEP documents), **final prefill** (the rest of the "
@@ -118,19 +130,21 @@ def build_demo(llm) -> gr.Blocks:
 
         # -- wiring --
         system_pick.change(lambda name: systems.get(name, ""), system_pick, system)
-        doc_pick.change(
-            lambda names: compose.join_documents([documents[n] for n in names]) if names else gr.skip(), doc_pick, docs
-        )
+        doc_pick.change(lambda names: compose.join_documents([documents[n] for n in names or []]), doc_pick, docs)
         reverse_btn.click(compose.reverse_documents, docs, docs)
         rotate_btn.click(compose.rotate_documents, docs, docs)
 
         def on_generate(recipe, system, docs, question, max_tokens, request: gr.Request):
-            yield from h.generate(recipe, system, docs, question, max_tokens, session=request.session_hash)
+            # NOTE: the browser clamps the slider's number box to its range (0 arrives as 1, 1000 as 256): the first
+            # frame writes the value used back into the box, which still shows what was typed
+            frames = h.generate(recipe, system, docs, question, max_tokens, session=request.session_hash)
+            for i, frame in enumerate(frames):
+                yield *frame, max_tokens if i == 0 else gr.skip()
 
         generate_btn.click(
             on_generate,
             [recipe, system, docs, question, max_tokens],
-            [answer, summary, grid, status],
+            [answer, summary, grid, status, max_tokens],
             concurrency_limit=MAX_CONCURRENT_REQUESTS,
             show_progress="minimal",
         )
@@ -141,7 +155,7 @@ def build_demo(llm) -> gr.Blocks:
         def on_close(request: gr.Request):  # the tab was closed: abort its requests
             h.close_session(request.session_hash)
 
-        stop_btn.click(on_stop, None, status, concurrency_limit=None)
+        stop_btn.click(on_stop, None, status, concurrency_limit=None, show_progress="hidden")
         demo.unload(on_close)
 
         timer = gr.Timer(TICK_SECONDS)

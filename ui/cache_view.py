@@ -3,8 +3,9 @@
     | system | S doc 0 ........ | S doc 1 ... | P question |      one cell per KV block, grouped by segment
       c  c     h  h  h  h▒        h  h▒         c  c            h = hit, c = computed, ▒ = padding in the block
 
-A cell is a hit (taken from the cache) or computed, shared when another request holds the same physical
-block, a marker block when it starts with SSEP (S) or PDEP (P). Its text is the short hash; hovering shows the
+A cell is a hit (taken from the cache) or computed, shared when its physical block is held more than once (by
+another request, or by a repeat of the same document in this prompt), a marker block when it starts with SSEP (S)
+or PDEP (P). Its text is the short hash; hovering shows the
 report's full block hash, its tokens and its reference count. Pure functions: notebooks draw the same grid.
 """
 
@@ -21,11 +22,11 @@ STYLE = """<style>
 .mp-seg-label{font-size:11px;color:#555;margin-bottom:2px;white-space:nowrap}
 .mp-cells{display:flex;flex-wrap:wrap;gap:2px;max-width:560px}
 .mp-cell{width:52px;height:30px;border-radius:3px;display:flex;flex-direction:column;justify-content:center;
-  align-items:center;color:#111;border:2px solid transparent;position:relative}
+  align-items:center;color:#111 !important;border:2px solid transparent;line-height:11px}
 .mp-cell.hit{background:#7ddc8b}.mp-cell.computed{background:#f3c97a}
 .mp-cell.shared{border-color:#1f5fbf}
 .mp-cell.padded{background-image:repeating-linear-gradient(135deg,transparent 0 5px,rgba(0,0,0,.18) 5px 7px)}
-.mp-marker{position:absolute;top:0;left:2px;font-weight:bold;font-size:9px}
+.mp-marker{font-weight:bold;font-size:9px;line-height:9px;color:#111 !important}
 .mp-legend span{display:inline-block;padding:1px 6px;margin-right:6px;border-radius:3px;font-size:11px}
 </style>"""
 LEGEND = (
@@ -43,7 +44,7 @@ class Cell:
     start: int  # tokens [start, end)
     end: int
     status: str  # "hit" or "computed"
-    ref_cnt: int  # > 1: another request holds the same physical block
+    ref_cnt: int  # > 1: the physical block is held more than once (another request, or a repeat in this prompt)
     kind: str  # "leading", "ssep", "pdep"
     span_id: int
     label: str
@@ -126,8 +127,12 @@ def summary_markdown(output) -> str:
         f"**TTFT** {'-' if ttft is None else f'{ttft * 1e3:,.0f} ms'} · **prompt tokens** {num_prompt:,}: "
         f"{output.num_cached_tokens:,} cached, {num_prompt - output.num_cached_tokens:,} computed · "
         f"**blocks** {num_hits} hit, {len(report) - num_hits} computed, {sum(b.is_shared for b in report)} shared · "
-        f"**generated** {len(output.token_ids)} tokens ({output.finish_reason or 'running'})"
+        f"**generated** {plural(len(output.token_ids), 'token')} ({output.finish_reason or 'running'})"
     )
+
+
+def plural(n: int, noun: str) -> str:
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
 
 
 def pool_markdown(stats: dict) -> str:
@@ -153,15 +158,16 @@ def pool_markdown(stats: dict) -> str:
     return "| pool | |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in rows)
 
 
-def inflight_html(entries: list[tuple[str, list[Cell], int]]) -> str:
-    """Every request in flight: its id, tokens generated so far, and its blocks (no text: never another user's)."""
+def inflight_html(entries: list[tuple[str, list[Cell], str]]) -> str:
+    """Every request in flight: its id, where it stands (e.g. "12 tokens so far"), and its blocks once its first
+    output has them (no text: never another user's)."""
     if not entries:
         return STYLE + "<div class='mp-empty'>No request in flight.</div>"
     rows = [
         f"<div class='mp-inflight' data-request='{html.escape(rid)}'><div class='mp-seg-label'>request "
-        f"{html.escape(rid)}: {num_generated} tokens so far</div><div class='mp-grid'>"
+        f"{html.escape(rid)}: {html.escape(where)}</div><div class='mp-grid'>"
         + "".join(_cell_html(c) for c in cells)
         + "</div></div>"
-        for rid, cells, num_generated in entries
+        for rid, cells, where in entries
     ]
     return STYLE + "".join(rows)

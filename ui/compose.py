@@ -26,7 +26,7 @@ MAX_QUESTION_CHARS = 1_000
 MAX_NEW_TOKENS = 256
 HYBRID_RECIPES = ("prefix",)  # the engine refuses span markers on a hybrid model
 OPENING_CHARS = 30  # of a document named in a message
-MAX_PROMPT_TOKENS = 4_096  # a CPU prefills ~4k tokens of SmolLM2 in seconds; more would stall everyone's steps
+MAX_PROMPT_TOKENS = 4_096  # a 2-core CPU prefills 3,800 tokens of SmolLM2 in ~27 s (ui/__main__.py): keep it there
 
 _SEPARATOR_LINE = re.compile(rf"^\s*{SEPARATOR}\s*$", re.MULTILINE)
 
@@ -85,6 +85,24 @@ def opening(text: str, num_chars: int = OPENING_CHARS) -> str:
     return repr(text if len(text) <= num_chars else text[:num_chars].rstrip() + "…")
 
 
+def check_marker_texts(composer: PromptComposer, system: str, documents: list[str], question: str) -> None:
+    """A span marker's text in a field (SmolLM2's `<repo_name>`, `<reponame>`) tokenizes as the marker itself, which
+    the composer refuses in a piece ("piece 1 (doc 0) contains the SSEP control token"): said here in the form's
+    words, naming the field."""
+    tokenizer, control = composer.tokenizer, composer.control
+    kinds = (("SSEP", control.ssep_id), ("PDEP", control.pdep_id))
+    markers = {tokenizer.convert_ids_to_tokens(i): kind for kind, i in kinds if i is not None}
+    fields = [("The system prompt", system)]
+    fields += [(f"Document {i + 1} of {len(documents)} ({opening(d)})", d) for i, d in enumerate(documents)]
+    for name, text in [*fields, ("The question", question)]:
+        for marker, kind in markers.items():
+            if marker in text:
+                raise InputError(
+                    f"{name} holds {marker!r}, the text of this model's {kind} span marker, which the app places "
+                    "itself: remove it."
+                )
+
+
 def check_recipe_for_model(recipe: str, is_hybrid: bool) -> None:
     """A hybrid's recurrent layers see every token: only `prefix` (no span markers) runs on it."""
     if is_hybrid and recipe in RECIPES and recipe not in HYBRID_RECIPES:
@@ -112,6 +130,7 @@ def build_prompt(
 ) -> Prompt:
     """The recipe's prompt, checked against the bounds (and the model's context, with room for the answer)."""
     check_inputs(recipe, system, documents, question, max_tokens)
+    check_marker_texts(composer, system, documents, question)
     items = schema(documents) if recipe == "prompt_cache" else documents
     prompt = composer.recipe(recipe, system.strip() or None, items, question.strip())
     limit = min(MAX_PROMPT_TOKENS, max_model_len - int(max_tokens))

@@ -4,12 +4,16 @@ named by gradio's session hash and sees its own answers only."""
 
 from __future__ import annotations
 
+import html
 import logging
+import queue
+import time
 from collections.abc import Iterator
 from functools import lru_cache
 
 import minipic_lite as mp
 from minipic_lite.checkpoints import DEFAULT_BIN_SIZE
+from minipic_lite.llm import is_last
 from ui.cache_view import grid_cells, grid_html, inflight_html, pool_markdown, summary_markdown
 from ui.checkpoints_panel import (
     MAX_BUDGET,
@@ -42,9 +46,12 @@ FINISH_WORDS = {
 }
 # NOTE: a refusal clears the grid and the token axis: the last request's under the message would read as the refused
 # input's. So does a new request until its reports arrive: the last one's would read as the new one's.
+WAITING_FOR_STATS = "*The engine's first step is still running: its counters come when it ends.*"
 REFUSED_GRID_CAPTION = "No blocks: the input was refused, nothing ran."
 REFUSED_AXIS_CAPTION = "No token axis: the input was refused, nothing ran."
 NO_AXIS_CAPTION = "Generate (with the prefix recipe) to see your request here."
+HEARTBEAT_SECONDS = 1.0  # until its first token, a request's status line counts the seconds (a CPU prefill is long)
+STATS_WAIT_SECONDS = 0.2  # a tick waits this long for the engine's stats, then shows the last ones (its step runs on)
 
 
 class Handlers:
@@ -77,23 +84,38 @@ class Handlers:
                 self.llm.config.scheduler.max_model_len,
             )
             params = mp.SamplingParams(max_tokens=int(max_tokens), temperature=0.0)
-            # NOTE: validated here; the request is queued on the stream's first next(), below
-            stream = self.llm.stream(prompt, params, request_id=request_id)
+            # NOTE: validated here, queued below: the stream's outputs come through `outputs`, read with a timeout so
+            # that the status line counts the seconds of a long prefill (LLM.stream would block until its first token)
+            (req,) = self.llm.make_requests([prompt], [params], stream=True, request_id=request_id)
         except ValueError as e:  # InputError is one: outside the bounds; others: the engine's own checks
             self.last_axis[session] = REFUSED_AXIS_CAPTION
-            yield "", "", grid_html([], REFUSED_GRID_CAPTION), f"⚠️ {e}"
+            yield "", "", grid_html([], REFUSED_GRID_CAPTION), warning(e)
             return
         self.monitor.start(request_id, session, prompt.token_ids)
         self.last_axis[session] = f"Waiting for request {request_id}'s state report…"
         grid, has_report = grid_html([], f"Waiting for request {request_id}'s cache report…"), False
+        outputs: queue.SimpleQueue = queue.SimpleQueue()
+        submitted = finished = False
         try:
-            # NOTE: before the first next() of the stream, which waits for the prefill: until this frame the page
-            # still shows the previous request's answer and grid
+            # NOTE: before the request is queued: until this frame the page still shows the previous answer and grid
             yield "", "", grid, status_line(request_id, None)
-            if request_id in self.stopped:  # NOTE: Stop came before the stream queued it: the engine never knew it
+            if request_id in self.stopped:  # NOTE: Stop came before it was queued: the engine never knew it
                 yield "", "", grid, status_line(request_id, "abort")
                 return
-            for out in stream:
+            self.llm.submit([req], outputs.put)
+            submitted, start, out = True, time.perf_counter(), None
+            while not finished:
+                try:
+                    item = outputs.get(timeout=HEARTBEAT_SECONDS)
+                except queue.Empty:
+                    if out is None:  # queued or prefilling: say how long it has taken so far
+                        waited = time.perf_counter() - start
+                        yield "", "", grid, waiting_line(request_id, len(prompt), waited)
+                    continue
+                finished = is_last(item)
+                if isinstance(item, BaseException):  # the engine refused it or a step failed: gradio shows it
+                    raise item
+                out = item
                 self.monitor.update(request_id, out)
                 if out.cache_report and not has_report:  # NOTE: the report is fixed at admission: draw it once
                     has_report = True
@@ -102,7 +124,8 @@ class Handlers:
                     self.last_axis[session] = (request_id, token_axis(out.state_report, len(out.prompt_token_ids)))
                 yield out.text, summary_markdown(out), grid, status_line(request_id, out.finish_reason)
         finally:
-            stream.close()  # NOTE: a generator left early (tab closed, event cancelled) aborts its request here
+            if submitted and not finished:  # NOTE: left early (tab closed, event cancelled): free its blocks
+                self.llm.abort(request_id)
             self.monitor.finish(request_id)
             self.stopped.discard(request_id)
 
@@ -134,16 +157,25 @@ class Handlers:
     def tick(self) -> tuple:
         """(pool table, one hit rate over time per monitor.HIT_RATES, requests in flight, scheduler timeline),
         sampled now."""
-        stats = self.llm.stats()
-        self.monitor.record_stats(stats)
+        stats = self.stats()
+        if stats is not None:
+            self.monitor.record_stats(stats)
         control = self.llm.config.control
-        entries = [
-            (rid, grid_cells(out.cache_report, out.prompt_token_ids, control), len(out.token_ids))
-            for rid, out in self.monitor.in_flight()
-            if out is not None
-        ]
+        waiting = self.monitor.awaiting_first_output()
+        entries = []
+        for rid, out in self.monitor.in_flight():
+            if out is not None:
+                cells = grid_cells(out.cache_report, out.prompt_token_ids, control)
+                entries.append((rid, cells, f"{len(out.token_ids)} tokens so far"))
+            elif rid in waiting:  # NOTE: not there: it started between the two reads (listed at the next tick)
+                entries.append((rid, [], waiting_words(*waiting[rid])))
         records = self.llm.engine.step_log.records()
-        return pool_markdown(stats), *self.monitor.hit_rate_frames(), inflight_html(entries), timeline_frame(records)
+        pool = WAITING_FOR_STATS if stats is None else pool_markdown(stats)
+        return pool, *self.monitor.hit_rate_frames(), inflight_html(entries), timeline_frame(records)
+
+    def stats(self) -> dict | None:
+        """The engine's counters as of its last step boundary, without waiting out a long step (None at first)."""
+        return self.monitor.latest_stats(self.llm.stats, STATS_WAIT_SECONDS)
 
     def state_tick(self, session: str = "local") -> tuple[str, str, str]:
         """Hybrids: (the checkpoint store's table, the session's last request on its token axis, every request in
@@ -154,8 +186,9 @@ class Handlers:
             for rid, out in self.monitor.in_flight()
             if out is not None and out.state_report is not None
         ]
+        stats = self.stats()
         return (
-            state_markdown(self.llm.stats()),
+            WAITING_FOR_STATS if stats is None else state_markdown(stats),
             axis_html([], last) if isinstance(last, str) else axis_html([last]),
             axis_html(in_flight, "No request in flight."),
         )
@@ -168,13 +201,13 @@ class Handlers:
         try:
             return self.plan_checkpoints(source, budget, bin_size)
         except InputError as e:
-            return *no_plan(), f"⚠️ {e}"
+            return *no_plan(), warning(e)
         except (ValueError, TypeError) as e:
             # NOTE: the planner's own checks on input the form let through (a bin size of 0, a cleared dropdown's
             # None); logged with the traceback, so a bug that raises one is not hidden. Any other type is a bug: it
             # propagates (gradio's error toast over the old plan, and the server log)
             logger.exception("plan(%r, %r, %r) failed", source, budget, bin_size)
-            return *no_plan(), f"⚠️ The planner refused this input: {e}"
+            return *no_plan(), warning(f"The planner refused this input: {e}")
 
     def plan_checkpoints(self, source: str, budget, bin_size=DEFAULT_BIN_SIZE):
         """(overlap histogram, positions per policy, table, caption) for the chosen request stream."""
@@ -207,6 +240,21 @@ def bench_stream(name: str) -> list[list[int]]:
     if name not in STREAMS:
         raise InputError(f"Unknown stream {name!r}: choose one of {APP_STREAM!r}, {', '.join(STREAMS)}.")
     return tokenize(STREAMS[name](StreamSpec(num_requests=BENCH_STREAM_REQUESTS, num_prefixes=8)), load_tokenizer())
+
+
+def warning(message) -> str:
+    """A message for a Markdown line, shown as written: the user's text in it (a document's opening, a marker's
+    `<repo_name>`) would otherwise be read as HTML and vanish from the page."""
+    return f"⚠️ {html.escape(str(message), quote=False)}"
+
+
+def waiting_line(request_id: str, num_prompt_tokens: int, seconds: float) -> str:
+    """The status line of a request with no token yet."""
+    return f"{request_id}: {waiting_words(num_prompt_tokens, seconds)}"
+
+
+def waiting_words(num_prompt_tokens: int, seconds: float) -> str:
+    return f"queued or prefilling its {num_prompt_tokens:,} prompt tokens, {seconds:.0f} s so far…"
 
 
 def status_line(request_id: str, finish_reason: str | None) -> str:

@@ -8,6 +8,8 @@ import secrets
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from itertools import count
 
@@ -26,7 +28,9 @@ HIT_RATES = {
 @dataclass
 class InFlight:
     session: str
+    num_prompt_tokens: int
     output: object = None  # the latest RequestOutput
+    start: float = field(default_factory=time.perf_counter)
 
 
 @dataclass
@@ -39,6 +43,8 @@ class Monitor:
     _ids: count = field(default_factory=count)
     # NOTE: two apps over one LLM must not reuse an id in flight: each monitor tags its ids
     _tag: str = field(default_factory=lambda: secrets.token_hex(2))
+    _stats: dict | None = None  # the last `LLM.stats()` a fetch returned
+    _fetch: Future | None = None  # the fetch under way, or the last one
 
     def new_request_id(self) -> str:
         """A request id with no session in it: ids are shown to everyone."""
@@ -48,7 +54,7 @@ class Monitor:
     def start(self, request_id: str, session: str, token_ids) -> None:
         """Register a request as in flight for `session`, and its prompt as served."""
         with self._lock:
-            self.requests[request_id] = InFlight(session)
+            self.requests[request_id] = InFlight(session, len(token_ids))
             self.served.append(list(token_ids))
 
     def update(self, request_id: str, output) -> None:
@@ -69,6 +75,33 @@ class Monitor:
         with self._lock:
             return [(rid, r.output) for rid, r in self.requests.items()]
 
+    def awaiting_first_output(self) -> dict[str, tuple[int, float]]:
+        """Request id -> (prompt tokens, seconds since it started) of the requests in flight with no output yet:
+        queued, or prefilling (outputs begin with the first token)."""
+        now = time.perf_counter()
+        with self._lock:
+            return {rid: (r.num_prompt_tokens, now - r.start) for rid, r in self.requests.items() if r.output is None}
+
+    def latest_stats(self, fetch: Callable[[], dict], wait: float) -> dict | None:
+        """`fetch()` (`LLM.stats`, which waits for the engine's step to end) without waiting longer than `wait`
+        seconds: it runs on a thread of its own, one fetch at a time; what it returned last stands in until the
+        next returns (None before the first). A long prefill step (seconds on a CPU) no longer freezes every view."""
+        with self._lock:
+            if self._fetch is not None and self._fetch.done():  # one a tick gave up on: its value is the last
+                self._stats, self._fetch = self._fetch.result(), None
+            if self._fetch is None:
+                self._fetch = Future()
+                threading.Thread(target=_fill, args=(self._fetch, fetch), daemon=True).start()
+            pending = self._fetch
+        try:
+            stats = pending.result(timeout=wait)
+        except TimeoutError:
+            with self._lock:
+                return self._stats
+        with self._lock:
+            self._stats = stats
+        return stats
+
     def served_prompts(self) -> list[list[int]]:
         with self._lock:
             return list(self.served)
@@ -85,3 +118,10 @@ class Monitor:
             pd.DataFrame([(round(t, 1), s[key]) for t, s in samples], columns=["seconds", "hit rate"])
             for key in HIT_RATES
         ]
+
+
+def _fill(future: Future, fn: Callable[[], object]) -> None:
+    try:
+        future.set_result(fn())
+    except Exception as e:  # noqa: BLE001 -- handed to whoever reads the future
+        future.set_exception(e)
