@@ -164,8 +164,11 @@ class ModelConfig:
         if isinstance(cfg.get("text_config"), dict):  # the released Qwen3.5 layout: the text part of it
             cfg = {"eos_token_id": cfg.get("eos_token_id"), **cfg["text_config"]}
         rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
-        if rope.get("rope_type", "default") not in ("default", None):
-            raise ValueError(f"unsupported rope_type {rope.get('rope_type')!r}: only plain RoPE is implemented")
+        # NOTE: older configs spell the key "type" (Llama 2's linear and dynamic scaling, Qwen2.5's long-context
+        # yarn); transformers reads rope_type first, then type, and so must we.
+        kind = rope.get("rope_type", rope.get("type", "default"))
+        if kind not in ("default", None):
+            raise ValueError(f"unsupported rope_type {kind!r}: only plain RoPE is implemented")
         eos = cfg.get("eos_token_id")
         eos = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
         hidden, heads = cfg["hidden_size"], cfg["num_attention_heads"]

@@ -1,11 +1,11 @@
 """Edges of the config (config.py) that test_config leaves open, no model: what a Llama config.json that leaves a
 field out means (transformers' LlamaConfig defaults are the oracle: one kv head per head, rms_norm_eps 1e-6,
-untied embeddings), the rope fields of `rope_parameters`, a list of eos ids, a top-level eos beside a `text_config`,
-a sliding window wider than the context, Qwen3.5's default conv kernel, layer_types that name too few layers, a
-config.json that is not an object or names no model_type, the inclusive ends of each option's range and the first
-values past them, the defaults the README documents, what the hash namespace and a cuda:N device mean, control
-tokens of the wrong type or outside the vocabulary, the smallest block size and cache, and memory sizes below 1 GiB
-or below 0."""
+untied embeddings), the rope fields of `rope_parameters`, a scaled RoPE under the legacy `type` key, a list of eos
+ids, a top-level eos beside a `text_config`, a sliding window wider than the context, Qwen3.5's default conv kernel,
+layer_types that name too few layers, a config.json that is not an object or names no model_type, the inclusive ends
+of each option's range and the first values past them, the defaults the README documents, what the hash namespace
+and a cuda:N device mean, control tokens of the wrong type or outside the vocabulary, the smallest block size and
+cache, and memory sizes below 1 GiB or below 0."""
 
 import json
 from pathlib import Path
@@ -50,6 +50,23 @@ def test_rope_parameters_eos_lists_and_a_text_configs_top_level_eos_are_read():
     assert (cfg.rope_theta, cfg.eos_token_ids) == (500000.0, (2, 7))
     nested = ModelConfig._from_json({"model_type": "llama", "eos_token_id": 5, "text_config": LLAMA})
     assert nested.eos_token_ids == (5,) and nested.hidden_size == 32
+
+
+@pytest.mark.parametrize(
+    "rope",
+    [{"type": "linear", "factor": 2.0}, {"type": "dynamic", "factor": 2.0},
+     {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}],
+    ids=["linear", "dynamic", "yarn"],
+)  # fmt: skip
+def test_a_scaled_rope_under_the_legacy_type_key_is_refused(rope):
+    """Older configs name the scaling "type" (Llama 2 fine-tunes, Qwen2.5's long-context yarn); transformers reads it
+    when rope_type is absent, so a plain-RoPE run of them would give other logits."""
+    with pytest.raises(ValueError, match=f"unsupported rope_type '{rope['type']}': only plain RoPE is implemented"):
+        ModelConfig._from_json({**LLAMA, "rope_scaling": rope})
+
+
+def test_the_legacy_type_key_naming_default_rope_is_read():
+    assert ModelConfig._from_json({**LLAMA, "rope_scaling": {"type": "default"}}).rope_theta == 1e4
 
 
 def test_a_sliding_window_wider_than_the_context_leaves_the_context():
