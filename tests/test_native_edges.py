@@ -3,7 +3,10 @@ test_native_attention skip where `load()` is None, so a set-up that wrongly turn
 skip them all rather than fail."""
 
 import ctypes
+import logging
 from types import SimpleNamespace
+
+import pytest
 
 from minipic_lite.models import native
 
@@ -16,6 +19,29 @@ def test_the_kernels_are_on_by_default_where_linux_a_compiler_and_libgomp_are(mo
     assert native._unavailable() is None
     monkeypatch.setenv(native.ENV_SWITCH, "0")
     assert native._unavailable() == "MINIPIC_NATIVE=0"
+
+
+@pytest.mark.parametrize(
+    ("switch", "level", "reason"),
+    [("1", logging.WARNING, "no C compiler (cc or gcc) on PATH"), ("0", logging.INFO, "MINIPIC_NATIVE=0")],
+    ids=["no-compiler", "switched-off"],
+)
+def test_kernels_off_for_want_of_a_compiler_warn_and_off_by_the_users_switch_only_inform(
+    monkeypatch, caplog, switch, level, reason
+):
+    """Nothing configures logging, so only a warning reaches stderr: a machine without a compiler decodes slower and
+    says why; MINIPIC_NATIVE=0 is the user's own choice and stays out of sight."""
+    monkeypatch.setenv(native.ENV_SWITCH, switch)
+    monkeypatch.delenv("CC", raising=False)
+    monkeypatch.setattr(native.shutil, "which", lambda name: None)
+    monkeypatch.setattr(native.platform, "system", lambda: "Linux")
+    native.load.cache_clear()
+    try:
+        with caplog.at_level(logging.INFO, logger=native.logger.name):
+            assert native.load() is None
+    finally:
+        native.load.cache_clear()
+    assert [(r.levelno, reason in r.getMessage()) for r in caplog.records] == [(level, True)]
 
 
 def test_clang_is_told_to_link_torchs_openmp_runtime():

@@ -332,7 +332,10 @@ def load() -> ctypes.CDLL | None:
             lib.decode_attention.argtypes = [ptr] * 7 + [i64] * 6 + [ctypes.c_int, ctypes.c_float, ctypes.c_int]
             lib.decode_attention.restype = ctypes.c_int
             return lib
-    logger.info("the native CPU kernels are off: %s; decode steps use oneDNN and SDPA", reason)
+    # NOTE: nothing configures logging, so only a warning reaches stderr: a machine that cannot run the kernels
+    # decodes slower and should say why; MINIPIC_NATIVE=0 is the user's own choice and stays at INFO.
+    log = logger.info if reason == f"{ENV_SWITCH}=0" else logger.warning
+    log("the native CPU kernels are off: %s; decode steps use oneDNN and SDPA", reason)
     return None
 
 
