@@ -83,7 +83,7 @@ def build_parser() -> Parser:
         help="generate a reply to a prompt",
         description="Generate a reply to a prompt. The prompt is sent as a chat message (the model's chat\n"
         "template) unless --raw is given. The reply goes to standard output, a one-line summary to\n"
-        "standard error. Exit status: 0 done, 1 the run failed, 2 a usage error.",
+        "standard error. Exit status: 0 done, 1 the run failed, 2 a usage error, 130 interrupted.",
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -1,8 +1,8 @@
 """Edges of the command line (cli.py) that test_cli leaves open, in-process (no model): the limits of each checked
-option are taken and one past them is refused, a prompt from standard input or a file loses its trailing line
-ends only, the defaults, every option's help saying what it is; and, with stand-ins for the LLM and the web app's
-serve(), what each flag hands on, the exit status of an interrupt or a missing extra, of a reply written into a pipe
-whose reader has left, and an address the app cannot listen on refused before it loads."""
+option are taken and one past them is refused, a prompt from standard input or a file loses its trailing line ends
+only, the defaults, every option's help saying what it is, the help naming every exit status; and, with stand-ins for
+the LLM and the web app's serve(), what each flag hands on, the exit status of an interrupt or a missing extra, of a
+reply written into a pipe whose reader has left, and an address the app cannot listen on refused before it loads."""
 
 import io
 import os
@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 
 from minipic_lite import cli
-from minipic_lite.cli import EXIT_RUN_ERROR, EXIT_USAGE, build_parser, read_prompt
+from minipic_lite.cli import EXIT_INTERRUPTED, EXIT_RUN_ERROR, EXIT_USAGE, build_parser, read_prompt
 from minipic_lite.sampling_params import SEED_MAX, SEED_MIN
 
 
@@ -89,6 +89,14 @@ def test_the_defaults_are_those_the_help_and_the_readme_name():
     assert [gen[k] for k in ("device", "dtype", "raw", "stream", "model")] == ["auto", "auto", False, False, None]
     ui = build_parser().parse_args(["ui"])
     assert (ui.host, ui.port, ui.span_policy, ui.dtype, ui.model) == ("127.0.0.1", 7860, "inline", "auto", None)
+
+
+def test_generate_help_names_every_exit_status_main_returns(capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["generate", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    named = f"0 done, {EXIT_RUN_ERROR} the run failed, {EXIT_USAGE} a usage error, {EXIT_INTERRUPTED} interrupted."
+    assert f"Exit status: {named}" in help_text
 
 
 def test_ctrl_c_during_a_run_is_one_line_and_exit_130(monkeypatch, capsys):
