@@ -271,7 +271,8 @@ class LLM:
     def stream(
         self, prompt: PromptType, sampling_params: SamplingParams | None = None, request_id: str | None = None
     ) -> Iterator[RequestOutput]:
-        """Yield the request's output after every new token (text so far); the last one has finished=True.
+        """Yield the request's output (text so far) after every engine step that produced tokens (on CUDA a burst: up
+        to `num_scheduler_steps` tokens); the last one has finished=True.
 
         One prompt (a batch is `generate()`'s); it is validated at once. Leaving the loop early (`break`, `close()`,
         a dropped iterator) aborts the request and frees its blocks. Other requests on this engine keep running in
