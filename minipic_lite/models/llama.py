@@ -25,7 +25,8 @@ from ops.launcher import pdl_requested
 def rope_table(cfg: ModelConfig, device=None) -> torch.Tensor:
     """[max_position, rotary_dim] cos|sin rows, computed in float32 the way transformers computes them.
 
-    NOTE: float32 angles (not float64) on purpose: the engine must match the HF oracle to 1e-4 on logits.
+    NOTE: float32 angles (not float64) on purpose: the engine must match the HF oracle on logits (the tests'
+    FP32_LOGITS_ATOL, 2e-4).
     """
     dim = cfg.rope_dim
     # NOTE: on the CPU even under `torch.device("meta")` (build_model): an op on meta tensors imported torch._dynamo

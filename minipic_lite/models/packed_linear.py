@@ -4,9 +4,10 @@ At decode shapes oneDNN with weights prepacked once (what Inductor's `freezing` 
 the C loop of native.py can beat both at one or two rows; which one wins depends on the CPU and the row count
 (`docs/CPU.md`, "CPU matmuls by step kind"), so `decode_routes` times each on the model's own matmuls at start-up,
 once per machine: the picks are kept on disk (`read_routes` / `write_routes`) under a key of what they depend on.
-oneDNN's fp32 sums round differently (2-3x MKL's error), which would break the 1e-4 logits bound that prefill is
-held to against transformers. So only decode steps may take another route and every other step takes `F.linear`:
-the step contract says which (`StepMetadata.cpu_matmul`), and the model sets the shared `MatmulRoute` from it.
+oneDNN's fp32 sums round differently (2-3x MKL's error), which broke the 1e-4 logits bound that prefill was then held
+to against transformers (tests/conftest.py's FP32_LOGITS_ATOL is 2e-4 since). So only decode steps may take another
+route and every other step takes `F.linear`: the step contract says which (`StepMetadata.cpu_matmul`), and the model
+sets the shared `MatmulRoute` from it.
 bfloat16 packs too where oneDNN has bf16 kernels for the CPU (AVX512-BF16 or AMX): there `F.linear` gives the
 packed route's results bit for bit, but slower at decode shapes (on 2 cores of an AMD EPYC, SmolLM2's matmuls at
 one row 195 us on average against 117 packed; a batch-1 decode step 39 ms against 27, and 40 in float32 packed).
