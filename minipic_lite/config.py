@@ -15,7 +15,9 @@ DEFAULT_BLOCK_SIZE = 16
 LLAMA_MAX_POSITION = 2048  # a config.json naming no max_position_embeddings: transformers' LlamaConfig default
 DEFAULT_MAX_NUM_SEQS = 64
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
-# Fraction of free device memory (after weights and a warm-up forward) given to the KV cache.
+# Fraction of the GPU's total memory the engine may fill: the KV cache gets what is left of it after the weights,
+# a warm-up forward's peak and other processes (model_runner.py). On the CPU it caps the cache at this fraction of
+# MemAvailable.
 DEFAULT_MEMORY_UTILIZATION = 0.85
 # On the CPU the cache is also capped, so a laptop run does not reserve most of its RAM.
 DEFAULT_CPU_KV_CACHE_GIB = 2.0
