@@ -781,3 +781,11 @@ def test_the_status_line_says_in_words_where_a_request_stands(reason, expected):
     from ui.handlers import status_line
 
     assert status_line("r-1", reason) == expected
+
+
+def test_an_empty_answer_says_the_model_ended_it_at_once():
+    from ui.handlers import status_line
+
+    assert status_line("r-1", "stop", "") == "r-1: done: the model ended its answer before saying anything (stop)"
+    assert status_line("r-1", "stop", "Hi.") == "r-1: done: the model ended its answer (stop)"
+    assert status_line("r-1", "length", "") == "r-1: done: it reached the new-token limit (length)"

@@ -13,6 +13,7 @@ from functools import lru_cache
 
 import minipic_lite as mp
 from minipic_lite.checkpoints import DEFAULT_BIN_SIZE
+from minipic_lite.checkpoints.policies import DEFAULT_BLOCK_SIZE as BLOCK_POLICY_TOKENS
 from minipic_lite.llm import is_last
 from ui.cache_view import grid_cells, grid_html, inflight_html, pool_markdown, summary_markdown
 from ui.checkpoints_panel import (
@@ -122,7 +123,7 @@ class Handlers:
                     grid = self.grid(out, caption=f"request {request_id} ({recipe}): {len(prompt)} prompt tokens")
                 if out.state_report is not None:  # hybrids: the checkpoints saved so far and the resume point
                     self.last_axis[session] = (request_id, token_axis(out.state_report, len(out.prompt_token_ids)))
-                yield out.text, summary_markdown(out), grid, status_line(request_id, out.finish_reason)
+                yield out.text, summary_markdown(out), grid, status_line(request_id, out.finish_reason, out.text)
         finally:
             if submitted and not finished:  # NOTE: left early (tab closed, event cancelled): free its blocks
                 self.llm.abort(request_id)
@@ -227,7 +228,9 @@ class Handlers:
         caption = (
             f"Learned from {len(requests)} requests of *{source}* ({estimator.num_observations} overlaps seen); "
             f"planned for its last request (N = {num_tokens:,} tokens) with a budget of M = {budget}, on a "
-            f"{bin_size}-token grid."
+            f"{bin_size}-token grid. `block` saves one every {BLOCK_POLICY_TOKENS} tokens (none in a shorter "
+            "prompt); the others place up to M on the grid, `dp` where the learned histogram says they save most, "
+            "the rest by fixed rules (two may round to one point)."
         )
         return histogram_frame(weights, bin_size), positions_frame(rows), plans_frame(rows), caption
 
@@ -257,7 +260,10 @@ def waiting_words(num_prompt_tokens: int, seconds: float) -> str:
     return f"queued or prefilling its {num_prompt_tokens:,} prompt tokens, {seconds:.0f} s so far…"
 
 
-def status_line(request_id: str, finish_reason: str | None) -> str:
-    """The line under the answer: the request, where it stands in words, and the engine's finish_reason."""
+def status_line(request_id: str, finish_reason: str | None, text: str | None = None) -> str:
+    """The line under the answer: the request, where it stands in words, and the engine's finish_reason (a finished
+    answer with no text says so: an empty box alone reads as a fault)."""
     words = FINISH_WORDS.get(finish_reason, "done")
+    if finish_reason == "stop" and text == "":
+        words += " before saying anything"
     return f"{request_id}: {words}" + (f" ({finish_reason})" if finish_reason else "")
