@@ -297,9 +297,16 @@ class LLM:
             if not finished and not self._loop.closed:
                 self.abort(req.request_id)
 
-    def abort(self, request_id: str) -> None:
-        """Cancel a request: its blocks are freed before this returns, and its caller gets a final output."""
-        self._loop.abort(request_id)
+    def abort(self, request_id: str, wait: bool = True) -> None:
+        """Cancel a request: its blocks are freed before this returns, and its caller gets a final output. With
+        `wait=False` it returns at once and the abort runs when the engine's current step ends (a caller that must
+        not block, e.g. a server's event loop)."""
+        self._loop.abort(request_id, wait)
+
+    @property
+    def closed(self) -> bool:
+        """`close()` was called (or the loop stopped on a fault): nothing more can be submitted."""
+        return self._loop.closed
 
     def stats(self) -> dict:
         """The cache and scheduler counters: blocks used / free / cached, hit rates, running / waiting, preemptions."""

@@ -229,6 +229,21 @@ def test_llm_abort_gives_the_caller_a_final_output_and_frees_blocks(llm):
     assert_idle(llm)
 
 
+def test_an_abort_that_does_not_wait_ends_the_request_all_the_same(llm):
+    """`abort(id, wait=False)` returns at once (a server's event loop must not wait for a step); the abort runs when
+    the step ends: the stream still gets its final "abort" output and the blocks come back."""
+
+    def scenario():
+        stream = llm.stream("Tell me a long story.", LONG, request_id="cancel-later")
+        outs = [next(stream)]
+        llm.abort("cancel-later", wait=False)
+        return outs + list(stream)
+
+    outs = run_with_timeout(scenario)
+    assert outs[-1].finished and outs[-1].finish_reason == "abort" and len(outs[-1].token_ids) < LONG.max_tokens
+    assert_idle(llm)
+
+
 def test_the_loop_thread_builds_the_engine_and_a_build_error_reaches_the_caller(model_dir, monkeypatch):
     """Every torch op of the engine runs on its loop thread, from the weights on (engine_loop.py: two OpenMP pools
     on one CPU throttle each other)."""
@@ -380,9 +395,10 @@ def test_closing_the_llm_aborts_the_requests_in_flight(model_dir):
         llm.close()
         return [first, *stream]
 
+    assert not llm.closed
     outs = run_with_timeout(scenario)
     assert outs[-1].finished and outs[-1].finish_reason == "abort" and not outs[0].finished
-    assert not llm._loop._thread.is_alive()
+    assert llm.closed and not llm._loop._thread.is_alive()
     with pytest.raises(RuntimeError, match="the engine loop is closed"):
         run_with_timeout(llm.generate, PROMPTS[1], GREEDY, use_tqdm=False)
 

@@ -60,7 +60,8 @@ def test_rope_parameters_eos_lists_and_a_text_configs_top_level_eos_are_read():
 )  # fmt: skip
 def test_a_scaled_rope_under_the_legacy_type_key_is_refused(rope):
     """Older configs name the scaling "type" (Llama 2 fine-tunes, Qwen2.5's long-context yarn); transformers reads it
-    when rope_type is absent, so a plain-RoPE run of them would give other logits."""
+    when rope_type is absent: a plain-RoPE run of linear or yarn gives other logits. (dynamic equals plain RoPE within
+    the original window, to which the engine caps the context; refused as rope_type "dynamic" always was.)"""
     with pytest.raises(ValueError, match=f"unsupported rope_type '{rope['type']}': only plain RoPE is implemented"):
         ModelConfig._from_json({**LLAMA, "rope_scaling": rope})
 

@@ -54,9 +54,9 @@ def last(items):
 
 
 def admitted(outputs):
-    """The frame of a request's first output (admitted, its first token out), past the pending frame before it."""
-    next(outputs)
-    return next(outputs)
+    """The frame of a request's first output (admitted, its first token out), past the pending frame and any
+    heartbeat frames (no summary yet) before it."""
+    return next(frame for frame in outputs if frame[1])
 
 
 # -- composing ------------------------------------------------------------------------------------------------
@@ -195,7 +195,7 @@ def test_a_span_markers_text_in_a_field_is_refused_naming_the_field(handlers, sy
     marker = "<reponame>" if "<reponame>" in system else "<repo_name>"
     kind = "PDEP" if marker == "<reponame>" else "SSEP"
     *_, (answer, _, _, status) = handlers.generate("block_attention", system, documents, question, 8, "s-ctl")
-    message = f"{field} holds '{marker}', the text of this model's {kind} span marker, which the app places itself: "
+    message = f"{field} holds '{marker}', the text of this model's {kind} span marker, which a field may not hold: "
     # NOTE: escaped: the status is Markdown, where `<repo_name>` would be read as an HTML tag and vanish
     assert answer == "" and status == "⚠️ " + html.escape(message + "remove it.", quote=False)
     assert "&lt;repo_name&gt;" in status or "&lt;reponame&gt;" in status
@@ -346,6 +346,41 @@ def test_a_long_step_neither_freezes_the_views_nor_leaves_the_request_silent(llm
     assert len(seconds) >= 5 and seconds == sorted(seconds) and seconds[-1] >= 1  # counted up through the step
     assert frames[-1][3] == f"{request_id}: done: it reached the new-token limit (length)"
     assert "blocks used / free / total" in h.tick()[0]  # the step over: the counters are back
+
+
+class Proxy:
+    """The LLM with `submit` (and `closed`) replaced: what the engine loop does with a request, scripted."""
+
+    def __init__(self, llm, submit, closed=False):
+        self._llm, self.submit, self._closed = llm, submit, closed
+
+    def __getattr__(self, name):
+        return getattr(self._llm, name)
+
+    @property
+    def closed(self):
+        return self._closed
+
+
+def test_a_stop_between_the_check_and_the_submit_still_aborts(llm):
+    """Stop landed after generate() looked for it and before the request reached the loop: the Stop's own abort
+    found nothing, so generate() aborts it once submitted (before: it ran to its token limit)."""
+    h = Handlers(llm)
+    h = Handlers(Proxy(llm, lambda requests, sink: (h.stopped.add(requests[0].request_id), llm.submit(requests, sink))))
+    *_, (_, _, _, status) = h.generate("prefix", "", "", "Tell me a long story.", 200, "s-stop-race")
+    assert status.endswith(": stopped before the end (abort)")
+
+
+def test_an_error_for_the_request_and_a_stopped_engine_end_the_stream_with_a_message(llm, monkeypatch):
+    """The loop's error for a request (a failed step) is the status line's message; a loop closed before it took the
+    request never answers: the heartbeat notices and says so, where it waited forever."""
+    monkeypatch.setattr(handlers_module, "HEARTBEAT_SECONDS", 0.05)
+    failing = Handlers(Proxy(llm, lambda requests, sink: sink(RuntimeError("the step failed: <boom>"))))
+    *_, (answer, _, _, status) = failing.generate("prefix", "", "", "Why?", 4, "s-error")
+    assert (answer, status) == ("", "⚠️ the step failed: &lt;boom&gt;") and failing.monitor.in_flight() == []
+    silent = Handlers(Proxy(llm, lambda requests, sink: None, closed=True))
+    *_, (_, _, _, status) = silent.generate("prefix", "", "", "Why?", 4, "s-closed")
+    assert status == "⚠️ The engine has stopped." and silent.monitor.in_flight() == []
 
 
 def test_two_sessions_at_once_each_get_their_own_answer(handlers, llm):

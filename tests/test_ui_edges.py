@@ -222,6 +222,30 @@ def test_stats_are_fetched_one_at_a_time_and_the_last_stand_in_while_one_runs():
     assert m.latest_stats(fetch, wait=5) == {"n": 3} and len(calls) == 3  # a fresh fetch, not the one done before
 
 
+def test_a_failed_stats_fetch_raises_once_and_the_next_tick_fetches_again():
+    """Before: the failed fetch stayed the one under way, and every later tick raised its error without fetching."""
+    m, calls = Monitor(), []
+
+    def fetch():
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("transient")
+        return {"n": len(calls)}
+
+    with pytest.raises(RuntimeError, match="transient"):
+        m.latest_stats(fetch, wait=5)
+    assert m.latest_stats(fetch, wait=5) == {"n": 2} and len(calls) == 2
+
+
+def test_the_same_stats_again_add_no_sample_to_the_plots():
+    """A long step: ticks get the stats `latest_stats` held, which would plot old rates as new samples."""
+    m, stats = Monitor(), {"prompt_block_hit_rate": 0.5, "prompt_token_hit_rate": 0.25}
+    m.record_stats(stats)
+    m.record_stats(stats)
+    m.record_stats(dict(stats))  # fresh stats of the same values: a sample
+    assert [len(frame) for frame in m.hit_rate_frames()] == [2, 2]
+
+
 def test_hit_rates_are_timed_from_the_monitors_start():
     m = Monitor()
     m.start_time -= 12.34  # the app started 12.34 s ago

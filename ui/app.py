@@ -11,6 +11,8 @@ Gradio is imported here only. Every session streams on the same engine loop; a t
 
 from __future__ import annotations
 
+from contextlib import closing
+
 import gradio as gr
 
 from minipic_lite.checkpoints import DEFAULT_BIN_SIZE
@@ -137,9 +139,11 @@ def build_demo(llm) -> gr.Blocks:
         def on_generate(recipe, system, docs, question, max_tokens, request: gr.Request):
             # NOTE: the browser clamps the slider's number box to its range (0 arrives as 1, 1000 as 256): the first
             # frame writes the value used back into the box, which still shows what was typed
-            frames = h.generate(recipe, system, docs, question, max_tokens, session=request.session_hash)
-            for i, frame in enumerate(frames):
-                yield *frame, max_tokens if i == 0 else gr.skip()
+            with closing(
+                h.generate(recipe, system, docs, question, max_tokens, session=request.session_hash)
+            ) as frames:
+                for i, frame in enumerate(frames):  # NOTE: closing: a closed event aborts the request at once
+                    yield *frame, max_tokens if i == 0 else gr.skip()
 
         generate_btn.click(
             on_generate,

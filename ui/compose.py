@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 
 from minipic_lite.prompts import RECIPES, Module, Param, Prompt, PromptComposer
+from minipic_lite.spans import find_markers
 
 SEPARATOR = "---"
 PARAM_PREFIX = "param:"
@@ -88,19 +89,19 @@ def opening(text: str, num_chars: int = OPENING_CHARS) -> str:
 def check_marker_texts(composer: PromptComposer, system: str, documents: list[str], question: str) -> None:
     """A span marker's text in a field (SmolLM2's `<repo_name>`, `<reponame>`) tokenizes as the marker itself, which
     the composer refuses in a piece ("piece 1 (doc 0) contains the SSEP control token"): said here in the form's
-    words, naming the field."""
-    tokenizer, control = composer.tokenizer, composer.control
-    kinds = (("SSEP", control.ssep_id), ("PDEP", control.pdep_id))
-    markers = {tokenizer.convert_ids_to_tokens(i): kind for kind, i in kinds if i is not None}
+    words, naming the field. Found as the composer finds it, in the field's tokens."""
     fields = [("The system prompt", system)]
     fields += [(f"Document {i + 1} of {len(documents)} ({opening(d)})", d) for i, d in enumerate(documents)]
     for name, text in [*fields, ("The question", question)]:
-        for marker, kind in markers.items():
-            if marker in text:
-                raise InputError(
-                    f"{name} holds {marker!r}, the text of this model's {kind} span marker, which the app places "
-                    "itself: remove it."
-                )
+        tokens = composer.encode(text)
+        found = find_markers(tokens, composer.control)
+        if found:
+            offset, kind = found[0]
+            marker = composer.tokenizer.convert_ids_to_tokens(tokens[offset])
+            raise InputError(
+                f"{name} holds {marker!r}, the text of this model's {kind.name} span marker, which a field may not "
+                "hold: remove it."
+            )
 
 
 def check_recipe_for_model(recipe: str, is_hybrid: bool) -> None:

@@ -1,6 +1,6 @@
-"""The app's handlers as plain Python over the public API (`LLM.stream`, `LLM.abort`, `LLM.stats`): gradio
-calls them (app.py), the tests call them directly. One `Handlers` serves every browser session; a session is
-named by gradio's session hash and sees its own answers only."""
+"""The app's handlers as plain Python over the public API (`LLM.make_requests` and `LLM.submit`, `LLM.abort`,
+`LLM.stats`): gradio calls them (app.py), the tests call them directly. One `Handlers` serves every browser session;
+a session is named by gradio's session hash and sees its own answers only."""
 
 from __future__ import annotations
 
@@ -105,17 +105,23 @@ class Handlers:
                 return
             self.llm.submit([req], outputs.put)
             submitted, start, out = True, time.perf_counter(), None
+            if request_id in self.stopped:  # NOTE: Stop came between the check above and the submit: its abort found
+                self.llm.abort(request_id, wait=False)  # nothing; this one follows the submit in the loop's inbox
             while not finished:
                 try:
                     item = outputs.get(timeout=HEARTBEAT_SECONDS)
                 except queue.Empty:
+                    if self.llm.closed:  # NOTE: a loop closed between a submit and its arrival never answers it
+                        yield (out.text if out else ""), "", grid, warning("The engine has stopped.")
+                        return
                     if out is None:  # queued or prefilling: say how long it has taken so far
                         waited = time.perf_counter() - start
                         yield "", "", grid, waiting_line(request_id, len(prompt), waited)
                     continue
                 finished = is_last(item)
-                if isinstance(item, BaseException):  # the engine refused it or a step failed: gradio shows it
-                    raise item
+                if isinstance(item, BaseException):  # the engine refused it, or a step failed (the loop logs why)
+                    yield (out.text if out else ""), "", grid, warning(item)
+                    return
                 out = item
                 self.monitor.update(request_id, out)
                 if out.cache_report and not has_report:  # NOTE: the report is fixed at admission: draw it once
@@ -125,10 +131,14 @@ class Handlers:
                     self.last_axis[session] = (request_id, token_axis(out.state_report, len(out.prompt_token_ids)))
                 yield out.text, summary_markdown(out), grid, status_line(request_id, out.finish_reason, out.text)
         finally:
-            if submitted and not finished:  # NOTE: left early (tab closed, event cancelled): free its blocks
-                self.llm.abort(request_id)
-            self.monitor.finish(request_id)
-            self.stopped.discard(request_id)
+            try:
+                # NOTE: left early (tab closed, event cancelled): free its blocks, without waiting for the engine's
+                # step: gradio closes a generator on its event loop, which every tab shares
+                if submitted and not finished and not self.llm.closed:
+                    self.llm.abort(request_id, wait=False)
+            finally:
+                self.monitor.finish(request_id)
+                self.stopped.discard(request_id)
 
     def check_model(self, recipe: str) -> None:
         if self.composer is None:
@@ -246,8 +256,8 @@ def bench_stream(name: str) -> list[list[int]]:
 
 
 def warning(message) -> str:
-    """A message for a Markdown line, shown as written: the user's text in it (a document's opening, a marker's
-    `<repo_name>`) would otherwise be read as HTML and vanish from the page."""
+    """A message for a Markdown line, HTML-escaped: the user's text in it (a document's opening, a marker's
+    `<repo_name>`) would otherwise be read as HTML and vanish from the page (its Markdown marks still render)."""
     return f"⚠️ {html.escape(str(message), quote=False)}"
 
 
@@ -264,6 +274,6 @@ def status_line(request_id: str, finish_reason: str | None, text: str | None = N
     """The line under the answer: the request, where it stands in words, and the engine's finish_reason (a finished
     answer with no text says so: an empty box alone reads as a fault)."""
     words = FINISH_WORDS.get(finish_reason, "done")
-    if finish_reason == "stop" and text == "":
+    if finish_reason == "stop" and text is not None and not text.strip():
         words += " before saying anything"
     return f"{request_id}: {words}" + (f" ({finish_reason})" if finish_reason else "")

@@ -10,6 +10,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
+from concurrent.futures import wait as wait_for
 from dataclasses import dataclass, field
 from itertools import count
 
@@ -88,27 +89,33 @@ class Monitor:
         next returns (None before the first). A long prefill step (seconds on a CPU) no longer freezes every view."""
         with self._lock:
             if self._fetch is not None and self._fetch.done():  # one a tick gave up on: its value is the last
-                self._stats, self._fetch = self._fetch.result(), None
+                done, self._fetch = self._fetch, None
+                if done.exception() is None:
+                    self._stats = done.result()
             if self._fetch is None:
                 self._fetch = Future()
                 threading.Thread(target=_fill, args=(self._fetch, fetch), daemon=True).start()
             pending = self._fetch
-        try:
-            stats = pending.result(timeout=wait)
-        except TimeoutError:
+        # NOTE: wait(), not result(timeout): before Python 3.11 the futures' TimeoutError is not the builtin one
+        if not wait_for([pending], timeout=wait).done:
             with self._lock:
                 return self._stats
         with self._lock:
-            self._stats = stats
-        return stats
+            if self._fetch is pending:
+                self._fetch = None  # NOTE: a failed fetch raises once, here; the next tick fetches again
+            if pending.exception() is None:
+                self._stats = pending.result()
+        return pending.result()
 
     def served_prompts(self) -> list[list[int]]:
         with self._lock:
             return list(self.served)
 
     def record_stats(self, stats: dict) -> None:
+        """A sample for the hit-rate plots; the same stats again (a long step: `latest_stats` held them) add none."""
         with self._lock:
-            self.history.append((time.perf_counter() - self.start_time, stats))
+            if not self.history or self.history[-1][1] is not stats:
+                self.history.append((time.perf_counter() - self.start_time, stats))
 
     def hit_rate_frames(self) -> list[pd.DataFrame]:
         """One frame per rate of HIT_RATES, in its order: seconds since the app started, hit rate."""
