@@ -208,6 +208,23 @@ def test_a_too_long_input_shows_the_message(browser, app_url):
     page.context.close()
 
 
+def test_a_new_token_count_outside_the_slider_runs_as_shown_and_a_markers_text_is_named_visibly(browser, app_url):
+    """0 typed into the slider's box is clamped by the browser when it loses focus: the box then shows 1, and 1 token
+    is what runs. A marker's text in a document gets the form's message with the marker visible (the status line is
+    Markdown, where an unescaped `<repo_name>` vanished as an HTML tag)."""
+    page = open_page(browser, app_url)
+    fill_form(page, ["A short document."], "Name a fruit.", max_tokens=0)
+    page.click("#generate")
+    wait_finished(page)
+    assert page.locator("#max-tokens input[type=number]").input_value() == "1"
+    assert "generated 1 token (length)" in page.locator("#summary").inner_text()
+    fill_form(page, ["The header is <repo_name>x</repo_name>."], "Why?")
+    page.click("#generate")
+    page.wait_for_function("() => document.querySelector('#status').innerText.includes('span marker')")
+    assert "holds '<repo_name>', the text of this model's SSEP span marker" in status(page)
+    page.context.close()
+
+
 def test_closing_the_tab_aborts_its_request_and_others_see_its_blocks_only(browser, app_url, llm):
     aborted_before = llm.stats()["num_aborted"]
     watcher = open_page(browser, app_url)

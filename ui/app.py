@@ -137,18 +137,14 @@ def build_demo(llm) -> gr.Blocks:
         rotate_btn.click(compose.rotate_documents, docs, docs)
 
         def on_generate(recipe, system, docs, question, max_tokens, request: gr.Request):
-            # NOTE: the browser clamps the slider's number box to its range (0 arrives as 1, 1000 as 256): the first
-            # frame writes the value used back into the box, which still shows what was typed
-            with closing(
-                h.generate(recipe, system, docs, question, max_tokens, session=request.session_hash)
-            ) as frames:
-                for i, frame in enumerate(frames):  # NOTE: closing: a closed event aborts the request at once
-                    yield *frame, max_tokens if i == 0 else gr.skip()
+            # NOTE: closing: a cancelled event aborts the request now, not when the garbage collector gets to it
+            with closing(h.generate(recipe, system, docs, question, max_tokens, request.session_hash)) as frames:
+                yield from frames
 
         generate_btn.click(
             on_generate,
             [recipe, system, docs, question, max_tokens],
-            [answer, summary, grid, status, max_tokens],
+            [answer, summary, grid, status],
             concurrency_limit=MAX_CONCURRENT_REQUESTS,
             show_progress="minimal",
         )
