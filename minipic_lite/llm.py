@@ -31,10 +31,9 @@ from minipic_lite.engine_loop import EngineLoop
 from minipic_lite.models.loader import load_tokenizer, resolve_model_dir
 from minipic_lite.models.registry import model_class
 from minipic_lite.outputs import RequestOutput
-from minipic_lite.prompts import Prompt, PromptComposer, is_token_id
+from minipic_lite.prompts import Prompt, PromptComposer, first_marker, is_token_id
 from minipic_lite.request import Request
 from minipic_lite.sampling_params import SamplingParams
-from minipic_lite.spans import find_markers
 
 # A prompt is text, token ids, a chat (a list of {"role", "content"} messages) or a composed span `Prompt`.
 PromptType = str | Sequence[int] | Sequence[dict] | Prompt
@@ -177,10 +176,11 @@ class LLM:
         with advice on padding."""
         token_ids = self.tokenizer.encode(text, add_special_tokens=False)
         cache = self.config.cache
-        markers = find_markers(token_ids, self.config.control) if cache.position_free or cache.rerotate_spans else []
-        if markers:
-            index, kind = markers[0]
-            marker = self.tokenizer.convert_ids_to_tokens(token_ids[index])
+        found = None
+        if cache.position_free or cache.rerotate_spans:
+            found = first_marker(self.tokenizer, token_ids, self.config.control)
+        if found:
+            index, marker, kind = found
             raise ValueError(
                 f"the prompt's text holds {marker!r}, this model's {kind.name} span marker (token {index}): a text or "
                 "chat prompt places no span markers. Compose span prompts with llm.composer, or pass token ids"

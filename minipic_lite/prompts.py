@@ -348,6 +348,16 @@ def _checked_schema(schema) -> list[Module | Param]:
     return schema
 
 
+def first_marker(tokenizer, token_ids: Sequence[int], control: ControlTokens) -> tuple[int, str, SegmentKind] | None:
+    """The first span marker among `token_ids`: its index, its token's text and its kind (None: no marker), to name
+    a marker's text back to whoever typed it."""
+    found = find_markers(token_ids, control)
+    if not found:
+        return None
+    index, kind = found[0]
+    return index, tokenizer.convert_ids_to_tokens(token_ids[index]), kind
+
+
 def is_token_id(t) -> bool:
     """An integer of any kind (numpy's, torch's: what the engine's `as_token_ids` takes), not a bool."""
     return hasattr(type(t), "__index__") and not isinstance(t, bool)

@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import re
 
-from minipic_lite.prompts import RECIPES, Module, Param, Prompt, PromptComposer
-from minipic_lite.spans import find_markers
+from minipic_lite.prompts import RECIPES, Module, Param, Prompt, PromptComposer, first_marker
 
 SEPARATOR = "---"
 PARAM_PREFIX = "param:"
@@ -93,11 +92,9 @@ def check_marker_texts(composer: PromptComposer, system: str, documents: list[st
     fields = [("The system prompt", system)]
     fields += [(f"Document {i + 1} of {len(documents)} ({opening(d)})", d) for i, d in enumerate(documents)]
     for name, text in [*fields, ("The question", question)]:
-        tokens = composer.encode(text)
-        found = find_markers(tokens, composer.control)
+        found = first_marker(composer.tokenizer, composer.encode(text), composer.control)
         if found:
-            offset, kind = found[0]
-            marker = composer.tokenizer.convert_ids_to_tokens(tokens[offset])
+            _, marker, kind = found
             raise InputError(
                 f"{name} holds {marker!r}, the text of this model's {kind.name} span marker, which a field may not "
                 "hold: remove it."
