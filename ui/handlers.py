@@ -47,7 +47,7 @@ FINISH_WORDS = {
 }
 # NOTE: a refusal clears the grid and the token axis: the last request's under the message would read as the refused
 # input's. So does a new request until its reports arrive: the last one's would read as the new one's.
-WAITING_FOR_STATS = "*The engine's first step is still running: its counters come when it ends.*"
+WAITING_FOR_STATS = "*The engine is in a long step: its counters come when the step ends.*"
 REFUSED_GRID_CAPTION = "No blocks: the input was refused, nothing ran."
 REFUSED_AXIS_CAPTION = "No token axis: the input was refused, nothing ran."
 NO_AXIS_CAPTION = "Generate (with the prefix recipe) to see your request here."
