@@ -9,7 +9,8 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 7860
 # NOTE: one engine step serves every user: at the library's 2,048-token budget a CPU step of prefill took ~13 s here
 # (a 3,800-token prompt: 26.6 s in two steps, 2-core AMD EPYC), and another user's question, or a Stop, waited for
-# it. At 512 the same prompt took 27.2 s in eight steps, each ~3.4 s, between which others' tokens are served.
+# it. At 512 the same prompt took 27.2 s in eight steps, each ~3.4 s, between which others' tokens are served (two
+# runs each, another process sharing the cores).
 APP_STEP_TOKENS = 512
 
 

@@ -98,8 +98,10 @@ def build_demo(llm) -> gr.Blocks:
                         for key, title in HIT_RATES.items()
                     ]
             gr.Markdown(
-                "*Block lookups that hit*: every lookup of a full prompt block, a preempted request's again included; "
-                "*prompt blocks / tokens hit*: of the prompts served, what came from the cache.\n\n"
+                "*Block lookups that hit*: the full prompt blocks looked up at every admission attempt (one short of "
+                "free blocks, and a re-admission after preemption, included); *prompt blocks hit*: the blocks of each "
+                "admission's cache report; *prompt tokens hit*: each prompt's tokens taken from the cache, counted at "
+                "its first token.\n\n"
                 "#### Requests in flight"
             )
             inflight = gr.HTML("", elem_id="inflight")
