@@ -140,6 +140,17 @@ def test_a_new_request_shows_a_pending_grid_not_the_previous_requests(handlers, 
     assert handlers.monitor.in_flight() == [] and llm.stats()["num_waiting"] == llm.stats()["num_running"] == 0
 
 
+def test_stop_of_a_request_whose_stream_ended_meanwhile_keeps_no_id(handlers, monkeypatch):
+    """Stop read the session's requests, then the stream ended (its `finally` discarding an id not yet added): the id
+    Stop adds after it must not stay in `stopped` for the app's lifetime."""
+    docs = compose.join_documents(unique_documents(1))
+    *_, (_, _, _, status) = handlers.generate("block_attention", "", docs, "Why?", 2, "s-ended")
+    request_id = status.split(":")[0]
+    monkeypatch.setattr(handlers.monitor, "requests_of", lambda session: [request_id])  # as read before it ended
+    assert handlers.stop("s-ended") == f"stopped {request_id}"
+    assert handlers.stopped == set() and not handlers.monitor.is_in_flight(request_id)
+
+
 def test_stop_at_the_pending_frame_keeps_the_request_from_running(handlers, llm):
     """Stop between the pending frame and the stream's first next(): the engine has not seen the request yet, so the
     abort alone would miss it and the request would run to its end."""

@@ -157,6 +157,8 @@ class Handlers:
         for request_id in request_ids:
             self.stopped.add(request_id)
             self.llm.abort(request_id)
+            if not self.monitor.is_in_flight(request_id):  # NOTE: its stream ended after requests_of: the id was
+                self.stopped.discard(request_id)  # added after its own discard, and would stay for good
         return f"stopped {', '.join(request_ids)}" if request_ids else "nothing to stop"
 
     def close_session(self, session: str) -> None:

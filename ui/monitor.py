@@ -67,6 +67,10 @@ class Monitor:
         with self._lock:
             self.requests.pop(request_id, None)
 
+    def is_in_flight(self, request_id: str) -> bool:
+        with self._lock:
+            return request_id in self.requests
+
     def requests_of(self, session: str) -> list[str]:
         with self._lock:
             return [rid for rid, r in self.requests.items() if r.session == session]
