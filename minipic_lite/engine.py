@@ -379,7 +379,20 @@ class LLMEngine:
             "num_rerotated_blocks": self.kv.num_rerotated,
             "num_host_blocks": self.runner.num_host_blocks,
             "host_bytes_moved": 0 if host is None else (host.num_stored + host.num_loaded) * self.runner.block_bytes,
+            "prefill_progress": self.prefill_progress(),
         } | self._state_stats()
+
+    def prefill_progress(self) -> dict[str, tuple[str, int, int]]:
+        """Request id -> (stage, prompt tokens in the cache, prompt tokens) of each request with no token yet: stage
+        "prefilling" (admitted: the tokens it found cached, then its chunks so far) or "queued" (not yet admitted;
+        under isps its documents may be prefilling already), running ones first."""
+        sched = self.scheduler
+        return {
+            req.request_id: (stage, req.num_computed_tokens, req.num_prompt_tokens)
+            for stage, reqs in (("prefilling", sched.running), ("queued", sched.waiting))
+            for req in reqs
+            if req.num_output_tokens == 0  # NOTE: span prefills (isps) queue apart, in scheduler.span_running
+        }
 
     def _state_stats(self) -> dict:
         """Hybrids: checkpoints saved / evicted, resumes, prompt tokens recomputed, state memory (bytes)."""

@@ -309,7 +309,8 @@ class LLM:
         return self._loop.closed
 
     def stats(self) -> dict:
-        """The cache and scheduler counters: blocks used / free / cached, hit rates, running / waiting, preemptions."""
+        """The cache and scheduler counters: blocks used / free / cached, hit rates, running / waiting, preemptions, and
+        each request with no token yet: queued, or prefilling with so many prompt tokens in the cache."""
         return self._loop.call(LLMEngine.cache_stats)
 
     def close(self) -> None:

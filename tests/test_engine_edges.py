@@ -255,6 +255,38 @@ def test_the_rates_of_an_engine_that_has_run_nothing_are_zero(tiny_dir):
     llm.close()
 
 
+def test_prefill_progress_counts_each_waiting_prompts_tokens_in_the_cache_step_by_step(tiny_dir):
+    """A request with no token yet is "queued" with none in the cache, then "prefilling" with the tokens of its
+    chunks so far (16 a step here), the blocks it found cached counted from its admission; with its first token it
+    leaves the list. Running ones come first; `stats()` carries the same."""
+    llm = mp.LLM(str(tiny_dir), device="cpu", max_model_len=128, num_blocks=16, max_num_seqs=1,
+                 max_num_batched_tokens=16)  # fmt: skip
+    engine = llm.engine
+    later = [*PROMPT, *range(60, 100)]  # 80 tokens, PROMPT's 2 full blocks first
+    engine.add_request(PROMPT, GREEDY4, request_id="a")
+    engine.add_request(list(range(200, 240)), GREEDY4, request_id="b")
+    seen = [list(engine.prefill_progress().items())]
+    for _ in range(3):
+        engine.step()
+        seen.append(list(engine.prefill_progress().items()))
+    assert seen == [
+        [("a", ("queued", 0, 40)), ("b", ("queued", 0, 40))],
+        [("a", ("prefilling", 16, 40)), ("b", ("queued", 0, 40))],
+        [("a", ("prefilling", 32, 40)), ("b", ("queued", 0, 40))],
+        [("b", ("queued", 0, 40))],  # a's last 8 tokens and its first token
+    ]
+    assert llm.stats()["prefill_progress"] == {"b": ("queued", 0, 40)}
+    while engine.has_unfinished():
+        engine.step()
+    engine.add_request(later, GREEDY4, request_id="c")
+    engine.step()
+    assert engine.prefill_progress() == {"c": ("prefilling", 32 + 16, 80)}  # a's 2 blocks found, one chunk computed
+    while engine.has_unfinished():
+        engine.step()
+    assert engine.prefill_progress() == {}
+    llm.close()
+
+
 def test_a_span_computed_ahead_counts_once_as_the_final_prompts_hit(tiny_dir):
     """isps with one seat: b's SSEP span is computed ahead while a runs, by a span prefill that gets no cache report
     and counts no block of its own; b then hits it. Blocks: a 3 computed; b 1 hit and 2 computed."""

@@ -428,6 +428,50 @@ def test_tick_shows_the_pool_the_hit_rate_and_the_timeline(handlers):
     assert totals["span prefill"] > 0 and totals["final prefill"] > 0 and totals["decode"] > 0
 
 
+def test_waiting_words_say_where_a_request_with_no_token_stands():
+    assert handlers_module.waiting_words(3800, 7.4) == "queued or prefilling its 3,800 prompt tokens, 7 s so far…"
+    queued = handlers_module.waiting_words(3800, 7.6, ("queued", 0, 3800))
+    assert queued == "queued with its 3,800 prompt tokens, 8 s so far…"
+    prefilling = handlers_module.waiting_words(3800, 12.0, ("prefilling", 1536, 3800))
+    assert prefilling == "prefilling its 3,800 prompt tokens: 1,536 in the cache, 12 s so far…"
+
+
+def test_a_long_prefill_shows_its_tokens_in_the_cache_as_its_chunks_are_computed(model_dir, monkeypatch):
+    """64-token steps, each held 0.3 s: the status line, and the in-flight list of a tick, say how many of the
+    prompt's tokens are in the cache (64, 128, ...: the engine's last counters) until the first token. Before, they
+    said "queued or prefilling" throughout."""
+    import minipic_lite as mp
+
+    monkeypatch.setattr(handlers_module, "HEARTBEAT_SECONDS", 0.1)
+    llm = mp.LLM(str(model_dir), device="cpu", dtype="float32", max_model_len=2048, max_num_batched_tokens=64)
+    try:
+        step = llm.engine.step
+
+        def slow_step():
+            outputs = step()
+            time.sleep(0.3)
+            return outputs
+
+        monkeypatch.setattr(llm.engine, "step", slow_step)
+        h = Handlers(llm)
+        docs = compose.join_documents(unique_documents(3))
+        frames, inflight = [], None
+        for frame in h.generate("prefix", "", docs, "Why?", 2, "s-progress"):
+            frames.append(frame)
+            if inflight is None and ": 64 in the cache" in frame[3]:
+                inflight = h.tick()[3]
+    finally:
+        llm.close()
+    found = [re.search(r"prefilling its ([\d,]+) prompt tokens: ([\d,]+) in the cache", f[3]) for f in frames]
+    found = [(int(m.group(1).replace(",", "")), int(m.group(2).replace(",", ""))) for m in found if m]
+    (n,) = {n for n, _ in found}
+    counts = [c for _, c in found]
+    assert n > 3 * 64 and len(set(counts)) >= 3 and counts == sorted(counts)
+    assert all(c % 64 == 0 and 0 < c < n for c in counts)
+    assert inflight is not None and re.search(r"prefilling its [\d,]+ prompt tokens: \d+ in the cache", inflight)
+    assert frames[-1][3].endswith("(length)")
+
+
 def test_tick_draws_each_request_in_flight_and_its_blocks_once_it_has_an_output(handlers, llm):
     """A request with no output yet (queued, or in a long prefill) is listed with its prompt's size and the seconds
     it has waited; one with an output, with its tokens so far and its blocks."""

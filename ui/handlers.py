@@ -114,9 +114,9 @@ class Handlers:
                     if self.llm.closed:  # NOTE: a loop closed between a submit and its arrival never answers it
                         yield (out.text if out else ""), "", grid, warning("The engine has stopped.")
                         return
-                    if out is None:  # queued or prefilling: say how long it has taken so far
+                    if out is None:  # queued or prefilling: say how far it is, and how long it has taken so far
                         waited = time.perf_counter() - start
-                        yield "", "", grid, waiting_line(request_id, len(prompt), waited)
+                        yield "", "", grid, waiting_line(request_id, len(prompt), waited, self.progress(request_id))
                     continue
                 finished = is_last(item)
                 if isinstance(item, BaseException):  # the engine refused it, or a step failed (the loop logs why)
@@ -181,7 +181,8 @@ class Handlers:
                 cells = grid_cells(out.cache_report, out.prompt_token_ids, control)
                 entries.append((rid, cells, f"{len(out.token_ids)} tokens so far"))
             elif rid in waiting:  # NOTE: not there: it started between the two reads (listed at the next tick)
-                entries.append((rid, [], waiting_words(*waiting[rid])))
+                progress = None if stats is None else stats["prefill_progress"].get(rid)
+                entries.append((rid, [], waiting_words(*waiting[rid], progress)))
         records = self.llm.engine.step_log.records()
         pool = WAITING_FOR_STATS if stats is None else pool_markdown(stats)
         return pool, *self.monitor.hit_rate_frames(), inflight_html(entries), timeline_frame(records)
@@ -189,6 +190,15 @@ class Handlers:
     def stats(self) -> dict | None:
         """The engine's counters as of its last step boundary, without waiting out a long step (None at first)."""
         return self.monitor.latest_stats(self.llm.stats, STATS_WAIT_SECONDS)
+
+    def progress(self, request_id: str) -> tuple[str, int, int] | None:
+        """A request's (stage, prompt tokens in the cache, prompt tokens) in the engine's last counters (None: they
+        predate it, or it has a token already, or the fetch failed: that one the next tick shows)."""
+        try:
+            stats = self.stats()
+        except Exception:  # noqa: BLE001 -- a status line's detail: the stream goes on without it
+            return None
+        return None if stats is None else stats["prefill_progress"].get(request_id)
 
     def state_tick(self, session: str = "local") -> tuple[str, str, str]:
         """Hybrids: (the checkpoint store's table, the session's last request on its token axis, every request in
@@ -263,13 +273,21 @@ def warning(message) -> str:
     return f"⚠️ {html.escape(str(message), quote=False)}"
 
 
-def waiting_line(request_id: str, num_prompt_tokens: int, seconds: float) -> str:
+def waiting_line(request_id: str, num_prompt_tokens: int, seconds: float, progress=None) -> str:
     """The status line of a request with no token yet."""
-    return f"{request_id}: {waiting_words(num_prompt_tokens, seconds)}"
+    return f"{request_id}: {waiting_words(num_prompt_tokens, seconds, progress)}"
 
 
-def waiting_words(num_prompt_tokens: int, seconds: float) -> str:
-    return f"queued or prefilling its {num_prompt_tokens:,} prompt tokens, {seconds:.0f} s so far…"
+def waiting_words(num_prompt_tokens: int, seconds: float, progress: tuple[str, int, int] | None = None) -> str:
+    """Where a request with no token yet stands: `progress` is its `LLMEngine.prefill_progress` entry in the engine's
+    last counters, None where they do not know it (they predate it)."""
+    n, so_far = f"{num_prompt_tokens:,}", f"{seconds:.0f} s so far…"
+    if progress is None:
+        return f"queued or prefilling its {n} prompt tokens, {so_far}"
+    stage, in_cache, _ = progress
+    if stage == "queued":
+        return f"queued with its {n} prompt tokens, {so_far}"
+    return f"prefilling its {n} prompt tokens: {in_cache:,} in the cache, {so_far}"
 
 
 def status_line(request_id: str, finish_reason: str | None, text: str | None = None) -> str:
