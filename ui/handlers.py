@@ -193,9 +193,10 @@ class Handlers:
 
     def progress(self, request_id: str) -> tuple[str, int, int] | None:
         """A request's (stage, prompt tokens in the cache, prompt tokens) in the engine's last counters (None: they
-        predate it, or it has a token already, or the fetch failed: that one the next tick shows)."""
+        predate it, or it has a token already, or the fetch failed: that one the next tick shows). NOTE: it waits for
+        no fetch (one is started if none is under way): the heartbeat's line comes on time."""
         try:
-            stats = self.stats()
+            stats = self.monitor.latest_stats(self.llm.stats, 0.0)
         except Exception:  # noqa: BLE001 -- a status line's detail: the stream goes on without it
             return None
         return None if stats is None else stats["prefill_progress"].get(request_id)
