@@ -3,7 +3,8 @@
 Compose a block-attention prompt, watch the answer stream in, reorder the documents, generate again and see
 the documents' blocks turn to hits; two pages at once each get their own answer; a too-long input shows its
 message; closing a tab aborts its request; Stop aborts the answer in flight; the scheduler timeline draws the step
-log. Screenshots go to $UI_ARTIFACTS (default test-artifacts/ui, not committed).
+log (decode on its own scale too); the overlap histogram draws its bins from depth 0. Screenshots go to
+$UI_ARTIFACTS (default test-artifacts/ui, not committed).
 """
 
 import os
@@ -301,4 +302,80 @@ def test_the_scheduler_timeline_draws_the_step_log(browser, app_url, llm):
     )
     assert [text for text in legend if text in KINDS] == list(KINDS)
     page.screenshot(path=ARTIFACTS / "8-timeline.png", full_page=True)
+    page.context.close()
+
+
+def axis_ticks(page, selector: str) -> list[list[str]]:
+    """The tick labels of each axis of a vega chart (x first), its title left off; vega writes a minus as U+2212."""
+    axes = page.eval_on_selector_all(
+        f"{selector} [aria-roledescription=axis]",
+        "axes => axes.map(a => Array.from(a.querySelectorAll('text')).map(t => t.textContent))",
+    )
+    return [[label.replace("\u2212", "-").replace(",", "") for label in labels[:-1]] for labels in axes]
+
+
+def test_the_overlap_histogram_draws_each_bin_from_its_start_and_no_negative_depth(browser, app_url):
+    """The Checkpoints tab's histogram after Plan, on each grid in turn: one bar per bin, over [start, start + grid),
+    and an x axis from depth 0 to the last bin's end (it started at -50 while vega centred a thin bar on each bin's
+    start and padded the scale; and a new grid once redrew the old grid's masses)."""
+    from ui.checkpoints_panel import histogram_frame, learn_overlaps
+    from ui.handlers import BENCH_STREAMS, bench_stream
+
+    page = open_page(browser, app_url)
+    page.get_by_role("tab", name="Checkpoints").click()
+    requests = bench_stream(BENCH_STREAMS[0])  # the form's stream and budget
+    for bin_size in (64, 16):  # the default grid first
+        if bin_size != 64:
+            page.get_by_label("Grid (tokens)").click()
+            page.get_by_role("option", name=str(bin_size), exact=True).click()
+        page.click("#plan")
+        page.wait_for_function(
+            "grid => document.querySelector('#plan-caption').innerText.includes(`${grid}-token grid`)", arg=bin_size
+        )
+        frame = histogram_frame(learn_overlaps(requests, 4, bin_size).weights(len(requests[-1])), bin_size)
+        expected = [(d, d + bin_size) for d in frame["depth"]]
+        spans, deadline = [], time.monotonic() + 30
+        while [(int(m[1]), int(m[2])) for m in spans] != expected and time.monotonic() < deadline:
+            time.sleep(0.2)
+            labels = page.eval_on_selector_all(
+                "#histogram [aria-roledescription=bar]", "bars => bars.map(b => b.getAttribute('aria-label'))"
+            )
+            spans = [re.match(r"depth: (\d+) – (\d+); mass: ([\d.e-]+)$", label.replace(",", "")) for label in labels]
+            spans = spans if all(spans) else []
+        x_ticks, _ = axis_ticks(page, "#histogram")
+        assert x_ticks[0] == "0" and all(float(t) >= 0 for t in x_ticks), x_ticks
+        assert float(x_ticks[-1]) == expected[-1][1], x_ticks  # the last bin's end
+        assert [(int(m[1]), int(m[2])) for m in spans] == expected, labels
+        assert [float(m[3]) for m in spans] == pytest.approx(frame["mass"].tolist(), abs=1e-6)
+        page.locator("#histogram").screenshot(path=ARTIFACTS / f"9-histogram-{bin_size}.png")
+    page.context.close()
+
+
+def test_decode_steps_stay_visible_beside_a_long_prefill(browser, app_url, llm):
+    """A long prompt's prefill step (hundreds of tokens) and its decode steps (one token each): on one linear scale a
+    decode bar is under a pixel tall. The decode and recompute plot, on its own scale, draws each decode step's bar
+    at least a few pixels tall (vega names each bar's step, tokens and kind in its aria-label)."""
+    page = open_page(browser, app_url)
+    fill_form(page, unique_documents(), "Which note is about startups?", max_tokens=6)
+    page.click("#generate")
+    wait_finished(page)
+    page.get_by_role("tab", name="Scheduler timeline").click()
+    steps = llm.engine.step_log.records()[-6:]  # this request's decode steps (nothing else ran)
+    assert [(r.num_decode_tokens, r.num_span_prefill_tokens + r.num_final_prefill_tokens) for r in steps[1:]] == [
+        (1, 0)
+    ] * 5
+    wanted = {f"step: {r.index}; tokens: 1; kind: decode" for r in steps[1:]}
+    heights, deadline = {}, time.monotonic() + 30
+    while not wanted <= heights.keys() and time.monotonic() < deadline:  # NOTE: the one-second timer redraws it
+        time.sleep(0.2)
+        bars = page.eval_on_selector_all(
+            "[id^=timeline] [aria-roledescription=bar]",
+            "bars => bars.map(b => [b.getAttribute('aria-label'), b.getBoundingClientRect().height])",
+        )
+        heights = {}
+        for label, height in bars:
+            heights[label] = max(height, heights.get(label, 0.0))
+    assert wanted <= heights.keys(), sorted(heights)
+    assert all(heights[label] >= 4 for label in wanted), {label: heights[label] for label in wanted}
+    page.screenshot(path=ARTIFACTS / "10-timeline-decode.png", full_page=True)
     page.context.close()

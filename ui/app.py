@@ -1,7 +1,7 @@
 """`build_demo(llm) -> gr.Blocks`: the panels laid out and wired to the handlers (handlers.py).
 
     Compose & generate | Cache view (your last request, the pool, every request in flight) |
-    Scheduler timeline | Checkpoints
+    Scheduler timeline (and decode alone, on its own scale) | Checkpoints
 
 A hybrid model (recurrent layers beside attention) composes with the `prefix` recipe only, and its Checkpoints tab
 shows the checkpoints each request saved on its token axis and where it resumed.
@@ -23,6 +23,7 @@ from ui.checkpoints_panel import MAX_BUDGET, plans_frame
 from ui.compose import HYBRID_RECIPES
 from ui.handlers import APP_STREAM, BENCH_STREAMS, Handlers
 from ui.monitor import HIT_RATES
+from ui.timeline import KIND_COLORS, decode_frame
 
 TICK_SECONDS = 1.0
 MAX_CONCURRENT_REQUESTS = 8  # generate events served at once (all share the engine's batches)
@@ -111,8 +112,26 @@ def build_demo(llm) -> gr.Blocks:
                 "prompt), **decode**, and **recompute** (answer tokens computed again after a preemption). This "
                 f"engine's span policy: **{llm.config.scheduler.span_policy}** "
                 f"({SPAN_POLICY_NOTES[llm.config.scheduler.span_policy]}; `minipic-lite ui --span-policy` picks it)."
+                "\n\nBoth plots count tokens on a linear scale: a prefill step of hundreds of tokens leaves a decode "
+                "step (one token per running request) under a pixel tall, so the second draws decode alone, on its own "
+                "scale."
             )
-            timeline = gr.BarPlot(x="step", y="tokens", color="kind", label="Scheduler timeline", elem_id="timeline")
+            timeline = gr.BarPlot(
+                x="step",
+                y="tokens",
+                color="kind",
+                color_map=KIND_COLORS,
+                label="Scheduler timeline",
+                elem_id="timeline",
+            )
+            decode_timeline = gr.BarPlot(
+                x="step",
+                y="tokens",
+                color="kind",
+                color_map=KIND_COLORS,
+                label="Decode tokens per step (its own scale)",
+                elem_id="timeline-decode",
+            )
         with gr.Tab("Checkpoints"):
             if h.is_hybrid:
                 state_views = hybrid_state_views()
@@ -128,7 +147,7 @@ def build_demo(llm) -> gr.Blocks:
                 plan_btn = gr.Button("Plan", elem_id="plan")
             plan_caption = gr.Markdown("", elem_id="plan-caption")
             with gr.Row():
-                histogram = gr.BarPlot(x="depth", y="mass", label="Overlap depth (learned)")
+                histogram = gr.BarPlot(x="depth", y="mass", label="Overlap depth (learned)", elem_id="histogram")
                 positions = gr.ScatterPlot(x="position", y="policy", color="policy", label="Checkpoint positions")
             plans = gr.Dataframe(plans_frame([]), label="Policies", elem_id="plans")
 
@@ -161,7 +180,18 @@ def build_demo(llm) -> gr.Blocks:
         demo.unload(on_close)
 
         timer = gr.Timer(TICK_SECONDS)
-        timer.tick(h.tick, None, [pool, *hit_rates, inflight, timeline], concurrency_limit=None, show_progress="hidden")
+
+        def on_tick():
+            *views, steps = h.tick()
+            return *views, steps, decode_frame(steps)
+
+        timer.tick(
+            on_tick,
+            None,
+            [pool, *hit_rates, inflight, timeline, decode_timeline],
+            concurrency_limit=None,
+            show_progress="hidden",
+        )
         if h.is_hybrid:
 
             def on_state_tick(request: gr.Request):
@@ -169,7 +199,22 @@ def build_demo(llm) -> gr.Blocks:
 
             timer.tick(on_state_tick, None, state_views, concurrency_limit=None, show_progress="hidden")
 
-        plan_btn.click(h.plan, [source, budget, bin_size], [histogram, positions, plans, plan_caption])
+        def on_plan(source, budget, bin_size):
+            masses, *rest = h.plan(source, budget, bin_size)
+            if masses is None:  # a refused plan: the plot empty
+                return None, *rest
+            # NOTE: each bin's mass at its middle, binned back by vega with the grid as its step: a bar spans
+            # [start, start + grid) and the axis runs from 0 to the last bin's end. (Bars at the bin starts were thin
+            # marks centred on them, on an axis vega padded to -50; binned at the starts, vega's last bin, closed
+            # at the largest start, took the last two.)
+            middles = masses.assign(depth=masses["depth"] + bin_size / 2)
+            return gr.BarPlot(middles, x_bin=bin_size), *rest
+
+        # NOTE: the plot cleared first: gradio 6.31 redraws a plot whose x_bin and data change at once with its old
+        # data (the 64-token grid's masses binned by 16); from no data it draws the new data
+        plan_btn.click(lambda: None, None, histogram, show_progress="hidden").then(
+            on_plan, [source, budget, bin_size], [histogram, positions, plans, plan_caption]
+        )
     return demo
 
 

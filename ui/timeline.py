@@ -2,6 +2,9 @@
 
 With the inline policy (the default) a request's SSEP documents are prefilled in the same chunks as the rest of
 its prompt, so span and final prefill share steps; isps and barrier (`--span-policy`) show them apart.
+
+Both plots are linear: a prefill step of hundreds of tokens would flatten a decode step of one token per running
+request to under a pixel, so decode is drawn again on a plot of its own scale (`decode_frame`).
 """
 
 from __future__ import annotations
@@ -14,6 +17,12 @@ KINDS = {
     "decode": "num_decode_tokens",
     "recompute": "num_recompute_tokens",
 }
+KIND_COLORS = {  # NOTE: fixed, so a kind has one colour on both plots (vega's category colours follow the data)
+    "span prefill": "#4c78a8",
+    "final prefill": "#f58518",
+    "decode": "#e45756",
+    "recompute": "#72b7b2",
+}
 TIMELINE_STEPS = 120  # the most recent steps drawn
 
 
@@ -25,3 +34,8 @@ def timeline_frame(records, num_steps: int = TIMELINE_STEPS) -> pd.DataFrame:
         for kind, field in KINDS.items()
     ]
     return pd.DataFrame(rows, columns=["step", "kind", "tokens"])
+
+
+def decode_frame(frame: pd.DataFrame) -> pd.DataFrame:
+    """The timeline's decode rows only (one token per running request and step), for a plot on their own scale."""
+    return frame[frame["kind"] == "decode"].reset_index(drop=True)
