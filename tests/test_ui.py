@@ -353,7 +353,8 @@ def test_a_long_step_neither_freezes_the_views_nor_leaves_the_request_silent(llm
     assert time.perf_counter() - start < 1.0  # the step still runs: the tick did not wait for it
     assert pool == handlers_module.WAITING_FOR_STATS and f"request {request_id}: queued or prefilling" in inflight
     frames = list(outputs)
-    seconds = [int(m.group(1)) for f in frames if (m := re.search(r"its \d+ prompt tokens, (\d+) s so far", f[3]))]
+    waiting = r"its \d+ prompt tokens(?:: [\d,]+ in the cache)?, (\d+) s so far"  # queued, or prefilling
+    seconds = [int(m.group(1)) for f in frames if (m := re.search(waiting, f[3]))]
     assert len(seconds) >= 5 and seconds == sorted(seconds) and seconds[-1] >= 1  # counted up through the step
     assert frames[-1][3] == f"{request_id}: done: it reached the new-token limit (length)"
     assert "blocks used / free / total" in h.tick()[0]  # the step over: the counters are back

@@ -19,7 +19,7 @@ from ui.cache_view import STYLE, grid_cells, grid_html, inflight_html, pool_mark
 from ui.checkpoints_panel import TokenAxis, axis_html, format_bytes, histogram_frame, plans_frame
 from ui.compose import InputError
 from ui.monitor import Monitor
-from ui.timeline import timeline_frame
+from ui.timeline import KIND_COLORS, KINDS, decode_frame, timeline_frame
 
 PAD, SSEP, PDEP = 0, 1, 2
 CONTROL = ControlTokens(ssep_id=SSEP, pdep_id=PDEP, pad_id=PAD)
@@ -272,6 +272,8 @@ def test_timeline_keeps_the_latest_steps_one_row_per_kind():
         [4, "decode", 4000],
         [4, "recompute", 40000],
     ]
+    assert decode_frame(frame).values.tolist() == [[3, "decode", 3000], [4, "decode", 4000]]
+    assert decode_frame(frame).index.tolist() == [0, 1] and list(KIND_COLORS) == list(KINDS)
 
 
 def test_plans_table_counts_positions_and_the_share_saved():
