@@ -56,6 +56,15 @@ class EngineStats:
     total_step_time: float = 0.0  # seconds, summed over steps (a list would grow without bound)
 
 
+def prompt_tokens_in_cache(req: Request) -> int:
+    """The prompt tokens whose keys and values a request has in the cache: those its chunks have passed (computed,
+    or cached blocks skipped), and the cached blocks past them that no other request still computes (a document
+    cached anywhere in the prompt counts from its admission, not once a chunk reaches it)."""
+    B, front = req.block_size, req.num_computed_tokens
+    ahead = sum(1 for block in req.cached_block_ids - req.waiting_blocks if block * B >= front)
+    return min(req.num_prompt_tokens, front + B * ahead)
+
+
 def shown_text(text: str, stop: Sequence[str]) -> str:
     """What an unfinished request's output shows of its text so far, as vLLM: not the characters that may yet begin a
     stop string, nor an incomplete character at the end ('\ufffd', bytes the next token may complete). So a stream's
@@ -384,14 +393,14 @@ class LLMEngine:
 
     def prefill_progress(self) -> dict[str, tuple[str, int, int]]:
         """Request id -> (stage, prompt tokens in the cache, prompt tokens) of each request with no token yet: stage
-        "prefilling" (admitted: the tokens it found cached, then its chunks so far) or "queued" (not yet admitted;
-        under isps its documents may be prefilling already), running ones first."""
+        "prefilling" (admitted) or "queued" (not yet admitted; under isps or barrier its documents may be prefilling
+        already), running ones first."""
         sched = self.scheduler
         return {
-            req.request_id: (stage, req.num_computed_tokens, req.num_prompt_tokens)
+            req.request_id: (stage, prompt_tokens_in_cache(req), req.num_prompt_tokens)
             for stage, reqs in (("prefilling", sched.running), ("queued", sched.waiting))
             for req in reqs
-            if req.num_output_tokens == 0  # NOTE: span prefills (isps) queue apart, in scheduler.span_running
+            if req.num_output_tokens == 0  # NOTE: span prefills (isps, barrier) queue apart, in span_running
         }
 
     def _state_stats(self) -> dict:

@@ -287,6 +287,29 @@ def test_prefill_progress_counts_each_waiting_prompts_tokens_in_the_cache_step_b
     llm.close()
 
 
+def test_prefill_progress_counts_a_document_cached_mid_prompt_from_its_admission(tiny_dir):
+    """c's SSEP document (block 1) was cached by a: after c's first 16-token chunk (block 0) the document's block
+    counts too (32 of 53), before any chunk reaches it; the next chunk skips it and computes block 2 (48)."""
+    S, P, PAD = 3, 4, 5
+    llm = mp.LLM(str(tiny_dir), device="cpu", max_model_len=128, num_blocks=16, max_num_batched_tokens=16,
+                 control_tokens=mp.ControlTokens(ssep_id=S, pdep_id=P, pad_id=PAD))  # fmt: skip
+    a = [*range(20, 35), PAD, S, *range(100, 115), P, 60, 61]  # leading block, the SSEP document's block, final
+    c = [*range(40, 55), PAD, S, *range(100, 115), P, *range(60, 80)]  # 53 tokens: blocks 0 and 2 new, 1 cached
+    llm.generate([a], GREEDY4, use_tqdm=False)
+    engine = llm.engine
+    engine.add_request(c, GREEDY4, request_id="c")
+    seen = []
+    for _ in range(2):
+        engine.step()
+        seen.append(engine.prefill_progress())
+    assert seen == [{"c": ("prefilling", 32, 53)}, {"c": ("prefilling", 48, 53)}]
+    finals = []
+    while engine.has_unfinished():
+        finals += engine.step()
+    assert [block.status for block in finals[0].cache_report] == ["computed", "hit", "computed", "computed"]
+    llm.close()
+
+
 def test_a_span_computed_ahead_counts_once_as_the_final_prompts_hit(tiny_dir):
     """isps with one seat: b's SSEP span is computed ahead while a runs, by a span prefill that gets no cache report
     and counts no block of its own; b then hits it. Blocks: a 3 computed; b 1 hit and 2 computed."""

@@ -101,3 +101,24 @@ def test_a_request_hashes_its_packed_prompt_as_its_tokens_also_after_it_grows(nu
     assert packed.block_hashes == plain.block_hashes and len(plain.block_hashes) == (num_tokens + 7) // 4
     with pytest.raises(ValueError, match="prompt_bytes holds 8 bytes"):
         Request("c", list(ids), SamplingParams(), 4, b"root", prompt_bytes=token_bytes(ids[:1]))
+
+
+@pytest.mark.parametrize(
+    ("computed", "cached", "waiting", "expected"),
+    [
+        (0, set(), set(), 0),  # queued
+        (0, {0, 1}, set(), 32),  # leading hits, before any chunk
+        (16, {1, 3}, set(), 48),  # a document cached past the computed front counts at once
+        (16, {1, 3}, {3}, 32),  # ... but not a block another request still computes
+        (48, {1}, set(), 48),  # a cached block the chunks passed is in the front already
+        (48, {3}, set(), 50),  # never past the prompt (50 tokens, a full block 3 of 16 cannot be: capped)
+    ],
+)
+def test_prompt_tokens_in_cache_are_the_computed_front_and_the_cached_blocks_past_it(
+    computed, cached, waiting, expected
+):
+    from minipic_lite.engine import prompt_tokens_in_cache
+
+    req = Request("r", list(range(50)), SamplingParams(), 16, ROOT)
+    req.num_computed_tokens, req.cached_block_ids, req.waiting_blocks = computed, set(cached), set(waiting)
+    assert prompt_tokens_in_cache(req) == expected

@@ -513,6 +513,22 @@ def test_each_hit_rate_has_a_plot_of_its_own(llm):
     ]
 
 
+def test_every_bar_plot_scales_from_zero_and_both_plan_events_share_one_queue(llm):
+    """gradio leaves zero out of a plot's scale unless y_lim says otherwise, and vega starts bars at the scale's
+    least value: a decode plot of steps of one token, or of one and two, drew the least as 0 px. And the Plan
+    button's clear and plan share one queue, so a second click's clear waits for the first plan."""
+    import gradio as gr
+
+    from ui import build_demo
+
+    demo = build_demo(llm)
+    plots = {b.elem_id: b.y_lim for b in demo.blocks.values() if isinstance(b, gr.BarPlot)}
+    assert plots == {"timeline": [0, None], "timeline-decode": [0, None], "histogram": [0, None]}
+    (histogram,) = [b for b in demo.blocks.values() if getattr(b, "elem_id", None) == "histogram"]
+    plan_events = [fn for fn in demo.fns.values() if any(out is histogram for out in fn.outputs)]
+    assert len(plan_events) == 2 and {fn.concurrency_id for fn in plan_events} == {"plan"}
+
+
 def test_step_log_counts_span_prefill_final_prefill_and_decode(handlers, llm):
     import minipic_lite as mp
 

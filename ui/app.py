@@ -121,6 +121,7 @@ def build_demo(llm) -> gr.Blocks:
                 y="tokens",
                 color="kind",
                 color_map=KIND_COLORS,
+                y_lim=[0, None],  # NOTE: gradio's plots leave zero out of a scale unless told: bars from the least
                 label="Scheduler timeline",
                 elem_id="timeline",
             )
@@ -129,6 +130,7 @@ def build_demo(llm) -> gr.Blocks:
                 y="tokens",
                 color="kind",
                 color_map=KIND_COLORS,
+                y_lim=[0, None],  # NOTE: else steps of one token beside steps of two, or all of one, are 0 px tall
                 label="Decode tokens per step (its own scale)",
                 elem_id="timeline-decode",
             )
@@ -147,7 +149,9 @@ def build_demo(llm) -> gr.Blocks:
                 plan_btn = gr.Button("Plan", elem_id="plan")
             plan_caption = gr.Markdown("", elem_id="plan-caption")
             with gr.Row():
-                histogram = gr.BarPlot(x="depth", y="mass", label="Overlap depth (learned)", elem_id="histogram")
+                histogram = gr.BarPlot(
+                    x="depth", y="mass", y_lim=[0, None], label="Overlap depth (learned)", elem_id="histogram"
+                )
                 positions = gr.ScatterPlot(x="position", y="policy", color="policy", label="Checkpoint positions")
             plans = gr.Dataframe(plans_frame([]), label="Policies", elem_id="plans")
 
@@ -211,9 +215,10 @@ def build_demo(llm) -> gr.Blocks:
             return gr.BarPlot(middles, x_bin=bin_size), *rest
 
         # NOTE: the plot cleared first: gradio 6.31 redraws a plot whose x_bin and data change at once with its old
-        # data (the 64-token grid's masses binned by 16); from no data it draws the new data
-        plan_btn.click(lambda: None, None, histogram, show_progress="hidden").then(
-            on_plan, [source, budget, bin_size], [histogram, positions, plans, plan_caption]
+        # data (the 64-token grid's masses binned by 16); from no data it draws the new data. One queue for both
+        # (limit 1): a second click's clear waits for the first's plan
+        plan_btn.click(lambda: None, None, histogram, show_progress="hidden", concurrency_id="plan").then(
+            on_plan, [source, budget, bin_size], [histogram, positions, plans, plan_caption], concurrency_id="plan"
         )
     return demo
 

@@ -156,9 +156,11 @@ class Handlers:
         request_ids = self.monitor.requests_of(session)
         for request_id in request_ids:
             self.stopped.add(request_id)
-            self.llm.abort(request_id)
-            if not self.monitor.is_in_flight(request_id):  # NOTE: its stream ended after requests_of: the id was
-                self.stopped.discard(request_id)  # added after its own discard, and would stay for good
+            try:
+                self.llm.abort(request_id)
+            finally:
+                if not self.monitor.is_in_flight(request_id):  # NOTE: its stream ended after requests_of: the id
+                    self.stopped.discard(request_id)  # was added after its own discard, and would stay for good
         return f"stopped {', '.join(request_ids)}" if request_ids else "nothing to stop"
 
     def close_session(self, session: str) -> None:
@@ -193,8 +195,9 @@ class Handlers:
 
     def progress(self, request_id: str) -> tuple[str, int, int] | None:
         """A request's (stage, prompt tokens in the cache, prompt tokens) in the engine's last counters (None: they
-        predate it, or it has a token already, or the fetch failed: that one the next tick shows). NOTE: it waits for
-        no fetch (one is started if none is under way): the heartbeat's line comes on time."""
+        predate it, or it has a token already, or the fetch failed: the stream goes on without it, and the next tick
+        fetches again). NOTE: it waits for no fetch (one is started if none is under way): the heartbeat's line comes
+        on time, with the counters of the fetch an earlier heartbeat or tick started."""
         try:
             stats = self.monitor.latest_stats(self.llm.stats, 0.0)
         except Exception:  # noqa: BLE001 -- a status line's detail: the stream goes on without it
