@@ -2,17 +2,20 @@
 
 A well-behaved Unix tool: every argument is checked before the model loads (torch and transformers are
 imported only then, so `--help` is instant), a user error prints one line and exits non-zero (2 for
-usage errors, 1 when the run itself fails, e.g. a prompt longer than the context), and a long prompt comes
-from a file or standard input instead of the command line.
+usage errors, 1 when the run itself fails, e.g. a prompt longer than the context), a long prompt comes
+from a file or standard input instead of the command line, and its prefill shows a progress bar on a terminal.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import contextlib
 import errno
 import os
 import re
 import sys
+import threading
 import time
 
 from minipic_lite.config import SPAN_POLICIES
@@ -83,7 +86,8 @@ def build_parser() -> Parser:
         help="generate a reply to a prompt",
         description="Generate a reply to a prompt. The prompt is sent as a chat message (the model's chat\n"
         "template) unless --raw is given. The reply goes to standard output, a one-line summary to\n"
-        "standard error. Exit status: 0 done, 1 the run failed, 2 a usage error, 130 interrupted.",
+        "standard error (on a terminal, after a progress bar of a prefill that takes over a second).\n"
+        "Exit status: 0 done, 1 the run failed, 2 a usage error, 130 interrupted.",
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -203,7 +207,9 @@ def run_generate(args, prompt_text: str) -> int:
         raise UsageError(f"{llm.config.model_dir} ships no tokenizer: the command line needs one (Python: token ids)")
     names = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "ignore_eos")
     params = SamplingParams(**{k: getattr(args, k) for k in names})
-    output = stream_to_stdout(llm, prompt, params) if args.stream else llm.generate([prompt], params, use_tqdm=False)[0]
+    with prefill_bar(llm, CLI_REQUEST_ID) as first_output:
+        outputs = llm.stream(prompt, params, request_id=CLI_REQUEST_ID)
+        output = stream_to_stdout(outputs, first_output) if args.stream else last(outputs, first_output)
     if not args.stream:
         print(output.text)
     sys.stdout.flush()  # NOTE: a reader that left fails here, in main's try, not in the flush at exit (exit 120)
@@ -216,10 +222,54 @@ def run_generate(args, prompt_text: str) -> int:
     return 0
 
 
-def stream_to_stdout(llm, prompt, params):
+CLI_REQUEST_ID = "cli"
+PREFILL_BAR_DELAY, PREFILL_POLL_SECONDS = 1.0, 0.25
+
+
+@contextlib.contextmanager
+def prefill_bar(llm, request_id: str, delay: float = PREFILL_BAR_DELAY, file=None, disable: bool | None = None):
+    """A progress bar of a request's prompt tokens in the cache (`LLM.stats()["prefill_progress"]`), from a thread
+    polling the engine, until the `with` block calls what it yields (at the first output) or ends. Shown once the
+    prefill has taken `delay` seconds, and (disable=None) only where stderr is a terminal; it leaves no line behind.
+    """
+    from tqdm.auto import tqdm
+
+    done = threading.Event()
+
+    def poll() -> None:
+        with tqdm(
+            desc="prefill", unit="tok", file=file or sys.stderr, disable=disable, delay=delay, leave=False
+        ) as bar:
+            while not done.wait(PREFILL_POLL_SECONDS):
+                try:
+                    progress = llm.stats()["prefill_progress"].get(request_id)  # NOTE: waits for the step to end
+                except Exception:  # noqa: BLE001 -- the engine stopped: the request's own stream says why
+                    return
+                if progress is not None and not done.is_set():
+                    _, count, bar.total = progress
+                    bar.update(count - bar.n)  # NOTE: update, not n and refresh: tqdm then clears what it drew
+
+    thread = threading.Thread(target=poll, name="prefill-bar", daemon=True)
+    thread.start()
+    try:
+        yield done.set
+    finally:
+        done.set()
+        thread.join()
+
+
+def last(outputs, first_output):
+    """The final one of a request's outputs, `first_output()` called at the first."""
+    output = next(outputs)
+    first_output()
+    return collections.deque(outputs, maxlen=1).pop() if not output.finished else output
+
+
+def stream_to_stdout(outputs, first_output=lambda: None):
     """Print each new piece of text as it comes; returns the final output."""
     printed = ""
-    for output in llm.stream(prompt, params):
+    for output in outputs:
+        first_output()
         # NOTE: the text so far only grows (the engine holds back what may begin a stop string or an incomplete
         # character: engine.shown_text); a decode that rewrote earlier text is skipped, not printed wrong
         if output.text.startswith(printed) and len(output.text) > len(printed):

@@ -237,10 +237,13 @@ class RecordingLLM:
         RecordingLLM.calls.append((prompts, params, use_tqdm))
         metrics = SimpleNamespace(ttft=0.01, total_time=0.02)
         return [SimpleNamespace(text="ok", prompt_token_ids=[1, 2], token_ids=[3], finish_reason="length",
-                                metrics=metrics)]  # fmt: skip
+                                metrics=metrics, finished=True)]  # fmt: skip
 
-    def stream(self, prompt, params):
+    def stream(self, prompt, params, request_id=None):
         yield from self.generate([prompt], params, False)
+
+    def stats(self):  # the prefill bar's poll
+        return {"prefill_progress": {}}
 
 
 def test_generate_hands_every_sampling_flag_to_the_params(monkeypatch, capsys):
@@ -304,3 +307,40 @@ def test_every_option_of_a_command_says_what_it_is_not_only_its_default(command)
     actions = build_parser().commands[command]._actions
     bare = [a.option_strings[-1] for a in actions if a.option_strings and (a.help or "").startswith("default")]
     assert bare == []
+
+
+def test_the_prefill_bar_counts_the_prompt_tokens_in_the_cache_until_the_first_output(model_dir, monkeypatch):
+    """run_generate's wiring (prefill_bar around a stream, `last` calling back at the first output) over 64-token
+    steps held 0.2 s each: the bar, forced on, shows 64, 128, ... of the prompt's tokens, never all of them (it stops
+    at the first token), and the answer is the one `generate` gives."""
+    import re
+    import time
+
+    import minipic_lite as mp
+
+    monkeypatch.setattr(cli, "PREFILL_POLL_SECONDS", 0.05)
+    llm = mp.LLM(str(model_dir), device="cpu", dtype="float32", max_model_len=2048, max_num_batched_tokens=64)
+    prompt, params = " ".join(f"item {i}," for i in range(100)), mp.SamplingParams(max_tokens=3, temperature=0.0)
+    try:
+        step = llm.engine.step
+
+        def slow_step():
+            time.sleep(0.2)
+            return step()
+
+        monkeypatch.setattr(llm.engine, "step", slow_step)
+        file = io.StringIO()
+        with cli.prefill_bar(llm, "bar", delay=0, file=file, disable=False) as first_output:
+            output = cli.last(llm.stream(prompt, params, request_id="bar"), first_output)
+        expected = llm.generate(prompt, params, use_tqdm=False)[0]  # NOTE: its prompt's blocks cached by now
+        not_a_terminal = io.StringIO()  # as stderr piped or redirected: disable=None turns the bar off
+        with cli.prefill_bar(llm, "off", delay=0, file=not_a_terminal) as first_output:
+            cli.last(llm.stream(prompt.replace("item", "thing"), params, request_id="off"), first_output)
+    finally:
+        llm.close()
+    assert not_a_terminal.getvalue() == ""
+    n = len(output.prompt_token_ids)
+    counts = [int(done) for done, total in re.findall(r"(\d+)/(\d+) \[", file.getvalue()) if int(total) == n]
+    assert n > 4 * 64 and len(set(counts)) >= 3 and counts == sorted(counts), file.getvalue()
+    assert all(count % 64 == 0 and count < n for count in counts)
+    assert output.finished and output.token_ids == expected.token_ids and len(output.token_ids) == 3
