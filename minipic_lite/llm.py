@@ -258,6 +258,7 @@ class LLM:
                 output = _raise_if_error(item)
                 done[output.request_id] = output  # NOTE: only finished outputs come to a non-streaming sink
                 if bar is not None:
+                    bar.set_postfix_str(token_rates(done.values(), bar.format_dict["elapsed"]), refresh=False)
                     bar.update(1)
         finally:
             if bar is not None:
@@ -322,6 +323,15 @@ def _raise_if_error(item):
     if isinstance(item, BaseException):
         raise item
     return item
+
+
+def token_rates(outputs, seconds: float) -> str:
+    """The progress bar's postfix, as vLLM's: the finished requests' prompt and generated tokens per second so far."""
+    outputs = list(outputs)
+    prompt_tokens = sum(len(out.prompt_token_ids) for out in outputs)
+    new_tokens = sum(len(out.token_ids) for out in outputs)
+    seconds = max(seconds, 1e-9)
+    return f"prompt {prompt_tokens / seconds:,.0f} tok/s, generated {new_tokens / seconds:,.0f} tok/s"
 
 
 def is_last(item) -> bool:

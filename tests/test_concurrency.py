@@ -5,6 +5,7 @@ test instead of blocking CI.
 """
 
 import asyncio
+import re
 import threading
 
 import pytest
@@ -437,11 +438,19 @@ def test_generate_shows_a_progress_bar_only_when_asked_and_before_its_requests_a
     monkeypatch.setattr(llm_module, "tqdm", recorded)
     run_with_timeout(llm.generate, PROMPTS[:2], GREEDY, use_tqdm=False)
     assert made == []
+    start = time.perf_counter()
     outputs = run_with_timeout(lambda: llm.generate(PROMPTS[:2], GREEDY))
+    wall = time.perf_counter() - start
     ((built, kwargs, bar),) = made
     assert kwargs == {"total": 2, "desc": "generate", "unit": "req"} and bar.n == 2  # one count per request
     assert all(out.metrics.arrival_time > built for out in outputs)
     assert "2/2" in capsys.readouterr().err
+    tokens = [(len(out.prompt_token_ids), len(out.token_ids)) for out in outputs]
+    rates = re.fullmatch(r"prompt ([\d,]+) tok/s, generated ([\d,]+) tok/s", bar.postfix)  # as vLLM's bar
+    prompt_rate, new_rate = (int(rates[i].replace(",", "")) for i in (1, 2))
+    num_prompt, num_new = sum(p for p, _ in tokens), sum(n for _, n in tokens)
+    assert prompt_rate >= num_prompt / wall - 1 and new_rate >= num_new / wall - 1  # over the bar's time, within ours
+    assert prompt_rate / new_rate == pytest.approx(num_prompt / num_new, rel=0.05)  # over the same seconds
     with pytest.raises(TypeError, match="prompt 1"):
         llm.generate([PROMPTS[0], 3.5], GREEDY)
     assert "0/2" in capsys.readouterr().err
