@@ -1,4 +1,5 @@
-"""`minipic-lite generate "..."`: one generation on the default (or a given) model, from the shell.
+"""`minipic-lite generate "..."`: one generation on the default (or a given) model, from the shell; `minipic-lite
+chat`: a conversation, a line of standard input a message; `minipic-lite ui`: the web app.
 
 A well-behaved Unix tool: every argument is checked before the model loads (torch and transformers are
 imported only then, so `--help` is instant), a user error prints one line and exits non-zero (2 for
@@ -12,6 +13,7 @@ import argparse
 import collections
 import contextlib
 import errno
+import itertools
 import os
 import re
 import sys
@@ -95,7 +97,37 @@ def build_parser() -> Parser:
     source.add_argument("prompt", nargs="?", help="the prompt text; '-' reads it from standard input")
     source.add_argument("-f", "--file", metavar="PATH", help="read the prompt from a file (UTF-8; '-' = stdin)")
     gen.add_argument("--raw", action="store_true", help="no chat template: continue the text as it is")
-    model = gen.add_argument_group("model")
+    add_model_arguments(gen)
+    add_sampling_arguments(gen)
+    gen.add_argument("--stream", action="store_true", help="print the reply as it is generated")
+    talk = sub.add_parser(
+        "chat",
+        help="chat with the model in the terminal",
+        description="Chat with the model: a line of standard input is a message, the reply goes to standard\n"
+        "output as it is generated, and a line per turn to standard error (prompt tokens, those the\n"
+        "prefix cache held from the turns before, time to the first token). /reset starts a new\n"
+        "conversation; end of input (Ctrl-D) or /exit ends. Exit status as generate's.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    talk.add_argument("--system", metavar="TEXT", help="a system message first (default: none)")
+    add_model_arguments(talk)
+    add_sampling_arguments(talk)
+    app = sub.add_parser(
+        "ui", help="serve the web app (needs the [ui] extra)", description="Serve the web app (no share link)."
+    )
+    app.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
+    port = checked(int, "a port number in 1..65535", lambda v: 1 <= v <= 65535)
+    app.add_argument("--port", type=port, default=7860, help="port to listen on (default: %(default)s)")
+    app.add_argument("--model", metavar="PATH", help="a .gguf file or a Hugging Face directory (default SmolLM2)")
+    policy_help = "when documents' spans are computed (README: Reuse documents anywhere; default: %(default)s)"
+    app.add_argument("--span-policy", choices=SPAN_POLICIES, default="inline", help=policy_help)
+    app.add_argument("--dtype", choices=DTYPES, default="auto", help=DTYPE_HELP)
+    parser.commands = sub.choices
+    return parser
+
+
+def add_model_arguments(command: argparse.ArgumentParser) -> None:
+    model = command.add_argument_group("model")
     model.add_argument("--model", metavar="PATH", help="a .gguf file or a local Hugging Face directory "
                        "(default: the embedded SmolLM2-135M-Instruct)")  # fmt: skip
     device = checked(str, "auto, cpu, cuda or cuda:N", re.compile(r"auto|cpu|cuda(:\d+)?").fullmatch)
@@ -106,7 +138,10 @@ def build_parser() -> Parser:
         help="auto, cpu, cuda or cuda:N (default: %(default)s = cuda when torch sees a GPU)",
     )
     model.add_argument("--dtype", choices=DTYPES, default="auto", help=DTYPE_HELP)
-    sampling = gen.add_argument_group("sampling")
+
+
+def add_sampling_arguments(command: argparse.ArgumentParser) -> None:
+    sampling = command.add_argument_group("sampling")
     temperature = checked(float, "a number >= 0 (0 = greedy)", lambda v: 0 <= v < float("inf"))
     seed = checked(int, "an integer in [-2**63, 2**64 - 1]", lambda v: SEED_MIN <= v <= SEED_MAX)
     for flag, kind, default, metavar, help_ in [
@@ -123,19 +158,6 @@ def build_parser() -> Parser:
     sampling.add_argument("--stop", type=nonempty, action="append", default=[], metavar="TEXT",
                           help="stop before this text (repeat for several)")  # fmt: skip
     sampling.add_argument("--ignore-eos", action="store_true", help="generate --max-tokens whatever the model says")
-    gen.add_argument("--stream", action="store_true", help="print the reply as it is generated")
-    app = sub.add_parser(
-        "ui", help="serve the web app (needs the [ui] extra)", description="Serve the web app (no share link)."
-    )
-    app.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
-    port = checked(int, "a port number in 1..65535", lambda v: 1 <= v <= 65535)
-    app.add_argument("--port", type=port, default=7860, help="port to listen on (default: %(default)s)")
-    app.add_argument("--model", metavar="PATH", help="a .gguf file or a Hugging Face directory (default SmolLM2)")
-    policy_help = "when documents' spans are computed (README: Reuse documents anywhere; default: %(default)s)"
-    app.add_argument("--span-policy", choices=SPAN_POLICIES, default="inline", help=policy_help)
-    app.add_argument("--dtype", choices=DTYPES, default="auto", help=DTYPE_HELP)
-    parser.commands = sub.choices
-    return parser
 
 
 def package_version() -> str:
@@ -195,18 +217,23 @@ def check_listen(host: str, port: int) -> None:
             raise UsageError(f"cannot listen on {host}:{port}: {e.strerror}{hint}") from None
 
 
-def run_generate(args, prompt_text: str) -> int:
+def load(args):
+    """(the engine of --model / --device / --dtype, its load time, the sampling flags' SamplingParams)."""
     from minipic_lite import LLM, SamplingParams
 
     start = time.perf_counter()
     auto = lambda value: None if value == "auto" else value
     llm = LLM(args.model, device=auto(args.device), dtype=auto(args.dtype))
     load_time = time.perf_counter() - start
-    prompt = prompt_text if args.raw else [{"role": "user", "content": prompt_text}]
     if llm.tokenizer is None:
         raise UsageError(f"{llm.config.model_dir} ships no tokenizer: the command line needs one (Python: token ids)")
     names = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "ignore_eos")
-    params = SamplingParams(**{k: getattr(args, k) for k in names})
+    return llm, load_time, SamplingParams(**{k: getattr(args, k) for k in names})
+
+
+def run_generate(args, prompt_text: str) -> int:
+    llm, load_time, params = load(args)
+    prompt = prompt_text if args.raw else [{"role": "user", "content": prompt_text}]
     with prefill_bar(llm, CLI_REQUEST_ID) as first_output:
         outputs = llm.stream(prompt, params, request_id=CLI_REQUEST_ID)
         output = stream_to_stdout(outputs, first_output) if args.stream else last(outputs, first_output)
@@ -219,6 +246,41 @@ def run_generate(args, prompt_text: str) -> int:
         f"load {load_time:.1f} s, ttft {m.ttft * 1e3:.0f} ms, total {m.total_time:.2f} s]",
         file=sys.stderr,
     )
+    return 0
+
+
+def run_chat(args) -> int:
+    """A conversation on standard input, a message a line: each reply streamed, a line per turn on stderr."""
+    llm, load_time, params = load(args)
+    system = [{"role": "system", "content": args.system}] if args.system else []
+    history: list[dict] = []
+    print(f"[loaded in {load_time:.1f} s; a message a line, /reset a new conversation, Ctrl-D ends]", file=sys.stderr)
+    for turn in itertools.count(1):
+        if sys.stdin.isatty():
+            print("> ", end="", file=sys.stderr, flush=True)
+        line = sys.stdin.readline()
+        message = line.strip()
+        if not line or message == "/exit":
+            return 0
+        if message == "/reset":
+            history = []
+            print("[a new conversation]", file=sys.stderr)
+            continue
+        if not message:
+            continue
+        messages = [*system, *history, {"role": "user", "content": message}]
+        try:
+            with prefill_bar(llm, f"chat-{turn}") as first_output:
+                output = stream_to_stdout(llm.stream(messages, params, request_id=f"chat-{turn}"), first_output)
+        except ValueError as e:  # NOTE: e.g. past the model's context: the conversation so far stays
+            print(f"{PROG} chat: error: {str(e).removeprefix('prompt 0: ')} (/reset starts anew)", file=sys.stderr)
+            continue
+        history += [messages[-1], {"role": "assistant", "content": output.text}]
+        print(
+            f"[{len(output.prompt_token_ids)} prompt tokens, {output.num_cached_tokens} of them cached, "
+            f"{len(output.token_ids)} generated ({output.finish_reason}); ttft {output.metrics.ttft * 1e3:.0f} ms]",
+            file=sys.stderr,
+        )
     return 0
 
 
@@ -296,6 +358,9 @@ def main(argv: list[str] | None = None) -> int:
 
             dtype = None if args.dtype == "auto" else args.dtype
             return serve(args.host, args.port, args.model, args.span_policy, dtype)
+        if args.command == "chat":
+            check_model(args.model)
+            return run_chat(args)
         prompt_text = read_prompt(args)
         check_model(args.model)
         return run_generate(args, prompt_text)

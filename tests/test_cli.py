@@ -45,7 +45,7 @@ def heavy_modules(stdout: str) -> str:
 # -- help and version: instant, no torch ---------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("args", [["--help"], ["generate", "--help"], ["--version"]], ids=" ".join)
+@pytest.mark.parametrize("args", [["--help"], ["generate", "--help"], ["chat", "--help"], ["--version"]], ids=" ".join)
 def test_help_and_version_import_no_torch(args):
     code, out, err = run_cli(*args, probe=True)
     assert code == 0, err
@@ -202,6 +202,31 @@ def test_stop_and_ignore_eos_give_the_api_reply(llm):
     code, out, err = run_cli("generate", "--raw", prompt, "--max-tokens", "24", "--stop", stop, "--ignore-eos")
     assert code == 0, err
     assert out == expected.text + "\n" and "(stop)" in err
+
+
+def test_chat_answers_each_line_as_the_api_answers_the_conversation_and_reuses_its_prefix(llm, model_dir):
+    """Each line a message, each reply the API's for the conversation so far (greedy); the second turn finds the
+    first's prompt blocks cached; a message past the context is one error line and the conversation goes on; /reset
+    starts anew."""
+    import re
+
+    from minipic_lite.config import ModelConfig
+
+    params = mp.SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0)
+    q1, q2, q3 = "What is the capital of France?", "And of Italy?", "Name a color."
+    turn1 = [{"role": "user", "content": q1}]
+    r1 = llm.generate(turn1, params, use_tqdm=False)[0].text
+    turn2 = [*turn1, {"role": "assistant", "content": r1}, {"role": "user", "content": q2}]
+    r2 = llm.generate(turn2, params, use_tqdm=False)[0].text
+    r3 = llm.generate([{"role": "user", "content": q3}], params, use_tqdm=False)[0].text
+    too_long = "cache " * (ModelConfig.from_dir(model_dir).max_position + 100)
+    stdin = f"{q1}\n{q2}\n\n{too_long}\n/reset\n{q3}\n"
+    code, out, err = run_cli("chat", "--max-tokens", str(MAX_TOKENS), stdin=stdin)
+    assert code == 0, err
+    assert out == f"{r1}\n{r2}\n{r3}\n"
+    cached = [int(n) for n in re.findall(r"prompt tokens, (\d+) of them cached", err)]
+    assert len(cached) == 3 and cached[0] == 0 and cached[1] >= 16, err
+    assert "minipic-lite chat: error: " in err and "the model's context is" in err and "[a new conversation]" in err
 
 
 def test_a_model_without_a_tokenizer_is_a_usage_error(tmp_path):
