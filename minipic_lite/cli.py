@@ -106,7 +106,8 @@ def build_parser() -> Parser:
         description="Chat with the model: a line of standard input is a message, the reply goes to standard\n"
         "output as it is generated, and a line per turn to standard error (prompt tokens, those the\n"
         "prefix cache held from the turns before, time to the first token). /reset starts a new\n"
-        "conversation; end of input (Ctrl-D) or /exit ends. Exit status as generate's.",
+        "conversation; Ctrl-C stops a reply (not kept), end of input (Ctrl-D) or /exit ends.\n"
+        "Exit status as generate's.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     talk.add_argument("--system", metavar="TEXT", help="a system message first (default: none)")
@@ -256,11 +257,9 @@ def run_chat(args) -> int:
     history: list[dict] = []
     print(f"[loaded in {load_time:.1f} s; a message a line, /reset a new conversation, Ctrl-D ends]", file=sys.stderr)
     for turn in itertools.count(1):
-        if sys.stdin.isatty():
-            print("> ", end="", file=sys.stderr, flush=True)
-        line = sys.stdin.readline()
-        message = line.strip()
-        if not line or message == "/exit":
+        line = read_message()
+        message = (line or "").strip()
+        if line is None or message == "/exit":
             return 0
         if message == "/reset":
             history = []
@@ -275,6 +274,10 @@ def run_chat(args) -> int:
         except ValueError as e:  # NOTE: e.g. past the model's context: the conversation so far stays
             print(f"{PROG} chat: error: {str(e).removeprefix('prompt 0: ')} (/reset starts anew)", file=sys.stderr)
             continue
+        except KeyboardInterrupt:  # NOTE: Ctrl-C in a reply stops it (the stream aborts its request); at the prompt
+            print(flush=True)  # it ends the chat (main: exit 130)
+            print("[stopped: the reply is not kept]", file=sys.stderr)
+            continue
         history += [messages[-1], {"role": "assistant", "content": output.text}]
         print(
             f"[{len(output.prompt_token_ids)} prompt tokens, {output.num_cached_tokens} of them cached, "
@@ -282,6 +285,22 @@ def run_chat(args) -> int:
             file=sys.stderr,
         )
     return 0
+
+
+def read_message() -> str | None:
+    """The next line of standard input (None at its end); on a terminal after a "> " prompt, with line editing where
+    standard output is one too (input() writes its prompt there)."""
+    if sys.stdin.isatty() and sys.stdout.isatty():
+        with contextlib.suppress(ImportError):
+            import readline  # noqa: F401 -- input() then edits the line and keeps a history
+        try:
+            return input("> ")
+        except EOFError:
+            print()
+            return None
+    if sys.stdin.isatty():
+        print("> ", end="", file=sys.stderr, flush=True)
+    return sys.stdin.readline() or None
 
 
 CLI_REQUEST_ID = "cli"

@@ -229,6 +229,59 @@ def test_chat_answers_each_line_as_the_api_answers_the_conversation_and_reuses_i
     assert "minipic-lite chat: error: " in err and "the model's context is" in err and "[a new conversation]" in err
 
 
+def test_ctrl_c_in_a_chat_reply_stops_that_reply_and_the_chat_goes_on(llm):
+    """On a terminal (a pseudo-terminal here: stdin and stderr; stdout piped): Ctrl-C while a reply streams stops it,
+    says so, and keeps it out of the conversation; the next message is answered as the API answers it alone; Ctrl-D
+    ends with status 0."""
+    import fcntl
+    import os
+    import pty
+    import re
+    import select
+    import signal
+    import struct
+    import termios
+    import time
+
+    question = "What is the capital of France?"
+    expected = llm.generate([{"role": "user", "content": question}], mp.SamplingParams(max_tokens=300, temperature=0.0,
+                            ignore_eos=True, stop=["Paris"]), use_tqdm=False)[0]  # fmt: skip
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
+    command = [sys.executable, "-m", "minipic_lite.cli", "chat", "--max-tokens", "300", "--ignore-eos", "--stop"]
+    command.append("Paris")
+    chat = subprocess.Popen(command, stdin=slave, stdout=subprocess.PIPE, stderr=slave, cwd=ROOT)
+    os.close(slave)
+    seen = {master: b"", chat.stdout.fileno(): b""}
+
+    def read_until(fd, pattern: bytes = b"", size: int = 0, seconds: float = 120) -> None:
+        """Read both until `fd` holds `pattern` and at least `size` bytes."""
+        deadline, done = time.monotonic() + seconds, lambda: pattern in seen[fd] and len(seen[fd]) >= size
+        while not done() and time.monotonic() < deadline:
+            for ready in select.select(list(seen), [], [], 0.1)[0]:
+                seen[ready] += os.read(ready, 4096)
+        assert done(), seen
+
+    try:
+        read_until(master, b"> ")
+        os.write(master, b"Count from 1 to 500, one number a line.\n")
+        read_until(chat.stdout.fileno(), size=40)  # the reply is streaming (300 tokens take seconds)
+        chat.send_signal(signal.SIGINT)
+        read_until(master, b"[stopped: the reply is not kept]")
+        os.write(master, question.encode() + b"\n")
+        read_until(master, b"(stop)")
+        os.write(master, b"\x04")  # Ctrl-D
+        assert chat.wait(timeout=60) == 0
+        seen[chat.stdout.fileno()] += chat.stdout.read()
+    finally:
+        chat.kill()
+        os.close(master)
+    err, out = seen[master].decode(), seen[chat.stdout.fileno()].decode()
+    assert out.endswith(f"\n{expected.text}\n") and expected.finish_reason == "stop"
+    (turn,) = re.findall(r"\[(\d+) prompt tokens, \d+ of them cached, (\d+) generated \(stop\)", err)
+    assert turn == (str(len(expected.prompt_token_ids)), str(len(expected.token_ids)))  # the stopped turn not kept
+
+
 def test_a_model_without_a_tokenizer_is_a_usage_error(tmp_path):
     save_tiny_llama(tmp_path / "tiny")  # config and weights only
     code, out, err = run_cli("generate", "hi", "--model", str(tmp_path / "tiny"))
