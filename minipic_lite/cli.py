@@ -104,8 +104,8 @@ def build_parser() -> Parser:
         "chat",
         help="chat with the model in the terminal",
         description="Chat with the model: a line of standard input is a message, the reply goes to standard\n"
-        "output as it is generated, and a line per turn to standard error (prompt tokens, those the\n"
-        "prefix cache held from the turns before, time to the first token). /reset starts a new\n"
+        "output as it is generated, and a line per turn to standard error (prompt tokens, those found\n"
+        "in the prefix cache: the turns before, at least, time to the first token). /reset starts a new\n"
         "conversation; Ctrl-C stops a reply (not kept), end of input (Ctrl-D) or /exit ends.\n"
         "Exit status as generate's.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -269,11 +269,14 @@ def run_chat(args) -> int:
             continue
         messages = [*system, *history, {"role": "user", "content": message}]
         try:
-            with prefill_bar(llm, f"chat-{turn}") as first_output:
-                output = stream_to_stdout(llm.stream(messages, params, request_id=f"chat-{turn}"), first_output)
-        except ValueError as e:  # NOTE: e.g. past the model's context: the conversation so far stays
-            print(f"{PROG} chat: error: {str(e).removeprefix('prompt 0: ')} (/reset starts anew)", file=sys.stderr)
+            outputs = llm.stream(messages, params, request_id=f"chat-{turn}")
+        except ValueError as e:  # NOTE: refused before it ran (past the context, a marker's text): the chat goes on
+            hint = " (/reset starts a new conversation)" if history else ""
+            print(f"{PROG} chat: error: {str(e).removeprefix('prompt 0: ')}{hint}", file=sys.stderr)
             continue
+        try:
+            with prefill_bar(llm, f"chat-{turn}") as first_output:
+                output = stream_to_stdout(outputs, first_output)
         except KeyboardInterrupt:  # NOTE: Ctrl-C in a reply stops it (the stream aborts its request); at the prompt
             print(flush=True)  # it ends the chat (main: exit 130)
             print("[stopped: the reply is not kept]", file=sys.stderr)
@@ -305,13 +308,15 @@ def read_message() -> str | None:
 
 CLI_REQUEST_ID = "cli"
 PREFILL_BAR_DELAY, PREFILL_POLL_SECONDS = 1.0, 0.25
+STOP_BAR_TIMEOUT = 60.0  # NOTE: the poll waits at most a step (seconds on a CPU); an engine that died may never answer
 
 
 @contextlib.contextmanager
 def prefill_bar(llm, request_id: str, delay: float = PREFILL_BAR_DELAY, file=None, disable: bool | None = None):
     """A progress bar of a request's prompt tokens in the cache (`LLM.stats()["prefill_progress"]`), from a thread
-    polling the engine, until the `with` block calls what it yields (at the first output) or ends. Shown once the
-    prefill has taken `delay` seconds, and (disable=None) only where stderr is a terminal; it leaves no line behind.
+    polling the engine, until the `with` block calls what it yields (at the first output, before printing it: the bar
+    is cleared when the call returns) or ends. Shown once the prefill has taken `delay` seconds, and (disable=None)
+    only where stderr is a terminal; it leaves no line behind.
     """
     from tqdm.auto import tqdm
 
@@ -330,13 +335,16 @@ def prefill_bar(llm, request_id: str, delay: float = PREFILL_BAR_DELAY, file=Non
                     _, count, bar.total = progress
                     bar.update(count - bar.n)  # NOTE: update, not n and refresh: tqdm then clears what it drew
 
+    def stop() -> None:  # NOTE: the bar cleared (by the thread's `with`) before the caller prints on its line
+        done.set()
+        thread.join(timeout=STOP_BAR_TIMEOUT)
+
     thread = threading.Thread(target=poll, name="prefill-bar", daemon=True)
     thread.start()
     try:
-        yield done.set
+        yield stop
     finally:
-        done.set()
-        thread.join()
+        stop()
 
 
 def last(outputs, first_output):

@@ -5,10 +5,12 @@ the LLM and the web app's serve(), what each flag hands on, the exit status of a
 reply written into a pipe whose reader has left, and an address the app cannot listen on refused before it loads."""
 
 import io
+import itertools
 import os
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -331,7 +333,11 @@ def test_the_prefill_bar_counts_the_prompt_tokens_in_the_cache_until_the_first_o
         monkeypatch.setattr(llm.engine, "step", slow_step)
         file = io.StringIO()
         with cli.prefill_bar(llm, "bar", delay=0, file=file, disable=False) as first_output:
-            output = cli.last(llm.stream(prompt, params, request_id="bar"), first_output)
+            outputs = llm.stream(prompt, params, request_id="bar")
+            output = next(outputs)
+            first_output()  # NOTE: as stream_to_stdout: the bar is gone when this returns, before any text is printed
+            shown, polling = file.getvalue(), [t for t in threading.enumerate() if t.name == "prefill-bar"]
+            output = cli.last(itertools.chain([output], outputs), first_output)
         expected = llm.generate(prompt, params, use_tqdm=False)[0]  # NOTE: its prompt's blocks cached by now
         not_a_terminal = io.StringIO()  # as stderr piped or redirected: disable=None turns the bar off
         with cli.prefill_bar(llm, "off", delay=0, file=not_a_terminal) as first_output:
@@ -342,5 +348,6 @@ def test_the_prefill_bar_counts_the_prompt_tokens_in_the_cache_until_the_first_o
     n = len(output.prompt_token_ids)
     counts = [int(done) for done, total in re.findall(r"(\d+)/(\d+) \[", file.getvalue()) if int(total) == n]
     assert n > 4 * 64 and len(set(counts)) >= 3 and counts == sorted(counts), file.getvalue()
+    assert polling == [] and shown == file.getvalue() and shown.endswith("\r") and not shown.split("\r")[-2].strip()
     assert all(count % 64 == 0 and count < n for count in counts)
     assert output.finished and output.token_ids == expected.token_ids and len(output.token_ids) == 3
