@@ -10,7 +10,6 @@ from a file or standard input instead of the command line, and its prefill shows
 from __future__ import annotations
 
 import argparse
-import collections
 import contextlib
 import errno
 import itertools
@@ -235,9 +234,11 @@ def load(args):
 def run_generate(args, prompt_text: str) -> int:
     llm, load_time, params = load(args)
     prompt = prompt_text if args.raw else [{"role": "user", "content": prompt_text}]
-    with prefill_bar(llm, CLI_REQUEST_ID) as first_output:
-        outputs = llm.stream(prompt, params, request_id=CLI_REQUEST_ID)
-        output = stream_to_stdout(outputs, first_output) if args.stream else last(outputs, first_output)
+    with prefill_bar(llm) as first_output:  # NOTE: the engine's one request; it ends with its first token
+        if args.stream:
+            output = stream_to_stdout(llm.stream(prompt, params), first_output)
+        else:  # NOTE: not a stream: the engine decodes the text once, at the end, not at every step
+            output = llm.generate([prompt], params, use_tqdm=False)[0]
     if not args.stream:
         print(output.text)
     sys.stdout.flush()  # NOTE: a reader that left fails here, in main's try, not in the flush at exit (exit 120)
@@ -306,17 +307,19 @@ def read_message() -> str | None:
     return sys.stdin.readline() or None
 
 
-CLI_REQUEST_ID = "cli"
 PREFILL_BAR_DELAY, PREFILL_POLL_SECONDS = 1.0, 0.25
 STOP_BAR_TIMEOUT = 60.0  # NOTE: the poll waits at most a step (seconds on a CPU); an engine that died may never answer
 
 
 @contextlib.contextmanager
-def prefill_bar(llm, request_id: str, delay: float = PREFILL_BAR_DELAY, file=None, disable: bool | None = None):
-    """A progress bar of a request's prompt tokens in the cache (`LLM.stats()["prefill_progress"]`), from a thread
-    polling the engine, until the `with` block calls what it yields (at the first output, before printing it: the bar
-    is cleared when the call returns) or ends. Shown once the prefill has taken `delay` seconds, and (disable=None)
-    only where stderr is a terminal; it leaves no line behind.
+def prefill_bar(
+    llm, request_id: str | None = None, delay: float = PREFILL_BAR_DELAY, file=None, disable: bool | None = None
+):
+    """A progress bar of a request's prompt tokens in the cache (`LLM.stats()["prefill_progress"]`; request_id None:
+    the first request listed, for an engine that serves one), from a thread polling the engine, until the request has
+    its first token, or the `with` block calls what it yields (a stream, at its first output, before printing it: the
+    bar is cleared when the call returns), or ends. Shown once the prefill has taken `delay` seconds, and
+    (disable=None) only where stderr is a terminal; it leaves no line behind.
     """
     from tqdm.auto import tqdm
 
@@ -326,13 +329,17 @@ def prefill_bar(llm, request_id: str, delay: float = PREFILL_BAR_DELAY, file=Non
         with tqdm(
             desc="prefill", unit="tok", file=file or sys.stderr, disable=disable, delay=delay, leave=False
         ) as bar:
+            seen = False
             while not done.wait(PREFILL_POLL_SECONDS):
                 try:
-                    progress = llm.stats()["prefill_progress"].get(request_id)  # NOTE: waits for the step to end
+                    listed = llm.stats()["prefill_progress"]  # NOTE: waits for the step to end
                 except Exception:  # noqa: BLE001 -- the engine stopped: the request's own stream says why
                     return
+                progress = listed.get(request_id) if request_id is not None else next(iter(listed.values()), None)
+                if progress is None and seen:  # its first token came
+                    return
                 if progress is not None and not done.is_set():
-                    _, count, bar.total = progress
+                    seen, (_, count, bar.total) = True, progress
                     bar.update(count - bar.n)  # NOTE: update, not n and refresh: tqdm then clears what it drew
 
     def stop() -> None:  # NOTE: the bar cleared (by the thread's `with`) before the caller prints on its line
@@ -345,13 +352,6 @@ def prefill_bar(llm, request_id: str, delay: float = PREFILL_BAR_DELAY, file=Non
         yield stop
     finally:
         stop()
-
-
-def last(outputs, first_output):
-    """The final one of a request's outputs, `first_output()` called at the first."""
-    output = next(outputs)
-    first_output()
-    return collections.deque(outputs, maxlen=1).pop() if not output.finished else output
 
 
 def stream_to_stdout(outputs, first_output=lambda: None):

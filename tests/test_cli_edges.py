@@ -311,10 +311,11 @@ def test_every_option_of_a_command_says_what_it_is_not_only_its_default(command)
     assert bare == []
 
 
-def test_the_prefill_bar_counts_the_prompt_tokens_in_the_cache_until_the_first_output(model_dir, monkeypatch):
-    """run_generate's wiring (prefill_bar around a stream, `last` calling back at the first output) over 64-token
-    steps held 0.2 s each: the bar, forced on, shows 64, 128, ... of the prompt's tokens, never all of them (it stops
-    at the first token), and the answer is the one `generate` gives."""
+def test_the_prefill_bar_counts_the_prompt_tokens_in_the_cache_until_the_first_token(model_dir, monkeypatch):
+    """run_generate's wiring over 64-token steps held 0.2 s each. A stream's bar, forced on, shows 64, 128, ... of the
+    prompt's tokens, never all of them, and is cleared when the first output's callback returns (before any text is
+    printed). Around a `generate` (no stream: no callback) the bar ends by itself at the first token, while the
+    decode goes on; where stderr is no terminal it draws nothing. The answers are the ones `generate` gives."""
     import re
     import time
 
@@ -323,6 +324,7 @@ def test_the_prefill_bar_counts_the_prompt_tokens_in_the_cache_until_the_first_o
     monkeypatch.setattr(cli, "PREFILL_POLL_SECONDS", 0.05)
     llm = mp.LLM(str(model_dir), device="cpu", dtype="float32", max_model_len=2048, max_num_batched_tokens=64)
     prompt, params = " ".join(f"item {i}," for i in range(100)), mp.SamplingParams(max_tokens=3, temperature=0.0)
+    polling = lambda: [t for t in threading.enumerate() if t.name == "prefill-bar"]  # noqa: E731
     try:
         step = llm.engine.step
 
@@ -335,19 +337,25 @@ def test_the_prefill_bar_counts_the_prompt_tokens_in_the_cache_until_the_first_o
         with cli.prefill_bar(llm, "bar", delay=0, file=file, disable=False) as first_output:
             outputs = llm.stream(prompt, params, request_id="bar")
             output = next(outputs)
-            first_output()  # NOTE: as stream_to_stdout: the bar is gone when this returns, before any text is printed
-            shown, polling = file.getvalue(), [t for t in threading.enumerate() if t.name == "prefill-bar"]
-            output = cli.last(itertools.chain([output], outputs), first_output)
+            first_output()  # NOTE: as stream_to_stdout
+            shown, polled_on = file.getvalue(), polling()
+            *_, output = itertools.chain([output], outputs)
         expected = llm.generate(prompt, params, use_tqdm=False)[0]  # NOTE: its prompt's blocks cached by now
+        alone, longer = io.StringIO(), mp.SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+        with cli.prefill_bar(llm, delay=0, file=alone, disable=False):  # NOTE: the engine's one request, not streamed
+            generated = llm.generate(prompt.replace("item", "line"), longer, use_tqdm=False)[0]
+            polled_after_generate = polling()
         not_a_terminal = io.StringIO()  # as stderr piped or redirected: disable=None turns the bar off
-        with cli.prefill_bar(llm, "off", delay=0, file=not_a_terminal) as first_output:
-            cli.last(llm.stream(prompt.replace("item", "thing"), params, request_id="off"), first_output)
+        with cli.prefill_bar(llm, delay=0, file=not_a_terminal):
+            llm.generate(prompt.replace("item", "thing"), params, use_tqdm=False)
     finally:
         llm.close()
-    assert not_a_terminal.getvalue() == ""
     n = len(output.prompt_token_ids)
     counts = [int(done) for done, total in re.findall(r"(\d+)/(\d+) \[", file.getvalue()) if int(total) == n]
     assert n > 4 * 64 and len(set(counts)) >= 3 and counts == sorted(counts), file.getvalue()
-    assert polling == [] and shown == file.getvalue() and shown.endswith("\r") and not shown.split("\r")[-2].strip()
+    assert polled_on == [] and shown == file.getvalue() and shown.endswith("\r") and not shown.split("\r")[-2].strip()
     assert all(count % 64 == 0 and count < n for count in counts)
     assert output.finished and output.token_ids == expected.token_ids and len(output.token_ids) == 3
+    alone_counts = [int(done) for done, _ in re.findall(r"(\d+)/(\d+) \[", alone.getvalue())]
+    assert polled_after_generate == [] and len(set(alone_counts)) >= 3 and alone.getvalue().endswith("\r")
+    assert len(generated.token_ids) == 8 and not_a_terminal.getvalue() == ""
