@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
-import itertools
 import os
 import re
 import sys
@@ -234,7 +233,7 @@ def load(args):
 def run_generate(args, prompt_text: str) -> int:
     llm, load_time, params = load(args)
     prompt = prompt_text if args.raw else [{"role": "user", "content": prompt_text}]
-    with prefill_bar(llm) as first_output:  # NOTE: the engine's one request; it ends with its first token
+    with prefill_bar(llm) as first_output:
         if args.stream:
             output = stream_to_stdout(llm.stream(prompt, params), first_output)
         else:  # NOTE: not a stream: the engine decodes the text once, at the end, not at every step
@@ -257,7 +256,7 @@ def run_chat(args) -> int:
     system = [{"role": "system", "content": args.system}] if args.system else []
     history: list[dict] = []
     print(f"[loaded in {load_time:.1f} s; a message a line, /reset a new conversation, Ctrl-D ends]", file=sys.stderr)
-    for turn in itertools.count(1):
+    while True:
         line = read_message()
         message = (line or "").strip()
         if line is None or message == "/exit":
@@ -270,13 +269,13 @@ def run_chat(args) -> int:
             continue
         messages = [*system, *history, {"role": "user", "content": message}]
         try:
-            outputs = llm.stream(messages, params, request_id=f"chat-{turn}")
+            outputs = llm.stream(messages, params)
         except ValueError as e:  # NOTE: refused before it ran (past the context, a marker's text): the chat goes on
             hint = " (/reset starts a new conversation)" if history else ""
             print(f"{PROG} chat: error: {str(e).removeprefix('prompt 0: ')}{hint}", file=sys.stderr)
             continue
         try:
-            with prefill_bar(llm, f"chat-{turn}") as first_output:
+            with prefill_bar(llm) as first_output:
                 output = stream_to_stdout(outputs, first_output)
         except KeyboardInterrupt:  # NOTE: Ctrl-C in a reply stops it (the stream aborts its request); at the prompt
             print(flush=True)  # it ends the chat (main: exit 130)
@@ -288,7 +287,6 @@ def run_chat(args) -> int:
             f"{len(output.token_ids)} generated ({output.finish_reason}); ttft {output.metrics.ttft * 1e3:.0f} ms]",
             file=sys.stderr,
         )
-    return 0
 
 
 def read_message() -> str | None:
@@ -312,14 +310,12 @@ STOP_BAR_TIMEOUT = 60.0  # NOTE: the poll waits at most a step (seconds on a CPU
 
 
 @contextlib.contextmanager
-def prefill_bar(
-    llm, request_id: str | None = None, delay: float = PREFILL_BAR_DELAY, file=None, disable: bool | None = None
-):
-    """A progress bar of a request's prompt tokens in the cache (`LLM.stats()["prefill_progress"]`; request_id None:
-    the first request listed, for an engine that serves one), from a thread polling the engine, until the request has
-    its first token, or the `with` block calls what it yields (a stream, at its first output, before printing it: the
-    bar is cleared when the call returns), or ends. Shown once the prefill has taken `delay` seconds, and
-    (disable=None) only where stderr is a terminal; it leaves no line behind.
+def prefill_bar(llm, delay: float = PREFILL_BAR_DELAY, file=None, disable: bool | None = None):
+    """A progress bar of the prompt tokens in the cache of the one request the command line's engine serves
+    (`LLM.stats()["prefill_progress"]`), from a thread polling the engine, until the request has its first token, or
+    the `with` block calls what it yields (a stream, at its first output, before printing it: the bar is cleared when
+    the call returns), or ends. Shown once the prefill has taken `delay` seconds, and (disable=None) only where
+    stderr is a terminal; it leaves no line behind.
     """
     from tqdm.auto import tqdm
 
@@ -335,7 +331,7 @@ def prefill_bar(
                     listed = llm.stats()["prefill_progress"]  # NOTE: waits for the step to end
                 except Exception:  # noqa: BLE001 -- the engine stopped: the request's own stream says why
                     return
-                progress = listed.get(request_id) if request_id is not None else next(iter(listed.values()), None)
+                progress = next(iter(listed.values()), None)
                 if progress is None and seen:  # its first token came
                     return
                 if progress is not None and not done.is_set():

@@ -251,7 +251,12 @@ def test_ctrl_c_in_a_chat_reply_stops_that_reply_and_the_chat_goes_on(llm):
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
     command = [sys.executable, "-m", "minipic_lite.cli", "chat", "--max-tokens", "300", "--ignore-eos", "--stop"]
     command.append("Paris")
-    chat = subprocess.Popen(command, stdin=slave, stdout=subprocess.PIPE, stderr=slave, cwd=ROOT)
+    # NOTE: SIGINT at its default in the child: a shell's background job (the suite started with `&`) ignores it, and
+    # Python then installs no KeyboardInterrupt handler
+    default_sigint = lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)  # noqa: E731
+    chat = subprocess.Popen(
+        command, stdin=slave, stdout=subprocess.PIPE, stderr=slave, cwd=ROOT, preexec_fn=default_sigint
+    )
     os.close(slave)
     seen = {master: b"", chat.stdout.fileno(): b""}
 

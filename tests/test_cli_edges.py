@@ -334,15 +334,15 @@ def test_the_prefill_bar_counts_the_prompt_tokens_in_the_cache_until_the_first_t
 
         monkeypatch.setattr(llm.engine, "step", slow_step)
         file = io.StringIO()
-        with cli.prefill_bar(llm, "bar", delay=0, file=file, disable=False) as first_output:
-            outputs = llm.stream(prompt, params, request_id="bar")
+        with cli.prefill_bar(llm, delay=0, file=file, disable=False) as first_output:
+            outputs = llm.stream(prompt, params)
             output = next(outputs)
             first_output()  # NOTE: as stream_to_stdout
             shown, polled_on = file.getvalue(), polling()
             *_, output = itertools.chain([output], outputs)
         expected = llm.generate(prompt, params, use_tqdm=False)[0]  # NOTE: its prompt's blocks cached by now
         alone, longer = io.StringIO(), mp.SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
-        with cli.prefill_bar(llm, delay=0, file=alone, disable=False):  # NOTE: the engine's one request, not streamed
+        with cli.prefill_bar(llm, delay=0, file=alone, disable=False):  # NOTE: no stream: no callback
             generated = llm.generate(prompt.replace("item", "line"), longer, use_tqdm=False)[0]
             polled_after_generate = polling()
         not_a_terminal = io.StringIO()  # as stderr piped or redirected: disable=None turns the bar off
