@@ -21,6 +21,7 @@ from minipic_lite.cache_report import StateReport, build_cache_report
 from minipic_lite.checkpoints.planner import CheckpointPlanner
 from minipic_lite.chunks import SchedulerOutput
 from minipic_lite.config import EngineConfig, cdiv
+from minipic_lite.detokenizer import Detokenizer
 from minipic_lite.hashing import pack_token_ids, root_hash
 from minipic_lite.kv_cache_manager import KVCacheManager
 from minipic_lite.model_runner import InFlight, ModelRunner
@@ -72,6 +73,18 @@ def shown_text(text: str, stop: Sequence[str]) -> str:
     if stop:
         text = text[: max(0, len(text) + 1 - max(map(len, stop)))]
     return text.rstrip("\ufffd")
+
+
+def find_stop(text: str, stop: Sequence[str], searched: int = 0) -> tuple[int, str] | None:
+    """Where `text` first holds a stop string, and which: the first of `stop` (in its order) that `text` holds, at
+    its first place. `text[:searched]` was searched before (and held none), so the search starts where a stop string
+    could end past it."""
+    start = max(0, searched + 1 - max(map(len, stop), default=0))
+    for s in stop:
+        i = text.find(s, start)
+        if i >= 0:
+            return i, s
+    return None
 
 
 class RequestIdInUse(ValueError):
@@ -309,13 +322,14 @@ class LLMEngine:
         """After each new token: finish the request if it stops here (the scheduler drops the rest of a burst)."""
         params, token = req.sampling_params, req.token_ids[-1]
         eos = () if params.ignore_eos else self.config.model.eos_token_ids
-        # NOTE: text is decoded only where it is needed (stop strings, streaming, the final output):
-        # decoding every request's whole output every step would cost more than a GPU decode step.
-        text = self._decode(req) if params.stop else ""
-        hit = next((s for s in params.stop if s in text), None)
+        # NOTE: text is decoded only where it is needed (stop strings, streaming, the final output), and a token
+        # at a time (detokenizer.py); a stop string is looked for only where the new text may end one
+        searched = len(req.detokenizer.text) if req.detokenizer is not None else 0
+        text = self._text_so_far(req) if params.stop else ""
+        hit = find_stop(text, params.stop, searched)
         if hit is not None:
-            req.stop_text = text[: text.index(hit)]
-            self._finish(req, "stop", hit)
+            req.stop_text = text[: hit[0]]
+            self._finish(req, "stop", hit[1])
         elif token in eos or token in params.stop_token_ids:
             self._finish(req, "stop", token)
         elif req.num_output_tokens >= params.max_tokens or len(req) >= self.config.scheduler.max_model_len:
@@ -327,18 +341,32 @@ class LLMEngine:
         self.scheduler.finish(req, reason)
 
     def _decode(self, req: Request) -> str:
+        """A finished request's text: one decode of its whole output."""
         params = req.sampling_params
         if not params.detokenize or self.tokenizer is None:
             return ""
         return self.tokenizer.decode(req.output_token_ids, skip_special_tokens=params.skip_special_tokens)
+
+    def _text_so_far(self, req: Request) -> str:
+        """A running request's text, less an incomplete character at the end: decoded from its last new tokens."""
+        params = req.sampling_params
+        if not params.detokenize or self.tokenizer is None:
+            return ""
+        if req.detokenizer is None:
+            req.detokenizer = Detokenizer(self.tokenizer, params.skip_special_tokens, first=req.num_prompt_tokens)
+        return req.detokenizer.update(req.token_ids)
 
     def _output(self, req: Request, now: float) -> RequestOutput:
         if req.is_finished:
             req.finish_time = now
             self.requests.pop(req.request_id, None)
             self.runner.sampler.forget(req.request_id)
-        text = req.stop_text if req.stop_text is not None else self._decode(req)
-        text = text if req.is_finished else shown_text(text, req.sampling_params.stop)
+        if req.stop_text is not None:
+            text = req.stop_text
+        elif req.is_finished:
+            text = self._decode(req)
+        else:
+            text = shown_text(self._text_so_far(req), req.sampling_params.stop)
         # NOTE: vLLM's num_cached_tokens, the prompt tokens found cached before its first token: a re-admission
         # after a preemption finds its own prompt's and answer's blocks cached too (that is no saving to report)
         cached = req.num_cached_tokens if req.num_cached_prompt_tokens is None else req.num_cached_prompt_tokens

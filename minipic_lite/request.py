@@ -14,6 +14,7 @@ import enum
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from minipic_lite.config import cdiv
 from minipic_lite.hashing import TOKEN_BYTES, BlockHash
@@ -27,6 +28,9 @@ from minipic_lite.spans import (
     VisibleStarts,
     block_hashes,
 )
+
+if TYPE_CHECKING:
+    from minipic_lite.detokenizer import Detokenizer
 
 
 class RequestStatus(enum.Enum):
@@ -74,6 +78,7 @@ class Request:
     finish_reason: str | None = None  # "stop", "length", "abort"
     stop_reason: str | int | None = None  # the stop string or token that ended it
     stop_text: str | None = None  # the text cut before a stop string
+    detokenizer: Detokenizer | None = field(default=None, repr=False)  # its text so far, for stops and streams
     cache_report: Sequence = field(default_factory=list)  # a BlockReport per prompt block (cache_report.py)
     arrival_time: float = field(default_factory=time.perf_counter)
     first_token_time: float | None = None
