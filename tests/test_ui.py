@@ -36,6 +36,9 @@ from ui.monitor import Monitor
 
 pytest.importorskip("gradio", reason="the web app needs the [ui] extra: ./scripts/setup.sh installs it")
 
+# a tick's wait for the engine's stats in tests that read them (the app's 0.2 s shows the last ones on a slow machine)
+WAIT_FOR_STATS_S = 30
+
 
 @pytest.fixture(scope="module")
 def handlers(llm):
@@ -416,7 +419,8 @@ def test_two_sessions_at_once_each_get_their_own_answer(handlers, llm):
         assert answers[session] == expected
 
 
-def test_tick_shows_the_pool_the_hit_rate_and_the_timeline(handlers):
+def test_tick_shows_the_pool_the_hit_rate_and_the_timeline(handlers, monkeypatch):
+    monkeypatch.setattr(handlers_module, "STATS_WAIT_SECONDS", WAIT_FOR_STATS_S)  # the stats, however slow the machine
     *_, (_, _, _, status) = handlers.generate(
         "block_attention", "", compose.join_documents(unique_documents(2)), "Why?", 3, "s-tick"
     )
@@ -707,7 +711,8 @@ def hybrid_llm(tmp_path_factory, model_dir):
     return mp.LLM(str(path), device="cpu", dtype="float32", checkpoints_per_entry=2)
 
 
-def test_a_hybrid_resumes_a_shared_prefix_and_the_panel_draws_it(hybrid_llm):
+def test_a_hybrid_resumes_a_shared_prefix_and_the_panel_draws_it(hybrid_llm, monkeypatch):
+    monkeypatch.setattr(handlers_module, "STATS_WAIT_SECONDS", WAIT_FOR_STATS_S)  # the stats, however slow the machine
     h = Handlers(hybrid_llm)
     docs = compose.join_documents(unique_documents(2))
     *_, (answer, _, _, status) = h.generate("block_attention", "", docs, "Why?", 4, "s-hyb")
@@ -792,6 +797,7 @@ def test_the_hybrid_apps_timer_redraws_its_checkpoint_panel_for_the_callers_sess
         return [fn for fn in ticks if (fn.outputs[0].elem_id or "").startswith("state-")]
 
     h = Handlers(hybrid_llm)
+    monkeypatch.setattr(handlers_module, "STATS_WAIT_SECONDS", WAIT_FOR_STATS_S)  # the stats, however slow the machine
     monkeypatch.setattr(app, "Handlers", lambda served: h)
     (tick,) = state_ticks(build_demo(hybrid_llm))
     assert [view.elem_id for view in tick.outputs] == ["state-stats", "state-last", "state-inflight"]

@@ -108,7 +108,11 @@ def record_answers(page) -> None:
 
 
 def recorded_answers(page) -> list[str]:
-    return page.evaluate("() => { clearInterval(window.mpPoll); return window.mpSeen; }")
+    # NOTE: one last sample: the final frame may land within the interval's last 10 ms
+    return page.evaluate(
+        """() => { clearInterval(window.mpPoll); const v = document.querySelector('#answer textarea').value;
+            if (v && window.mpSeen[window.mpSeen.length - 1] !== v) window.mpSeen.push(v); return window.mpSeen; }"""
+    )
 
 
 def record_grid_captions(page) -> None:
@@ -260,10 +264,15 @@ def test_stop_aborts_the_answer_in_flight_and_the_page_says_so(browser, app_url,
     fill_form(page, ["A short document."], "Tell me a very long story about a lighthouse.", compose.MAX_NEW_TOKENS)
     page.click("#generate")
     page.wait_for_function("() => document.querySelector('#answer textarea').value.length > 0")
+    # NOTE: every status on record (a MutationObserver): the stream's last frame, "(abort)", and the Stop handler's
+    # "stopped ui-..." come in either order, and the one that comes first may be on screen for a moment only
+    page.evaluate(
+        """() => { const s = document.querySelector('#status'); window.mpStatuses = [s.innerText];
+            window.mpStatusObserver = new MutationObserver(() => window.mpStatuses.push(s.innerText));
+            window.mpStatusObserver.observe(s, {childList: true, subtree: true, characterData: true}); }"""
+    )
     page.click("#stop")
-    # NOTE: the stream's last frame, "(abort)" (the Stop handler's own "stopped ui-..." may come first): tokens made
-    # before the abort still arrive until then
-    page.wait_for_function("() => document.querySelector('#status').innerText.includes('(abort)')")
+    page.wait_for_function("() => window.mpStatuses.some(s => s.includes('(abort)'))")
     deadline = time.monotonic() + 30
     while llm.stats()["num_aborted"] == aborted_before and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -374,10 +383,14 @@ def test_decode_steps_stay_visible_beside_a_long_prefill(browser, app_url, llm, 
         (1, 0)
     ] * 5
     wanted = {f"step: {r.index}; tokens: 1; kind: decode" for r in steps[1:]}
-    heights, deadline = {}, time.monotonic() + 30
+
+    def drawn(heights):
+        return wanted <= heights.keys() and all(heights[label] >= 4 for label in wanted)
+
     # NOTE: the decode plot alone: the plot of all kinds names the same bars (under a pixel there, rightly) and may
     # draw before it, which ended the wait on the wrong plot (CI, 25c6c20)
-    while not wanted <= heights.keys() and time.monotonic() < deadline:  # NOTE: the one-second timer redraws it
+    heights, deadline = {}, time.monotonic() + 30
+    while not drawn(heights) and time.monotonic() < deadline:  # NOTE: the one-second timer redraws it
         time.sleep(0.2)
         bars = page.eval_on_selector_all(
             "#timeline-decode [aria-roledescription=bar]",

@@ -4,7 +4,7 @@ the bounds at their limits; the monitor's ids and guards; the openings of the bu
 
 import re
 import threading
-import time
+from concurrent.futures import wait as wait_for
 
 import numpy as np
 import pandas as pd
@@ -212,13 +212,15 @@ def test_stats_are_fetched_one_at_a_time_and_the_last_stand_in_while_one_runs():
         return {"n": len(calls)}
 
     assert [m.latest_stats(fetch, wait=0.05) for _ in range(3)] == [None, None, None] and len(calls) == 1
+    first = m._fetch
     release.set()
-    time.sleep(0.2)  # the first fetch returns, with no tick waiting for it
+    assert wait_for([first], timeout=10).done  # the first fetch returns, with no tick waiting for it
     release.clear()
     assert m.latest_stats(fetch, wait=0.05) == {"n": 1} and len(calls) == 2  # its value kept; a second fetch held
     assert m.latest_stats(fetch, wait=0.05) == {"n": 1} and len(calls) == 2  # nothing piles up behind it
+    second = m._fetch
     release.set()
-    time.sleep(0.2)  # the step over
+    assert wait_for([second], timeout=10).done  # the step over
     assert m.latest_stats(fetch, wait=5) == {"n": 3} and len(calls) == 3  # a fresh fetch, not the one done before
 
 
