@@ -247,6 +247,7 @@ class LLM:
         requests: list[Request] = []
         done: dict[str, RequestOutput] = {}
         refused: set[str] = set()  # ids the engine refused: in flight as another caller's requests
+        prompt_tokens = new_tokens = 0  # of the finished requests, for the bar's rates
         try:
             requests = self.make_requests(prompts, params)
             outputs: queue.SimpleQueue = queue.SimpleQueue()
@@ -257,8 +258,11 @@ class LLM:
                     refused.add(item.request_id)
                 output = _raise_if_error(item)
                 done[output.request_id] = output  # NOTE: only finished outputs come to a non-streaming sink
+                prompt_tokens += len(output.prompt_token_ids)
+                new_tokens += len(output.token_ids)
                 if bar is not None:
-                    bar.set_postfix_str(token_rates(done.values(), bar.format_dict["elapsed"]), refresh=False)
+                    rates = token_rates(prompt_tokens, new_tokens, bar.format_dict["elapsed"])
+                    bar.set_postfix_str(rates, refresh=False)
                     bar.update(1)
         finally:
             if bar is not None:
@@ -325,11 +329,8 @@ def _raise_if_error(item):
     return item
 
 
-def token_rates(outputs, seconds: float) -> str:
+def token_rates(prompt_tokens: int, new_tokens: int, seconds: float) -> str:
     """The progress bar's postfix, as vLLM's: the finished requests' prompt and generated tokens per second so far."""
-    outputs = list(outputs)
-    prompt_tokens = sum(len(out.prompt_token_ids) for out in outputs)
-    new_tokens = sum(len(out.token_ids) for out in outputs)
     seconds = max(seconds, 1e-9)
     return f"prompt {prompt_tokens / seconds:,.0f} tok/s, generated {new_tokens / seconds:,.0f} tok/s"
 

@@ -420,13 +420,10 @@ def test_an_interrupted_generate_aborts_what_it_still_runs(llm, monkeypatch):
 
 
 def test_token_rates_are_the_finished_requests_tokens_over_the_seconds():
-    from types import SimpleNamespace
-
     from minipic_lite.llm import token_rates
 
-    outs = [SimpleNamespace(prompt_token_ids=[0] * p, token_ids=[0] * n) for p, n in [(1000, 10), (2500, 30)]]
-    assert token_rates(outs, 2.0) == "prompt 1,750 tok/s, generated 20 tok/s"
-    assert token_rates([], 0.0) == "prompt 0 tok/s, generated 0 tok/s"
+    assert token_rates(3500, 40, 2.0) == "prompt 1,750 tok/s, generated 20 tok/s"
+    assert token_rates(0, 0, 0.0) == "prompt 0 tok/s, generated 0 tok/s"
 
 
 def test_generate_shows_a_progress_bar_only_when_asked_and_before_its_requests_arrive(llm, monkeypatch, capsys):
@@ -447,9 +444,9 @@ def test_generate_shows_a_progress_bar_only_when_asked_and_before_its_requests_a
     monkeypatch.setattr(llm_module, "tqdm", recorded)
     rated, real_rates = [], llm_module.token_rates
 
-    def rates(outputs, seconds):
-        rated.append((list(outputs), seconds))
-        return real_rates(rated[-1][0], seconds)
+    def rates(prompt_tokens, new_tokens, seconds):
+        rated.append((prompt_tokens, new_tokens, seconds))
+        return real_rates(prompt_tokens, new_tokens, seconds)
 
     monkeypatch.setattr(llm_module, "token_rates", rates)
     run_with_timeout(llm.generate, PROMPTS[:2], GREEDY, use_tqdm=False)
@@ -461,9 +458,11 @@ def test_generate_shows_a_progress_bar_only_when_asked_and_before_its_requests_a
     assert kwargs == {"total": 2, "desc": "generate", "unit": "req"} and bar.n == 2  # one count per request
     assert all(out.metrics.arrival_time > built for out in outputs)
     assert "2/2" in capsys.readouterr().err
-    finished, seconds = rated[-1]
-    assert {out.request_id for out in finished} == {out.request_id for out in outputs} and 0 < seconds <= wall
-    assert bar.postfix == llm_module.token_rates(finished, seconds)  # as vLLM's bar: the tokens per second so far
+    prompt_tokens, new_tokens, seconds = rated[-1]  # the sums over both finished requests
+    assert prompt_tokens == sum(len(out.prompt_token_ids) for out in outputs) and 0 < seconds <= wall
+    assert new_tokens == sum(len(out.token_ids) for out in outputs) == 2 * GREEDY.max_tokens
+    assert rated[0][:2] in {(len(out.prompt_token_ids), len(out.token_ids)) for out in outputs}  # one, then both
+    assert bar.postfix == llm_module.token_rates(*rated[-1])  # as vLLM's bar: the tokens per second so far
     with pytest.raises(TypeError, match="prompt 1"):
         llm.generate([PROMPTS[0], 3.5], GREEDY)
     assert "0/2" in capsys.readouterr().err
