@@ -173,7 +173,10 @@ def read_prompt(args) -> str:
     if (args.prompt is None) == (args.file is None):
         raise UsageError("give a prompt, '-' to read standard input, or --file PATH (exactly one)")
     if args.prompt == "-" or args.file == "-":
-        text = sys.stdin.read()
+        try:
+            text = sys.stdin.read()
+        except UnicodeDecodeError as e:  # NOTE: a UTF-8 locale reads strictly; the C locale escapes such bytes
+            raise UsageError(f"cannot read standard input: {e}") from None
     elif args.file is not None:
         try:
             with open(args.file, encoding="utf-8") as f:
@@ -182,6 +185,12 @@ def read_prompt(args) -> str:
             raise UsageError(f"cannot read --file {args.file!r}: {getattr(e, 'strerror', None) or e}") from None
     else:
         text = args.prompt
+    from minipic_lite.prompts import check_unicode
+
+    try:
+        check_unicode(text, "the prompt")  # NOTE: escaped bytes from standard input or the command line
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     text = text.rstrip("\r\n")
     if not text.strip():
         raise UsageError("the prompt is empty")
@@ -252,6 +261,12 @@ def run_generate(args, prompt_text: str) -> int:
 
 def run_chat(args) -> int:
     """A conversation on standard input, a message a line: each reply streamed, a line per turn on stderr."""
+    from minipic_lite.prompts import check_unicode
+
+    # NOTE: a line of bytes that are no UTF-8 is then one error line, not the chat's end (a UTF-8 locale reads
+    # standard input strictly; the C locale already escapes them)
+    with contextlib.suppress(AttributeError, ValueError):
+        sys.stdin.reconfigure(errors="surrogateescape")
     llm, load_time, params = load(args)
     system = [{"role": "system", "content": args.system}] if args.system else []
     history: list[dict] = []
@@ -269,6 +284,7 @@ def run_chat(args) -> int:
             continue
         messages = [*system, *history, {"role": "user", "content": message}]
         try:
+            check_unicode(message, "the message")
             outputs = llm.stream(messages, params)
         except ValueError as e:  # NOTE: refused before it ran (past the context, a marker's text): the chat goes on
             hint = " (/reset starts a new conversation)" if history else ""

@@ -31,7 +31,7 @@ from minipic_lite.engine_loop import EngineLoop
 from minipic_lite.models.loader import load_tokenizer, resolve_model_dir
 from minipic_lite.models.registry import model_class
 from minipic_lite.outputs import RequestOutput
-from minipic_lite.prompts import Prompt, PromptComposer, first_marker, is_token_id
+from minipic_lite.prompts import Prompt, PromptComposer, check_unicode, encode_text, first_marker, is_token_id
 from minipic_lite.request import Request
 from minipic_lite.sampling_params import SamplingParams
 
@@ -48,6 +48,7 @@ def _check_messages(messages) -> None:
     for j, m in enumerate(messages):
         if not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
             raise ValueError(f'message {j} must have a "role" and a "content" string, got {m!r}')
+        check_unicode(m["content"], f"message {j}'s content")
 
 
 def _is_token_ids(x) -> bool:
@@ -174,7 +175,7 @@ class LLM:
         """Text's token ids; a span marker's text in it is refused where markers take effect (the composer alone
         places them, as it refuses them in a piece): typed or retrieved text would silently open a span, or fail
         with advice on padding."""
-        token_ids = self.tokenizer.encode(text, add_special_tokens=False)
+        token_ids = encode_text(self.tokenizer, text)
         cache = self.config.cache
         found = None
         if cache.position_free or cache.rerotate_spans:

@@ -23,6 +23,7 @@ exactly as inside a final prompt.
 
 from __future__ import annotations
 
+import re
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -163,7 +164,7 @@ class PromptComposer:
         The memo keeps the TOKEN_CACHE_ENTRIES texts used last (a long-lived composer sees endless questions)."""
         tokens = self._token_cache.pop(text, None)
         if tokens is None:
-            tokens = tuple(self.tokenizer.encode(text, add_special_tokens=False))
+            tokens = tuple(encode_text(self.tokenizer, text))
             if len(self._token_cache) >= TOKEN_CACHE_ENTRIES:
                 del self._token_cache[next(iter(self._token_cache))]  # NOTE: dicts keep insertion order: the oldest
         self._token_cache[text] = tokens  # NOTE: re-inserted: the youngest
@@ -346,6 +347,28 @@ def _checked_schema(schema) -> list[Module | Param]:
         if not isinstance(item, Module | Param):
             raise TypeError(f"schema item {i} must be a Module or a Param, got {type(item).__name__}")
     return schema
+
+
+SURROGATE = re.compile("[\ud800-\udfff]")  # no Unicode character: what bytes that are no UTF-8 become in a str
+
+
+def check_unicode(text: str, what: str = "the text") -> None:
+    """A ValueError where `text` holds a lone surrogate (bytes that were no UTF-8, read with Python's
+    surrogateescape, as standard input is in a C locale): tokenizers refuse it with a TypeError about input types."""
+    if found := SURROGATE.search(text):
+        raise ValueError(
+            f"{what} holds {found.group()!r} at character {found.start()}, which is no Unicode character (bytes "
+            "that are not UTF-8, read as text?)"
+        )
+
+
+def encode_text(tokenizer, text: str) -> list[int]:
+    """`text`'s token ids, no special tokens added; text that is no Unicode is a ValueError that says where."""
+    try:
+        return tokenizer.encode(text, add_special_tokens=False)
+    except TypeError:
+        check_unicode(text)
+        raise
 
 
 def first_marker(tokenizer, token_ids: Sequence[int], control: ControlTokens) -> tuple[int, str, SegmentKind] | None:

@@ -84,6 +84,13 @@ def test_numpy_scalars_are_numbers_to_sampling_params():
         ([5, 1.5], "prompt 1: token id 1.5 is not an integer"),
         ([5, "7"], "prompt 1: token id '7' is not an integer"),
         ([1] * 2048, "prompt 1: the prompt has 2048 tokens; the model's context is 2048"),
+        # NOTE: bytes that are no UTF-8 read with surrogateescape (b"caf\xe9"); the tokenizer raised a TypeError
+        # about "TextEncodeInput"
+        ("caf\udce9", re.escape("prompt 1: the text holds '\\udce9' at character 3, which is no Unicode character")),
+        (
+            [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "caf\udce9"}],
+            re.escape("prompt 1: message 1's content holds '\\udce9' at character 3, which is no Unicode character"),
+        ),
     ],
 )
 def test_bad_prompt_names_itself_and_the_engine_keeps_serving(llm, prompt, message):

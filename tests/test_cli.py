@@ -2,6 +2,7 @@
 before anything loads; `--help` imports neither torch nor transformers; prompts come from an argument, a
 file or standard input. Each case runs `python -m minipic_lite.cli` in a fresh interpreter."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -30,11 +31,15 @@ QUESTION = "What is the capital of France?"
 MAX_TOKENS = 12
 
 
-def run_cli(*args: str, stdin: str | None = None, probe: bool = False, timeout: float = 300):
-    """(exit status, stdout, stderr) of one CLI run in a fresh interpreter, from the repository root."""
+def run_cli(*args: str, stdin: str | bytes | None = None, probe: bool = False, timeout: float = 300, env=None):
+    """(exit status, stdout, stderr) of one CLI run in a fresh interpreter, from the repository root; standard
+    input as text, or as bytes (which need not be UTF-8)."""
     cmd = [sys.executable, "-c", PROBE, *args] if probe else [sys.executable, "-m", "minipic_lite.cli", *args]
-    done = subprocess.run(cmd, input=stdin, capture_output=True, text=True, cwd=ROOT, timeout=timeout)
-    return done.returncode, done.stdout, done.stderr
+    env = None if env is None else {**os.environ, **env}
+    text = not isinstance(stdin, bytes)
+    done = subprocess.run(cmd, input=stdin, capture_output=True, text=text, cwd=ROOT, timeout=timeout, env=env)
+    decode = (lambda out: out) if text else (lambda out: out.decode())
+    return done.returncode, decode(done.stdout), decode(done.stderr)
 
 
 def heavy_modules(stdout: str) -> str:
@@ -157,6 +162,30 @@ def test_unsupported_gguf_is_one_line_exit_1(tmp_path):
     assert err.count("\n") == 1 and "holds a 'mamba' model" in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize("source", ["stdin-strict", "stdin-escaped", "argument"])
+def test_a_prompt_of_bytes_that_are_not_utf8_is_a_usage_error_before_anything_loads(source):
+    """'café' in Latin-1 (b"caf\\xe9"), on standard input read strictly (a UTF-8 locale) or with its bad byte escaped
+    (the C locale), or as an argument (always escaped): one line naming the problem, exit 2 as a --file that is no
+    UTF-8, and no model loaded (before: the tokenizer's TypeError about "TextEncodeInput", exit 1 after the load)."""
+    latin1, args = b"caf\xe9 au lait\n", ("generate", "-")
+    env = {"PYTHONIOENCODING": "utf-8:strict" if source == "stdin-strict" else "utf-8:surrogateescape"}
+    if source == "argument":
+        args = ("generate", latin1.decode(errors="surrogateescape"))  # NOTE: Python encodes it back to those bytes
+    code, out, err = run_cli(*args, probe=True, stdin=latin1 if source != "argument" else b"", env=env)
+    (line,) = err.splitlines()
+    if source == "stdin-strict":
+        assert line == (
+            "minipic-lite generate: error: cannot read standard input: 'utf-8' codec can't decode byte 0xe9 in "
+            "position 3: invalid continuation byte (see minipic-lite generate --help)"
+        )
+    else:
+        assert line == (
+            "minipic-lite generate: error: the prompt holds '\\udce9' at character 3, which is no Unicode character "
+            "(bytes that are not UTF-8, read as text?) (see minipic-lite generate --help)"
+        )
+    assert code == 2 and heavy_modules(out) == ""
+
+
 def test_prompt_longer_than_the_context_is_one_line_exit_1(tmp_path, model_dir):
     from minipic_lite.config import ModelConfig
 
@@ -220,10 +249,13 @@ def test_chat_answers_each_line_as_the_api_answers_the_conversation_and_reuses_i
     r2 = llm.generate(turn2, params, use_tqdm=False)[0].text
     r3 = llm.generate([{"role": "user", "content": q3}], params, use_tqdm=False)[0].text
     too_long = "cache " * (ModelConfig.from_dir(model_dir).max_position + 100)
-    stdin = f"{q1}\n{q2}\n\n{too_long}\n/reset\n{q3}\n"
-    code, out, err = run_cli("chat", "--max-tokens", str(MAX_TOKENS), stdin=stdin)
+    not_utf8 = "caf\udce9"  # NOTE: 'café' in Latin-1, as bytes: b"caf\xe9"
+    stdin = f"{q1}\n{q2}\n\n{too_long}\n{not_utf8}\n/reset\n{q3}\n".encode(errors="surrogateescape")
+    strict = {"PYTHONIOENCODING": "utf-8:strict"}  # NOTE: a UTF-8 locale's reading (the C locale escapes such bytes)
+    code, out, err = run_cli("chat", "--max-tokens", str(MAX_TOKENS), stdin=stdin, env=strict)
     assert code == 0, err
     assert out == f"{r1}\n{r2}\n{r3}\n"
+    assert "minipic-lite chat: error: the message holds '\\udce9' at character 3, which is no Unicode" in err, err
     cached = [int(n) for n in re.findall(r"prompt tokens, (\d+) of them cached", err)]
     assert len(cached) == 3 and cached[0] == 0 and cached[1] >= 32, err  # the first turn's 37-token prompt: 2 blocks
     assert "minipic-lite chat: error: " in err and "the model's context is" in err and "[a new conversation]" in err

@@ -53,6 +53,17 @@ def test_pieces_are_tokenized_without_special_tokens():
     assert composer().compose([Piece("ab")]).token_ids == (ord("a"), ord("b"))
 
 
+def test_a_document_of_bytes_that_are_not_utf8_is_refused_saying_where():
+    """On a real tokenizer (a char tokenizer takes anything): a document read with surrogateescape from bytes that
+    are no UTF-8 is a ValueError naming the character, not the tokenizer's TypeError about its input types."""
+    pieces = composer(bos_tokenizer())
+    with pytest.raises(ValueError, match=r"the text holds '\\udce9' at character 9, which is no Unicode character"):
+        pieces.compose([Piece("hello caf\udce9")])
+    with pytest.raises(TypeError, match="TextEncodeInput"):  # NOTE: what the guard stands in front of
+        bos_tokenizer().encode("caf\udce9")
+    assert pieces.encode("hello world") == tuple(bos_tokenizer().encode("hello world", add_special_tokens=False))
+
+
 def test_an_empty_last_piece_leaves_a_prompt_that_is_not_empty():
     assert composer().compose([Piece("ab"), Piece("")]).token_ids == (ord("a"), ord("b"))
 
