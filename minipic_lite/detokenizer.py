@@ -31,6 +31,7 @@ class Detokenizer:
         self.first = self.num_read = self.num_streamed = first  # ids[first:num_streamed] made `streamed`
         self.streamed = ""  # the stream's text: up to the last token that ended a character
         self.text = ""
+        self.num_kept = 0  # characters of `text` that were its text before the last update, unchanged
 
     def update(self, ids: list[int]) -> str:
         """The text of `ids[first:]`, less the bytes of an incomplete character at the end."""
@@ -45,9 +46,10 @@ class Detokenizer:
             else:
                 if chunk is not None:
                     self.streamed, self.num_streamed = self.streamed + chunk, len(ids)
-                self.text = self.streamed + self.held_text(ids)
+                self.num_kept, self.text = len(self.text), self.streamed + self.held_text(ids)
                 return self.text
-        self.text = self.decode(ids[self.first :]).rstrip("\ufffd")
+        # NOTE: a full decode may change earlier text (a clean-up joins " ." to the word before it)
+        self.num_kept, self.text = 0, self.decode(ids[self.first :]).rstrip("\ufffd")
         return self.text
 
     def held_text(self, ids: list[int]) -> str:

@@ -323,10 +323,9 @@ class LLMEngine:
         params, token = req.sampling_params, req.token_ids[-1]
         eos = () if params.ignore_eos else self.config.model.eos_token_ids
         # NOTE: text is decoded only where it is needed (stop strings, streaming, the final output), and a token
-        # at a time (detokenizer.py); a stop string is looked for only where the new text may end one
-        searched = len(req.detokenizer.text) if req.detokenizer is not None else 0
+        # at a time (detokenizer.py); a stop string is looked for only where the text changed
         text = self._text_so_far(req) if params.stop else ""
-        hit = find_stop(text, params.stop, searched)
+        hit = find_stop(text, params.stop, req.detokenizer.num_kept) if params.stop and text else None
         if hit is not None:
             req.stop_text = text[: hit[0]]
             self._finish(req, "stop", hit[1])

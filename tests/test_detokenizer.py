@@ -61,9 +61,11 @@ def assert_follows_the_full_decode(tokenizer, ids: list[int], skip: bool, burst:
     detokenizer = Detokenizer(tokenizer, skip, first=first)
     exact = not isinstance(tokenizer.backend_tokenizer.decoder, decoders.Sequence)
     assert detokenizer.is_incremental
-    pending = []
+    pending, before = [], ""
     for n in range(first, len(ids) + 1, burst):
         text, full = detokenizer.update(ids[:n]), tokenizer.decode(ids[first:n], skip_special_tokens=skip)
+        assert text.startswith(before) and detokenizer.num_kept == len(before)  # what a stop search may skip
+        before = text
         if exact or not full.endswith("\ufffd"):
             assert text == full.rstrip("\ufffd"), (n, ids[first:n])
             assert all(full.startswith(t) for t in pending), (n, pending, full)
@@ -123,7 +125,8 @@ def test_a_tokenizer_that_cleans_up_spaces_decodes_in_full():
     assert not detokenizer.is_incremental
     texts = [detokenizer.update(ids[:n]) for n in range(1, len(ids) + 1)]
     assert texts == [tokenizer.decode(ids[:n], skip_special_tokens=True) for n in range(1, len(ids) + 1)]
-    assert texts[-1].endswith("world.")
+    assert texts[-1].endswith("world.") and texts[1] == "hello,"  # not "hello ,"
+    assert detokenizer.num_kept == 0  # the text may change anywhere: a stop string is looked for in all of it
 
 
 def test_find_stop_exact_cases():
