@@ -115,9 +115,9 @@ class CheckpointPlanner:
         """A served prompt and its overlap depth with the recent prompt it shares most with (as simulator.py)."""
         ids = np.asarray(token_ids, dtype=np.int64)
         best, depth = None, 0
-        for entry in self.recent:
+        for entry in self.recent:  # NOTE: oldest first: a tie goes to the most recent, as the simulator's LRU
             d = common_prefix_len(ids[:-1], entry)
-            if d > depth:
+            if d >= depth and d > 0:
                 best, depth = entry, d
         self.planner.observe(ids, depth, best)
         self.recent.append(ids)

@@ -6,6 +6,7 @@ import numpy as np
 
 from minipic_lite.checkpoints import DepthHistogram, Planner
 from minipic_lite.checkpoints.planner import CheckpointPlanner
+from minipic_lite.checkpoints.simulator import simulate
 
 B = 4
 
@@ -71,3 +72,25 @@ def test_dps_estimate_is_uniform_past_the_shared_header_until_a_request_leaves_a
     planner.observe([1, 2, 3, 9])
     weights = planner.planner.estimator.weights_for(np.array([1, 2, 3, 4, 5, 6, 7, 8]))
     np.testing.assert_allclose(weights, [0, 1 / 8, 1 / 8, 1 + 1 / 8] + [1 / 5 + 1 / 8] * 5)
+
+
+def test_observe_breaks_a_tie_of_depth_toward_the_most_recent_prompt_as_the_simulator_does():
+    """C shares 3 tokens with A and with B: the entry it is observed against (whose length past the branch the
+    estimator learns) is B, the more recent, as `simulator.py`'s cache picks the most recently used entry. Before:
+    A, the oldest (a helper's mutation test found the tie untested)."""
+    a, b, c = list(range(1, 9)), [1, 2, 3, 9, 9], [1, 2, 3, 7, 7, 7]
+    planner, seen = CheckpointPlanner("dp", budget=2, bin_size=B, prior="balanced"), []
+    planner.planner.observe = lambda ids, depth, best: seen.append((depth, None if best is None else best.tolist()))
+    for prompt in (a, b, c):
+        planner.observe(prompt)
+
+    class Recording:  # a checkpoint at each entry's end; records what it observes
+        def plan(self, token_ids) -> list[int]:
+            return [len(token_ids)]
+
+        def observe(self, token_ids, depth, entry_token_ids) -> None:
+            simulated.append((depth, None if entry_token_ids is None else entry_token_ids.tolist()))
+
+    simulated = []
+    simulate([a, b, c], Recording())
+    assert seen == simulated == [(0, None), (3, a), (3, b)]
