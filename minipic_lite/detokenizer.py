@@ -10,7 +10,9 @@ is what a stream shows anyway (`engine.shown_text`); a finished request's text i
 
 Where a stream cannot give the full decode's text (a slow tokenizer, one that cleans up spaces after decoding, or
 a byte-fallback decoder fed bytes that are no UTF-8, where `DecodeStream` raises), `Detokenizer` decodes the whole
-output each time, as before.
+output each time, as before. A byte-fallback decoder fed such bytes without raising may also show a different count
+of '\ufffd' than its full decode (which turns a run of byte tokens that is no UTF-8 into one '\ufffd' a byte, the
+valid ones before it too); the finished text is the full decode's.
 """
 
 from __future__ import annotations

@@ -114,6 +114,36 @@ def test_bytes_that_are_no_utf8_fall_back_to_full_decodes():
     assert detokenizer.update([*ids, ids[-1]]) == tokenizer.decode([*ids, ids[-1]])
 
 
+def pieces_read(pieces: list[str], first: int, reads: list[int], skip: bool = True) -> tuple[list[str], list[str]]:
+    """The byte-fallback tokenizer's pieces read up to each of `reads`: (the detokenizer's texts, the full decodes)."""
+    tokenizer = byte_fallback_tokenizer()
+    ids = tokenizer.convert_tokens_to_ids(pieces)
+    detokenizer = Detokenizer(tokenizer, skip, first=first)
+    texts = [detokenizer.update(ids[:n]) for n in reads]
+    return texts, [tokenizer.decode(ids[first:n], skip_special_tokens=skip) for n in reads]
+
+
+def test_held_text_is_decoded_from_the_output_only():
+    """A held-back token's text is decoded after the output's tokens before it, never the prompt's: the decoder
+    strips the output's first space, which a prompt token in front would keep (a stream would then show ' ' and
+    take it back)."""
+    texts, full = pieces_read(["▁The", "▁end", "<0x20>", "e"], first=2, reads=[3, 4])
+    assert texts == full == ["", "e"]
+
+
+def test_held_text_is_decoded_after_a_few_tokens_before_it():
+    """A space and a lead byte read in one burst after a skipped special token: the space shows at once, decoded
+    after the tokens before it (alone, the decoder would strip it as the text's first)."""
+    texts, full = pieces_read(["▁The", "</s>", "▁", "<0xE6>", "<0x9D>", "<0xB1>"], first=0, reads=[2, 4, 6])
+    assert texts == ["The", "The ", "The 東"] and full == ["The", "The \ufffd", "The 東"]
+
+
+def test_full_decodes_after_the_fallback_start_after_the_prompt_and_leave_out_an_incomplete_character():
+    texts, full = pieces_read(["▁The", "<0x24>", "<0xC3>", "▁end", "<0xE6>"], first=1, reads=[2, 3, 4, 5])
+    assert texts == ["$", "$", "\ufffd\ufffd end", "\ufffd\ufffd end"]  # the fallback from the 3rd read
+    assert full[2:] == ["\ufffd\ufffd end", "\ufffd\ufffd end\ufffd"]
+
+
 def test_a_tokenizer_that_cleans_up_spaces_decodes_in_full():
     """`clean_up_tokenization_spaces` rewrites text the stream has shown (" ," becomes ","): such a tokenizer is
     decoded in full each time, and its text is the full decode's."""
@@ -167,6 +197,24 @@ def test_a_stop_string_over_several_tokens_stops_where_it_ends(llm):
         out = llm.generate(prompt, mp.SamplingParams(**greedy, stop=stops), use_tqdm=False)[0]
         assert (out.finish_reason, out.stop_reason) == ("stop", stop)
         assert out.token_ids == base.token_ids[:6] and out.text == texts[5][: texts[5].index(stop)]
+
+
+def test_a_stop_string_that_eos_completes_wins_over_eos(llm):
+    """With special tokens kept in the text, the end-of-turn token completes the stop string "<|im_end|>": the
+    request stops on the string (its text cut before it), not on the token, as the text is checked first."""
+    greedy = dict(max_tokens=64, temperature=0.0, skip_special_tokens=False)
+    chat = [{"role": "user", "content": "Say hi."}]
+    base = llm.generate(chat, mp.SamplingParams(**greedy), use_tqdm=False)[0]
+    assert base.finish_reason == "stop" and base.stop_reason == 2 and base.text.endswith("<|im_end|>")
+    out = llm.generate(chat, mp.SamplingParams(**greedy, stop=["<|im_end|>"]), use_tqdm=False)[0]
+    assert (out.finish_reason, out.stop_reason) == ("stop", "<|im_end|>")
+    assert out.token_ids == base.token_ids and out.text == base.text.removesuffix("<|im_end|>")
+
+
+def test_a_stream_without_detokenize_shows_no_text(llm):
+    params = mp.SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True, detokenize=False)
+    outputs = list(llm.stream("The capital of France is", params))
+    assert len(outputs) == 4 and all(out.text == "" for out in outputs) and len(outputs[-1].token_ids) == 4
 
 
 class CountingTokenizer:

@@ -106,6 +106,8 @@ def test_a_streamed_output_never_shows_its_stop_string(engine, where, llm, burst
         ("Paris is", ["x", "Lyon"], "Paris"),  # the longest stop string decides
         ("Paris is", ["x"], "Paris is"),  # a 1-character stop string is seen whole or not at all
         ("ab", ["abcdef"], ""),
+        ("abcd", ["abcdef"], ""),  # shorter than the stop string: all of it may begin one
+        ("Paris", ["Paris is"], ""),
         ("caf\ufffd", [], "caf"),  # an incomplete character's bytes: the next token may complete them
         ("caf\ufffd\ufffd", ["é!"], "caf"),
     ],
