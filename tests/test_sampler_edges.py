@@ -111,3 +111,13 @@ def test_a_batch_in_which_no_row_cuts_has_no_top_k_or_top_p_tensors():
     assert no_cut.top_k is None and no_cut.top_p is None
     cut = sampler.prepare(["a", "b"], [SamplingParams(temperature=1.0), SamplingParams(temperature=1.0, top_p=0.9)])
     assert cut.top_k.tolist() == [0, 0] and torch.equal(cut.top_p, torch.tensor([1.0, 0.9]))
+
+
+def test_a_greedy_row_with_a_seed_takes_no_generator():
+    """A seed on a greedy row (temperature 0) draws nothing: no generator is kept for it, beside a seeded row that
+    samples (a helper's mutation test: with one, a greedy row drew a vocabulary of noise every step, thrown away)."""
+    sampler = Sampler(torch.device("cpu"))
+    logits = torch.randn(2, VOCAB, generator=torch.Generator().manual_seed(0))
+    params = [SamplingParams(temperature=0.0, seed=3), SamplingParams(temperature=1.0, seed=3)]
+    tokens = sampler(logits, sampler.prepare(["greedy", "sampled"], params))
+    assert tokens[0] == logits[0].argmax() and set(sampler.generators) == {"sampled"}

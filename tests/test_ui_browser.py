@@ -363,7 +363,8 @@ def test_the_overlap_histogram_draws_each_bin_from_its_start_and_no_negative_dep
 def test_decode_steps_stay_visible_beside_a_long_prefill(browser, app_url, llm, monkeypatch):
     """A long prompt's prefill step (hundreds of tokens) and its decode steps (one token each): on one linear scale a
     decode bar is under a pixel tall. The decode plot, on its own scale, draws each decode step's bar
-    at least a few pixels tall (vega names each bar's step, tokens and kind in its aria-label)."""
+    at least a few pixels tall (vega names each bar's step, tokens and kind in its aria-label), also on a page that
+    watched the plots empty before the steps came."""
     log = llm.engine.step_log
     first, records = log.records()[-1].index + 1 if log.records() else 0, log.records
 
@@ -374,10 +375,13 @@ def test_decode_steps_stay_visible_beside_a_long_prefill(browser, app_url, llm, 
     # decode steps of tens of tokens in the last 120 steps would rightly leave a 1-token bar under a pixel
     monkeypatch.setattr(log, "records", this_requests_records)
     page = open_page(browser, app_url)
-    fill_form(page, unique_documents(), "Which note is about startups?", max_tokens=6)
-    page.click("#generate")
-    wait_finished(page)
+    # NOTE: the page watches the timeline while another caller's request runs, its plots drawn empty first (no
+    # step of this request yet): gradio keeps the field types of the first frame a plot draws, and an untyped empty
+    # frame left the bars' labels "tokens: undefined" (a fresh clone's run of this test, stop 72's third try)
     page.get_by_role("tab", name="Scheduler timeline").click()
+    time.sleep(1.5)  # NOTE: a tick of the one-second timer draws the empty frames (no wait can see an empty plot)
+    prompt = "\n\n".join(unique_documents()) + "\n\nWhich note is about startups?"
+    llm.generate(prompt, mp.SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True), use_tqdm=False)
     steps = log.records()[-6:]  # this request's decode steps (nothing else ran)
     assert [(r.num_decode_tokens, r.num_span_prefill_tokens + r.num_final_prefill_tokens) for r in steps[1:]] == [
         (1, 0)

@@ -16,7 +16,7 @@ from minipic_lite.outputs import RequestMetrics, RequestOutput
 from minipic_lite.step_log import StepRecord
 from ui import compose, texts
 from ui.cache_view import STYLE, grid_cells, grid_html, inflight_html, pool_markdown, summary_markdown
-from ui.checkpoints_panel import TokenAxis, axis_html, format_bytes, histogram_frame, plans_frame
+from ui.checkpoints_panel import TokenAxis, axis_html, format_bytes, histogram_frame, plans_frame, positions_frame
 from ui.compose import InputError
 from ui.monitor import Monitor
 from ui.timeline import KIND_COLORS, KINDS, decode_frame, timeline_frame
@@ -259,6 +259,37 @@ def test_hit_rates_are_timed_from_the_monitors_start():
 
 
 # -- the timeline and the checkpoint tables ---------------------------------------------------------------------
+
+
+def test_each_plots_empty_frame_has_the_field_types_of_a_full_one():
+    """Gradio types a plot's fields from the first frame it draws and keeps them: an empty frame of object columns
+    typed the timeline's tokens nominal, and the bars drawn later read "tokens: undefined" (a fresh clone's browser
+    test, stop 72's third try). Each frame builder's empty frame types its fields as a full frame does."""
+    from gradio.components.native_plot import BarPlot, LinePlot, ScatterPlot
+
+    def types(plot, frame):
+        return plot.postprocess(frame).datatypes
+
+    timeline, rate, where = BarPlot(x="step", y="tokens"), LinePlot(x="seconds", y="hit rate"), ScatterPlot()
+    full = timeline_frame([StepRecord(i, 0.0, 1, 1, 10, 0, 1, 0) for i in range(3)])
+    assert (
+        types(timeline, timeline_frame([]))
+        == types(timeline, full)
+        == {
+            "step": "quantitative",
+            "kind": "nominal",
+            "tokens": "quantitative",
+        }
+    )
+    assert types(timeline, decode_frame(timeline_frame([]))) == types(timeline, decode_frame(full))
+    m = Monitor()
+    empty = m.hit_rate_frames()
+    m.record_stats({"prompt_block_hit_rate": 0.5, "prompt_token_hit_rate": 0.25})
+    assert [types(rate, f) for f in empty] == [types(rate, f) for f in m.hit_rate_frames()]
+    assert types(rate, empty[0]) == {"seconds": "quantitative", "hit rate": "quantitative"}
+    placed = positions_frame([{"policy": "dp", "positions": [3, 7]}])
+    expected = {"policy": "nominal", "position": "quantitative"}
+    assert types(where, positions_frame([])) == types(where, placed) == expected
 
 
 def test_timeline_keeps_the_latest_steps_one_row_per_kind():

@@ -76,7 +76,7 @@ def positions_frame(rows: list[dict]) -> pd.DataFrame:
     """One row per (policy, checkpoint position): a scatter of where each policy places."""
     return pd.DataFrame(
         [{"policy": r["policy"], "position": p} for r in rows for p in r["positions"]], columns=["policy", "position"]
-    )
+    ).astype({"policy": str, "position": "int64"})  # NOTE: typed when empty too, as timeline_frame
 
 
 def histogram_frame(weights: np.ndarray, bin_size: int = DEFAULT_BIN_SIZE) -> pd.DataFrame:

@@ -126,7 +126,7 @@ class Monitor:
         with self._lock:
             samples = list(self.history)
         return [
-            pd.DataFrame([(round(t, 1), s[key]) for t, s in samples], columns=["seconds", "hit rate"])
+            pd.DataFrame([(round(t, 1), s[key]) for t, s in samples], columns=["seconds", "hit rate"]).astype(float)
             for key in HIT_RATES
         ]
 

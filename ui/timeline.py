@@ -24,6 +24,7 @@ KIND_COLORS = {  # NOTE: fixed, so a kind has one colour on both plots (vega's c
     "recompute": "#72b7b2",
 }
 TIMELINE_STEPS = 120  # the most recent steps drawn
+FRAME_DTYPES = {"step": "int64", "kind": str, "tokens": "int64"}
 
 
 def timeline_frame(records, num_steps: int = TIMELINE_STEPS) -> pd.DataFrame:
@@ -33,7 +34,9 @@ def timeline_frame(records, num_steps: int = TIMELINE_STEPS) -> pd.DataFrame:
         for r in records[-num_steps:]
         for kind, field in KINDS.items()
     ]
-    return pd.DataFrame(rows, columns=["step", "kind", "tokens"])
+    # NOTE: typed, also when empty: gradio types a plot's fields from the first frame it draws (an empty frame's
+    # object columns as nominal) and keeps them, and the bars' labels then read "tokens: undefined"
+    return pd.DataFrame(rows, columns=["step", "kind", "tokens"]).astype(FRAME_DTYPES)
 
 
 def decode_frame(frame: pd.DataFrame) -> pd.DataFrame:
