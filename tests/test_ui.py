@@ -36,8 +36,11 @@ from ui.monitor import Monitor
 
 pytest.importorskip("gradio", reason="the web app needs the [ui] extra: ./scripts/setup.sh installs it")
 
-# a tick's wait for the engine's stats in tests that read them (the app's 0.2 s shows the last ones on a slow machine)
-WAIT_FOR_STATS_S = 30
+
+@pytest.fixture
+def patient_stats(monkeypatch):
+    """A tick waits for the engine's stats, however slow the machine (the app's 0.2 s shows the last ones)."""
+    monkeypatch.setattr(handlers_module, "STATS_WAIT_SECONDS", 30)
 
 
 @pytest.fixture(scope="module")
@@ -419,8 +422,7 @@ def test_two_sessions_at_once_each_get_their_own_answer(handlers, llm):
         assert answers[session] == expected
 
 
-def test_tick_shows_the_pool_the_hit_rate_and_the_timeline(handlers, monkeypatch):
-    monkeypatch.setattr(handlers_module, "STATS_WAIT_SECONDS", WAIT_FOR_STATS_S)  # the stats, however slow the machine
+def test_tick_shows_the_pool_the_hit_rate_and_the_timeline(handlers, patient_stats):
     *_, (_, _, _, status) = handlers.generate(
         "block_attention", "", compose.join_documents(unique_documents(2)), "Why?", 3, "s-tick"
     )
@@ -711,8 +713,7 @@ def hybrid_llm(tmp_path_factory, model_dir):
     return mp.LLM(str(path), device="cpu", dtype="float32", checkpoints_per_entry=2)
 
 
-def test_a_hybrid_resumes_a_shared_prefix_and_the_panel_draws_it(hybrid_llm, monkeypatch):
-    monkeypatch.setattr(handlers_module, "STATS_WAIT_SECONDS", WAIT_FOR_STATS_S)  # the stats, however slow the machine
+def test_a_hybrid_resumes_a_shared_prefix_and_the_panel_draws_it(hybrid_llm, patient_stats):
     h = Handlers(hybrid_llm)
     docs = compose.join_documents(unique_documents(2))
     *_, (answer, _, _, status) = h.generate("block_attention", "", docs, "Why?", 4, "s-hyb")
@@ -783,7 +784,9 @@ def test_the_app_on_a_hybrid_composes_with_prefix_only(hybrid_llm, llm):
     assert not Handlers(llm).is_hybrid and state_markdown(llm.stats()) == ""
 
 
-def test_the_hybrid_apps_timer_redraws_its_checkpoint_panel_for_the_callers_session(hybrid_llm, llm, monkeypatch):
+def test_the_hybrid_apps_timer_redraws_its_checkpoint_panel_for_the_callers_session(
+    hybrid_llm, llm, monkeypatch, patient_stats
+):
     """The hybrid's panel (the store's table, your last request, those in flight) is redrawn by the app's timer
     through Handlers.state_tick with the tab's session; an attention-only model's app has no such panel to tick."""
     import types
@@ -797,7 +800,6 @@ def test_the_hybrid_apps_timer_redraws_its_checkpoint_panel_for_the_callers_sess
         return [fn for fn in ticks if (fn.outputs[0].elem_id or "").startswith("state-")]
 
     h = Handlers(hybrid_llm)
-    monkeypatch.setattr(handlers_module, "STATS_WAIT_SECONDS", WAIT_FOR_STATS_S)  # the stats, however slow the machine
     monkeypatch.setattr(app, "Handlers", lambda served: h)
     (tick,) = state_ticks(build_demo(hybrid_llm))
     assert [view.elem_id for view in tick.outputs] == ["state-stats", "state-last", "state-inflight"]
