@@ -365,7 +365,10 @@ class ModelRunner:
             self._logits(inputs, shape)  # K/V written, nothing to sample
             self._save_states(out)
             return InFlight(out)
-        batch = self.sampler.prepare([s.seq.request_id for s in sampling], [s.seq.sampling_params for s in sampling])
+        seqs = [s.seq for s in sampling]
+        histories = [(seq.token_ids, seq.num_prompt_tokens) for seq in seqs]  # NOTE: read for penalties alone
+        batch = self.sampler.prepare([seq.request_id for seq in seqs], [seq.sampling_params for seq in seqs],
+                                     histories, self.config.model.vocab_size)  # fmt: skip
         return self._run_steps(out, inputs, shape, batch, None)
 
     @torch.inference_mode()

@@ -1,4 +1,5 @@
-"""Sampling on the device with no host sync: greedy, temperature, top-k, top-p and per-request seeds.
+"""Sampling on the device with no host sync: penalties, greedy, temperature, top-k, top-p, min-p and per-request
+seeds, in HF's order (penalties on the raw logits, then temperature, top-k, top-p, min-p).
 
 Sampling from softmax(l) is argmax(softmax(l) / E) with E ~ Exponential(1) (the "exponential race" form of
 the Gumbel-max trick): one elementwise op and an argmax, no multinomial and no `.item()`.
@@ -45,6 +46,74 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Te
     return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
 
 
+def apply_penalties(
+    logits: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    output_counts: torch.Tensor,
+    repetition: torch.Tensor,
+    presence: torch.Tensor,
+    frequency: torch.Tensor,
+) -> torch.Tensor:
+    """vLLM's penalties. logits [N, V] float32; prompt_mask [N, V] bool (the prompt's tokens); output_counts [N, V]
+    float32 (how often each token is in the output so far); the penalties [N].
+
+    The repetition penalty divides the logit of every token seen (prompt or output) where positive and multiplies
+    it where negative (HF's `RepetitionPenaltyLogitsProcessor`); then, over the output alone, OpenAI's
+    `logit - frequency * count - presence * (count > 0)`. A row of neutral penalties (1, 0, 0) is left as it is."""
+    seen = prompt_mask | (output_counts > 0)
+    rep = repetition[:, None]
+    penalized = torch.where(logits > 0, logits / rep, logits * rep)
+    logits = torch.where(seen, penalized, logits)
+    return logits - frequency[:, None] * output_counts - presence[:, None] * (output_counts > 0)
+
+
+def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """Mask (to -inf) each row's tokens less likely than min_p [N] times its most likely one (HF's `MinPLogitsWarper`
+    with one token kept at least: the most likely always passes). logits [N, V] float32, temperature applied."""
+    probs = logits.softmax(dim=-1)
+    drop = probs < min_p[:, None] * probs.amax(dim=-1, keepdim=True)
+    return logits.masked_fill(drop, float("-inf"))
+
+
+@dataclass(slots=True)
+class Penalties:
+    """The tokens each row has seen, as device tensors; `output_counts` grows on the device as the row samples (a
+    burst's later steps and a continuation see their own tokens with no host sync)."""
+
+    prompt_mask: torch.Tensor  # (N, V) bool
+    output_counts: torch.Tensor  # (N, V) float32
+    repetition: torch.Tensor  # (N,)
+    presence: torch.Tensor  # (N,)
+    frequency: torch.Tensor  # (N,)
+
+    @classmethod
+    def build(cls, params: list[SamplingParams], histories: list[tuple[list[int], int]], vocab: int, device):
+        """histories: each row's token ids and how many of them are its prompt. Built on the host, copied once."""
+        prompt_mask = torch.zeros(len(params), vocab, dtype=torch.bool)
+        output_counts = torch.zeros(len(params), vocab, dtype=torch.float32)
+        for row, (p, (token_ids, num_prompt)) in enumerate(zip(params, histories, strict=True)):
+            if p.has_penalties:  # NOTE: a neutral row's tokens change nothing: they are not counted
+                prompt_mask[row, torch.tensor(token_ids[:num_prompt], dtype=torch.long)] = True
+                output = torch.tensor(token_ids[num_prompt:], dtype=torch.long)
+                output_counts[row] = torch.bincount(output, minlength=vocab)[:vocab].float()
+        return cls(
+            _to_device(prompt_mask, torch.bool, device),
+            _to_device(output_counts, torch.float32, device),
+            _to_device([p.repetition_penalty for p in params], torch.float32, device),
+            _to_device([p.presence_penalty for p in params], torch.float32, device),
+            _to_device([p.frequency_penalty for p in params], torch.float32, device),
+        )
+
+    def __call__(self, logits: torch.Tensor) -> torch.Tensor:
+        return apply_penalties(
+            logits, self.prompt_mask, self.output_counts, self.repetition, self.presence, self.frequency
+        )
+
+    def count(self, tokens: torch.Tensor) -> None:
+        """Add the tokens just sampled [N] to the rows' output counts (on the device)."""
+        self.output_counts.scatter_add_(1, tokens[:, None], torch.ones_like(self.output_counts[:, :1]))
+
+
 @dataclass(slots=True)
 class SamplingBatch:
     """Per-row sampling parameters as device tensors, built once per step or burst (no host sync)."""
@@ -56,12 +125,25 @@ class SamplingBatch:
     top_k: torch.Tensor | None = None  # (N,), None: no row cuts
     top_p: torch.Tensor | None = None  # (N,)
     is_greedy: torch.Tensor | None = None  # (N,) bool
+    min_p: torch.Tensor | None = None  # (N,), None: no row cuts
+    penalties: Penalties | None = None  # None: no row has a penalty
 
 
-def _to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    host = torch.tensor(values, dtype=dtype)
+def _to_device(values: list | torch.Tensor, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    host = values if isinstance(values, torch.Tensor) else torch.tensor(values, dtype=dtype)
     # NOTE: a plain copy from pageable memory would wait for the GPU: inside a burst that drains the queue.
     return host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host
+
+
+def warp(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    """The logits a batch of sampled rows draws from (float32 [N, V]): temperature, then top-k and top-p, then
+    min-p, as HF's warpers run (`LogitsProcessorList` of Temperature, TopK, TopP, MinP)."""
+    logits = logits.float() / batch.temperature[:, None]
+    if batch.top_k is not None:
+        logits = apply_top_k_top_p(logits, batch.top_k, batch.top_p)
+    if batch.min_p is not None:
+        logits = apply_min_p(logits, batch.min_p)
+    return logits
 
 
 class Sampler:
@@ -72,8 +154,20 @@ class Sampler:
     def forget(self, request_id: str) -> None:
         self.generators.pop(request_id, None)
 
-    def prepare(self, request_ids: list[str], params: list[SamplingParams]) -> SamplingBatch:
+    def prepare(
+        self,
+        request_ids: list[str],
+        params: list[SamplingParams],
+        histories: list[tuple[list[int], int]] | None = None,
+        vocab: int | None = None,
+    ) -> SamplingBatch:
+        """The batch's parameters on the device. `histories` (each row's token ids and its prompt's length) and
+        `vocab` are read where a row has a penalty."""
         batch = SamplingBatch(request_ids, params, all(p.is_greedy for p in params))
+        if any(p.has_penalties for p in params):
+            if histories is None or vocab is None:
+                raise ValueError("a penalty needs each row's token ids and the vocabulary's size")
+            batch.penalties = Penalties.build(params, histories, vocab, self.device)
         if batch.is_all_greedy:
             return batch
         dev = self.device
@@ -82,6 +176,8 @@ class Sampler:
         if any(p.top_k > 0 or p.top_p < 1.0 for p in params):
             batch.top_k = _to_device([min(p.top_k, TOP_K_CAP) for p in params], torch.long, dev)
             batch.top_p = _to_device([p.top_p for p in params], torch.float32, dev)
+        if any(p.min_p > 0 for p in params):
+            batch.min_p = _to_device([p.min_p for p in params], torch.float32, dev)
         return batch
 
     def _noise(self, shape, batch: SamplingBatch) -> torch.Tensor:
@@ -99,13 +195,17 @@ class Sampler:
     ) -> torch.Tensor:
         """logits [N, V] (any float dtype; sampling runs in float32) -> token ids [N] (on the device).
         `greedy_tokens` [N]: their argmax where the caller has it (a CUDA graph computes it with the logits)."""
+        if batch.penalties is not None:
+            logits = batch.penalties(logits.float())
+            greedy_tokens = None  # NOTE: the graph's argmax was of the logits before the penalties
         if greedy_tokens is None:
             greedy_tokens = argmax_rows(logits)
-        if batch.is_all_greedy:
-            return greedy_tokens
-        logits = logits.float() / batch.temperature[:, None]
-        if batch.top_k is not None:
-            logits = apply_top_k_top_p(logits, batch.top_k, batch.top_p)
-        probs = logits.softmax(dim=-1)
+        tokens = greedy_tokens if batch.is_all_greedy else self._sample(logits, batch, greedy_tokens)
+        if batch.penalties is not None:
+            batch.penalties.count(tokens)
+        return tokens
+
+    def _sample(self, logits: torch.Tensor, batch: SamplingBatch, greedy_tokens: torch.Tensor) -> torch.Tensor:
+        probs = warp(logits, batch).softmax(dim=-1)
         sampled = argmax_rows(probs / self._noise(probs.shape, batch))
         return torch.where(batch.is_greedy, greedy_tokens, sampled)

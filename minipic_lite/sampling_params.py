@@ -18,6 +18,12 @@ class SamplingParams:
         temperature: 0 (or below vLLM's 1e-5) is greedy (default 1.0).
         top_k: keep the k most likely tokens; 0 or vLLM's -1: no cut (default 0).
         top_p: nucleus sampling, in (0, 1] (default 1.0: no cut).
+        min_p: drop tokens less likely than min_p times the most likely one, in [0, 1] (default 0: no cut).
+        repetition_penalty: > 0; a token already in the prompt or the output has its logit divided by it where
+            positive, multiplied where negative (HF's and vLLM's rule; default 1.0: none; > 1 discourages repeats).
+        presence_penalty: subtracted from the logit of every token already in the output, in [-2, 2] (default 0).
+        frequency_penalty: subtracted from a token's logit once per time it is already in the output, in [-2, 2]
+            (default 0). The three penalties apply to greedy rows too, before temperature (vLLM's order).
         seed: a per-request seed (a 64-bit integer) for reproducible sampling; None: torch's global generator.
         stop: strings to stop before (one string is one stop); the stop is not part of the text.
         stop_token_ids: token ids to stop at, besides the model's end-of-sequence.
@@ -30,6 +36,10 @@ class SamplingParams:
     temperature: float = 1.0
     top_k: int = 0  # 0: no top-k cut (-1, vLLM's older spelling, is taken as 0)
     top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
     seed: int | None = None
     stop: tuple[str, ...] = field(default_factory=tuple)
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
@@ -47,7 +57,7 @@ class SamplingParams:
         object.__setattr__(self, "max_tokens", _integer("max_tokens", self.max_tokens, "an integer >= 1"))
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
-        for name in ("temperature", "top_p"):  # NOTE: a string from a form would fail below with a message naming none
+        for name in NUMBER_FIELDS:  # NOTE: a string from a form would fail below with a message naming none
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, numbers.Real):
                 raise TypeError(f"{name} must be a number, got {type(value).__name__}")
@@ -59,6 +69,13 @@ class SamplingParams:
         object.__setattr__(self, "top_k", max(top_k, 0))  # NOTE: vLLM code passes -1 for "no cut"; the sampler reads 0
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p!r}")
+        if not 0.0 < self.repetition_penalty < math.inf:
+            raise ValueError(f"repetition_penalty must be a finite number > 0, got {self.repetition_penalty!r}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2.0 <= getattr(self, name) <= 2.0:
+                raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)!r}")
         if self.seed is not None:
             object.__setattr__(self, "seed", _integer("seed", self.seed, "an int or None"))
             if not SEED_MIN <= self.seed <= SEED_MAX:  # NOTE: past these torch.Generator fails inside the step
@@ -76,7 +93,13 @@ class SamplingParams:
         """Temperature 0, or so near it that dividing by it would overflow: the argmax (vLLM's eps)."""
         return self.temperature < GREEDY_TEMPERATURE
 
+    @property
+    def has_penalties(self) -> bool:
+        """A repetition, presence or frequency penalty: the sampler then counts the tokens each row has seen."""
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
+
+NUMBER_FIELDS = ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # what torch.Generator.manual_seed takes
 # NOTE: vLLM's _SAMPLING_EPS: below it a row takes the argmax (near 0 logits / temperature overflow float32: at 1e-38
 # every logit was inf, the softmax NaN, and token 0 was drawn for every seed)

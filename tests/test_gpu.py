@@ -72,6 +72,34 @@ def test_cuda_graph_replay_gives_the_eager_tokens(tiny_dir, num_scheduler_steps,
     assert graphs.engine.in_flight is None and graphs.engine.pool.num_free_blocks == graphs.engine.pool.num_blocks
 
 
+def test_penalties_through_graph_bursts_give_the_eager_and_transformers_tokens(tiny_dir):
+    """Greedy rows with penalties take the argmax after them, not the graph's, and count their tokens on the device
+    through bursts and continuations: the tokens of an eager engine with one step per visit; with the repetition
+    penalty alone, transformers' generate() on the same weights."""
+    from transformers import AutoModelForCausalLM
+
+    kwargs = dict(device="cuda", dtype="float32", max_model_len=256, max_num_seqs=8, num_blocks=256)
+    graphs = mp.LLM(str(tiny_dir), num_scheduler_steps=8, async_scheduling=True, **kwargs)
+    eager = mp.LLM(str(tiny_dir), enforce_eager=True, num_scheduler_steps=1, async_scheduling=False, **kwargs)
+    gen = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(6, 512, (n,), generator=gen).tolist() for n in (5, 17, 33, 40, 63)]
+    rows = [dict(repetition_penalty=1.8), dict(frequency_penalty=1.5, presence_penalty=0.5), dict()]
+    params = [mp.SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True, **rows[i % 3]) for i in range(5)]
+    replayed = [o.token_ids for o in graphs.generate(prompts, params, use_tqdm=False)]
+    assert replayed == [o.token_ids for o in eager.generate(prompts, params, use_tqdm=False)]
+    assert graphs.engine.stats.num_continuations > 0
+    hf = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32).to("cuda").eval()
+    hf.generation_config.eos_token_id = None  # NOTE: never stop early, as ignore_eos
+    for i in (0, 3):  # the repetition-penalty rows
+        ids = torch.tensor([prompts[i]], device="cuda")
+        with torch.no_grad():
+            out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=24, do_sample=False,
+                              repetition_penalty=1.8, pad_token_id=0)  # fmt: skip
+        assert replayed[i] == out[0, ids.shape[1] :].tolist(), i
+    plain = mp.SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    assert replayed[0] != graphs.generate([prompts[0]], plain, use_tqdm=False)[0].token_ids, "no penalty was felt"
+
+
 def test_prefill_and_mixed_steps_replay_graphs_and_give_the_eager_tokens(tiny_dir):
     """Prompts whose prefixes are cached (few new tokens each), and requests admitted while others decode (mixed
     steps), run through the prefill buckets' graphs with the tokens of an eager engine."""
