@@ -143,11 +143,18 @@ def add_sampling_arguments(command: argparse.ArgumentParser) -> None:
     sampling = command.add_argument_group("sampling")
     temperature = checked(float, "a number >= 0 (0 = greedy)", lambda v: 0 <= v < float("inf"))
     seed = checked(int, "an integer in [-2**63, 2**64 - 1]", lambda v: SEED_MIN <= v <= SEED_MAX)
+    min_p = checked(float, "a number in [0, 1]", lambda v: 0 <= v <= 1)
+    repetition = checked(float, "a number > 0 (1 = none)", lambda v: 0 < v < float("inf"))
+    penalty = checked(float, "a number in [-2, 2]", lambda v: -2 <= v <= 2)
     for flag, kind, default, metavar, help_ in [
         ("--max-tokens", checked(int, "an integer >= 1", lambda v: v >= 1), 128, "N", "new tokens at most"),
         ("--temperature", temperature, 0.0, "T", "0 = greedy"),
         ("--top-p", checked(float, "a number in (0, 1]", lambda v: 0 < v <= 1), 1.0, "P", "nucleus sampling"),
         ("--top-k", checked(int, "an integer >= -1", lambda v: v >= -1), 0, "K", "0 or -1 = no cut"),
+        ("--min-p", min_p, 0.0, "P", "drop tokens less likely than P times the likeliest"),
+        ("--repetition-penalty", repetition, 1.0, "R", "> 1 discourages the prompt's and output's tokens (greedy too)"),
+        ("--presence-penalty", penalty, 0.0, "X", "subtracted once from each token already in the output"),
+        ("--frequency-penalty", penalty, 0.0, "X", "subtracted per occurrence in the output"),
         ("--seed", seed, None, "S", "seed for sampling"),
     ]:
         sampling.add_argument(
@@ -235,7 +242,8 @@ def load(args):
     load_time = time.perf_counter() - start
     if llm.tokenizer is None:
         raise UsageError(f"{llm.config.model_dir} ships no tokenizer: the command line needs one (Python: token ids)")
-    names = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "ignore_eos")
+    names = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
+             "frequency_penalty", "seed", "stop", "ignore_eos")  # fmt: skip
     return llm, load_time, SamplingParams(**{k: getattr(args, k) for k in names})
 
 

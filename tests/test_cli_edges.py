@@ -18,7 +18,7 @@ import pytest
 
 from minipic_lite import cli
 from minipic_lite.cli import EXIT_INTERRUPTED, EXIT_RUN_ERROR, EXIT_USAGE, build_parser, read_prompt
-from minipic_lite.sampling_params import SEED_MAX, SEED_MIN
+from minipic_lite.sampling_params import SEED_MAX, SEED_MIN, SamplingParams
 
 
 def parse(*args: str):
@@ -33,6 +33,11 @@ def parse(*args: str):
         ("--top-k", "0", 0),
         ("--top-k", "-1", -1),  # vLLM's spelling of no cut, as SamplingParams takes it
         ("--max-tokens", "1", 1),
+        ("--min-p", "0", 0.0),
+        ("--min-p", "1", 1.0),
+        ("--presence-penalty", "-2", -2.0),
+        ("--frequency-penalty", "2", 2.0),
+        ("--repetition-penalty", "1e-3", 1e-3),
         ("--seed", str(SEED_MIN), SEED_MIN),
         ("--seed", str(SEED_MAX), SEED_MAX),
         ("--device", "cuda:1", "cuda:1"),
@@ -50,6 +55,11 @@ def test_the_limits_of_an_option_are_taken(flag, text, value):
         ("--device", "cuda:", "auto, cpu, cuda or cuda:N"),
         ("--device", "cpu0", "auto, cpu, cuda or cuda:N"),
         ("--top-p", "1.5", "a number in (0, 1]"),
+        ("--min-p", "1.01", "a number in [0, 1]"),
+        ("--repetition-penalty", "0", "a number > 0 (1 = none)"),
+        ("--repetition-penalty", "nan", "a number > 0 (1 = none)"),
+        ("--presence-penalty", "2.5", "a number in [-2, 2]"),
+        ("--frequency-penalty", "-3", "a number in [-2, 2]"),
         ("--stop", "", "a non-empty string"),
     ],
 )
@@ -88,6 +98,8 @@ def test_the_defaults_are_those_the_help_and_the_readme_name():
     assert {k: gen[k] for k in ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "ignore_eos")} == {
         "max_tokens": 128, "temperature": 0.0, "top_p": 1.0, "top_k": 0, "seed": None, "stop": [], "ignore_eos": False
     }  # fmt: skip
+    penalties = ("min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
+    assert [gen[k] for k in penalties] == [getattr(SamplingParams(), k) for k in penalties] == [0.0, 1.0, 0.0, 0.0]
     assert [gen[k] for k in ("device", "dtype", "raw", "stream", "model")] == ["auto", "auto", False, False, None]
     ui = build_parser().parse_args(["ui"])
     assert (ui.host, ui.port, ui.span_policy, ui.dtype, ui.model) == ("127.0.0.1", 7860, "inline", "auto", None)
@@ -259,11 +271,14 @@ def test_generate_hands_every_sampling_flag_to_the_params(monkeypatch, capsys):
     monkeypatch.setattr(RecordingLLM, "calls", [])
     # the clock read before and after LLM(...) of each run: the first loads in 2.5 s
     monkeypatch.setattr(cli, "time", SimpleNamespace(perf_counter=iter([100.0, 102.5, 200.0, 200.0]).__next__))
-    flags = ["--max-tokens", "7", "--temperature", "0.5", "--top-p", "0.9", "--top-k", "3", "--seed", "11"]
+    flags = ["--max-tokens", "7", "--temperature", "0.5", "--top-p", "0.9", "--top-k", "3", "--seed", "11",
+             "--min-p", "0.05", "--repetition-penalty", "1.2", "--presence-penalty", "0.5", "--frequency-penalty",
+             "-0.5"]  # fmt: skip
     assert cli.main(["generate", "--raw", "hi", *flags, "--stop", "a", "--stop", "b", "--ignore-eos"]) == 0
     assert cli.main(["generate", "hi"]) == 0
     expected = SamplingParams(max_tokens=7, temperature=0.5, top_p=0.9, top_k=3, seed=11, stop=["a", "b"],
-                              ignore_eos=True)  # fmt: skip
+                              ignore_eos=True, min_p=0.05, repetition_penalty=1.2, presence_penalty=0.5,
+                              frequency_penalty=-0.5)  # fmt: skip
     assert RecordingLLM.calls == [
         (["hi"], expected, False),
         ([[{"role": "user", "content": "hi"}]], SamplingParams(max_tokens=128, temperature=0.0), False),

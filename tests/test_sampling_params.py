@@ -59,12 +59,14 @@ def test_token_id_zero_is_a_stop_token_and_any_iterable_gives_the_stops():
 
 
 def test_the_defaults_are_64_tokens_at_temperature_1_with_no_cut_no_seed_and_no_stop():
-    """SamplingParams() (README): 64 tokens at temperature 1.0 over the whole vocabulary (no top-k, top-p 1), unseeded,
-    stopping at EOS only, its text detokenized without special tokens."""
+    """SamplingParams() (README): 64 tokens at temperature 1.0 over the whole vocabulary (no top-k, top-p 1, min-p 0),
+    no penalty, unseeded, stopping at EOS only, its text detokenized without special tokens."""
     params = SamplingParams()
     assert (params.max_tokens, params.temperature, params.top_k, params.top_p, params.seed) == (64, 1.0, 0, 1.0, None)
     assert (params.stop, params.stop_token_ids, params.ignore_eos) == ((), (), False)
     assert (params.skip_special_tokens, params.detokenize, params.is_greedy) == (True, True, False)
+    penalties = (params.min_p, params.repetition_penalty, params.presence_penalty, params.frequency_penalty)
+    assert penalties == (0.0, 1.0, 0.0, 0.0) and not params.has_penalties
 
 
 def test_none_for_stop_or_stop_token_ids_means_none_and_a_non_sequence_is_named():
