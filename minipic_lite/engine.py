@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from itertools import count
 
 import numpy as np
+import torch
 
 from minipic_lite.cache_report import StateReport, build_cache_report
 from minipic_lite.checkpoints.planner import CheckpointPlanner
@@ -25,7 +26,7 @@ from minipic_lite.detokenizer import Detokenizer
 from minipic_lite.hashing import pack_token_ids, root_hash
 from minipic_lite.kv_cache_manager import KVCacheManager
 from minipic_lite.model_runner import InFlight, ModelRunner
-from minipic_lite.outputs import RequestMetrics, RequestOutput
+from minipic_lite.outputs import Logprob, RequestMetrics, RequestOutput
 from minipic_lite.prompts import Prompt
 from minipic_lite.request import Request
 from minipic_lite.sampling_params import SamplingParams
@@ -267,11 +268,13 @@ class LLMEngine:
             if nxt is not None:
                 self.in_flight = self.runner.launch_continuation(flight, nxt)
                 self.stats.num_continuations += 1
-        num_tokens_before = sum(len(s.seq) for s in out.scheduled)
+        num_tokens_before = [len(s.seq) for s in out.scheduled]
         advanced = self.scheduler.postprocess(out, self.runner.wait(flight), self._stops)
+        if flight.logprobs is not None:
+            self._record_logprobs(out, flight.logprobs, num_tokens_before)
         self._drop_finished_flight()
         now = time.perf_counter()
-        self._count(out, advanced, sum(len(s.seq) for s in out.scheduled) - num_tokens_before, now - start)
+        self._count(out, advanced, sum(len(s.seq) for s in out.scheduled) - sum(num_tokens_before), now - start)
         self.step_log.record(out, now)
         outputs = []
         for req in advanced:
@@ -335,6 +338,27 @@ class LLMEngine:
             self._finish(req, "length", None)
         return req.is_finished
 
+    def _record_logprobs(self, out: SchedulerOutput, rows: torch.Tensor, num_tokens_before: list[int]) -> None:
+        """Keep the logprobs of each token a request took this step (a burst's tokens past a stop are dropped).
+        rows: (num_sampling, num_steps, 2 + 2k) float32 on the host, `sampler.token_logprobs`' rows, step by step."""
+        sampling = [(s.seq, n) for s, n in zip(out.scheduled, num_tokens_before, strict=True) if s.do_sample]
+        for (req, before), steps in zip(sampling, rows.tolist(), strict=True):
+            k = req.sampling_params.logprobs
+            if k is None:
+                continue
+            decode = self._token_text if req.sampling_params.detokenize else lambda token: None
+            width = (len(steps[0]) - 2) // 2  # the batch's k, at least this row's
+            for step, token in zip(steps, req.token_ids[before:], strict=False):
+                chosen, rank, ids, logprobs = step[0], int(step[1]), step[2 : 2 + k], step[2 + width : 2 + width + k]
+                entry = {token: Logprob(chosen, rank, decode(token))}
+                for i, (token_id, logprob) in enumerate(zip(map(int, ids), logprobs, strict=True), start=1):
+                    entry.setdefault(token_id, Logprob(logprob, i, decode(token_id)))
+                req.logprobs.append(entry)
+                req.cumulative_logprob += chosen
+
+    def _token_text(self, token_id: int) -> str | None:
+        return None if self.tokenizer is None else self.tokenizer.decode([token_id])
+
     def _finish(self, req: Request, reason: str, stop_reason) -> None:
         req.stop_reason = stop_reason
         self.scheduler.finish(req, reason)
@@ -382,6 +406,8 @@ class LLMEngine:
             stop_reason=req.stop_reason,
             cache_report=req.cache_report,
             state_report=self._state_report(req),
+            logprobs=None if req.sampling_params.logprobs is None else list(req.logprobs),
+            cumulative_logprob=None if req.sampling_params.logprobs is None else req.cumulative_logprob,
         )
 
     def _state_report(self, req: Request) -> StateReport | None:

@@ -43,7 +43,7 @@ from minipic_lite.models.packed_linear import (
 from minipic_lite.models.registry import model_class
 from minipic_lite.models.routed_linear import one_row_candidates, route_many_row_linears, route_one_row_linears
 from minipic_lite.models.step import HostStep, RecurrentStep, StepInputs, StepMetadata, host_tensor
-from minipic_lite.sampler import Sampler, SamplingBatch
+from minipic_lite.sampler import Sampler, SamplingBatch, token_logprobs
 from minipic_lite.state_cache import StateTensors
 
 logger = logging.getLogger(__name__)
@@ -83,6 +83,8 @@ class InFlight:
     batch: SamplingBatch | None = None
     shape: tuple[int, int] | None = None
     table_lens: list[int] = field(default_factory=list)  # each request's block table length when it was queued
+    # rows asking for logprobs: (num_sampling, num_steps, 2 + 2k) float32 on the host, `sampler.token_logprobs`' rows
+    logprobs: torch.Tensor | None = None
 
 
 def allocate_kv_cache(cfg: ModelConfig, num_blocks: int, block_size: int, dtype, device) -> torch.Tensor:
@@ -406,22 +408,27 @@ class ModelRunner:
     def _run_steps(self, out: SchedulerOutput, inputs: StepInputs, shape, batch, sampled) -> InFlight:
         """The step, or each step of the burst, on the device; `sampled`: the tokens the first step feeds back
         (a continuation), or None (its inputs are prepared)."""
-        tokens = torch.empty(len(batch.request_ids), out.num_steps, dtype=torch.long, device=self.device)
+        num_rows, k = len(batch.request_ids), batch.num_logprobs
+        tokens = torch.empty(num_rows, out.num_steps, dtype=torch.long, device=self.device)
+        logprobs = None if k is None else torch.empty(num_rows, out.num_steps, 2 + 2 * k, device=self.device)
         for step in range(out.num_steps):
             fed_back = tokens[:, step - 1] if step else sampled
             if fed_back is not None:
                 inputs = self._advance(inputs, fed_back, shape)
             logits, greedy = self._logits(inputs, shape)
             tokens[:, step] = self.sampler(logits, batch, greedy)  # NOTE: a graph's outputs live until its next replay
+            if logprobs is not None:
+                logprobs[:, step] = token_logprobs(logits, tokens[:, step], k)
         self._save_states(out)
         last_sampled = tokens[:, -1]  # (num_sampling,): what a continuation feeds back
         ready = None
         if tokens.is_cuda:  # NOTE: copied to pinned memory now, so that `wait` waits for this step alone, not for
             tokens = tokens.to("cpu", non_blocking=True)  # a continuation queued behind it
+            logprobs = None if logprobs is None else logprobs.to("cpu", non_blocking=True)
             ready = torch.cuda.Event()
             ready.record()
         table_lens = [len(s.seq.block_table) for s in out.scheduled]
-        return InFlight(out, tokens, ready, inputs, last_sampled, batch, shape, table_lens)
+        return InFlight(out, tokens, ready, inputs, last_sampled, batch, shape, table_lens, logprobs)
 
     def _save_states(self, out: SchedulerOutput) -> None:
         if self.state_tensors is not None:

@@ -26,6 +26,16 @@ class RequestMetrics:
         return None if self.finish_time is None else self.finish_time - self.arrival_time
 
 
+@dataclass(frozen=True, slots=True)
+class Logprob:
+    """A token's log-probability under the model (vLLM's shape): its rank among the vocabulary (1: the likeliest),
+    its text alone (None without a tokenizer or with `detokenize=False`)."""
+
+    logprob: float
+    rank: int
+    decoded_token: str | None = None
+
+
 @dataclass
 class RequestOutput:
     """One request's output so far (vLLM's RequestOutput with its one completion flattened in): `text` and
@@ -43,3 +53,6 @@ class RequestOutput:
     stop_reason: str | int | None = None  # the stop string or token that ended it
     cache_report: Sequence = field(default_factory=list)  # a cache_report.CacheReport once admitted
     state_report: object = None  # hybrid models: a cache_report.StateReport
+    # SamplingParams.logprobs set: a dict per output token, the sampled token's entry first, then the top ones
+    logprobs: list[dict[int, Logprob]] | None = None
+    cumulative_logprob: float | None = None  # the sum of the sampled tokens' logprobs

@@ -31,6 +31,7 @@ from minipic_lite.spans import (
 
 if TYPE_CHECKING:
     from minipic_lite.detokenizer import Detokenizer
+    from minipic_lite.outputs import Logprob
 
 
 class RequestStatus(enum.Enum):
@@ -80,6 +81,8 @@ class Request:
     stop_text: str | None = None  # the text cut before a stop string
     detokenizer: Detokenizer | None = field(default=None, repr=False)  # its text so far, for stops and streams
     cache_report: Sequence = field(default_factory=list)  # a BlockReport per prompt block (cache_report.py)
+    logprobs: list[dict[int, Logprob]] = field(default_factory=list)  # per output token, where its params ask
+    cumulative_logprob: float = 0.0
     arrival_time: float = field(default_factory=time.perf_counter)
     first_token_time: float | None = None
     finish_time: float | None = None

@@ -75,6 +75,17 @@ def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
     return logits.masked_fill(drop, float("-inf"))
 
 
+def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, k: int) -> torch.Tensor:
+    """Each row's sampled token and its k likeliest, as float32 [N, 2 + 2k]: the sampled token's logprob and rank,
+    then the k top ids, then their logprobs (one tensor: one copy to the host). logits [N, V], the model's own (vLLM's
+    raw logprobs); the rank counts the tokens at least as likely (vLLM's: 1 for the argmax)."""
+    logprobs = logits.float().log_softmax(dim=-1)  # (N, V)
+    chosen = logprobs.gather(1, tokens[:, None])  # (N, 1)
+    rank = (logprobs >= chosen).sum(dim=-1, keepdim=True).float()  # (N, 1)
+    top_logprobs, top_ids = logprobs.topk(k, dim=-1)  # (N, k) each
+    return torch.cat([chosen, rank, top_ids.float(), top_logprobs], dim=-1)
+
+
 @dataclass(slots=True)
 class Penalties:
     """The tokens each row has seen, as device tensors; `output_counts` grows on the device as the row samples (a
@@ -127,6 +138,7 @@ class SamplingBatch:
     is_greedy: torch.Tensor | None = None  # (N,) bool
     min_p: torch.Tensor | None = None  # (N,), None: no row cuts
     penalties: Penalties | None = None  # None: no row has a penalty
+    num_logprobs: int | None = None  # the most top logprobs a row asks for; None: no row asks
 
 
 def _to_device(values: list | torch.Tensor, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -164,6 +176,8 @@ class Sampler:
         """The batch's parameters on the device. `histories` (each row's token ids and its prompt's length) and
         `vocab` are read where a row has a penalty."""
         batch = SamplingBatch(request_ids, params, all(p.is_greedy for p in params))
+        asked = [p.logprobs for p in params if p.logprobs is not None]
+        batch.num_logprobs = max(asked) if asked else None
         if any(p.has_penalties for p in params):
             if histories is None or vocab is None:
                 raise ValueError("a penalty needs each row's token ids and the vocabulary's size")

@@ -25,6 +25,8 @@ class SamplingParams:
         frequency_penalty: subtracted from a token's logit once per time it is already in the output, in [-2, 2]
             (default 0). The three penalties apply to greedy rows too, before temperature (vLLM's order).
         seed: a per-request seed (a 64-bit integer) for reproducible sampling; None: torch's global generator.
+        logprobs: None (default): none; k in [0, 20]: each output token's log-probability, its rank and the k most
+            likely tokens' (vLLM's raw logprobs: the model's distribution, before penalties and temperature).
         stop: strings to stop before (one string is one stop); the stop is not part of the text.
         stop_token_ids: token ids to stop at, besides the model's end-of-sequence.
         ignore_eos: generate `max_tokens` whatever the model says (default False).
@@ -41,6 +43,7 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     seed: int | None = None
+    logprobs: int | None = None
     stop: tuple[str, ...] = field(default_factory=tuple)
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
     ignore_eos: bool = False
@@ -80,6 +83,10 @@ class SamplingParams:
             object.__setattr__(self, "seed", _integer("seed", self.seed, "an int or None"))
             if not SEED_MIN <= self.seed <= SEED_MAX:  # NOTE: past these torch.Generator fails inside the step
                 raise ValueError(f"seed must lie in [-2**63, 2**64 - 1] (a 64-bit seed), got {self.seed!r}")
+        if self.logprobs is not None:
+            object.__setattr__(self, "logprobs", _integer("logprobs", self.logprobs, "an int or None"))
+            if not 0 <= self.logprobs <= MAX_LOGPROBS:
+                raise ValueError(f"logprobs must be None or in [0, {MAX_LOGPROBS}], got {self.logprobs!r}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise ValueError(f"stop must be non-empty strings, got {self.stop!r}")
         if self.stop and not self.detokenize:
@@ -100,7 +107,8 @@ class SamplingParams:
 
 
 NUMBER_FIELDS = ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
-SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # what torch.Generator.manual_seed takes
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
+MAX_LOGPROBS = 20  # vLLM's default max_logprobs  # what torch.Generator.manual_seed takes
 # NOTE: vLLM's _SAMPLING_EPS: below it a row takes the argmax (near 0 logits / temperature overflow float32: at 1e-38
 # every logit was inf, the softmax NaN, and token 0 was drawn for every seed)
 GREEDY_TEMPERATURE = 1e-5

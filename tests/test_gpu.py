@@ -74,8 +74,8 @@ def test_cuda_graph_replay_gives_the_eager_tokens(tiny_dir, num_scheduler_steps,
 
 def test_penalties_through_graph_bursts_give_the_eager_and_transformers_tokens(tiny_dir):
     """Greedy rows with penalties take the argmax after them, not the graph's, and count their tokens on the device
-    through bursts and continuations: the tokens of an eager engine with one step per visit; with the repetition
-    penalty alone, transformers' generate() on the same weights."""
+    through bursts and continuations: the tokens (and logprobs) of an eager engine with one step per visit; with the
+    repetition penalty alone, transformers' generate() on the same weights."""
     from transformers import AutoModelForCausalLM
 
     kwargs = dict(device="cuda", dtype="float32", max_model_len=256, max_num_seqs=8, num_blocks=256)
@@ -84,10 +84,18 @@ def test_penalties_through_graph_bursts_give_the_eager_and_transformers_tokens(t
     gen = torch.Generator().manual_seed(5)
     prompts = [torch.randint(6, 512, (n,), generator=gen).tolist() for n in (5, 17, 33, 40, 63)]
     rows = [dict(repetition_penalty=1.8), dict(frequency_penalty=1.5, presence_penalty=0.5), dict()]
-    params = [mp.SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True, **rows[i % 3]) for i in range(5)]
-    replayed = [o.token_ids for o in graphs.generate(prompts, params, use_tqdm=False)]
-    assert replayed == [o.token_ids for o in eager.generate(prompts, params, use_tqdm=False)]
+    params = [mp.SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True, logprobs=2, **rows[i % 3])
+              for i in range(5)]  # fmt: skip
+    outs = graphs.generate(prompts, params, use_tqdm=False)
+    reference = eager.generate(prompts, params, use_tqdm=False)
+    replayed = [o.token_ids for o in outs]
+    assert replayed == [o.token_ids for o in reference]
     assert graphs.engine.stats.num_continuations > 0
+    for out, ref in zip(outs, reference, strict=True):  # logprobs through graph bursts: the eager engine's
+        assert len(out.logprobs) == len(out.token_ids) == 24
+        for entry, ref_entry in zip(out.logprobs, ref.logprobs, strict=True):
+            assert list(entry) == list(ref_entry)
+            assert all(abs(entry[t].logprob - ref_entry[t].logprob) < 1e-3 for t in entry)
     hf = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32).to("cuda").eval()
     hf.generation_config.eos_token_id = None  # NOTE: never stop early, as ignore_eos
     for i in (0, 3):  # the repetition-penalty rows
