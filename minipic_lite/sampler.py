@@ -99,17 +99,25 @@ class Penalties:
 
     @classmethod
     def build(cls, params: list[SamplingParams], histories: list[tuple[list[int], int]], vocab: int, device):
-        """histories: each row's token ids and how many of them are its prompt. Built on the host, copied once."""
-        prompt_mask = torch.zeros(len(params), vocab, dtype=torch.bool)
-        output_counts = torch.zeros(len(params), vocab, dtype=torch.float32)
+        """histories: each row's token ids and how many of them are its prompt. The penalized rows' tokens go to the
+        device as (row, token) pairs in one copy and are scattered there: host work by tokens, not by rows x vocab."""
+        pairs = ([], [], [], [])  # prompt rows, prompt tokens, output rows, output tokens
         for row, (p, (token_ids, num_prompt)) in enumerate(zip(params, histories, strict=True)):
             if p.has_penalties:  # NOTE: a neutral row's tokens change nothing: they are not counted
-                prompt_mask[row, torch.tensor(token_ids[:num_prompt], dtype=torch.long)] = True
-                output = torch.tensor(token_ids[num_prompt:], dtype=torch.long)
-                output_counts[row] = torch.bincount(output, minlength=vocab)[:vocab].float()
+                pairs[0].extend([row] * num_prompt)
+                pairs[1].extend(token_ids[:num_prompt])
+                pairs[2].extend([row] * (len(token_ids) - num_prompt))
+                pairs[3].extend(token_ids[num_prompt:])
+        flat = _to_device([x for part in pairs for x in part], torch.long, device)
+        prompt_rows, prompt_ids, output_rows, output_ids = flat.split([len(part) for part in pairs])
+        prompt_mask = torch.zeros(len(params), vocab, dtype=torch.bool, device=device)
+        prompt_mask[prompt_rows, prompt_ids] = True
+        output_counts = torch.zeros(len(params), vocab, dtype=torch.float32, device=device)
+        output_counts.index_put_((output_rows, output_ids), torch.ones_like(output_ids, dtype=torch.float32),
+                                 accumulate=True)  # fmt: skip
         return cls(
-            _to_device(prompt_mask, torch.bool, device),
-            _to_device(output_counts, torch.float32, device),
+            prompt_mask,
+            output_counts,
             _to_device([p.repetition_penalty for p in params], torch.float32, device),
             _to_device([p.presence_penalty for p in params], torch.float32, device),
             _to_device([p.frequency_penalty for p in params], torch.float32, device),
@@ -141,8 +149,8 @@ class SamplingBatch:
     num_logprobs: int | None = None  # the most top logprobs a row asks for; None: no row asks
 
 
-def _to_device(values: list | torch.Tensor, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    host = values if isinstance(values, torch.Tensor) else torch.tensor(values, dtype=dtype)
+def _to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    host = torch.tensor(values, dtype=dtype)
     # NOTE: a plain copy from pageable memory would wait for the GPU: inside a burst that drains the queue.
     return host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host
 
