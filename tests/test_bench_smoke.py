@@ -135,3 +135,11 @@ def test_cpu_engine(tmp_path):
     result = json.loads(out.read_text())
     assert result["batch_2"]["identical_outputs"] == "2/2"  # fp32: our greedy tokens are transformers'
     assert result["step_breakdown_ms"]["step"] > 0
+
+
+def test_sampling_cost(tmp_path):
+    out = tmp_path / "sampling_cost.json"
+    run_bench(tmp_path, "sampling_cost", "--batch", 2, "--new-tokens", 4, "--rounds", 1, "--out", out)
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["batch"] == 2 and row["logprobs_tokens_equal_plain"]  # logprobs change no token
+    assert set(row["ratio_to_plain"]) == {"plain", "penalties", "logprobs5"} and row["ratio_to_plain"]["plain"] == 1
