@@ -398,6 +398,17 @@ def test_a_markers_text_in_a_text_or_chat_prompt_is_refused_where_markers_take_e
         vanilla.close()
 
 
+def test_a_markers_text_is_refused_in_the_rerotate_baseline_too(model_dir):
+    """The copy-rerotate baseline (rotated keys, rerotate_spans) gives span markers their meaning as position-free
+    mode does: a marker's text in a text prompt would open a span there too."""
+    rerotate = mp.LLM(str(model_dir), device="cpu", max_model_len=256, position_free=False, rerotate_spans=True)
+    try:
+        with pytest.raises(ValueError, match="prompt 0: the prompt's text holds '<repo_name>', this model's SSEP span"):
+            rerotate.generate("What does <repo_name> mean in StarCoder data?", GREEDY8, use_tqdm=False)
+    finally:
+        rerotate.close()
+
+
 def test_prompts_of_a_type_generate_cannot_take_name_it(llm):
     with pytest.raises(TypeError, match="prompts must be text, token ids, chat messages, a Prompt or a list of these"):
         llm.generate(3.5, GREEDY8, use_tqdm=False)

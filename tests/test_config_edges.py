@@ -279,3 +279,10 @@ def test_memory_sizes_take_fractions_of_a_gib_and_refuse_negative_ones():
 def test_a_cache_of_one_block_is_taken():
     """num_blocks is None (sized from memory) or a positive count: one block is the fewest."""
     assert CacheConfig(num_blocks=1).num_blocks == 1
+
+
+@pytest.mark.parametrize("name", ["memory_utilization", "cpu_kv_cache_gib", "host_cache_gib", "state_cache_gib"])
+def test_a_memory_size_that_is_not_a_number_is_refused_naming_it(name):
+    """NaN compares false with everything: each check is written so that it fails NaN too (not a range it passes)."""
+    with pytest.raises(ValueError, match=rf"^{name} must be .*, got nan$"):
+        CacheConfig(**{name: float("nan")})

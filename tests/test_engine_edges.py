@@ -54,6 +54,8 @@ def test_a_stop_token_id_past_the_vocabulary_is_refused_before_its_batch_is_queu
     bad = mp.SamplingParams(max_tokens=2, stop_token_ids=[5, vocab + 7, vocab])
     with pytest.raises(ValueError, match=rf"^stop token id {vocab + 7} is outside the vocabulary \[0, {vocab}\): "):
         llm.engine.validate([1, 2], bad)
+    with pytest.raises(ValueError, match=rf"^stop token id {vocab} is outside"):  # the first id past the end
+        llm.engine.validate([1, 2], mp.SamplingParams(max_tokens=2, stop_token_ids=[vocab - 1, vocab]))
     with pytest.raises(ValueError, match=rf"^prompt 1: stop token id {vocab + 7} "):  # before anything is queued
         llm.generate([[1, 2], [3, 4]], [GREEDY4, bad], use_tqdm=False)
     assert len(llm.generate([[1, 2]], GREEDY4, use_tqdm=False)[0].token_ids) == 4
@@ -117,6 +119,30 @@ def test_running_and_waiting_counts_and_an_abort_that_counts_once(tiny_dir):
     assert not engine.requests and llm.stats()["num_used_blocks"] == 0
     num_steps = engine.stats.num_steps
     assert engine.step() == [] and engine.stats.num_steps == num_steps  # an idle engine's step runs nothing
+    llm.close()
+
+
+def test_a_finished_or_aborted_seeded_request_leaves_no_generator_and_its_id_replays_its_seed(tiny_dir):
+    """A seeded request's generator lives while it runs: once it finishes or is aborted the sampler drops it, so a
+    later request under the same caller-chosen id and seed samples the same tokens (not the old stream's next ones)
+    and a long run of seeded requests holds no generator per request."""
+    llm = tiny_llm(tiny_dir)
+    engine, generators = llm.engine, llm.engine.runner.sampler.generators  # NOTE: driven directly, as above
+    seeded = mp.SamplingParams(max_tokens=4, temperature=1.0, seed=7, ignore_eos=True, detokenize=False)
+    runs = []
+    for _ in range(2):
+        engine.add_request(PROMPT, seeded, request_id="r")
+        outputs = []
+        while engine.has_unfinished():
+            outputs += engine.step()
+        runs.append(outputs[-1].token_ids)
+        assert generators == {}
+    assert runs[0] == runs[1]
+    engine.add_request(PROMPT, seeded, request_id="r")
+    engine.step()
+    assert list(generators) == ["r"]
+    engine.abort("r")
+    assert generators == {}
     llm.close()
 
 
@@ -195,6 +221,23 @@ def test_a_hybrid_asked_for_async_scheduling_runs_its_steps_one_after_another(tm
     assert (len(out.token_ids), out.finish_reason) == (9, "length")
     assert (llm.engine.is_async, llm.engine.stats.num_continuations) == (False, 0)
     llm.close()
+
+
+def test_a_hybrid_without_prefix_caching_plans_and_saves_no_checkpoint(tmp_path):
+    """No prefix caching: no block is ever a hit, so no request could resume from a recurrent-state checkpoint and
+    none is planned or saved (the policy is "none"); with it, the same prompt gets its plan and its saves."""
+    make_hybrid(tmp_path, seed=1)
+    params = mp.SamplingParams(max_tokens=1, detokenize=False)
+    saved = {}
+    for caching in (True, False):
+        llm = mp.LLM(str(tmp_path), device="cpu", dtype="float32", num_blocks=96, max_model_len=512,
+                     enable_prefix_caching=caching)  # fmt: skip
+        (out,) = llm.generate([list(range(100, 170))], params, use_tqdm=False)
+        report = out.state_report
+        saved[caching] = (report.planned_checkpoints, report.saved_checkpoints, llm.stats()["num_checkpoints_saved"])
+        llm.close()
+    assert saved[True][0] and saved[True][2] > 0
+    assert saved[False] == ((), (), 0)
 
 
 def test_a_preempted_request_reports_its_preemption_and_the_tokens_of_a_roomy_cache(tiny_dir):
@@ -432,6 +475,17 @@ def test_a_composed_prompt_without_markers_generates_where_markers_cannot_take_e
     assert composed.token_ids == listed.token_ids and len(composed.token_ids) == 4
     with pytest.raises(ValueError, match="prompt 0: span marker SSEP at index 4: span semantics need position_free"):
         llm.generate(Prompt((7, 8, 5, 5, 3, 9), 4, control), GREEDY4, use_tqdm=False)
+    llm.close()
+
+
+def test_span_markers_take_effect_in_the_rerotate_baseline(tiny_dir):
+    """position_free=False with rerotate_spans (the copy-rerotate baseline): span markers mean what they mean in
+    position-free mode, so a composed span prompt is taken, its segments read from its markers."""
+    control = mp.ControlTokens(ssep_id=3, pdep_id=4, pad_id=5)
+    llm = mp.LLM(str(tiny_dir), device="cpu", max_model_len=128, num_blocks=40, block_size=4, position_free=False,
+                 rerotate_spans=True, control_tokens=control)  # fmt: skip
+    layout = llm.engine.validate(Prompt((7, 8, 5, 5, 3, 9), 4, control), GREEDY4, require_spans=True)
+    assert layout.has_spans and [(s.start, s.end) for s in layout.segments] == [(0, 4), (4, 6)]
     llm.close()
 
 

@@ -206,6 +206,15 @@ def test_stream_given_a_batch_says_it_takes_one_prompt(tiny):
     assert out.finished and len(out.token_ids) == 2
 
 
+def test_a_batch_of_one_prompt_is_named_in_the_singular_and_one_prompt_with_a_bad_id_is_no_batch():
+    from minipic_lite.llm import check_one_prompt
+
+    with pytest.raises(TypeError, match=r"^stream\(\) takes one prompt, got a list of 1 prompt: LLM.generate\(\)"):
+        check_one_prompt([[5, 6]], "stream()")
+    check_one_prompt([5, 6], "stream()")  # one prompt of token ids
+    check_one_prompt([5, "7"], "stream()")  # one prompt with a bad id: no batch (the ids' check names the id)
+
+
 class StubLLM:
     """Stands in for LLM() in get_default_llm: counts the engines built (slowly, so that callers overlap)."""
 

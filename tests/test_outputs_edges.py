@@ -27,3 +27,12 @@ def test_a_request_id_is_annotated_as_the_str_every_output_carries():
     from minipic_lite.outputs import RequestOutput
 
     assert typing.get_type_hints(RequestOutput)["request_id"] is str
+
+
+def test_an_output_built_with_the_required_fields_only_has_no_stop_reason_nor_reports():
+    """vLLM's defaults for what only some outputs carry: no stop string or token, an empty cache report (not yet
+    admitted), no state report (not a hybrid)."""
+    from minipic_lite.outputs import RequestOutput
+
+    out = RequestOutput("0", None, [1, 2], "", [], 0, False, None, RequestMetrics(arrival_time=0.0))
+    assert (out.stop_reason, out.cache_report, out.state_report) == (None, [], None)

@@ -67,3 +67,12 @@ def test_a_recompute_with_a_hole_counts_its_decode_at_the_end_of_its_last_range(
     req = request("a", num_outputs=2)  # 17 tokens: 15 prompt, 2 answer
     out = SchedulerOutput([ScheduledSeq(req, [(0, 4), (8, 17)], 17, do_sample=True)])  # block 1 is a hit
     assert count_tokens(out) == (0, 4 + 7, 1, 1)
+
+
+def test_a_recompute_whose_answer_blocks_hit_counts_no_decode_before_its_hole():
+    """Answer blocks hash as prompt blocks do, so a re-admission may hit one of them: the range before that hole
+    ends past the prompt but is not the chunk's last, so its answer token was computed once already (a recompute);
+    only the last range's last token is the decode."""
+    req = request("a", num_outputs=9)  # 24 tokens: 15 prompt, 9 answer; block 4 ([16, 20)) is a hit
+    out = SchedulerOutput([ScheduledSeq(req, [(0, 16), (20, 24)], 24, do_sample=True)])
+    assert count_tokens(out) == (0, 15, 1, 1 + 3)

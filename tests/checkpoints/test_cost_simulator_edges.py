@@ -126,3 +126,13 @@ def test_an_empty_replay_has_zero_ratios():
     """No request: nothing computed and nothing saved; the ratios are 0, not a division by zero."""
     result = simulate([], Planner("balanced", 1))
     assert (result.num_requests, result.savings_factor, result.checkpoints_per_request) == (0, 0.0, 0.0)
+
+
+def test_a_request_that_is_a_prefix_of_a_cached_entry_is_an_entry_of_its_own():
+    """Only an identical request is not cached again: one that a cached entry merely starts with is a new entry, with
+    its own checkpoints (here at its end, 3), so a later request that leaves it at depth 3 resumes there."""
+    result = simulate([[1, 2, 3, 4, 5], [1, 2, 3], [1, 2, 3, 7]], CheckpointsAtTheEnd(), num_entries=4)
+    assert result.num_checkpoints == 3 and result.recomputed_per_request == [5, 3, 1]  # three entries
+    cache = CheckpointCache(4)
+    cache.insert(np.array([1, 2, 3, 4, 5]), [])
+    assert cache.contains(np.array([1, 2, 3, 4, 5])) and not cache.contains(np.array([1, 2, 3]))
