@@ -102,6 +102,13 @@ def test_input_bounds_name_the_limit(field, value, message):
         compose.check_inputs(**fields)
 
 
+@pytest.mark.parametrize("value", [0.99, 2.01, None, "1.2", True, float("nan")])
+def test_a_repetition_penalty_outside_the_slider_is_named(value):
+    with pytest.raises(InputError, match=r"Repetition penalty must be a number from 1 to 2, got "):
+        compose.check_repetition_penalty(value)
+    assert compose.check_repetition_penalty(1) == 1.0 and compose.check_repetition_penalty(2) == 2.0
+
+
 def test_a_too_long_document_is_named_by_its_opening_words():
     # the grid counts segments from 0 (doc 0, module 0), the message from 1: its opening words settle which one
     docs = ["A short one.", "Second   document\nopens" + " so" * compose.MAX_DOCUMENT_CHARS, "Third."]
@@ -420,6 +427,24 @@ def test_two_sessions_at_once_each_get_their_own_answer(handlers, llm):
         alone = handlers.composer.prefix(None, [], question)
         expected = llm.generate(alone, mp.SamplingParams(max_tokens=12, temperature=0.0), use_tqdm=False)[0].text
         assert answers[session] == expected
+
+
+def test_the_repetition_penalty_reaches_the_answer_and_a_bad_one_queues_nothing(handlers, llm):
+    """The slider's penalty: the answer is the API's greedy answer with the same penalty (not the plain one's); one
+    outside the slider is a message under an empty grid, and nothing is queued."""
+    import minipic_lite as mp
+
+    question = "Write a short story about a cat who learns to fly."
+    *_, (answer, _, _, status) = handlers.generate("prefix", "", "", question, 40, "s-penalty", 1.3)
+    assert ": done" in status
+    prompt = handlers.composer.prefix(None, [], question)
+    outs = [llm.generate(prompt, mp.SamplingParams(max_tokens=40, temperature=0.0, repetition_penalty=r),
+                         use_tqdm=False)[0].text for r in (1.3, 1.0)]  # fmt: skip
+    assert answer == outs[0] != outs[1]
+    served = len(handlers.monitor.served_prompts())
+    ((answer, summary, grid, message),) = list(handlers.generate("prefix", "", "", question, 40, "s-penalty", 2.5))
+    assert "Repetition penalty must be a number from 1 to 2, got 2.5" in message and answer == summary == ""
+    assert len(handlers.monitor.served_prompts()) == served
 
 
 def test_tick_shows_the_pool_the_hit_rate_and_the_timeline(handlers, patient_stats):

@@ -203,6 +203,24 @@ def test_two_pages_at_once_each_get_their_own_answer(browser, app_url, llm):
         page.context.close()
 
 
+def test_the_repetition_penalty_slider_reaches_the_answer(browser, app_url, llm):
+    """The penalty typed into the slider's box runs: the answer is the API's greedy answer with that penalty."""
+    page = open_page(browser, app_url)
+    question = "Write a short story about a cat who learns to fly."
+    fill_form(page, [], question)
+    box = page.locator("#repetition-penalty input[type=number]")
+    box.fill("1.3")
+    box.press("Enter")
+    page.click("#generate")
+    answer = wait_finished(page)[-1]
+    prompt = llm.composer.block_attention(texts.DEFAULT_SYSTEM, [], question)
+    answers = [llm.generate(prompt, mp.SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, repetition_penalty=r),
+                            use_tqdm=False)[0].text for r in (1.3, 1.0)]  # fmt: skip
+    assert answer == answers[0] != answers[1]  # the penalty's answer, not the plain one
+    assert box.input_value() == "1.3"
+    page.context.close()
+
+
 def test_a_too_long_input_shows_the_message(browser, app_url):
     page = open_page(browser, app_url)
     fill_form(page, ["short"], "why? " * 300)

@@ -78,9 +78,15 @@ def build_demo(llm) -> gr.Blocks:
                     reverse_btn = gr.Button("Reverse order", elem_id="reverse", size="sm")
                     rotate_btn = gr.Button("Rotate order", elem_id="rotate", size="sm")
                 question = gr.Textbox(texts.DEFAULT_QUESTION, label="Question", elem_id="question")
-                max_tokens = gr.Slider(
-                    1, compose.MAX_NEW_TOKENS, DEFAULT_MAX_TOKENS, step=1, label="Max new tokens", elem_id="max-tokens"
-                )
+                with gr.Row():
+                    max_tokens = gr.Slider(
+                        1, compose.MAX_NEW_TOKENS, DEFAULT_MAX_TOKENS, step=1, label="Max new tokens",
+                        elem_id="max-tokens",
+                    )  # fmt: skip
+                    repetition = gr.Slider(
+                        1.0, compose.MAX_REPETITION_PENALTY, 1.0, step=0.05, label="Repetition penalty (1 = none)",
+                        elem_id="repetition-penalty",
+                    )  # fmt: skip
                 with gr.Row():
                     generate_btn = gr.Button("Generate", variant="primary", elem_id="generate")
                     stop_btn = gr.Button("Stop", elem_id="stop")
@@ -161,14 +167,15 @@ def build_demo(llm) -> gr.Blocks:
         reverse_btn.click(compose.reverse_documents, docs, docs)
         rotate_btn.click(compose.rotate_documents, docs, docs)
 
-        def on_generate(recipe, system, docs, question, max_tokens, request: gr.Request):
+        def on_generate(recipe, system, docs, question, max_tokens, repetition, request: gr.Request):
             # NOTE: closing: a cancelled event aborts the request now, not when the garbage collector gets to it
-            with closing(h.generate(recipe, system, docs, question, max_tokens, request.session_hash)) as frames:
+            frames = h.generate(recipe, system, docs, question, max_tokens, request.session_hash, repetition)
+            with closing(frames):
                 yield from frames
 
         generate_btn.click(
             on_generate,
-            [recipe, system, docs, question, max_tokens],
+            [recipe, system, docs, question, max_tokens, repetition],
             [answer, summary, grid, status],
             concurrency_limit=MAX_CONCURRENT_REQUESTS,
             show_progress="minimal",

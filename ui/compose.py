@@ -24,6 +24,7 @@ MAX_DOCUMENT_CHARS = 4_000
 MAX_SYSTEM_CHARS = 4_000
 MAX_QUESTION_CHARS = 1_000
 MAX_NEW_TOKENS = 256
+MAX_REPETITION_PENALTY = 2.0  # the slider's range is 1 (none) to this
 HYBRID_RECIPES = ("prefix",)  # the engine refuses span markers on a hybrid model
 OPENING_CHARS = 30  # of a document named in a message
 MAX_PROMPT_TOKENS = 4_096  # a 2-core CPU prefills 3,800 tokens of SmolLM2 in ~27 s (ui/__main__.py): keep it there
@@ -77,6 +78,13 @@ def check_inputs(recipe: str, system: str, documents: list[str], question: str, 
         or max_tokens != int(max_tokens)
     ):
         raise InputError(f"Max new tokens must be a whole number from 1 to {MAX_NEW_TOKENS}, got {max_tokens!r}.")
+
+
+def check_repetition_penalty(value) -> float:
+    """The slider's repetition penalty as a float, from 1 (none) to MAX_REPETITION_PENALTY; else an InputError."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 1 <= value <= MAX_REPETITION_PENALTY:
+        raise InputError(f"Repetition penalty must be a number from 1 to {MAX_REPETITION_PENALTY:g}, got {value!r}.")
+    return float(value)
 
 
 def opening(text: str, num_chars: int = OPENING_CHARS) -> str:

@@ -29,7 +29,7 @@ from ui.checkpoints_panel import (
     state_markdown,
     token_axis,
 )
-from ui.compose import InputError, build_prompt, check_recipe_for_model, split_documents
+from ui.compose import InputError, build_prompt, check_recipe_for_model, check_repetition_penalty, split_documents
 from ui.monitor import Monitor
 from ui.timeline import timeline_frame
 
@@ -68,10 +68,19 @@ class Handlers:
     # -- compose & generate -------------------------------------------------------------------------------
 
     def generate(
-        self, recipe: str, system: str, documents_text: str, question: str, max_tokens, session: str = "local"
+        self,
+        recipe: str,
+        system: str,
+        documents_text: str,
+        question: str,
+        max_tokens,
+        session: str = "local",
+        repetition_penalty=1.0,
     ) -> Iterator[tuple[str, str, str, str]]:
         """Stream (answer so far, summary, cache grid, status message) of one request, the first with nothing yet
-        and an empty grid waiting for its cache report; bad input: the message, under an empty grid."""
+        and an empty grid waiting for its cache report; bad input: the message, under an empty grid. Greedy, so
+        an answer is the same whether its documents were cached or not; the repetition penalty (1: none) keeps
+        it so."""
         request_id = self.monitor.new_request_id()
         try:
             self.check_model(recipe)
@@ -84,7 +93,8 @@ class Handlers:
                 max_tokens,
                 self.llm.config.scheduler.max_model_len,
             )
-            params = mp.SamplingParams(max_tokens=int(max_tokens), temperature=0.0)
+            penalty = check_repetition_penalty(repetition_penalty)
+            params = mp.SamplingParams(max_tokens=int(max_tokens), temperature=0.0, repetition_penalty=penalty)
             # NOTE: validated here, queued below: the stream's outputs come through `outputs`, read with a timeout so
             # that the status line counts the seconds of a long prefill (LLM.stream would block until its first token)
             (req,) = self.llm.make_requests([prompt], [params], stream=True, request_id=request_id)
