@@ -399,3 +399,28 @@ def test_aborting_a_request_that_waits_for_a_state_slot_leaves_the_slots_whole(h
     assert outputs == {a: _hf_greedy(hf, a_ids, 4), c: _hf_greedy(hf, c_ids, 4)}
     assert list(engine.kv.states.free_slots) == [0]
     llm.close()
+
+
+def test_a_repetition_penalty_and_logprobs_on_the_hybrid_follow_transformers(hybrid):
+    """The hybrid family samples through the same sampler: greedy with a repetition penalty gives transformers'
+    tokens, resumed from a checkpoint too, and each token's logprob is transformers' log-softmax there."""
+    path, hf = hybrid
+    llm = _llm(path)
+    prompts = _prompts(2, [90, 40], seed=7)
+    params = mp.SamplingParams(max_tokens=10, repetition_penalty=1.5, logprobs=2, **GREEDY)
+    for _ in range(2):  # the second time from checkpoints
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        for token_ids, out in zip(prompts, outs, strict=True):
+            mask = torch.ones(1, len(token_ids), dtype=torch.long)
+            with torch.no_grad():
+                hf_out = hf.generate(torch.tensor([token_ids]), attention_mask=mask, max_new_tokens=10,
+                                     do_sample=False, repetition_penalty=1.5, eos_token_id=None, pad_token_id=0,
+                                     output_logits=True, return_dict_in_generate=True)  # fmt: skip
+            assert out.token_ids == hf_out.sequences[0, len(token_ids) :].tolist()
+            logprobs = torch.cat(hf_out.logits).float().log_softmax(dim=-1)
+            for entry, token, row in zip(out.logprobs, out.token_ids, logprobs, strict=True):
+                assert abs(entry[token].logprob - row[token].item()) < 1e-4
+                assert set(entry) == {token, *row.topk(2).indices.tolist()}  # the drawn may be the raw 2nd
+    assert sum(o.state_report.resume_position > 0 for o in outs) >= 1
+    plain = llm.generate(prompts, mp.SamplingParams(max_tokens=10, **GREEDY), use_tqdm=False)
+    assert [o.token_ids for o in plain] != [o.token_ids for o in outs], "the penalty changed nothing"
