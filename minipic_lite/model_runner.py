@@ -368,7 +368,8 @@ class ModelRunner:
             self._save_states(out)
             return InFlight(out)
         seqs = [s.seq for s in sampling]
-        histories = [(seq.token_ids, seq.num_prompt_tokens) for seq in seqs]  # NOTE: read for penalties alone
+        penalized = any(seq.sampling_params.has_penalties for seq in seqs)
+        histories = [(seq.token_ids, seq.num_prompt_tokens) for seq in seqs] if penalized else None
         batch = self.sampler.prepare([seq.request_id for seq in seqs], [seq.sampling_params for seq in seqs],
                                      histories, self.config.model.vocab_size)  # fmt: skip
         return self._run_steps(out, inputs, shape, batch, None)
