@@ -107,8 +107,8 @@ class SamplingParams:
 
 
 NUMBER_FIELDS = ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
-SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
-MAX_LOGPROBS = 20  # vLLM's default max_logprobs  # what torch.Generator.manual_seed takes
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # what torch.Generator.manual_seed takes
+MAX_LOGPROBS = 20  # vLLM's default max_logprobs
 # NOTE: vLLM's _SAMPLING_EPS: below it a row takes the argmax (near 0 logits / temperature overflow float32: at 1e-38
 # every logit was inf, the softmax NaN, and token 0 was drawn for every seed)
 GREEDY_TEMPERATURE = 1e-5
