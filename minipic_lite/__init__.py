@@ -19,6 +19,7 @@ _EXPORTS = {
     "LLM": "minipic_lite.llm",
     "generate": "minipic_lite.llm",
     "get_default_llm": "minipic_lite.llm",
+    "CompletionOutput": "minipic_lite.outputs",
     "Logprob": "minipic_lite.outputs",
     "RequestMetrics": "minipic_lite.outputs",
     "RequestOutput": "minipic_lite.outputs",
@@ -52,7 +53,7 @@ if TYPE_CHECKING:  # for editors and type checkers: the same names, eagerly
     from minipic_lite.cache_report import BlockReport, format_report, report_totals  # noqa: F401
     from minipic_lite.config import ControlTokens  # noqa: F401
     from minipic_lite.llm import LLM, generate, get_default_llm  # noqa: F401
-    from minipic_lite.outputs import Logprob, RequestMetrics, RequestOutput  # noqa: F401
+    from minipic_lite.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput  # noqa: F401
     from minipic_lite.prompts import RECIPES, Module, Param, Piece, Prompt, PromptComposer  # noqa: F401
     from minipic_lite.sampling_params import SamplingParams  # noqa: F401
     from minipic_lite.spans import SegmentKind  # noqa: F401

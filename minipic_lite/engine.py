@@ -26,9 +26,9 @@ from minipic_lite.detokenizer import Detokenizer
 from minipic_lite.hashing import pack_token_ids, root_hash
 from minipic_lite.kv_cache_manager import KVCacheManager
 from minipic_lite.model_runner import InFlight, ModelRunner
-from minipic_lite.outputs import Logprob, RequestMetrics, RequestOutput
+from minipic_lite.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from minipic_lite.prompts import Prompt
-from minipic_lite.request import Request
+from minipic_lite.request import ParentRequest, Request
 from minipic_lite.sampling_params import SamplingParams
 from minipic_lite.scheduler import Scheduler
 from minipic_lite.spans import SpanHashMemo, SpanLayout, span_layout
@@ -89,10 +89,14 @@ def find_stop(text: str, stop: Sequence[str], searched: int = 0) -> tuple[int, s
 
 
 class RequestIdInUse(ValueError):
-    """`add` refused a request whose id names one still in flight; that one runs on untouched."""
+    """`add` refused a request whose id (or one of its completions' ids, `clash`) names one still in flight; that one
+    runs on untouched."""
 
-    def __init__(self, request_id: str):
-        super().__init__(f"request id {request_id!r} is already in use")
+    def __init__(self, request_id: str, clash: str | None = None):
+        if clash is None or clash == request_id:
+            super().__init__(f"request id {request_id!r} is already in use")
+        else:
+            super().__init__(f"request id {request_id!r}: {clash!r}, the id of one of its n completions, is in use")
         self.request_id = request_id
 
 
@@ -113,6 +117,7 @@ class LLMEngine:
         self.stats = EngineStats()
         self.step_log = StepLog()  # tokens of each kind per recent step (the web app's scheduler timeline)
         self.requests: dict[str, Request] = {}  # unfinished requests by id
+        self.parents: dict[str, ParentRequest] = {}  # unfinished requests of n > 1 completions by id
         # async scheduling (CUDA; not for hybrids, whose state slots are planned per step): the burst queued on
         # the device ahead of the host, whose tokens the next step reads
         self.is_async = config.scheduler.async_scheduling and not config.model.is_hybrid
@@ -193,8 +198,9 @@ class LLMEngine:
         span_labels: tuple[str | None, ...] = (),
         request_id: str | None = None,
         arrival_time: float | None = None,
-    ) -> Request:
-        """A validated request, not queued yet (safe from any thread: it reads only the config).
+    ) -> Request | ParentRequest:
+        """A validated request, not queued yet (safe from any thread: it reads only the config); with
+        `params.n` > 1 a `ParentRequest` of n requests, one per completion.
 
         Span markers in `token_ids` take effect in position-free mode (spans.py): the engine derives each
         token's visible_start and the block hashes from the tokens and the control tokens; a composed `Prompt` gives
@@ -207,19 +213,38 @@ class LLMEngine:
         token_ids, data = packed(token_ids)
         layout = self._check(token_ids, data, params, require_spans)
         if request_id is None:  # NOTE: past the ids a caller chose that are in flight ('0', '1', ... stay free of them)
-            request_id = next(rid for rid in map(str, self._ids) if rid not in self.requests)
-        block_size = self.config.cache.block_size
-        return Request(
-            request_id, token_ids, params, block_size, self.root, layout, prompt, span_labels, stream,
-            hash_memo=self.hash_memo, prompt_bytes=data, arrival_time=arrival_time,
-        )  # fmt: skip
+            # NOTE: lookups, not a union of the keys: the loop thread may add or drop ids meanwhile
+            request_id = next(
+                rid for rid in map(str, self._ids) if rid not in self.requests and rid not in self.parents
+            )
 
-    def add(self, req: Request) -> None:
-        if req.request_id in self.requests:
-            raise RequestIdInUse(req.request_id)
-        self.requests[req.request_id] = req
-        self.scheduler.add(req)
-        self.stats.num_prompt_tokens += req.num_prompt_tokens
+        def record(rid: str, ids: list[int], p: SamplingParams) -> Request:
+            return Request(
+                rid, ids, p, self.config.cache.block_size, self.root, layout, prompt, span_labels, stream,
+                hash_memo=self.hash_memo, prompt_bytes=data, arrival_time=arrival_time,
+            )  # fmt: skip
+
+        if params.n == 1:
+            return record(request_id, token_ids, params)
+        children = [
+            record(ParentRequest.child_id(request_id, i), list(token_ids), params.child(i)) for i in range(params.n)
+        ]
+        parent = ParentRequest(request_id, children, stream)
+        for child in children:
+            child.parent = parent
+        return parent
+
+    def add(self, req: Request | ParentRequest) -> None:
+        children = req.children if isinstance(req, ParentRequest) else [req]
+        for rid in (req.request_id, *(child.request_id for child in children)):
+            if rid in self.requests or rid in self.parents:
+                raise RequestIdInUse(req.request_id, rid)
+        if isinstance(req, ParentRequest):
+            self.parents[req.request_id] = req
+        for child in children:
+            self.requests[child.request_id] = child
+            self.scheduler.add(child)
+            self.stats.num_prompt_tokens += child.num_prompt_tokens
 
     def add_request(self, token_ids: list[int], params: SamplingParams, **kwargs) -> str:
         """Validate and queue one request (a bad one raises here and nothing else is touched); its id."""
@@ -228,14 +253,21 @@ class LLMEngine:
         return req.request_id
 
     def abort(self, request_id: str) -> RequestOutput | None:
-        """Finish a request now ("abort"), freeing its blocks; its final output, or None if it is not here."""
-        req = self.requests.get(request_id)
+        """Finish a request now ("abort"), freeing its blocks; its final output, or None if it is not here. One of
+        n completions' ids aborts them all."""
+        req = self.parents.get(request_id) or self.requests.get(request_id)
         if req is None:
             return None
-        self.scheduler.finish(req, "abort")
+        if isinstance(req, Request) and req.parent is not None:
+            req = req.parent
+        now = time.perf_counter()
+        for child in req.children if isinstance(req, ParentRequest) else [req]:
+            if not child.is_finished:
+                self.scheduler.finish(child, "abort")
+                self._retire(child, now)
         self._drop_finished_flight()
         self.stats.num_aborted += 1
-        return self._output(req, time.perf_counter())
+        return self._output(req)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished
@@ -276,12 +308,17 @@ class LLMEngine:
         now = time.perf_counter()
         self._count(out, advanced, sum(len(s.seq) for s in out.scheduled) - sum(num_tokens_before), now - start)
         self.step_log.record(out, now)
-        outputs = []
+        outputs, parents = [], {}
         for req in advanced:
             if req.first_token_time is None:
                 req.first_token_time = now
-            if req.is_finished or req.stream:
-                outputs.append(self._output(req, now))
+            if req.is_finished:
+                self._retire(req, now)
+            if req.parent is not None:  # NOTE: one output for its n completions, once they all are done or streamed
+                parents[req.parent.request_id] = req.parent
+            elif req.is_finished or req.stream:
+                outputs.append(self._output(req))
+        outputs += [self._output(parent) for parent in parents.values() if parent.is_finished or parent.stream]
         return outputs
 
     def _drop_finished_flight(self) -> None:
@@ -379,35 +416,60 @@ class LLMEngine:
             req.detokenizer = Detokenizer(self.tokenizer, params.skip_special_tokens, first=req.num_prompt_tokens)
         return req.detokenizer.update(req.token_ids)
 
-    def _output(self, req: Request, now: float) -> RequestOutput:
-        if req.is_finished:
-            req.finish_time = now
-            self.requests.pop(req.request_id, None)
-            self.runner.sampler.forget(req.request_id)
+    def _retire(self, req: Request, now: float) -> None:
+        """A request has finished: forget it (and its parent, once all its completions have finished)."""
+        req.finish_time = now
+        self.requests.pop(req.request_id, None)
+        self.runner.sampler.forget(req.request_id)
+        if req.parent is not None and req.parent.is_finished:
+            self.parents.pop(req.parent.request_id, None)
+
+    def _completion(self, req: Request, index: int) -> CompletionOutput:
         if req.stop_text is not None:
             text = req.stop_text
         elif req.is_finished:
             text = self._decode(req)
         else:
             text = shown_text(self._text_so_far(req), req.sampling_params.stop)
+        has_logprobs = req.sampling_params.logprobs is not None
+        return CompletionOutput(
+            index, text, req.output_token_ids, req.cumulative_logprob if has_logprobs else None,
+            list(req.logprobs) if has_logprobs else None, req.finish_reason, req.stop_reason,
+        )  # fmt: skip
+
+    def _output(self, req: Request | ParentRequest) -> RequestOutput:
+        """The caller's output of a request: its one completion, or a parent's n (the prompt's facts are the first
+        child's; the timings span them all)."""
+        children = req.children if isinstance(req, ParentRequest) else [req]
+        completions = [self._completion(child, i) for i, child in enumerate(children)]
+        first, done = children[0], completions[0]
         # NOTE: vLLM's num_cached_tokens, the prompt tokens found cached before its first token: a re-admission
         # after a preemption finds its own prompt's and answer's blocks cached too (that is no saving to report)
-        cached = req.num_cached_tokens if req.num_cached_prompt_tokens is None else req.num_cached_prompt_tokens
+        cached = first.num_cached_tokens if first.num_cached_prompt_tokens is None else first.num_cached_prompt_tokens
+        first_token_times = [child.first_token_time for child in children if child.first_token_time is not None]
+        finished = req.is_finished
+        metrics = RequestMetrics(
+            first.arrival_time,
+            min(first_token_times, default=None),
+            max(child.finish_time for child in children) if finished else None,
+            sum(child.num_preemptions for child in children),
+        )
         return RequestOutput(
             request_id=req.request_id,
-            prompt=req.prompt,
-            prompt_token_ids=req.prompt_token_ids,
-            text=text,
-            token_ids=req.output_token_ids,
+            prompt=first.prompt,
+            prompt_token_ids=first.prompt_token_ids,
+            text=done.text,
+            token_ids=done.token_ids,
             num_cached_tokens=cached,
-            finished=req.is_finished,
-            finish_reason=req.finish_reason,
-            metrics=RequestMetrics(req.arrival_time, req.first_token_time, req.finish_time, req.num_preemptions),
-            stop_reason=req.stop_reason,
-            cache_report=req.cache_report,
-            state_report=self._state_report(req),
-            logprobs=None if req.sampling_params.logprobs is None else list(req.logprobs),
-            cumulative_logprob=None if req.sampling_params.logprobs is None else req.cumulative_logprob,
+            finished=finished,
+            finish_reason=done.finish_reason,
+            metrics=metrics,
+            stop_reason=done.stop_reason,
+            cache_report=first.cache_report,
+            state_report=self._state_report(first),
+            logprobs=done.logprobs,
+            cumulative_logprob=done.cumulative_logprob,
+            outputs=completions,
         )
 
     def _state_report(self, req: Request) -> StateReport | None:

@@ -35,7 +35,7 @@ from minipic_lite.cpu_threads import ThreadGovernor
 from minipic_lite.engine import LLMEngine
 from minipic_lite.models import native
 from minipic_lite.outputs import RequestOutput
-from minipic_lite.request import Request
+from minipic_lite.request import ParentRequest, Request
 
 logger = logging.getLogger(__name__)
 Sink = Callable[[RequestOutput | BaseException], object]
@@ -85,7 +85,7 @@ class EngineLoop:
 
     # -- from any thread ---------------------------------------------------------------------------------
 
-    def submit(self, requests: list[Request], sink: Sink) -> None:
+    def submit(self, requests: list[Request | ParentRequest], sink: Sink) -> None:
         """Queue validated requests; every output of theirs goes to `sink` (one sink may serve a batch)."""
         self._put(lambda: self._add(requests, sink))
 
@@ -193,7 +193,7 @@ class EngineLoop:
                 return True
         return False
 
-    def _add(self, requests: list[Request], sink: Sink) -> None:
+    def _add(self, requests: list[Request | ParentRequest], sink: Sink) -> None:
         for req in requests:
             try:
                 self.engine.add(req)

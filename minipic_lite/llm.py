@@ -32,7 +32,7 @@ from minipic_lite.models.loader import load_tokenizer, resolve_model_dir
 from minipic_lite.models.registry import model_class
 from minipic_lite.outputs import RequestOutput
 from minipic_lite.prompts import Prompt, PromptComposer, check_unicode, encode_text, first_marker, is_token_id
-from minipic_lite.request import Request
+from minipic_lite.request import ParentRequest, Request
 from minipic_lite.sampling_params import SamplingParams
 
 # A prompt is text, token ids, a chat (a list of {"role", "content"} messages) or a composed span `Prompt`.
@@ -198,7 +198,7 @@ class LLM:
 
     def make_requests(
         self, prompts: list, params: list[SamplingParams], stream: bool = False, request_id: str | None = None
-    ) -> list[Request]:
+    ) -> list[Request | ParentRequest]:
         """Encode and validate every prompt (in the caller's thread) before any is queued. They all arrive as this
         call starts: their TTFT holds the encoding and the checks."""
         arrival_time, requests = time.perf_counter(), []
@@ -219,7 +219,7 @@ class LLM:
             requests.append(req)
         return requests
 
-    def submit(self, requests: list[Request], sink) -> None:
+    def submit(self, requests: list[Request | ParentRequest], sink) -> None:
         """Queue validated requests on the engine loop; `sink(output)` gets each of their outputs."""
         self._loop.submit(requests, sink)
 
@@ -245,7 +245,7 @@ class LLM:
         # (tqdm took 35-170 us even disabled, on the CPU machine), it held the GIL while the loop thread woke to the
         # request, after the requests' arrival times (their TTFT's start) were taken.
         bar = tqdm(total=len(prompts), desc="generate", unit="req") if use_tqdm else None
-        requests: list[Request] = []
+        requests: list[Request | ParentRequest] = []
         done: dict[str, RequestOutput] = {}
         refused: set[str] = set()  # ids the engine refused: in flight as another caller's requests
         prompt_tokens = new_tokens = 0  # of the finished requests, for the bar's rates
@@ -260,7 +260,7 @@ class LLM:
                 output = _raise_if_error(item)
                 done[output.request_id] = output  # NOTE: only finished outputs come to a non-streaming sink
                 prompt_tokens += len(output.prompt_token_ids)
-                new_tokens += len(output.token_ids)
+                new_tokens += sum(len(completion.token_ids) for completion in output.outputs)
                 if bar is not None:
                     rates = token_rates(prompt_tokens, new_tokens, bar.format_dict["elapsed"])
                     bar.set_postfix_str(rates, refresh=False)

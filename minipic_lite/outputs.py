@@ -37,9 +37,26 @@ class Logprob:
 
 
 @dataclass
+class CompletionOutput:
+    """One completion of a request (vLLM's CompletionOutput): completion `index` of `SamplingParams.n`."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    cumulative_logprob: float | None
+    logprobs: list[dict[int, Logprob]] | None
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
 class RequestOutput:
-    """One request's output so far (vLLM's RequestOutput with its one completion flattened in): `text` and
-    `token_ids` are everything generated yet; `finished` is True on the last one, with its `finish_reason`."""
+    """One request's output so far (vLLM's RequestOutput): `outputs` holds its completions (`SamplingParams.n`, 1
+    by default), and the first one's fields are flattened in (`text`, `token_ids`, ...: everything generated yet);
+    `finished` is True on the last output, once every completion has finished."""
 
     request_id: str
     prompt: str | None
@@ -56,3 +73,11 @@ class RequestOutput:
     # SamplingParams.logprobs set: a dict per output token, the sampled token's entry first, then the top ones
     logprobs: list[dict[int, Logprob]] | None = None
     cumulative_logprob: float | None = None  # the sum of the sampled tokens' logprobs
+    outputs: list[CompletionOutput] = field(default_factory=list)  # empty: the flattened fields' one completion
+
+    def __post_init__(self):
+        if not self.outputs:
+            self.outputs = [
+                CompletionOutput(0, self.text, self.token_ids, self.cumulative_logprob, self.logprobs,
+                                 self.finish_reason, self.stop_reason)
+            ]  # fmt: skip

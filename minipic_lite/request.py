@@ -54,6 +54,7 @@ class Request:
     span_labels: tuple[str | None, ...] = ()  # names of the layout's segments in the cache report
     stream: bool = False  # True: an output after every step, with the text so far
     is_span_prefill: bool = False  # SSEP spans of another request's prompt, computed ahead (ISPS); no output
+    parent: ParentRequest | None = field(default=None, repr=False)  # SamplingParams.n > 1: the request it samples for
     started_spans: set[int] = field(default_factory=set)  # segments whose span prefill was started (scheduler.py)
     hash_memo: SpanHashMemo | None = field(default=None, repr=False)  # the engine's memo of span hashes
     # the prompt in hashing.token_bytes form where validation packed it already: hashed from, then dropped
@@ -191,3 +192,25 @@ class Request:
             request_id, tokens, SamplingParams(max_tokens=1), B, self.root, layout, is_span_prefill=True,
             hash_memo=self.hash_memo, block_hashes=hashes,
         )  # fmt: skip
+
+
+@dataclass(eq=False)
+class ParentRequest:
+    """One prompt sampled n times (`SamplingParams.n` > 1; vLLM's parallel sampling): n child requests, run by the
+    scheduler as any others (the later ones find the prompt's blocks cached, or wait for them while the first
+    computes them), and one request to its caller, whose output holds their n completions.
+
+        parent "r1" (n = 3):   child "0_r1" (seed s)   child "1_r1" (seed s + 1)   child "2_r1" (seed s + 2)
+    """
+
+    request_id: str
+    children: list[Request]
+    stream: bool = False
+
+    @staticmethod
+    def child_id(request_id: str, index: int) -> str:
+        return f"{index}_{request_id}"  # vLLM's
+
+    @property
+    def is_finished(self) -> bool:
+        return all(child.is_finished for child in self.children)

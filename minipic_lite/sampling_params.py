@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,8 @@ class SamplingParams:
         ignore_eos: generate `max_tokens` whatever the model says (default False).
         skip_special_tokens: leave special tokens out of the text (default True).
         detokenize: False gives token ids only (text stays ""), e.g. for a model without a tokenizer.
+        n: how many completions of the prompt to sample (default 1), each on its own (vLLM's parallel sampling: with
+            a seed, completion i draws with seed + i); they share the prompt's cached blocks.
     """
 
     max_tokens: int = 64
@@ -49,6 +51,7 @@ class SamplingParams:
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     detokenize: bool = True  # False: token ids only (text stays ""), e.g. for models without a tokenizer
+    n: int = 1  # NOTE: last, not first as in vLLM, so that a positional max_tokens keeps its place
 
     def __post_init__(self):
         for name in ("ignore_eos", "skip_special_tokens", "detokenize"):
@@ -79,10 +82,16 @@ class SamplingParams:
         for name in ("presence_penalty", "frequency_penalty"):
             if not -2.0 <= getattr(self, name) <= 2.0:
                 raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)!r}")
+        object.__setattr__(self, "n", _integer("n", self.n, "an integer >= 1"))
+        if self.n < 1:
+            raise ValueError(f"n must be an integer >= 1, got {self.n!r}")
         if self.seed is not None:
             object.__setattr__(self, "seed", _integer("seed", self.seed, "an int or None"))
             if not SEED_MIN <= self.seed <= SEED_MAX:  # NOTE: past these torch.Generator fails inside the step
                 raise ValueError(f"seed must lie in [-2**63, 2**64 - 1] (a 64-bit seed), got {self.seed!r}")
+            if self.seed + self.n - 1 > SEED_MAX:  # completion i draws with seed + i
+                raise ValueError(f"seed + n - 1 must be at most 2**64 - 1 (completion i draws with seed + i), "
+                                 f"got seed {self.seed!r} and n {self.n!r}")  # fmt: skip
         if self.logprobs is not None:
             object.__setattr__(self, "logprobs", _integer("logprobs", self.logprobs, "an int or None"))
             if not 0 <= self.logprobs <= MAX_LOGPROBS:
@@ -99,6 +108,11 @@ class SamplingParams:
     def is_greedy(self) -> bool:
         """Temperature 0, or so near it that dividing by it would overflow: the argmax (vLLM's eps)."""
         return self.temperature < GREEDY_TEMPERATURE
+
+    def child(self, index: int) -> SamplingParams:
+        """The params of completion `index` of n (vLLM's parallel sampling): one completion, with seed + index where
+        a seed is set."""
+        return replace(self, n=1, seed=None if self.seed is None else self.seed + index)
 
     @property
     def has_penalties(self) -> bool:

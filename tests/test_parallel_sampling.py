@@ -1,0 +1,200 @@
+"""`SamplingParams.n`: n completions of one prompt (vLLM's parallel sampling) on SmolLM2 (fp32, CPU).
+
+Completion i is what a request of its own with seed + i gives; greedy completions are transformers' greedy tokens;
+the prompt's blocks are computed once for all n; a stream shows all n; an abort of the request ends all n."""
+
+import asyncio
+
+import numpy
+import pytest
+import torch
+
+import minipic_lite as mp
+from minipic_lite.engine import RequestIdInUse
+from minipic_lite.outputs import CompletionOutput
+from minipic_lite.request import ParentRequest
+from tests.waits import run_with_timeout
+
+CHAT = [{"role": "user", "content": "Name a fruit."}]
+SAMPLED = mp.SamplingParams(max_tokens=10, temperature=0.9, seed=7, n=3)
+LONG = mp.SamplingParams(max_tokens=200, temperature=0.0, ignore_eos=True, n=3)
+
+
+def assert_idle(llm):
+    engine = llm.engine
+    assert not engine.has_unfinished() and not engine.requests and not engine.parents
+    engine.pool.check_integrity()
+    assert engine.pool.num_free_blocks == engine.pool.num_blocks
+
+
+# -- the params ------------------------------------------------------------------------------------------------
+
+
+def test_n_is_an_integer_of_at_least_one():
+    assert mp.SamplingParams().n == 1
+    assert mp.SamplingParams(n=numpy.int64(3)).n == 3  # numpy's integers as their values
+    for bad, error in [(0, ValueError), (-2, ValueError), (True, TypeError), (2.0, TypeError), ("2", TypeError)]:
+        with pytest.raises(error, match="n must be an integer >= 1"):
+            mp.SamplingParams(n=bad)
+
+
+def test_completion_i_draws_with_seed_plus_i_and_the_seeds_must_stay_64_bit():
+    params = mp.SamplingParams(n=3, seed=10, temperature=0.5, logprobs=2)
+    assert [params.child(i).seed for i in range(3)] == [10, 11, 12]
+    assert all(params.child(i).n == 1 and params.child(i).logprobs == 2 for i in range(3))
+    assert mp.SamplingParams(n=3).child(2).seed is None
+    mp.SamplingParams(n=2, seed=2**64 - 2)  # the last seed fits
+    with pytest.raises(ValueError, match="seed \\+ n - 1 must be at most 2\\*\\*64 - 1"):
+        mp.SamplingParams(n=3, seed=2**64 - 2)
+
+
+def test_an_output_built_with_one_completion_lists_it_in_outputs():
+    metrics = mp.RequestMetrics(arrival_time=0.0)
+    out = mp.RequestOutput("r", None, [1], "hi", [5, 6], 0, True, "stop", metrics, stop_reason=6)
+    assert out.outputs == [CompletionOutput(0, "hi", [5, 6], None, None, "stop", 6)]
+    assert out.outputs[0].finished() and not CompletionOutput(0, "", [], None, None).finished()
+
+
+# -- the engine ------------------------------------------------------------------------------------------------
+
+
+def test_completion_i_is_the_request_alone_with_seed_plus_i(llm):
+    (out,) = run_with_timeout(llm.generate, CHAT, SAMPLED, use_tqdm=False)
+    assert out.finished and [c.index for c in out.outputs] == [0, 1, 2]
+    for i, completion in enumerate(out.outputs):
+        alone = mp.SamplingParams(max_tokens=10, temperature=0.9, seed=7 + i)
+        (want,) = run_with_timeout(llm.generate, CHAT, alone, use_tqdm=False)
+        assert (completion.token_ids, completion.text, completion.finish_reason) == (
+            want.token_ids, want.text, want.finish_reason,
+        )  # fmt: skip
+    assert len({tuple(c.token_ids) for c in out.outputs}) > 1, "three seeds drew the same ten tokens"
+    first = out.outputs[0]
+    assert (out.text, out.token_ids, out.finish_reason) == (first.text, first.token_ids, first.finish_reason)
+    assert out.request_id.isdigit(), "the caller sees its request, not the completions' own ids"
+    assert_idle(llm)
+
+
+def test_greedy_completions_are_each_transformers_greedy_tokens(llm, hf_model):
+    prompt = "The three primary colors are"
+    ids = torch.tensor([llm.encode(prompt)[0]])
+    with torch.no_grad():
+        want = hf_model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, do_sample=False)
+    params = mp.SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, n=4)
+    (out,) = run_with_timeout(llm.generate, prompt, params, use_tqdm=False)
+    assert [c.token_ids for c in out.outputs] == [want[0, ids.shape[1] :].tolist()] * 4
+    assert all(c.finish_reason == "length" for c in out.outputs)
+
+
+def test_the_prompt_is_computed_once_for_all_completions(llm):
+    """Completions 1..n-1 take the prompt's full blocks from completion 0 (pending on it in the same step): each
+    computes only the prompt's last partial block and its own tokens."""
+    B, n, num_prompt = llm.config.cache.block_size, 4, 200
+    prompt = [1000 + i for i in range(num_prompt)]  # seen by no other test: nothing of it is cached
+    before = llm.stats()["num_computed_tokens"]
+    params = mp.SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True, n=n)
+    (out,) = run_with_timeout(llm.generate, [prompt], params, use_tqdm=False)
+    computed = llm.stats()["num_computed_tokens"] - before
+    last_block = num_prompt - B * ((num_prompt - 1) // B)
+    assert computed == num_prompt + (n - 1) * last_block + n * (params.max_tokens - 1)
+    assert len({tuple(c.token_ids) for c in out.outputs}) == 1
+    assert_idle(llm)
+
+
+def test_logprobs_and_stop_strings_are_each_completions_own(llm):
+    params = mp.SamplingParams(max_tokens=16, temperature=1.0, seed=3, n=3, logprobs=2, stop=["."])
+    (out,) = run_with_timeout(llm.generate, CHAT, params, use_tqdm=False)
+    for i, completion in enumerate(out.outputs):
+        (alone,) = run_with_timeout(llm.generate, CHAT, params.child(i), use_tqdm=False)
+        assert completion.token_ids == alone.token_ids and completion.text == alone.text
+        assert "." not in completion.text and completion.stop_reason == alone.stop_reason
+        assert len(completion.logprobs) == len(completion.token_ids)
+        assert completion.cumulative_logprob == pytest.approx(alone.cumulative_logprob)
+        assert [next(iter(e)) for e in completion.logprobs] == completion.token_ids
+    assert out.cumulative_logprob == out.outputs[0].cumulative_logprob
+
+
+def test_a_stream_shows_every_completion_and_its_texts_only_grow(llm):
+    (want,) = run_with_timeout(llm.generate, CHAT, SAMPLED, use_tqdm=False)
+    outs = run_with_timeout(list, llm.stream(CHAT, SAMPLED, request_id="streamed"))
+    assert {o.request_id for o in outs} == {"streamed"} and [o.finished for o in outs] == [False] * (len(outs) - 1) + [
+        True
+    ]
+    assert all(len(o.outputs) == 3 for o in outs)
+    assert len(outs) >= max(len(c.token_ids) for c in outs[-1].outputs), "an output after every step"
+    for i in range(3):
+        texts = [o.outputs[i].text for o in outs]
+        assert all(b.startswith(a) for a, b in zip(texts, texts[1:], strict=False))
+        assert outs[-1].outputs[i].token_ids == want.outputs[i].token_ids
+    assert_idle(llm)
+
+
+def test_an_abort_of_the_request_ends_every_completion_and_frees_their_blocks(llm):
+    def scenario():
+        stream = llm.stream("Tell me a long story.", LONG, request_id="many")
+        outs = [next(stream), next(stream)]
+        llm.abort("many")
+        assert llm.engine.pool.num_free_blocks == llm.engine.pool.num_blocks  # freed when abort returns
+        return outs + list(stream)
+
+    outs = run_with_timeout(scenario)
+    last = outs[-1]
+    assert last.finished and [c.finish_reason for c in last.outputs] == ["abort"] * 3
+    assert all(2 <= len(c.token_ids) < LONG.max_tokens for c in last.outputs)
+    assert_idle(llm)
+
+
+def test_a_completions_id_aborts_its_whole_request(llm):
+    def scenario():
+        stream = llm.stream("Tell me a long story.", LONG, request_id="whole")
+        next(stream)
+        llm.abort(ParentRequest.child_id("whole", 1))
+        return list(stream)
+
+    last = run_with_timeout(scenario)[-1]
+    assert last.request_id == "whole" and [c.finish_reason for c in last.outputs] == ["abort"] * 3
+    assert_idle(llm)
+
+
+def test_an_id_that_a_running_requests_completions_hold_is_refused_and_it_runs_on(llm):
+    stream = llm.stream("Tell me a long story.", LONG, request_id="held")
+    run_with_timeout(next, stream)
+    greedy = mp.SamplingParams(max_tokens=4, temperature=0.0)
+    with pytest.raises(ValueError, match="'0_held' is already in use"):
+        run_with_timeout(list, llm.stream("Hi", greedy, request_id="0_held"))
+    with pytest.raises(ValueError, match="'held' is already in use"):
+        run_with_timeout(list, llm.stream("Hi", mp.SamplingParams(max_tokens=4, n=2), request_id="held"))
+    last = run_with_timeout(list, stream)[-1]
+    assert [c.finish_reason for c in last.outputs] == ["length"] * 3
+    assert_idle(llm)
+
+
+def test_a_request_whose_completions_ids_clash_is_refused_naming_the_clash(llm):
+    engine = llm.engine
+    taken = engine.make_request([20, 21, 22], mp.SamplingParams(max_tokens=1), request_id="1_x")
+    clashing = engine.make_request([20, 21, 22], mp.SamplingParams(max_tokens=1, n=2), request_id="x")
+
+    def on_the_loop(engine):  # NOTE: the loop thread owns the engine
+        engine.add(taken)
+        try:
+            engine.add(clashing)
+        except RequestIdInUse as e:
+            refused = e
+        in_flight = sorted(engine.requests), sorted(engine.parents)
+        engine.abort("1_x")
+        return refused, in_flight
+
+    refused, in_flight = run_with_timeout(llm._loop.call, on_the_loop)
+    assert str(refused) == "request id 'x': '1_x', the id of one of its n completions, is in use"
+    assert refused.request_id == "x" and in_flight == (["1_x"], [])  # nothing of the refused one was added
+    assert_idle(llm)
+
+
+def test_async_llm_streams_a_request_of_n_completions(llm):
+    async def scenario():
+        async_llm = mp.AsyncLLM.from_llm(llm)
+        return [out async for out in async_llm.generate(CHAT, SAMPLED, request_id="async-n")]
+
+    outs = run_with_timeout(asyncio.run, scenario())
+    (want,) = run_with_timeout(llm.generate, CHAT, SAMPLED, use_tqdm=False)
+    assert outs[-1].finished and [c.token_ids for c in outs[-1].outputs] == [c.token_ids for c in want.outputs]
+    assert_idle(llm)
