@@ -97,6 +97,9 @@ def build_parser() -> Parser:
     gen.add_argument("--raw", action="store_true", help="no chat template: continue the text as it is")
     add_model_arguments(gen)
     add_sampling_arguments(gen)
+    replies = checked(int, "an integer >= 1", lambda v: v >= 1)
+    gen.add_argument("-n", type=replies, default=1, metavar="N",
+                     help="sample N replies of the prompt, reply i with --seed + i (default: 1)")  # fmt: skip
     gen.add_argument("--stream", action="store_true", help="print the reply as it is generated")
     talk = sub.add_parser(
         "chat",
@@ -244,7 +247,7 @@ def load(args):
         raise UsageError(f"{llm.config.model_dir} ships no tokenizer: the command line needs one (Python: token ids)")
     names = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
              "frequency_penalty", "seed", "stop", "ignore_eos")  # fmt: skip
-    return llm, load_time, SamplingParams(**{k: getattr(args, k) for k in names})
+    return llm, load_time, SamplingParams(**{k: getattr(args, k) for k in names}, n=getattr(args, "n", 1))
 
 
 def run_generate(args, prompt_text: str) -> int:
@@ -255,12 +258,18 @@ def run_generate(args, prompt_text: str) -> int:
             output = stream_to_stdout(llm.stream(prompt, params), first_output)
         else:  # NOTE: not a stream: the engine decodes the text once, at the end, not at every step
             output = llm.generate([prompt], params, use_tqdm=False)[0]
-    if not args.stream:
-        print(output.text)
+    for reply in output.outputs if not args.stream else ():
+        if args.n > 1:
+            print(f"--- reply {reply.index + 1} of {args.n} ---")
+        print(reply.text)
     sys.stdout.flush()  # NOTE: a reader that left fails here, in main's try, not in the flush at exit (exit 120)
-    m = output.metrics
+    m, replies = output.metrics, output.outputs
+    generated = f"{len(output.token_ids)} generated ({output.finish_reason})"
+    if args.n > 1:
+        reasons = ", ".join(reply.finish_reason for reply in replies)
+        generated = f"{sum(len(reply.token_ids) for reply in replies)} generated in {args.n} replies ({reasons})"
     print(
-        f"[{len(output.prompt_token_ids)} prompt tokens, {len(output.token_ids)} generated ({output.finish_reason}); "
+        f"[{len(output.prompt_token_ids)} prompt tokens, {generated}; "
         f"load {load_time:.1f} s, ttft {m.ttft * 1e3:.0f} ms, total {m.total_time:.2f} s]",
         file=sys.stderr,
     )
@@ -408,6 +417,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "chat":
             check_model(args.model)
             return run_chat(args)
+        if args.stream and args.n > 1:
+            raise UsageError("--stream prints one reply as it comes: drop it or -n")
         prompt_text = read_prompt(args)
         check_model(args.model)
         return run_generate(args, prompt_text)

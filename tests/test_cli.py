@@ -75,6 +75,7 @@ def test_generate_help_shows_every_option_with_its_default():
         "--dtype",
         "--raw",
         "--stop",
+        "-n N",
     )
     for option in (*options, "--ignore-eos"):
         assert option in out
@@ -116,6 +117,8 @@ USAGE_ERRORS = {
         ["generate", "hi", "--seed", str(2**64)],
         "--seed: must be an integer in [-2**63, 2**64 - 1]",
     ),
+    "zero-replies": (["generate", "hi", "-n", "0"], "argument -n: must be an integer >= 1"),
+    "stream-of-replies": (["generate", "hi", "-n", "2", "--stream"], "--stream prints one reply as it comes"),
     "bad-device": (["generate", "hi", "--device", "tpu"], "--device: must be auto, cpu, cuda or cuda:N"),
     "bad-dtype": (["generate", "hi", "--dtype", "int8"], "--dtype: invalid choice"),
     "missing-model": (["generate", "hi", "--model", "no/such/dir"], "unknown model 'no/such/dir'"),
@@ -235,6 +238,20 @@ def test_stop_and_ignore_eos_give_the_api_reply(llm):
     code, out, err = run_cli("generate", "--raw", prompt, "--max-tokens", "24", "--stop", stop, "--ignore-eos")
     assert code == 0, err
     assert out == expected.text + "\n" and "(stop)" in err
+
+
+def test_n_replies_are_the_apis_n_completions_each_under_its_header(llm):
+    params = mp.SamplingParams(max_tokens=10, temperature=0.9, seed=3, n=3)
+    expected = llm.generate([{"role": "user", "content": QUESTION}], params, use_tqdm=False)[0]
+    code, out, err = run_cli(
+        "generate", QUESTION, "-n", "3", "--temperature", "0.9", "--seed", "3", "--max-tokens", "10"
+    )
+    assert code == 0, err
+    assert out == "".join(f"--- reply {c.index + 1} of 3 ---\n{c.text}\n" for c in expected.outputs)
+    assert len({c.text for c in expected.outputs}) > 1, "three seeds gave one reply"
+    total = sum(len(c.token_ids) for c in expected.outputs)
+    reasons = ", ".join(c.finish_reason for c in expected.outputs)
+    assert f"{total} generated in 3 replies ({reasons})" in err
 
 
 def test_chat_answers_each_line_as_the_api_answers_the_conversation_and_reuses_its_prefix(llm, model_dir):

@@ -424,3 +424,21 @@ def test_a_repetition_penalty_and_logprobs_on_the_hybrid_follow_transformers(hyb
     assert sum(o.state_report.resume_position > 0 for o in outs) >= 1
     plain = llm.generate(prompts, mp.SamplingParams(max_tokens=10, **GREEDY), use_tqdm=False)
     assert [o.token_ids for o in plain] != [o.token_ids for o in outs], "the penalty changed nothing"
+
+
+def test_n_completions_on_the_hybrid_each_follow_their_own_state(hybrid):
+    """n completions of one prompt run as n requests, each with its own recurrent state slot: greedy, each is
+    transformers' tokens; sampled, completion i is the prompt alone with seed + i."""
+    path, hf = hybrid
+    llm = _llm(path)
+    (prompt,) = _prompts(1, [90], seed=11)
+    (out,) = llm.generate([prompt], mp.SamplingParams(max_tokens=8, n=3, **GREEDY), use_tqdm=False)
+    assert [c.token_ids for c in out.outputs] == [_hf_greedy(hf, prompt, 8)] * 3
+    sampled = mp.SamplingParams(max_tokens=8, temperature=1.0, seed=5, n=2, ignore_eos=True)
+    (out,) = llm.generate([prompt], sampled, use_tqdm=False)
+    for i, completion in enumerate(out.outputs):
+        (alone,) = llm.generate([prompt], sampled.child(i), use_tqdm=False)
+        assert completion.token_ids == alone.token_ids
+    assert out.outputs[0].token_ids != out.outputs[1].token_ids
+    assert len(llm.engine.kv.states.free_slots) == llm.config.scheduler.max_num_seqs  # every slot back
+    llm.close()
