@@ -108,6 +108,27 @@ def test_penalties_through_graph_bursts_give_the_eager_and_transformers_tokens(t
     assert replayed[0] != graphs.generate([prompts[0]], plain, use_tqdm=False)[0].token_ids, "no penalty was felt"
 
 
+def test_n_completions_through_graph_bursts_are_their_seeded_requests(tiny_dir):
+    """n completions of one prompt run as n requests through graph bursts and continuations: completion i is the
+    request with seed + i in the same batch shape, a stream ends with them, and greedy ones are the eager tokens."""
+    kwargs = dict(device="cuda", dtype="float32", max_model_len=256, max_num_seqs=8, num_blocks=256)
+    graphs = mp.LLM(str(tiny_dir), num_scheduler_steps=8, async_scheduling=True, **kwargs)
+    eager = mp.LLM(str(tiny_dir), enforce_eager=True, num_scheduler_steps=1, async_scheduling=False, **kwargs)
+    prompt = torch.randint(6, 512, (40,), generator=torch.Generator().manual_seed(9)).tolist()
+    params = mp.SamplingParams(max_tokens=24, temperature=1.0, seed=11, n=3, ignore_eos=True)
+    (out,) = graphs.generate([prompt], params, use_tqdm=False)
+    alone = graphs.generate([prompt] * 3, [params.child(i) for i in range(3)], use_tqdm=False)
+    assert [c.token_ids for c in out.outputs] == [a.token_ids for a in alone]
+    assert len({tuple(c.token_ids) for c in out.outputs}) > 1
+    last = list(graphs.stream(prompt, params))[-1]
+    assert last.finished and [c.token_ids for c in last.outputs] == [c.token_ids for c in out.outputs]
+    greedy = mp.SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True, n=4)
+    (replayed,) = graphs.generate([prompt], greedy, use_tqdm=False)
+    (reference,) = eager.generate([prompt], greedy.child(0), use_tqdm=False)
+    assert [c.token_ids for c in replayed.outputs] == [reference.token_ids] * 4
+    assert graphs.engine.stats.num_continuations > 0
+
+
 def test_prefill_and_mixed_steps_replay_graphs_and_give_the_eager_tokens(tiny_dir):
     """Prompts whose prefixes are cached (few new tokens each), and requests admitted while others decode (mixed
     steps), run through the prefill buckets' graphs with the tokens of an eager engine."""
