@@ -362,14 +362,16 @@ class LLMEngine:
         """After each new token: finish the request if it stops here (the scheduler drops the rest of a burst)."""
         params, token = req.sampling_params, req.token_ids[-1]
         eos = () if params.ignore_eos else self.config.model.eos_token_ids
+        may_stop = req.num_output_tokens > params.min_tokens  # NOTE: the sampler blocked its stop tokens before
         # NOTE: text is decoded only where it is needed (stop strings, streaming, the final output), and a token
-        # at a time (detokenizer.py); a stop string is looked for only where the text changed
+        # at a time (detokenizer.py); a stop string is looked for only where the text changed (not in the text of
+        # the first min_tokens tokens, as vLLM)
         text = self._text_so_far(req) if params.stop else ""
-        hit = find_stop(text, params.stop, req.detokenizer.num_kept) if params.stop and text else None
+        hit = find_stop(text, params.stop, req.detokenizer.num_kept) if params.stop and text and may_stop else None
         if hit is not None:
-            req.stop_text = text[: hit[0]]
+            req.stop_text = text[: hit[0] + len(hit[1]) * params.include_stop_str_in_output]
             self._finish(req, "stop", hit[1])
-        elif token in eos or token in params.stop_token_ids:
+        elif may_stop and (token in eos or token in params.stop_token_ids):
             self._finish(req, "stop", token)
         elif req.num_output_tokens >= params.max_tokens or len(req) >= self.config.scheduler.max_model_len:
             self._finish(req, "length", None)

@@ -368,10 +368,12 @@ class ModelRunner:
             self._save_states(out)
             return InFlight(out)
         seqs = [s.seq for s in sampling]
-        penalized = any(seq.sampling_params.has_penalties for seq in seqs)
-        histories = [(seq.token_ids, seq.num_prompt_tokens) for seq in seqs] if penalized else None
-        batch = self.sampler.prepare([seq.request_id for seq in seqs], [seq.sampling_params for seq in seqs],
-                                     histories, self.config.model.vocab_size)  # fmt: skip
+        params = [seq.sampling_params for seq in seqs]
+        counted = any(p.has_penalties or p.min_tokens for p in params)  # NOTE: only these read the rows' tokens
+        histories = [(seq.token_ids, seq.num_prompt_tokens) for seq in seqs] if counted else None
+        model = self.config.model
+        batch = self.sampler.prepare([seq.request_id for seq in seqs], params, histories, model.vocab_size,
+                                     model.eos_token_ids)  # fmt: skip
         return self._run_steps(out, inputs, shape, batch, None)
 
     @torch.inference_mode()

@@ -1,5 +1,6 @@
-"""Sampling on the device with no host sync: penalties, greedy, temperature, top-k, top-p, min-p and per-request
-seeds, in HF's order (penalties on the raw logits, then temperature, top-k, top-p, min-p).
+"""Sampling on the device with no host sync: min_tokens, penalties, greedy, temperature, top-k, top-p, min-p and
+per-request seeds, in HF's order (stop tokens blocked and penalties on the raw logits, then temperature, top-k, top-p,
+min-p).
 
 Sampling from softmax(l) is argmax(softmax(l) / E) with E ~ Exponential(1) (the "exponential race" form of
 the Gumbel-max trick): one elementwise op and an argmax, no multinomial and no `.item()`.
@@ -7,6 +8,8 @@ the Gumbel-max trick): one elementwise op and an argmax, no multinomial and no `
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -134,6 +137,37 @@ class Penalties:
 
 
 @dataclass(slots=True)
+class MinTokens:
+    """Rows that may not stop yet (`SamplingParams.min_tokens`): their stop tokens (end-of-sequence unless
+    `ignore_eos`, and `stop_token_ids`) get a logit of -inf while `remaining` > 0, which counts down on the device at
+    each sample (a burst's later steps and a continuation need no host sync)."""
+
+    rows: torch.Tensor  # (P,) long: the (row, stop token) pairs of the rows that may not stop yet
+    tokens: torch.Tensor  # (P,) long
+    remaining: torch.Tensor  # (N,) long: tokens each row has still to sample before it may stop
+
+    @classmethod
+    def build(cls, params: list[SamplingParams], num_outputs: list[int], eos_token_ids: Sequence[int], device):
+        """num_outputs: the tokens each row has sampled so far. One copy to the device."""
+        rows, tokens = [], []
+        for row, (p, num_output) in enumerate(zip(params, num_outputs, strict=True)):
+            if p.min_tokens > num_output:
+                stops = dict.fromkeys((*(() if p.ignore_eos else eos_token_ids), *p.stop_token_ids))
+                rows += [row] * len(stops)
+                tokens += stops
+        remaining = [p.min_tokens - num_output for p, num_output in zip(params, num_outputs, strict=True)]
+        flat = _to_device(rows + tokens + remaining, torch.long, device)
+        return cls(*flat.split([len(rows), len(tokens), len(remaining)]))
+
+    def __call__(self, logits: torch.Tensor) -> torch.Tensor:
+        """`logits` [N, V] with the stop tokens of the rows that may not stop yet at -inf (a new tensor: a graph's
+        output buffer stays as it is); one sample more for every row."""
+        blocked = torch.where(self.remaining[self.rows] > 0, -math.inf, logits[self.rows, self.tokens])
+        self.remaining.sub_(1)
+        return logits.index_put((self.rows, self.tokens), blocked)
+
+
+@dataclass(slots=True)
 class SamplingBatch:
     """Per-row sampling parameters as device tensors, built once per step or burst (no host sync)."""
 
@@ -146,6 +180,7 @@ class SamplingBatch:
     is_greedy: torch.Tensor | None = None  # (N,) bool
     min_p: torch.Tensor | None = None  # (N,), None: no row cuts
     penalties: Penalties | None = None  # None: no row has a penalty
+    min_tokens: MinTokens | None = None  # None: every row may stop
     num_logprobs: int | None = None  # the most top logprobs a row asks for; None: no row asks
 
 
@@ -180,10 +215,17 @@ class Sampler:
         params: list[SamplingParams],
         histories: list[tuple[list[int], int]] | None = None,
         vocab: int | None = None,
+        eos_token_ids: Sequence[int] = (),
     ) -> SamplingBatch:
         """The batch's parameters on the device. `histories` (each row's token ids and its prompt's length) and
-        `vocab` are read where a row has a penalty."""
+        `vocab` are read where a row has a penalty or `min_tokens`, `eos_token_ids` where it has `min_tokens`."""
         batch = SamplingBatch(request_ids, params, all(p.is_greedy for p in params))
+        if any(p.min_tokens for p in params):
+            if histories is None:
+                raise ValueError("min_tokens needs each row's token ids")
+            num_outputs = [len(token_ids) - num_prompt for token_ids, num_prompt in histories]
+            if any(p.min_tokens > n for p, n in zip(params, num_outputs, strict=True)):
+                batch.min_tokens = MinTokens.build(params, num_outputs, eos_token_ids, self.device)
         asked = [p.logprobs for p in params if p.logprobs is not None]
         batch.num_logprobs = max(asked) if asked else None
         if any(p.has_penalties for p in params):
@@ -217,6 +259,9 @@ class Sampler:
     ) -> torch.Tensor:
         """logits [N, V] (any float dtype; sampling runs in float32) -> token ids [N] (on the device).
         `greedy_tokens` [N]: their argmax where the caller has it (a CUDA graph computes it with the logits)."""
+        if batch.min_tokens is not None:
+            logits = batch.min_tokens(logits)
+            greedy_tokens = None  # NOTE: the graph's argmax was of the logits before the stop tokens were blocked
         if batch.penalties is not None:
             logits = batch.penalties(logits.float())
             greedy_tokens = None  # NOTE: the graph's argmax was of the logits before the penalties

@@ -27,7 +27,10 @@ class SamplingParams:
         seed: a per-request seed (a 64-bit integer) for reproducible sampling; None: torch's global generator.
         logprobs: None (default): none; k in [0, 20]: each output token's log-probability, its rank and the k most
             likely tokens' (vLLM's raw logprobs: the model's distribution, before penalties and temperature).
+        min_tokens: new tokens before the request may stop (default 0): until then its end-of-sequence and stop
+            tokens cannot be sampled and stop strings are not looked for (vLLM's; HF's `min_new_tokens`).
         stop: strings to stop before (one string is one stop); the stop is not part of the text.
+        include_stop_str_in_output: end the text with the stop string it stopped at (default False).
         stop_token_ids: token ids to stop at, besides the model's end-of-sequence.
         ignore_eos: generate `max_tokens` whatever the model says (default False).
         skip_special_tokens: leave special tokens out of the text (default True).
@@ -46,7 +49,9 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     seed: int | None = None
     logprobs: int | None = None
+    min_tokens: int = 0
     stop: tuple[str, ...] = field(default_factory=tuple)
+    include_stop_str_in_output: bool = False
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
     ignore_eos: bool = False
     skip_special_tokens: bool = True
@@ -54,7 +59,7 @@ class SamplingParams:
     n: int = 1  # NOTE: last, not first as in vLLM, so that a positional max_tokens keeps its place
 
     def __post_init__(self):
-        for name in ("ignore_eos", "skip_special_tokens", "detokenize"):
+        for name in ("ignore_eos", "skip_special_tokens", "detokenize", "include_stop_str_in_output"):
             object.__setattr__(self, name, _switch(name, getattr(self, name)))
         stop = () if self.stop is None else (self.stop,) if isinstance(self.stop, str) else self.stop  # None: none
         object.__setattr__(self, "stop", _sequence("stop", stop))
@@ -82,6 +87,9 @@ class SamplingParams:
         for name in ("presence_penalty", "frequency_penalty"):
             if not -2.0 <= getattr(self, name) <= 2.0:
                 raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)!r}")
+        object.__setattr__(self, "min_tokens", _integer("min_tokens", self.min_tokens, "an integer >= 0"))
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            raise ValueError(f"min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens!r}")
         object.__setattr__(self, "n", _integer("n", self.n, "an integer >= 1"))
         if self.n < 1:
             raise ValueError(f"n must be an integer >= 1, got {self.n!r}")
