@@ -129,6 +129,24 @@ def test_n_completions_through_graph_bursts_are_their_seeded_requests(tiny_dir):
     assert graphs.engine.stats.num_continuations > 0
 
 
+def test_min_tokens_through_graph_bursts_gives_the_eager_tokens(tiny_dir):
+    """The stop tokens blocked over the graph's argmax and counted down on the device through bursts and
+    continuations: the eager engine's tokens, one step a visit."""
+    kwargs = dict(device="cuda", dtype="float32", max_model_len=256, max_num_seqs=8, num_blocks=256)
+    graphs = mp.LLM(str(tiny_dir), num_scheduler_steps=8, async_scheduling=True, **kwargs)
+    eager = mp.LLM(str(tiny_dir), enforce_eager=True, num_scheduler_steps=1, async_scheduling=False, **kwargs)
+    gen = torch.Generator().manual_seed(13)
+    prompts = [torch.randint(6, 512, (n,), generator=gen).tolist() for n in (9, 30, 47)]
+    plain = eager.generate(prompts, mp.SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True), use_tqdm=False)
+    stops = [out.token_ids[1] for out in plain]  # each answer's second token: blocked for its first 11
+    params = [mp.SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True, min_tokens=11, stop_token_ids=[t])
+              for t in stops]  # fmt: skip
+    outs = graphs.generate(prompts, params, use_tqdm=False)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in eager.generate(prompts, params, use_tqdm=False)]
+    assert all(stop not in out.token_ids[:11] for stop, out in zip(stops, outs, strict=True))
+    assert graphs.engine.stats.num_continuations > 0
+
+
 def test_prefill_and_mixed_steps_replay_graphs_and_give_the_eager_tokens(tiny_dir):
     """Prompts whose prefixes are cached (few new tokens each), and requests admitted while others decode (mixed
     steps), run through the prefill buckets' graphs with the tokens of an eager engine."""
