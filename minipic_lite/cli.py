@@ -159,6 +159,7 @@ def add_sampling_arguments(command: argparse.ArgumentParser) -> None:
         ("--presence-penalty", penalty, 0.0, "X", "subtracted once from each token already in the output"),
         ("--frequency-penalty", penalty, 0.0, "X", "subtracted per occurrence in the output"),
         ("--seed", seed, None, "S", "seed for sampling"),
+        ("--min-tokens", checked(int, "an integer >= 0", lambda v: v >= 0), 0, "N", "no stop before N new tokens"),
     ]:
         sampling.add_argument(
             flag, type=kind, default=default, metavar=metavar, help=f"{help_} (default: %(default)s)".lstrip()
@@ -246,7 +247,7 @@ def load(args):
     if llm.tokenizer is None:
         raise UsageError(f"{llm.config.model_dir} ships no tokenizer: the command line needs one (Python: token ids)")
     names = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
-             "frequency_penalty", "seed", "stop", "ignore_eos")  # fmt: skip
+             "frequency_penalty", "seed", "stop", "ignore_eos", "min_tokens")  # fmt: skip
     return llm, load_time, SamplingParams(**{k: getattr(args, k) for k in names}, n=getattr(args, "n", 1))
 
 
@@ -414,6 +415,8 @@ def main(argv: list[str] | None = None) -> int:
 
             dtype = None if args.dtype == "auto" else args.dtype
             return serve(args.host, args.port, args.model, args.span_policy, dtype)
+        if args.min_tokens > args.max_tokens:
+            raise UsageError(f"--min-tokens {args.min_tokens} is more than --max-tokens {args.max_tokens}")
         if args.command == "chat":
             check_model(args.model)
             return run_chat(args)

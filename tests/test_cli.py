@@ -76,6 +76,7 @@ def test_generate_help_shows_every_option_with_its_default():
         "--raw",
         "--stop",
         "-n N",
+        "--min-tokens",
     )
     for option in (*options, "--ignore-eos"):
         assert option in out
@@ -117,6 +118,8 @@ USAGE_ERRORS = {
         ["generate", "hi", "--seed", str(2**64)],
         "--seed: must be an integer in [-2**63, 2**64 - 1]",
     ),
+    "min-past-max": (["generate", "hi", "--min-tokens", "9", "--max-tokens", "8"], "--min-tokens 9 is more than"),
+    "negative-min-tokens": (["chat", "--min-tokens", "-1"], "--min-tokens: must be an integer >= 0"),
     "zero-replies": (["generate", "hi", "-n", "0"], "argument -n: must be an integer >= 1"),
     "stream-of-replies": (["generate", "hi", "-n", "2", "--stream"], "--stream prints one reply as it comes"),
     "bad-device": (["generate", "hi", "--device", "tpu"], "--device: must be auto, cpu, cuda or cuda:N"),
@@ -238,6 +241,15 @@ def test_stop_and_ignore_eos_give_the_api_reply(llm):
     code, out, err = run_cli("generate", "--raw", prompt, "--max-tokens", "24", "--stop", stop, "--ignore-eos")
     assert code == 0, err
     assert out == expected.text + "\n" and "(stop)" in err
+
+
+def test_min_tokens_gives_the_api_reply(llm):
+    params = mp.SamplingParams(max_tokens=12, temperature=0.0, min_tokens=6)
+    expected = llm.generate("Tell me a story.", params, use_tqdm=False)[0]
+    assert len(expected.token_ids) > 6  # greedy, it ends at once without min_tokens
+    code, out, err = run_cli("generate", "--raw", "Tell me a story.", "--min-tokens", "6", "--max-tokens", "12")
+    assert code == 0, err
+    assert out == expected.text + "\n" and f"{len(expected.token_ids)} generated" in err
 
 
 def test_n_replies_are_the_apis_n_completions_each_under_its_header(llm):
