@@ -367,7 +367,11 @@ class LLMEngine:
         # at a time (detokenizer.py); a stop string is looked for only where the text changed (not in the text of
         # the first min_tokens tokens, as vLLM)
         text = self._text_so_far(req) if params.stop else ""
-        hit = find_stop(text, params.stop, req.detokenizer.num_kept) if params.stop and text and may_stop else None
+        if not may_stop:
+            req.stop_search_start = len(text)
+        hit = None
+        if params.stop and text and may_stop:
+            hit = find_stop(text, params.stop, max(req.detokenizer.num_kept, req.stop_search_start))
         if hit is not None:
             req.stop_text = text[: hit[0] + len(hit[1]) * params.include_stop_str_in_output]
             self._finish(req, "stop", hit[1])

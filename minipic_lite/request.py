@@ -80,6 +80,7 @@ class Request:
     finish_reason: str | None = None  # "stop", "length", "abort"
     stop_reason: str | int | None = None  # the stop string or token that ended it
     stop_text: str | None = None  # the text cut before a stop string
+    stop_search_start: int = 0  # no stop string ends before this character: the first min_tokens tokens' text
     detokenizer: Detokenizer | None = field(default=None, repr=False)  # its text so far, for stops and streams
     cache_report: Sequence = field(default_factory=list)  # a BlockReport per prompt block (cache_report.py)
     logprobs: list[dict[int, Logprob]] = field(default_factory=list)  # per output token, where its params ask
