@@ -27,6 +27,7 @@ from minipic_lite.hashing import pack_token_ids, root_hash
 from minipic_lite.kv_cache_manager import KVCacheManager
 from minipic_lite.model_runner import InFlight, ModelRunner
 from minipic_lite.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
+from minipic_lite.prompt_logprobs import PromptScoring
 from minipic_lite.prompts import Prompt
 from minipic_lite.request import ParentRequest, Request
 from minipic_lite.sampling_params import SamplingParams
@@ -186,6 +187,8 @@ class LLMEngine:
         layout = span_layout(token_ids, self.config.control, cache.block_size, spans_apply, require_spans, data)
         if layout.has_spans and self.config.model.is_hybrid:
             raise ValueError("span markers need attention-only models: a hybrid's recurrent state sees every token")
+        if layout.has_spans and params.prompt_logprobs is not None:
+            raise ValueError("prompt_logprobs needs a prompt without span markers (its spans would be computed apart)")
         return layout
 
     def make_request(
@@ -304,6 +307,8 @@ class LLMEngine:
         advanced = self.scheduler.postprocess(out, self.runner.wait(flight), self._stops)
         if flight.logprobs is not None:
             self._record_logprobs(out, flight.logprobs, num_tokens_before)
+        if flight.prompt_scoring is not None:
+            self._record_prompt_logprobs(flight.prompt_scoring)
         self._drop_finished_flight()
         now = time.perf_counter()
         self._count(out, advanced, sum(len(s.seq) for s in out.scheduled) - sum(num_tokens_before), now - start)
@@ -399,6 +404,22 @@ class LLMEngine:
                 req.logprobs.append(entry)
                 req.cumulative_logprob += chosen
 
+    def _record_prompt_logprobs(self, scoring: PromptScoring) -> None:
+        """Keep the prompt logprobs a step scored, each at its prompt token's place (a recomputed one again)."""
+        rows = iter(scoring.rows.tolist())
+        for req, positions in scoring.requests:
+            k = req.sampling_params.prompt_logprobs
+            decode = self._token_text if req.sampling_params.detokenize else lambda token: None
+            if req.prompt_logprobs is None:
+                req.prompt_logprobs = [None] * req.num_prompt_tokens
+            for position, row in zip(positions, rows, strict=False):
+                token = req.token_ids[position]
+                entry = {token: Logprob(row[0], int(row[1]), decode(token))}
+                ids, logprobs = row[2 : 2 + k], row[2 + scoring.k : 2 + scoring.k + k]
+                for rank, (token_id, logprob) in enumerate(zip(map(int, ids), logprobs, strict=True), start=1):
+                    entry.setdefault(token_id, Logprob(logprob, rank, decode(token_id)))
+                req.prompt_logprobs[position] = entry
+
     def _token_text(self, token_id: int) -> str | None:
         return None if self.tokenizer is None else self.tokenizer.decode([token_id])
 
@@ -476,7 +497,14 @@ class LLMEngine:
             logprobs=done.logprobs,
             cumulative_logprob=done.cumulative_logprob,
             outputs=completions,
+            prompt_logprobs=self._prompt_logprobs(first),
         )
+
+    @staticmethod
+    def _prompt_logprobs(req: Request) -> list | None:
+        if req.sampling_params.prompt_logprobs is None:
+            return None
+        return list(req.prompt_logprobs or [None] * req.num_prompt_tokens)
 
     def _state_report(self, req: Request) -> StateReport | None:
         states = self.kv.states

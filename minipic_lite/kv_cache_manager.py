@@ -114,7 +114,7 @@ class KVCacheManager:
         # NOTE: the last token is always computed (its logits are needed), so its block is never a hit; a
         # span prefill samples nothing, so all its blocks may hit.
         num_hittable = len(req.block_hashes) if req.is_span_prefill else (len(req.token_ids) - 1) // req.block_size
-        if not self.enable_prefix_caching:
+        if not self.enable_prefix_caching or req.reads_no_cache:
             return [MISS] * num_hittable, [None] * num_hittable
         hashes = req.block_hashes[:num_hittable]
         # NOTE: a host tier's LRU and the rerotate offsets change without a log entry: no memo there

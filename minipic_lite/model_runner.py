@@ -43,6 +43,7 @@ from minipic_lite.models.packed_linear import (
 from minipic_lite.models.registry import model_class
 from minipic_lite.models.routed_linear import one_row_candidates, route_many_row_linears, route_one_row_linears
 from minipic_lite.models.step import HostStep, RecurrentStep, StepInputs, StepMetadata, host_tensor
+from minipic_lite.prompt_logprobs import PromptScoring, plan_scoring, score
 from minipic_lite.sampler import Sampler, SamplingBatch, token_logprobs
 from minipic_lite.state_cache import StateTensors
 
@@ -85,6 +86,7 @@ class InFlight:
     table_lens: list[int] = field(default_factory=list)  # each request's block table length when it was queued
     # rows asking for logprobs: (num_sampling, num_steps, 2 + 2k) float32 on the host, `sampler.token_logprobs`' rows
     logprobs: torch.Tensor | None = None
+    prompt_scoring: PromptScoring | None = None  # the step's prompt logprobs (prompt_logprobs.py), on the host
 
 
 def allocate_kv_cache(cfg: ModelConfig, num_blocks: int, block_size: int, dtype, device) -> torch.Tensor:
@@ -360,13 +362,15 @@ class ModelRunner:
     def launch(self, out: SchedulerOutput) -> InFlight:
         """Queue the step (or burst) on the device and return at once; `wait` reads its tokens."""
         self.copy_blocks(out.copies)
-        shape = None if self.graphs is None else self.graphs.shape_for(out)
+        scoring = plan_scoring(out)
+        # NOTE: prompt logprobs read the hidden states of every position: an eager forward
+        shape = None if self.graphs is None or scoring is not None else self.graphs.shape_for(out)
         inputs = self.prepare(out, shape)
         sampling = [s for s in out.scheduled if s.do_sample]
         if not sampling:
-            self._logits(inputs, shape)  # K/V written, nothing to sample
+            self._logits(inputs, shape, scoring)  # K/V written, nothing to sample
             self._save_states(out)
-            return InFlight(out)
+            return InFlight(out, prompt_scoring=scoring)
         seqs = [s.seq for s in sampling]
         params = [seq.sampling_params for seq in seqs]
         counted = any(p.has_penalties or p.min_tokens for p in params)  # NOTE: only these read the rows' tokens
@@ -374,7 +378,9 @@ class ModelRunner:
         model = self.config.model
         batch = self.sampler.prepare([seq.request_id for seq in seqs], params, histories, model.vocab_size,
                                      model.eos_token_ids)  # fmt: skip
-        return self._run_steps(out, inputs, shape, batch, None)
+        flight = self._run_steps(out, inputs, shape, batch, None, scoring)
+        flight.prompt_scoring = scoring
+        return flight
 
     @torch.inference_mode()
     def launch_continuation(self, last: InFlight, out: SchedulerOutput) -> InFlight:
@@ -408,9 +414,9 @@ class ModelRunner:
         meta = dataclasses.replace(inputs.meta, block_tables=staged.to(self.device, non_blocking=True))
         return dataclasses.replace(inputs, meta=meta)
 
-    def _run_steps(self, out: SchedulerOutput, inputs: StepInputs, shape, batch, sampled) -> InFlight:
+    def _run_steps(self, out: SchedulerOutput, inputs: StepInputs, shape, batch, sampled, scoring=None) -> InFlight:
         """The step, or each step of the burst, on the device; `sampled`: the tokens the first step feeds back
-        (a continuation), or None (its inputs are prepared)."""
+        (a continuation), or None (its inputs are prepared); `scoring`: the step's prompt logprobs to compute."""
         num_rows, k = len(batch.request_ids), batch.num_logprobs
         tokens = torch.empty(num_rows, out.num_steps, dtype=torch.long, device=self.device)
         logprobs = None if k is None else torch.empty(num_rows, out.num_steps, 2 + 2 * k, device=self.device)
@@ -418,7 +424,7 @@ class ModelRunner:
             fed_back = tokens[:, step - 1] if step else sampled
             if fed_back is not None:
                 inputs = self._advance(inputs, fed_back, shape)
-            logits, greedy = self._logits(inputs, shape)
+            logits, greedy = self._logits(inputs, shape, scoring)
             tokens[:, step] = self.sampler(logits, batch, greedy)  # NOTE: a graph's outputs live until its next replay
             if logprobs is not None:
                 logprobs[:, step] = token_logprobs(logits, tokens[:, step], k)
@@ -444,12 +450,17 @@ class ModelRunner:
         self.graphs.static.advance(inputs, sampled)
         return inputs
 
-    def _logits(self, inputs: StepInputs, shape: tuple[int, int] | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _logits(
+        self, inputs: StepInputs, shape: tuple[int, int] | None, scoring: PromptScoring | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """[num_sampling, vocab] in the model's dtype, and their greedy tokens where a graph computed them (else
-        None): eagerly, or by replaying the graph of `shape` (a bucket, or None)."""
+        None): eagerly, or by replaying the graph of `shape` (a bucket, or None). `scoring` (eager steps): the prompt
+        logprobs to compute from the hidden states."""
         if shape is not None:
             return self.graphs.run(inputs, shape)
         hidden = self.model(inputs.input_ids, inputs.meta, self.kv_cache)
+        if scoring is not None:
+            score(scoring, hidden, self.model.compute_logits)
         return self.model.compute_logits(hidden[inputs.logits_indices]), None
 
     @torch.inference_mode()

@@ -74,6 +74,8 @@ class RequestOutput:
     logprobs: list[dict[int, Logprob]] | None = None
     cumulative_logprob: float | None = None  # the sum of the sampled tokens' logprobs
     outputs: list[CompletionOutput] = field(default_factory=list)  # empty: the flattened fields' one completion
+    # SamplingParams.prompt_logprobs set: a dict per prompt token (None for the first), its own entry first
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
 
     def __post_init__(self):
         if not self.outputs:

@@ -85,6 +85,7 @@ class Request:
     cache_report: Sequence = field(default_factory=list)  # a BlockReport per prompt block (cache_report.py)
     logprobs: list[dict[int, Logprob]] = field(default_factory=list)  # per output token, where its params ask
     cumulative_logprob: float = 0.0
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None  # per prompt token, where its params ask
     arrival_time: float = field(default_factory=time.perf_counter)
     first_token_time: float | None = None
     finish_time: float | None = None
@@ -131,6 +132,11 @@ class Request:
     @property
     def is_finished(self) -> bool:
         return self.status == RequestStatus.FINISHED
+
+    @property
+    def reads_no_cache(self) -> bool:
+        """It computes its whole prompt (prompt logprobs need the logits at every position)."""
+        return self.sampling_params.prompt_logprobs is not None
 
     def num_blocks_for(self, num_tokens: int) -> int:
         return cdiv(num_tokens, self.block_size)

@@ -27,6 +27,9 @@ class SamplingParams:
         seed: a per-request seed (a 64-bit integer) for reproducible sampling; None: torch's global generator.
         logprobs: None (default): none; k in [0, 20]: each output token's log-probability, its rank and the k most
             likely tokens' (vLLM's raw logprobs: the model's distribution, before penalties and temperature).
+        prompt_logprobs: None (default): none; k in [0, 20]: each prompt token's log-probability given the ones
+            before it, its rank and the k most likely tokens there (vLLM's; the first token has none). The request
+            then computes its whole prompt: it reads nothing from the prefix cache.
         min_tokens: new tokens before the request may stop (default 0): until then its end-of-sequence and stop
             tokens cannot be sampled and stop strings are not looked for (vLLM's; HF's `min_new_tokens`).
         stop: strings to stop before (one string is one stop); the stop is not part of the text.
@@ -49,6 +52,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     seed: int | None = None
     logprobs: int | None = None
+    prompt_logprobs: int | None = None
     min_tokens: int = 0
     stop: tuple[str, ...] = field(default_factory=tuple)
     include_stop_str_in_output: bool = False
@@ -100,10 +104,12 @@ class SamplingParams:
             if self.seed + self.n - 1 > SEED_MAX:  # completion i draws with seed + i
                 raise ValueError(f"seed + n - 1 must be at most 2**64 - 1 (completion i draws with seed + i), "
                                  f"got seed {self.seed!r} and n {self.n!r}")  # fmt: skip
-        if self.logprobs is not None:
-            object.__setattr__(self, "logprobs", _integer("logprobs", self.logprobs, "an int or None"))
-            if not 0 <= self.logprobs <= MAX_LOGPROBS:
-                raise ValueError(f"logprobs must be None or in [0, {MAX_LOGPROBS}], got {self.logprobs!r}")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, value := _integer(name, value, "an int or None"))
+                if not 0 <= value <= MAX_LOGPROBS:
+                    raise ValueError(f"{name} must be None or in [0, {MAX_LOGPROBS}], got {value!r}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise ValueError(f"stop must be non-empty strings, got {self.stop!r}")
         if self.stop and not self.detokenize:

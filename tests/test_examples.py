@@ -72,6 +72,9 @@ def test_the_readmes_python_section_runs_as_written(capsys):
 
     assert llm is mp.get_default_llm()  # one engine, not two
     assert len(outs) == 3 and all(o.finished for o in outs) and outs[0].metrics.ttft > 0
+    assert len(namespace["out"].outputs) == 3  # the n = 3 line
+    scored = namespace["scored"]
+    assert len(scored.prompt_logprobs) == len(scored.prompt_token_ids) and scored.prompt_logprobs[0] is None
     assert capsys.readouterr().out  # the stream printed its partial texts
     body = "async def readme():\n" + textwrap.indent(async_block, "    ")
     exec(compile(body, "README.md (asyncio)", "exec"), namespace)  # noqa: S102

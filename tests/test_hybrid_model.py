@@ -442,3 +442,24 @@ def test_n_completions_on_the_hybrid_each_follow_their_own_state(hybrid):
     assert out.outputs[0].token_ids != out.outputs[1].token_ids
     assert len(llm.engine.kv.states.free_slots) == llm.config.scheduler.max_num_seqs  # every slot back
     llm.close()
+
+
+def test_prompt_logprobs_on_the_hybrid_are_transformers_and_resume_from_no_checkpoint(hybrid):
+    """Prompt logprobs need every position's logits: the hybrid computes its whole prompt for them, the second time
+    too, where a plain request resumes from a checkpoint."""
+    path, hf = hybrid
+    llm = _llm(path)
+    (prompt,) = _prompts(1, [150], seed=13)
+    with torch.no_grad():
+        expected = hf(torch.tensor([prompt])).logits[0].float().log_softmax(dim=-1)
+    params = mp.SamplingParams(max_tokens=2, prompt_logprobs=2, **GREEDY)
+    for _ in range(2):
+        (out,) = llm.generate([prompt], params, use_tqdm=False)
+        assert out.state_report.resume_position == 0 and out.prompt_logprobs[0] is None
+        for position, entry in enumerate(out.prompt_logprobs[1:], start=1):
+            token, row = prompt[position], expected[position - 1]
+            assert abs(entry[token].logprob - row[token].item()) < 1e-4
+            assert set(entry) == {token, *row.topk(2).indices.tolist()}
+    (plain,) = llm.generate([prompt], mp.SamplingParams(max_tokens=2, **GREEDY), use_tqdm=False)
+    assert plain.state_report.resume_position > 0 and plain.token_ids == out.token_ids
+    llm.close()
