@@ -147,6 +147,28 @@ def test_min_tokens_through_graph_bursts_gives_the_eager_tokens(tiny_dir):
     assert graphs.engine.stats.num_continuations > 0
 
 
+def test_prompt_logprobs_on_the_gpu_are_transformers_beside_graph_steps(tiny_dir):
+    """A step scoring a prompt runs eagerly (its hidden states are read), beside requests that replay graphs."""
+    from transformers import AutoModelForCausalLM
+
+    llm = mp.LLM(str(tiny_dir), device="cuda", dtype="float32", max_model_len=256, max_num_batched_tokens=64,
+                 num_blocks=256)  # fmt: skip
+    prompt = torch.randint(6, 512, (150,), generator=torch.Generator().manual_seed(21)).tolist()
+    decoding = llm.stream([7] * 20, mp.SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True))
+    next(decoding)
+    params = mp.SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True, prompt_logprobs=3)
+    (out,) = llm.generate([prompt], params, use_tqdm=False)
+    list(decoding)
+    hf = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32).to("cuda").eval()
+    with torch.no_grad():
+        expected = hf(torch.tensor([prompt], device="cuda")).logits[0].float().log_softmax(dim=-1).cpu()
+    assert out.prompt_logprobs[0] is None and len(out.prompt_logprobs) == len(prompt)
+    for position, entry in enumerate(out.prompt_logprobs[1:], start=1):
+        token, row = prompt[position], expected[position - 1]
+        assert abs(entry[token].logprob - row[token].item()) < 1e-3
+        assert set(entry) == {token, *row.topk(3).indices.tolist()}
+
+
 def test_prefill_and_mixed_steps_replay_graphs_and_give_the_eager_tokens(tiny_dir):
     """Prompts whose prefixes are cached (few new tokens each), and requests admitted while others decode (mixed
     steps), run through the prefill buckets' graphs with the tokens of an eager engine."""
