@@ -49,7 +49,7 @@ class AsyncLLM:
             # NOTE: cancelled, or the consumer left: free the request's blocks (no waiting here). A generator closed
             # after its LLM was (asyncio finalizes it later) has nothing left to free: close() aborted it
             if not finished and not self.llm._loop.closed:
-                self.llm._loop.abort(req.request_id, wait=False)
+                self.llm._loop.abort(req.request_id, wait=False, only=req)
 
     async def abort(self, request_id: str) -> None:
         """Cancel a request; its blocks are free when this returns, and its consumer gets a final output."""

@@ -255,14 +255,14 @@ class LLMEngine:
         self.add(req)
         return req.request_id
 
-    def abort(self, request_id: str) -> RequestOutput | None:
-        """Finish a request now ("abort"), freeing its blocks; its final output, or None if it is not here. One of
-        n completions' ids aborts them all."""
+    def abort(self, request_id: str, only: Request | ParentRequest | None = None) -> RequestOutput | None:
+        """Finish a request now ("abort"), freeing its blocks; its final output, or None if it is not here (or, with
+        `only`, is another request than that one). One of n completions' ids aborts them all."""
         req = self.parents.get(request_id) or self.requests.get(request_id)
-        if req is None:
-            return None
         if isinstance(req, Request) and req.parent is not None:
             req = req.parent
+        if req is None or (only is not None and req is not only):
+            return None
         now = time.perf_counter()
         for child in req.children if isinstance(req, ParentRequest) else [req]:
             if not child.is_finished:

@@ -106,9 +106,10 @@ class EngineLoop:
         self._put(run)
         return future.result() if waited else None
 
-    def abort(self, request_id: str, wait: bool = True) -> None:
-        """Finish a request now: its blocks are freed and its sink gets a final output ("abort")."""
-        self.call(lambda engine: self._abort(request_id), wait)
+    def abort(self, request_id: str, wait: bool = True, only: Request | ParentRequest | None = None) -> None:
+        """Finish a request now: its blocks are freed and its sink gets a final output ("abort"). `only`: abort the
+        request under that id only if it is this one (a caller cleaning up its own, whose id may have been refused)."""
+        self.call(lambda engine: self._abort(request_id, only), wait)
 
     @property
     def closed(self) -> bool:
@@ -202,8 +203,8 @@ class EngineLoop:
             else:
                 self._sinks[req.request_id] = sink
 
-    def _abort(self, request_id: str) -> None:
-        output = self.engine.abort(request_id)
+    def _abort(self, request_id: str, only: Request | ParentRequest | None = None) -> None:
+        output = self.engine.abort(request_id, only)
         if output is not None:
             self._deliver(output)
 

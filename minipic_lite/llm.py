@@ -269,9 +269,10 @@ class LLM:
             if bar is not None:
                 bar.close()
             # NOTE: interrupted (e.g. Ctrl-C) or failed: free what is still running, but not another caller's request
+            # (`only`: a refusal may not have come back yet)
             for req in requests:
                 if req.request_id not in done and req.request_id not in refused:
-                    self.abort(req.request_id)
+                    self._loop.abort(req.request_id, only=req)
         return [done[req.request_id] for req in requests]
 
     def stream(
@@ -301,7 +302,7 @@ class LLM:
             # NOTE: the consumer stopped early: free the request's blocks. A stream left open at interpreter exit is
             # closed after the loop (weakref.finalize closed it, aborting its requests): nothing left to free
             if not finished and not self._loop.closed:
-                self.abort(req.request_id)
+                self._loop.abort(req.request_id, only=req)
 
     def abort(self, request_id: str, wait: bool = True) -> None:
         """Cancel a request: its blocks are freed before this returns, and its caller gets a final output. With

@@ -153,6 +153,19 @@ def test_a_request_id_in_flight_cannot_be_reused_and_its_request_runs_on(llm, so
     assert_idle(llm)
 
 
+def test_a_callers_cleanup_by_id_spares_another_callers_request_under_that_id(llm, solo):
+    """generate(), stream() and AsyncLLM clean up what they still run by id when interrupted; where their request
+    was refused (its id in flight as another caller's) and the refusal not read yet, the request under that id is
+    the other caller's: the cleanup aborts its own request object only."""
+    stream = llm.stream(PROMPTS[0], HELD, request_id="taken")
+    run_with_timeout(next, stream)
+    (refused,) = llm.make_requests([PROMPTS[1]], [GREEDY], request_id="taken")
+    run_with_timeout(llm._loop.abort, "taken", True, refused)
+    last = run_with_timeout(list, stream)[-1]
+    assert (last.finish_reason, last.token_ids[:12]) == ("length", solo[PROMPTS[0]])
+    assert_idle(llm)
+
+
 def test_generate_picks_ids_past_those_callers_chose_and_their_requests_run_on(llm, solo):
     """generate()'s ids are '0', '1', ...; a stream that took the next of them must not refuse generate() (nor be
     aborted by it)."""

@@ -51,7 +51,7 @@ class CountingEngine:
             outputs.append(output(request_id, progress[0], "length" if done else None))
         return outputs
 
-    def abort(self, request_id: str) -> RequestOutput | None:
+    def abort(self, request_id: str, only=None) -> RequestOutput | None:  # NOTE: one request per id here
         progress = self.requests.pop(request_id, None)
         return None if progress is None else output(request_id, progress[0], "abort")
 
