@@ -143,3 +143,11 @@ def test_sampling_cost(tmp_path):
     (row,) = json.loads(out.read_text())["rows"]
     assert row["batch"] == 2 and row["logprobs_tokens_equal_plain"]  # logprobs change no token
     assert set(row["ratio_to_plain"]) == {"plain", "penalties", "logprobs5"} and row["ratio_to_plain"]["plain"] == 1
+
+
+def test_prompt_scoring(tmp_path):
+    out = tmp_path / "prompt_scoring.json"
+    run_bench(tmp_path, "prompt_scoring", "--texts", 2, "--tokens", 64, "--rounds", 1, "--out", out)
+    result = json.loads(out.read_text())
+    assert result["scored_tokens"] == 2 * 63 and result["max_abs_logprob_diff"] < 1e-3  # transformers' logprobs
+    assert set(result["tok_per_s"]) == {"ours", "transformers"} and result["ratio"] > 0
