@@ -216,10 +216,7 @@ class LLMEngine:
         token_ids, data = packed(token_ids)
         layout = self._check(token_ids, data, params, require_spans)
         if request_id is None:  # NOTE: past the ids a caller chose that are in flight ('0', '1', ... stay free of them)
-            # NOTE: lookups, not a union of the keys: the loop thread may add or drop ids meanwhile
-            request_id = next(
-                rid for rid in map(str, self._ids) if rid not in self.requests and rid not in self.parents
-            )
+            request_id = next(rid for rid in map(str, self._ids) if self._id_is_free(rid, params.n))
 
         def record(rid: str, ids: list[int], p: SamplingParams) -> Request:
             return Request(
@@ -236,6 +233,12 @@ class LLMEngine:
         for child in children:
             child.parent = parent
         return parent
+
+    def _id_is_free(self, request_id: str, n: int) -> bool:
+        """No request in flight holds `request_id`, nor (n > 1) one of its completions' ids."""
+        # NOTE: lookups, not a union of the keys: the loop thread may add or drop ids meanwhile
+        ids = [request_id] + ([ParentRequest.child_id(request_id, i) for i in range(n)] if n > 1 else [])
+        return not any(rid in self.requests or rid in self.parents for rid in ids)
 
     def add(self, req: Request | ParentRequest) -> None:
         children = req.children if isinstance(req, ParentRequest) else [req]

@@ -120,6 +120,13 @@ USAGE_ERRORS = {
     ),
     "min-past-max": (["generate", "hi", "--min-tokens", "9", "--max-tokens", "8"], "--min-tokens 9 is more than"),
     "negative-min-tokens": (["chat", "--min-tokens", "-1"], "--min-tokens: must be an integer >= 0"),
+    "chat-min-past-max": (["chat", "--min-tokens", "9", "--max-tokens", "8"], "--min-tokens 9 is more than"),
+    # NOTE: fine values: the run gets as far as the model
+    "min-equal-max": (
+        ["generate", "hi", "--min-tokens", "8", "--max-tokens", "8", "--model", "no/such/dir"],
+        "unknown model 'no/such/dir'",
+    ),
+    "min-zero": (["chat", "--min-tokens", "0", "--model", "no/such/dir"], "unknown model 'no/such/dir'"),
     "zero-replies": (["generate", "hi", "-n", "0"], "argument -n: must be an integer >= 1"),
     "stream-of-replies": (["generate", "hi", "-n", "2", "--stream"], "--stream prints one reply as it comes"),
     "bad-device": (["generate", "hi", "--device", "tpu"], "--device: must be auto, cpu, cuda or cuda:N"),

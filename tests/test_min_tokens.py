@@ -121,6 +121,19 @@ def test_stop_token_ids_wait_for_min_tokens_through_bursts(model_dir, llm, hf_mo
     assert llm.generate(prompt, params, use_tqdm=False)[0].token_ids == want  # one step a visit: the same
 
 
+def test_a_stop_token_right_after_the_first_min_tokens_ends_the_answer(llm):
+    """The stop token is blocked for exactly min_tokens samples: the runner counts the row's tokens past its prompt."""
+    prompt = "a, b, c, d,"
+    comma = llm.tokenizer.convert_tokens_to_ids(",")
+    greedy = mp.SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    plain = llm.generate(prompt, greedy, use_tqdm=False)[0].token_ids
+    at = plain.index(comma)  # the greedy answer's first comma: token at + 1
+    assert at >= 1, "the greedy answer no longer starts with a token before its comma"
+    params = mp.SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, min_tokens=at, stop_token_ids=[comma])
+    out = llm.generate(prompt, params, use_tqdm=False)[0]
+    assert (out.token_ids, out.finish_reason, out.stop_reason) == (plain[: at + 1], "stop", comma)
+
+
 class NoDecodeStream:
     """`tokenizers`' DecodeStream failing as it does on bytes that are no UTF-8: the detokenizer decodes the whole
     output at every token instead (and tells no kept text)."""
@@ -160,3 +173,24 @@ def test_include_stop_str_in_output_ends_the_text_with_it(llm):
     assert out.text == without.text + stop and out.token_ids == without.token_ids and out.stop_reason == stop
     texts = [o.text for o in llm.stream(prompt, kept)]
     assert texts[-1] == out.text and all(b.startswith(a) for a, b in zip(texts, texts[1:], strict=False))
+
+
+def test_min_tokens_may_equal_max_tokens_and_then_gives_them_all(llm):
+    params = mp.SamplingParams(max_tokens=5, temperature=0.0, min_tokens=5)
+    assert (params.min_tokens, params.max_tokens) == (5, 5)
+    out = llm.generate(STORY, params, use_tqdm=False)[0]  # greedy, the story prompt ends at once without min_tokens
+    assert len(out.token_ids) == 5 and out.finish_reason == "length"
+    assert not set(out.token_ids) & set(llm.config.model.eos_token_ids)
+
+
+def test_a_stop_string_in_the_text_of_the_min_tokens_th_token_is_not_taken(llm):
+    """As vLLM: the text is looked at from token min_tokens + 1 on (its new characters), not at token min_tokens."""
+    prompt, stop = "1, 2, 3, 4,", ","
+    plain = llm.generate(prompt, mp.SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True), use_tqdm=False)
+    tokens, decode = plain[0].token_ids, llm.tokenizer.decode
+    min_tokens = next(i for i in range(1, len(tokens) + 1) if stop in decode(tokens[:i]))  # the first stop's token
+    full, early = decode(tokens), len(decode(tokens[:min_tokens]))
+    params = mp.SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True, min_tokens=min_tokens, stop=[stop])
+    out = llm.generate(prompt, params, use_tqdm=False)[0]
+    assert (out.text, out.finish_reason, out.stop_reason) == (full[: full.index(stop, early)], "stop", stop)
+    assert out.text.count(stop) == decode(tokens[:min_tokens]).count(stop) >= 1

@@ -4,12 +4,14 @@ Completion i is what a request of its own with seed + i gives; greedy completion
 the prompt's blocks are computed once for all n; a stream shows all n; an abort of the request ends all n."""
 
 import asyncio
+import queue
 
 import numpy
 import pytest
 import torch
 
 import minipic_lite as mp
+import minipic_lite.llm as llm_api
 from minipic_lite.engine import RequestIdInUse
 from minipic_lite.outputs import CompletionOutput
 from minipic_lite.request import ParentRequest
@@ -53,6 +55,7 @@ def test_an_output_built_with_one_completion_lists_it_in_outputs():
     out = mp.RequestOutput("r", None, [1], "hi", [5, 6], 0, True, "stop", metrics, stop_reason=6)
     assert out.outputs == [CompletionOutput(0, "hi", [5, 6], None, None, "stop", 6)]
     assert out.outputs[0].finished() and not CompletionOutput(0, "", [], None, None).finished()
+    assert all(CompletionOutput(0, "", [], None, None, reason).finished() for reason in ("length", "abort"))
 
 
 # -- the engine ------------------------------------------------------------------------------------------------
@@ -90,12 +93,14 @@ def test_the_prompt_is_computed_once_for_all_completions(llm):
     computes only the prompt's last partial block and its own tokens."""
     B, n, num_prompt = llm.config.cache.block_size, 4, 200
     prompt = [1000 + i for i in range(num_prompt)]  # seen by no other test: nothing of it is cached
-    before = llm.stats()["num_computed_tokens"]
+    before, prompt_tokens = llm.stats()["num_computed_tokens"], llm.engine.stats.num_prompt_tokens
     params = mp.SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True, n=n)
     (out,) = run_with_timeout(llm.generate, [prompt], params, use_tqdm=False)
     computed = llm.stats()["num_computed_tokens"] - before
     last_block = num_prompt - B * ((num_prompt - 1) // B)
     assert computed == num_prompt + (n - 1) * last_block + n * (params.max_tokens - 1)
+    assert out.num_cached_tokens == 0, "the prompt's facts are the first completion's, which computed it"
+    assert llm.engine.stats.num_prompt_tokens - prompt_tokens == n * num_prompt  # a prompt per completion, as cached
     assert len({tuple(c.token_ids) for c in out.outputs}) == 1
     assert_idle(llm)
 
@@ -197,4 +202,101 @@ def test_async_llm_streams_a_request_of_n_completions(llm):
     outs = run_with_timeout(asyncio.run, scenario())
     (want,) = run_with_timeout(llm.generate, CHAT, SAMPLED, use_tqdm=False)
     assert outs[-1].finished and [c.token_ids for c in outs[-1].outputs] == [c.token_ids for c in want.outputs]
+    assert_idle(llm)
+
+
+def test_an_automatic_id_passes_a_request_of_n_completions_in_flight(llm):
+    """An id the engine chooses is free of a caller's request of n completions (whose id no child request holds)."""
+
+    def on_the_loop(engine):  # NOTE: the loop thread owns the engine
+        last = int(engine.make_request([20, 21, 22], mp.SamplingParams(max_tokens=1)).request_id)  # not added
+        taken = engine.make_request([20, 21, 22], mp.SamplingParams(max_tokens=1, n=2), request_id=str(last + 1))
+        engine.add(taken)
+        auto = engine.make_request([20, 21, 22], mp.SamplingParams(max_tokens=1))
+        engine.add(auto)
+        for req in (taken, auto):
+            engine.abort(req.request_id)
+        return auto.request_id, last
+
+    auto, last = run_with_timeout(llm._loop.call, on_the_loop)
+    assert auto == str(last + 2), "the id of a request of n completions in flight was chosen"
+    assert_idle(llm)
+
+
+def test_an_automatic_id_of_n_completions_passes_ids_its_completions_would_clash_with(llm):
+    """A caller's request whose id is the completion id an automatic one would give ('1_<next>'): the automatic id
+    passes it instead of being refused (found by a helper's mutation round)."""
+
+    def on_the_loop(engine):  # NOTE: the loop thread owns the engine
+        nxt = int(engine.make_request([20, 21, 22], mp.SamplingParams(max_tokens=1)).request_id) + 1  # not added
+        held = engine.make_request([20, 21, 22], mp.SamplingParams(max_tokens=1), request_id=f"1_{nxt}")
+        engine.add(held)
+        auto = engine.make_request([20, 21, 22], mp.SamplingParams(max_tokens=1, n=2))
+        engine.add(auto)  # before the fix: RequestIdInUse
+        for req in (held, auto):
+            engine.abort(req.request_id)
+        return auto.request_id, nxt
+
+    auto, nxt = run_with_timeout(llm._loop.call, on_the_loop)
+    assert auto == str(nxt + 1)
+    assert_idle(llm)
+
+
+def test_generates_progress_bar_counts_the_tokens_of_every_completion(llm, monkeypatch):
+    counted = []
+    rates = llm_api.token_rates
+    monkeypatch.setattr(llm_api, "token_rates", lambda p, n, s: counted.append((p, n)) or rates(p, n, s))
+    (out,) = run_with_timeout(llm.generate, CHAT, SAMPLED, use_tqdm=True)
+    assert counted == [(len(out.prompt_token_ids), sum(len(c.token_ids) for c in out.outputs))]
+
+
+@pytest.fixture(scope="module")
+def one_at_a_time(model_dir):
+    """An engine that runs one request at a time: completion i starts once completion i - 1 has finished."""
+    llm = mp.LLM(str(model_dir), device="cpu", dtype="float32", max_model_len=256, max_num_seqs=1)
+    yield llm
+    llm.close()
+
+
+def test_the_timings_span_every_completion_and_preemptions_add_up(one_at_a_time):
+    """The first token is the earliest completion's, the finish the last one's; preemptions are summed."""
+    llm, params = one_at_a_time, mp.SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True, n=3)
+    (req,) = llm.make_requests(["Name a color."], [params])
+    outputs = queue.SimpleQueue()
+    llm.submit([req], outputs.put)
+    out = run_with_timeout(outputs.get)
+    first, second, last = req.children
+    assert first.finish_time < second.first_token_time and second.finish_time < last.first_token_time
+    m = out.metrics
+    assert out.finished and (m.arrival_time, m.first_token_time, m.finish_time, m.num_preemptions) == (
+        first.arrival_time, first.first_token_time, last.finish_time, 0,
+    )  # fmt: skip
+    second.num_preemptions, last.num_preemptions = 2, 1
+    first.first_token_time = last.finish_time + 1  # as if completion 0 were preempted before its first token
+    m = run_with_timeout(llm._loop.call, lambda engine: engine._output(req)).metrics
+    assert (m.first_token_time, m.finish_time, m.num_preemptions) == (second.first_token_time, last.finish_time, 3)
+    assert_idle(llm)
+
+
+def test_an_abort_after_some_completions_finished_ends_the_others(one_at_a_time):
+    """The request stays in flight (its id taken) until its last completion finishes; an abort then ends the
+    unfinished ones and leaves the finished ones as they were; it counts as one abort."""
+    llm, params = one_at_a_time, mp.SamplingParams(max_tokens=64, temperature=0.0, ignore_eos=True, n=3)
+    aborted = llm.engine.stats.num_aborted
+
+    def scenario():
+        stream = llm.stream("Tell me a long story.", params, request_id="part")
+        out = next(stream)
+        while not out.outputs[0].finished():
+            out = next(stream)
+        assert not out.finished and not out.outputs[1].finished()
+        with pytest.raises(ValueError, match="'part' is already in use"):
+            list(llm.stream("Hi", mp.SamplingParams(max_tokens=2), request_id="part"))
+        llm.abort("part")
+        return list(stream)
+
+    last = run_with_timeout(scenario)[-1]
+    assert last.finished and [c.finish_reason for c in last.outputs] == ["length", "abort", "abort"]
+    assert len(last.outputs[0].token_ids) == params.max_tokens > len(last.outputs[1].token_ids)
+    assert llm.engine.stats.num_aborted == aborted + 1
     assert_idle(llm)
