@@ -84,7 +84,9 @@ def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, k: int) -> torch.
     raw logprobs); the rank counts the tokens at least as likely (vLLM's: 1 for the argmax)."""
     logprobs = logits.float().log_softmax(dim=-1)  # (N, V)
     chosen = logprobs.gather(1, tokens[:, None])  # (N, 1)
-    rank = (logprobs >= chosen).sum(dim=-1, keepdim=True).float()  # (N, 1)
+    # NOTE: counted as bytes into int32: a bool sum (int64) took 0.75 s a 4,096 rows of SmolLM2's vocabulary on 2 CPU
+    # cores, this 0.42 s
+    rank = (logprobs >= chosen).view(torch.uint8).sum(dim=-1, keepdim=True, dtype=torch.int32).float()  # (N, 1)
     top_logprobs, top_ids = logprobs.topk(k, dim=-1)  # (N, k) each
     return torch.cat([chosen, rank, top_ids.float(), top_logprobs], dim=-1)
 
