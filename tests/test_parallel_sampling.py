@@ -300,3 +300,28 @@ def test_an_abort_after_some_completions_finished_ends_the_others(one_at_a_time)
     assert len(last.outputs[0].token_ids) == params.max_tokens > len(last.outputs[1].token_ids)
     assert llm.engine.stats.num_aborted == aborted + 1
     assert_idle(llm)
+
+
+def test_completions_and_prompt_logprobs_survive_preemption_in_a_tiny_cache(model_dir, hf_model):
+    """Ten blocks of 16 tokens for four 40-token greedy completions of one prompt (and prompt logprobs): completions
+    are preempted and recomputed, each ends with the tokens it has alone in a big cache, the preemptions add up, and
+    the prompt's logprobs (computed again at each re-admission) are transformers'."""
+    prompt = "The history of caching in computer systems."
+    params = mp.SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True, n=4, prompt_logprobs=1)
+    kwargs = dict(device="cpu", dtype="float32", max_model_len=128, max_num_batched_tokens=16)
+    tiny = run_with_timeout(mp.LLM, str(model_dir), num_blocks=10, **kwargs)
+    try:
+        (out,) = run_with_timeout(tiny.generate, prompt, params, use_tqdm=False)
+        assert tiny.engine.stats.num_preemptions > 0, "nothing was preempted"
+    finally:
+        tiny.close()
+    alone = mp.SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    (want,) = run_with_timeout(lambda: mp.LLM(str(model_dir), **kwargs).generate(prompt, alone, use_tqdm=False))
+    assert [c.token_ids for c in out.outputs] == [want.token_ids] * 4
+    assert out.metrics.num_preemptions > 0
+    ids = out.prompt_token_ids
+    with torch.no_grad():
+        expected = hf_model(torch.tensor([ids])).logits[0].float().log_softmax(dim=-1)
+    assert out.prompt_logprobs[0] is None
+    for position, entry in enumerate(out.prompt_logprobs[1:], start=1):
+        assert abs(entry[ids[position]].logprob - expected[position - 1, ids[position]].item()) < 1e-4
