@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import minipic_lite as mp
-from tests.waits import WAIT_S, run_with_timeout
+from tests.waits import WAIT_S, run_with_timeout, stream_and_abort
 
 GREEDY = mp.SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
 # NOTE: ignore_eos: sampled freely, the model may end "Tell me a long story." at its first token
@@ -229,15 +229,7 @@ def test_abort_in_prefill_in_decode_and_while_preempted(model_dir):
 
 
 def test_llm_abort_gives_the_caller_a_final_output_and_frees_blocks(llm):
-    def scenario():
-        stream = llm.stream("Tell me a long story.", LONG, request_id="cancel-me")
-        outs = [next(stream), next(stream)]
-        llm.abort("cancel-me")
-        assert llm.engine.pool.num_free_blocks == llm.engine.pool.num_blocks  # freed when abort returns
-        outs += list(stream)
-        return outs
-
-    outs = run_with_timeout(scenario)
+    outs = stream_and_abort(llm, "Tell me a long story.", LONG, "cancel-me")
     assert outs[-1].finished and outs[-1].finish_reason == "abort" and len(outs[-1].token_ids) >= 2
     assert_idle(llm)
 

@@ -15,7 +15,7 @@ import minipic_lite.llm as llm_api
 from minipic_lite.engine import RequestIdInUse
 from minipic_lite.outputs import CompletionOutput
 from minipic_lite.request import ParentRequest
-from tests.waits import run_with_timeout
+from tests.waits import run_with_timeout, stream_and_abort
 
 CHAT = [{"role": "user", "content": "Name a fruit."}]
 SAMPLED = mp.SamplingParams(max_tokens=10, temperature=0.9, seed=7, n=3)
@@ -134,14 +134,7 @@ def test_a_stream_shows_every_completion_and_its_texts_only_grow(llm):
 
 
 def test_an_abort_of_the_request_ends_every_completion_and_frees_their_blocks(llm):
-    def scenario():
-        stream = llm.stream("Tell me a long story.", LONG, request_id="many")
-        outs = [next(stream), next(stream)]
-        llm.abort("many")
-        assert llm.engine.pool.num_free_blocks == llm.engine.pool.num_blocks  # freed when abort returns
-        return outs + list(stream)
-
-    outs = run_with_timeout(scenario)
+    outs = stream_and_abort(llm, "Tell me a long story.", LONG, "many")
     last = outs[-1]
     assert last.finished and [c.finish_reason for c in last.outputs] == ["abort"] * 3
     assert all(2 <= len(c.token_ids) < LONG.max_tokens for c in last.outputs)

@@ -24,3 +24,16 @@ def _capture(fn, args, kwargs, result, error):
         result.append(fn(*args, **kwargs))
     except BaseException as e:  # noqa: BLE001
         error.append(e)
+
+
+def stream_and_abort(llm, prompt, params, request_id: str) -> list:
+    """A stream's outputs when `llm.abort(request_id)` ends it after two (its blocks free when the abort returns)."""
+
+    def scenario():
+        stream = llm.stream(prompt, params, request_id=request_id)
+        outs = [next(stream), next(stream)]
+        llm.abort(request_id)
+        assert llm.engine.pool.num_free_blocks == llm.engine.pool.num_blocks  # freed when abort returns
+        return outs + list(stream)
+
+    return run_with_timeout(scenario)
