@@ -176,6 +176,10 @@ class LLMEngine:
         if params.stop_token_ids and max(params.stop_token_ids) >= vocab:  # it could never be sampled
             bad = next(t for t in params.stop_token_ids if t >= vocab)
             raise ValueError(f"stop token id {bad} is outside the vocabulary [0, {vocab}): it can never be generated")
+        for name, ids in (("logit_bias", [t for t, _ in params.logit_bias or ()]),
+                          ("allowed_token_ids", params.allowed_token_ids or ())):  # fmt: skip
+            if ids and max(ids) >= vocab:
+                raise ValueError(f"{name} names token id {max(ids)}, outside the vocabulary [0, {vocab})")
         max_len = self.config.scheduler.max_model_len
         if len(token_ids) >= max_len:
             raise ValueError(

@@ -1,6 +1,6 @@
-"""Sampling on the device with no host sync: min_tokens, penalties, greedy, temperature, top-k, top-p, min-p and
-per-request seeds, in HF's order (stop tokens blocked and penalties on the raw logits, then temperature, top-k, top-p,
-min-p).
+"""Sampling on the device with no host sync: allowed tokens, logit bias, min_tokens, penalties, greedy, temperature,
+top-k, top-p, min-p and per-request seeds, in HF's order (the allowed set, the bias, the stop tokens blocked and the
+penalties on the raw logits, then temperature, top-k, top-p, min-p).
 
 Sampling from softmax(l) is argmax(softmax(l) / E) with E ~ Exponential(1) (the "exponential race" form of
 the Gumbel-max trick): one elementwise op and an argmax, no multinomial and no `.item()`.
@@ -139,6 +139,46 @@ class Penalties:
 
 
 @dataclass(slots=True)
+class TokenRules:
+    """Each row's `allowed_token_ids` (every other token's logit -inf) and `logit_bias` (added to its tokens'
+    logits), as device tensors built once per step or burst."""
+
+    allowed: torch.Tensor | None  # (N, V) bool, True everywhere in rows without a set; None: no row has one
+    rows: torch.Tensor  # (P,) long: the (row, token, bias) triples of the rows' logit biases
+    tokens: torch.Tensor  # (P,) long
+    biases: torch.Tensor  # (P,) float32
+
+    @classmethod
+    def build(cls, params: list[SamplingParams], vocab: int, device):
+        rows, tokens, biases, allowed_rows, allowed_ids = [], [], [], [], []
+        for row, p in enumerate(params):
+            for token, bias in p.logit_bias or ():
+                rows.append(row)
+                tokens.append(token)
+                biases.append(bias)
+            if p.allowed_token_ids is not None:
+                allowed_rows += [row] * len(p.allowed_token_ids)
+                allowed_ids += p.allowed_token_ids
+        flat = _to_device(rows + tokens + allowed_rows + allowed_ids, torch.long, device)
+        rows_t, tokens_t, allowed_rows_t, allowed_ids_t = flat.split([len(rows), len(tokens), len(allowed_rows),
+                                                                      len(allowed_ids)])  # fmt: skip
+        allowed = None
+        if allowed_ids:
+            allowed = torch.tensor([p.allowed_token_ids is None for p in params], device=device)[:, None].repeat(
+                1, vocab
+            )
+            allowed[allowed_rows_t, allowed_ids_t] = True
+        return cls(allowed, rows_t, tokens_t, _to_device(biases, torch.float32, device))
+
+    def __call__(self, logits: torch.Tensor) -> torch.Tensor:
+        """`logits` [N, V] with each row's rules applied: a new float32 tensor (a graph's output buffer stays)."""
+        logits = logits.float()
+        if self.allowed is not None:
+            logits = logits.masked_fill(~self.allowed, -math.inf)
+        return logits.index_put((self.rows, self.tokens), self.biases, accumulate=True)
+
+
+@dataclass(slots=True)
 class MinTokens:
     """Rows that may not stop yet (`SamplingParams.min_tokens`): their stop tokens (end-of-sequence unless
     `ignore_eos`, and `stop_token_ids`) get a logit of -inf while `remaining` > 0, which counts down on the device at
@@ -183,6 +223,7 @@ class SamplingBatch:
     min_p: torch.Tensor | None = None  # (N,), None: no row cuts
     penalties: Penalties | None = None  # None: no row has a penalty
     min_tokens: MinTokens | None = None  # None: every row may stop
+    token_rules: TokenRules | None = None  # None: no row has a logit bias or an allowed set
     num_logprobs: int | None = None  # the most top logprobs a row asks for; None: no row asks
 
 
@@ -222,6 +263,10 @@ class Sampler:
         """The batch's parameters on the device. `histories` (each row's token ids and its prompt's length) and
         `vocab` are read where a row has a penalty or `min_tokens`, `eos_token_ids` where it has `min_tokens`."""
         batch = SamplingBatch(request_ids, params, all(p.is_greedy for p in params))
+        if any(p.has_token_rules for p in params):
+            if vocab is None:
+                raise ValueError("a logit bias or an allowed set needs the vocabulary's size")
+            batch.token_rules = TokenRules.build(params, vocab, self.device)
         if any(p.min_tokens for p in params):
             if histories is None:
                 raise ValueError("min_tokens needs each row's token ids")
@@ -261,6 +306,9 @@ class Sampler:
     ) -> torch.Tensor:
         """logits [N, V] (any float dtype; sampling runs in float32) -> token ids [N] (on the device).
         `greedy_tokens` [N]: their argmax where the caller has it (a CUDA graph computes it with the logits)."""
+        if batch.token_rules is not None:
+            logits = batch.token_rules(logits)
+            greedy_tokens = None  # NOTE: the graph's argmax was of the logits before the rules
         if batch.min_tokens is not None:
             logits = batch.min_tokens(logits)
             greedy_tokens = None  # NOTE: the graph's argmax was of the logits before the stop tokens were blocked

@@ -24,6 +24,9 @@ class SamplingParams:
         presence_penalty: subtracted from the logit of every token already in the output, in [-2, 2] (default 0).
         frequency_penalty: subtracted from a token's logit once per time it is already in the output, in [-2, 2]
             (default 0). The three penalties apply to greedy rows too, before temperature (vLLM's order).
+        logit_bias: {token id: bias in [-100, 100]} added to those tokens' logits before anything else (OpenAI's and
+            vLLM's; -100 all but bans a token, 100 all but forces it); kept as sorted (id, bias) pairs.
+        allowed_token_ids: only these tokens may be drawn (vLLM's); None (default): any.
         seed: a per-request seed (a 64-bit integer) for reproducible sampling; None: torch's global generator.
         logprobs: None (default): none; k in [0, 20]: each output token's log-probability, its rank and the k most
             likely tokens' (vLLM's raw logprobs: the model's distribution, before penalties and temperature).
@@ -50,6 +53,8 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] | None = None
+    allowed_token_ids: tuple[int, ...] | None = None
     seed: int | None = None
     logprobs: int | None = None
     prompt_logprobs: int | None = None
@@ -91,6 +96,15 @@ class SamplingParams:
         for name in ("presence_penalty", "frequency_penalty"):
             if not -2.0 <= getattr(self, name) <= 2.0:
                 raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)!r}")
+        if self.logit_bias is not None:
+            object.__setattr__(self, "logit_bias", _logit_bias(self.logit_bias))
+        if self.allowed_token_ids is not None:
+            allowed = tuple(
+                _token_id("allowed_token_ids", t) for t in _sequence("allowed_token_ids", self.allowed_token_ids)
+            )
+            if not allowed:
+                raise ValueError("allowed_token_ids must name at least one token (None: any)")
+            object.__setattr__(self, "allowed_token_ids", allowed)
         object.__setattr__(self, "min_tokens", _integer("min_tokens", self.min_tokens, "an integer >= 0"))
         if not 0 <= self.min_tokens <= self.max_tokens:
             raise ValueError(f"min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens!r}")
@@ -129,6 +143,11 @@ class SamplingParams:
         return replace(self, n=1, seed=None if self.seed is None else self.seed + index)
 
     @property
+    def has_token_rules(self) -> bool:
+        """A logit bias or an allowed set: the sampler edits those rows' logits first."""
+        return self.logit_bias is not None or self.allowed_token_ids is not None
+
+    @property
     def has_penalties(self) -> bool:
         """A repetition, presence or frequency penalty: the sampler then counts the tokens each row has seen."""
         return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
@@ -151,6 +170,27 @@ def _sequence(name: str, value) -> tuple:
         return tuple(value)
     except TypeError:
         raise TypeError(f"{name} must be a sequence (or None), got {type(value).__name__}") from None
+
+
+def _token_id(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+        raise TypeError(f"{name} must hold non-negative int token ids, got {value!r}")
+    return int(value)
+
+
+def _logit_bias(value) -> tuple[tuple[int, float], ...]:
+    """{token id: bias} (or (id, bias) pairs) as sorted pairs, each bias a finite number in [-100, 100]."""
+    items = value.items() if isinstance(value, Mapping) else _sequence("logit_bias", value)
+    pairs = {}
+    for item in items:
+        try:
+            token, bias = item
+        except (TypeError, ValueError):
+            raise TypeError(f"logit_bias must map token ids to biases, got {value!r}") from None
+        if isinstance(bias, bool) or not isinstance(bias, numbers.Real) or not -100 <= bias <= 100:
+            raise ValueError(f"logit_bias values must be numbers in [-100, 100], got {bias!r} for token {token!r}")
+        pairs[_token_id("logit_bias", token)] = float(bias)
+    return tuple(sorted(pairs.items()))
 
 
 def _switch(name: str, value) -> bool:

@@ -169,6 +169,24 @@ def test_prompt_logprobs_on_the_gpu_are_transformers_beside_graph_steps(tiny_dir
         assert set(entry) == {token, *row.topk(3).indices.tolist()}
 
 
+def test_logit_bias_and_allowed_tokens_through_graph_bursts_give_the_eager_tokens(tiny_dir):
+    """The rules applied over the graph's argmax at every step of bursts and continuations: the eager tokens."""
+    kwargs = dict(device="cuda", dtype="float32", max_model_len=256, max_num_seqs=8, num_blocks=256)
+    graphs = mp.LLM(str(tiny_dir), num_scheduler_steps=8, async_scheduling=True, **kwargs)
+    eager = mp.LLM(str(tiny_dir), enforce_eager=True, num_scheduler_steps=1, async_scheduling=False, **kwargs)
+    gen = torch.Generator().manual_seed(17)
+    prompts = [torch.randint(6, 512, (n,), generator=gen).tolist() for n in (12, 37)]
+    plain = eager.generate(prompts, mp.SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True), use_tqdm=False)
+    params = [
+        mp.SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True, logit_bias={plain[0].token_ids[0]: -100}),
+        mp.SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True, allowed_token_ids=list(range(100, 300))),
+    ]
+    outs = graphs.generate(prompts, params, use_tqdm=False)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in eager.generate(prompts, params, use_tqdm=False)]
+    assert plain[0].token_ids[0] not in outs[0].token_ids and set(outs[1].token_ids) <= set(range(100, 300))
+    assert graphs.engine.stats.num_continuations > 0
+
+
 def test_prefill_and_mixed_steps_replay_graphs_and_give_the_eager_tokens(tiny_dir):
     """Prompts whose prefixes are cached (few new tokens each), and requests admitted while others decode (mixed
     steps), run through the prefill buckets' graphs with the tokens of an eager engine."""
