@@ -164,9 +164,8 @@ class TokenRules:
                                                                       len(allowed_ids)])  # fmt: skip
         allowed = None
         if allowed_ids:
-            allowed = torch.tensor([p.allowed_token_ids is None for p in params], device=device)[:, None].repeat(
-                1, vocab
-            )
+            anything = _to_device([p.allowed_token_ids is None for p in params], torch.bool, device)  # rows without one
+            allowed = anything[:, None].repeat(1, vocab)
             allowed[allowed_rows_t, allowed_ids_t] = True
         return cls(allowed, rows_t, tokens_t, _to_device(biases, torch.float32, device))
 
