@@ -5,12 +5,14 @@ test instead of blocking CI.
 """
 
 import asyncio
+import queue
 import threading
 
 import pytest
 import torch
 
 import minipic_lite as mp
+from minipic_lite.request import ParentRequest
 from tests.waits import WAIT_S, run_with_timeout, stream_and_abort
 
 GREEDY = mp.SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
@@ -177,6 +179,90 @@ def test_generate_picks_ids_past_those_callers_chose_and_their_requests_run_on(l
     assert taken not in {o.request_id for o in outs}
     last = run_with_timeout(list, stream)[-1]
     assert (last.request_id, last.finish_reason, last.token_ids[:12]) == (taken, "length", solo[PROMPTS[0]])
+    assert_idle(llm)
+
+
+def test_generate_with_n_spares_a_callers_request_under_one_of_its_completions_ids(llm, solo):
+    """n > 1: the id generate() picks must leave its completions' ids ('1_<id>', ...) free too: a stream holding
+    '1_<next id>' is neither refused to nor aborted by it."""
+    following = str(int(run_with_timeout(llm.generate, PROMPTS[2], GREEDY, use_tqdm=False)[0].request_id) + 1)
+    taken = ParentRequest.child_id(following, 1)
+    stream = llm.stream(PROMPTS[0], HELD, request_id=taken)
+    run_with_timeout(next, stream)
+    twice = mp.SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, n=2)
+    (out,) = run_with_timeout(llm.generate, PROMPTS[1], twice, use_tqdm=False)
+    assert out.request_id != following and [c.token_ids for c in out.outputs] == [solo[PROMPTS[1]]] * 2
+    last = run_with_timeout(list, stream)[-1]
+    assert (last.request_id, last.finish_reason, last.token_ids[:12]) == (taken, "length", solo[PROMPTS[0]])
+    assert_idle(llm)
+
+
+class Interrupt(Exception):
+    pass
+
+
+class InterruptedQueue(queue.SimpleQueue):
+    def get(self, *args, **kwargs):
+        raise Interrupt  # as a Ctrl-C while generate() waits: before it read anything
+
+
+def test_an_interrupted_generate_spares_another_callers_request_under_one_of_its_ids(llm, solo, monkeypatch):
+    """generate() cleans up its requests by id; one of them refused (a stream took its id meanwhile), the refusal not
+    read yet: the cleanup aborts its own request object only, not the stream's."""
+    make = llm.make_requests
+    streams = []
+
+    def make_then_take_the_second_id(prompts, *args, **kwargs):
+        requests = make(prompts, *args, **kwargs)
+        if len(requests) == 2:
+            streams.append(llm.stream(PROMPTS[0], HELD, request_id=requests[1].request_id))
+            run_with_timeout(next, streams[0])
+            monkeypatch.setattr("minipic_lite.llm.queue.SimpleQueue", InterruptedQueue)
+        return requests
+
+    monkeypatch.setattr(llm, "make_requests", make_then_take_the_second_id)
+    with pytest.raises(Interrupt):
+        llm.generate(PROMPTS[1:3], GREEDY, use_tqdm=False)
+    monkeypatch.undo()
+    last = run_with_timeout(list, streams[0])[-1]
+    assert (last.finish_reason, last.token_ids[:12]) == ("length", solo[PROMPTS[0]])
+    assert_idle(llm)
+
+
+def test_an_interrupted_stream_spares_another_callers_request_under_its_id(llm, solo, monkeypatch):
+    """The stream's cleanup, its request refused and the refusal not read yet, aborts its own request object only."""
+    stream = llm.stream(PROMPTS[0], HELD, request_id="held")
+    run_with_timeout(next, stream)
+    refused = llm.stream(PROMPTS[1], GREEDY, request_id="held")
+    monkeypatch.setattr("minipic_lite.llm.queue.SimpleQueue", InterruptedQueue)
+    with pytest.raises(Interrupt):
+        next(refused)
+    monkeypatch.undo()
+    last = run_with_timeout(list, stream)[-1]
+    assert (last.finish_reason, last.token_ids[:12]) == ("length", solo[PROMPTS[0]])
+    assert_idle(llm)
+
+
+class InterruptedAsyncQueue(asyncio.Queue):
+    async def get(self):
+        raise Interrupt
+
+
+def test_an_interrupted_async_generate_spares_another_callers_request_under_its_id(llm, solo, monkeypatch):
+    """AsyncLLM's cleanup, its request refused and the refusal not read yet, aborts its own request object only."""
+    stream = llm.stream(PROMPTS[0], HELD, request_id="held")
+    run_with_timeout(next, stream)
+
+    async def interrupted():
+        refused = mp.AsyncLLM.from_llm(llm).generate(PROMPTS[1], GREEDY, request_id="held")
+        with pytest.raises(Interrupt):
+            await anext(refused)
+
+    monkeypatch.setattr("minipic_lite.async_llm.asyncio.Queue", InterruptedAsyncQueue)
+    asyncio.run(interrupted())
+    monkeypatch.undo()
+    last = run_with_timeout(list, stream)[-1]
+    assert (last.finish_reason, last.token_ids[:12]) == ("length", solo[PROMPTS[0]])
     assert_idle(llm)
 
 

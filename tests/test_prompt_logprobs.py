@@ -47,6 +47,14 @@ def test_each_asking_chunk_scores_its_next_prompt_tokens_from_its_own_hidden_row
     assert plan_scoring(SchedulerOutput([ScheduledSeq(b, [(0, 30)], 30, True)])) is None
 
 
+def test_the_step_scores_the_largest_k_asked_whichever_request_asks_it():
+    a, b = _request("a", 10, prompt_logprobs=7), _request("b", 10, prompt_logprobs=0)
+    scoring = plan_scoring(
+        SchedulerOutput([ScheduledSeq(a, [(0, 10)], 10, True), ScheduledSeq(b, [(0, 10)], 10, True)])
+    )
+    assert scoring.k == 7 and scoring.hidden_rows == [*range(0, 9), *range(10, 19)]
+
+
 def test_prompt_logprobs_are_out_of_range_or_not_integers_an_error_naming_them():
     with pytest.raises(ValueError, match="prompt_logprobs must be None or in \\[0, 20\\]"):
         mp.SamplingParams(prompt_logprobs=21)
@@ -116,6 +124,21 @@ def test_n_completions_carry_the_prompts_logprobs(chunked, hf_model):
     (out,) = chunked.generate(PROMPTS[2], params, use_tqdm=False)
     assert len(out.outputs) == 2
     assert_prompt_logprobs_match(out, hf_model, 1)
+
+
+def test_requests_asking_for_different_k_in_one_step_each_get_their_own(chunked, hf_model):
+    """The step's rows are as wide as its largest k (asked first here): each request reads its own k from them."""
+    params = [mp.SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=k) for k in (4, 1)]
+    outs = chunked.generate(PROMPTS[1:], params, use_tqdm=False)
+    assert sum(len(out.prompt_token_ids) for out in outs) <= 32, "the prompts no longer share a step"
+    for out, k in zip(outs, (4, 1), strict=True):
+        assert_prompt_logprobs_match(out, hf_model, k)
+
+
+def test_a_one_token_prompt_has_its_one_entry_none(llm):
+    """No position is scored (its first token has no entry): the output still holds one per prompt token."""
+    (out,) = llm.generate([[42]], mp.SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=2), use_tqdm=False)
+    assert out.prompt_logprobs == [None]
 
 
 def test_a_prompt_with_span_markers_cannot_ask_for_prompt_logprobs(llm):

@@ -43,6 +43,25 @@ def test_the_rules_come_before_the_graphs_argmax():
         sampler.prepare(["a"], params[:1])
 
 
+def test_a_batch_applies_the_rules_of_rows_after_one_without_any():
+    sampler = Sampler(CPU)
+    logits = torch.zeros(2, VOCAB)
+    logits[:, 5] = 3.0
+    params = [mp.SamplingParams(temperature=0.0), mp.SamplingParams(temperature=0.0, allowed_token_ids=[8])]
+    assert sampler(logits, sampler.prepare(["a", "b"], params, vocab=VOCAB)).tolist() == [5, 8]
+
+
+def test_the_bias_comes_before_the_penalties():
+    """vLLM's order: the repetition penalty divides the biased logit of a token seen, (1 - 0.3) / 2 = 0.35, which beats
+    token 1's 0.3; penalized first, 1 / 2 - 0.3 = 0.2 would lose to it."""
+    sampler = Sampler(CPU)
+    logits = torch.zeros(1, VOCAB)
+    logits[0, 0], logits[0, 1] = 1.0, 0.3
+    params = [mp.SamplingParams(temperature=0.0, logit_bias={0: -0.3}, repetition_penalty=2.0)]
+    batch = sampler.prepare(["a"], params, histories=[([0, 2], 2)], vocab=VOCAB)
+    assert sampler(logits, batch).tolist() == [0]
+
+
 def test_the_bias_is_kept_as_sorted_pairs_and_children_keep_it():
     params = mp.SamplingParams(logit_bias={9: 1, 2: -3.5}, allowed_token_ids=(5, 2), n=2, seed=1)
     assert params.logit_bias == ((2, -3.5), (9, 1.0)) and params.allowed_token_ids == (5, 2)
@@ -58,6 +77,8 @@ def test_the_bias_is_kept_as_sorted_pairs_and_children_keep_it():
         (dict(logit_bias={1: True}), ValueError, "logit_bias values must be numbers"),
         (dict(logit_bias={"a": 1.0}), TypeError, "logit_bias must hold non-negative int token ids"),
         (dict(logit_bias={-1: 1.0}), TypeError, "logit_bias must hold non-negative int token ids"),
+        (dict(logit_bias={True: 1.0}), TypeError, "logit_bias must hold non-negative int token ids"),
+        (dict(allowed_token_ids=[3, False]), TypeError, "allowed_token_ids must hold non-negative int token ids"),
         (dict(logit_bias=[1, 2]), TypeError, "logit_bias must map token ids to biases"),
         (dict(allowed_token_ids=[]), ValueError, "allowed_token_ids must name at least one token"),
         (dict(allowed_token_ids=[1, 2.0]), TypeError, "allowed_token_ids must hold non-negative int token ids"),
@@ -67,6 +88,10 @@ def test_the_bias_is_kept_as_sorted_pairs_and_children_keep_it():
 def test_bad_rules_are_errors_naming_the_field(kwargs, error, match):
     with pytest.raises(error, match=match):
         mp.SamplingParams(**kwargs)
+
+
+def test_the_bias_may_be_the_bounds_themselves():
+    assert mp.SamplingParams(logit_bias={0: -100, 1: 100.0}).logit_bias == ((0, -100.0), (1, 100.0))
 
 
 # -- the engine on SmolLM2 --------------------------------------------------------------------------------------
