@@ -250,8 +250,9 @@ class RecordingLLM:
     def generate(self, prompts, params, use_tqdm):
         RecordingLLM.calls.append((prompts, params, use_tqdm))
         metrics = SimpleNamespace(ttft=0.01, total_time=0.02)
+        reply = SimpleNamespace(index=0, text="ok", token_ids=[3], finish_reason="length")
         return [SimpleNamespace(text="ok", prompt_token_ids=[1, 2], token_ids=[3], finish_reason="length",
-                                metrics=metrics, finished=True)]  # fmt: skip
+                                metrics=metrics, finished=True, outputs=[reply])]  # fmt: skip
 
     def stream(self, prompt, params, request_id=None):
         yield from self.generate([prompt], params, False)
@@ -273,12 +274,12 @@ def test_generate_hands_every_sampling_flag_to_the_params(monkeypatch, capsys):
     monkeypatch.setattr(cli, "time", SimpleNamespace(perf_counter=iter([100.0, 102.5, 200.0, 200.0]).__next__))
     flags = ["--max-tokens", "7", "--temperature", "0.5", "--top-p", "0.9", "--top-k", "3", "--seed", "11",
              "--min-p", "0.05", "--repetition-penalty", "1.2", "--presence-penalty", "0.5", "--frequency-penalty",
-             "-0.5"]  # fmt: skip
+             "-0.5", "--min-tokens", "2"]  # fmt: skip
     assert cli.main(["generate", "--raw", "hi", *flags, "--stop", "a", "--stop", "b", "--ignore-eos"]) == 0
     assert cli.main(["generate", "hi"]) == 0
     expected = SamplingParams(max_tokens=7, temperature=0.5, top_p=0.9, top_k=3, seed=11, stop=["a", "b"],
                               ignore_eos=True, min_p=0.05, repetition_penalty=1.2, presence_penalty=0.5,
-                              frequency_penalty=-0.5)  # fmt: skip
+                              frequency_penalty=-0.5, min_tokens=2)  # fmt: skip
     assert RecordingLLM.calls == [
         (["hi"], expected, False),
         ([[{"role": "user", "content": "hi"}]], SamplingParams(max_tokens=128, temperature=0.0), False),
