@@ -89,6 +89,16 @@ def find_stop(text: str, stop: Sequence[str], searched: int = 0) -> tuple[int, s
     return None
 
 
+def logprob_entry(row: list[float], token: int, k: int, width: int, decode) -> dict[int, Logprob]:
+    """One token's logprobs from a `sampler.token_logprobs` row of a batch whose widest k is `width`: the token's own
+    entry first, then the k likeliest tokens' (a token among them keeps its own entry)."""
+    entry = {token: Logprob(row[0], int(row[1]), decode(token))}
+    ids, logprobs = row[2 : 2 + k], row[2 + width : 2 + width + k]
+    for rank, (token_id, logprob) in enumerate(zip(map(int, ids), logprobs, strict=True), start=1):
+        entry.setdefault(token_id, Logprob(logprob, rank, decode(token_id)))
+    return entry
+
+
 class RequestIdInUse(ValueError):
     """`add` refused a request whose id (or one of its completions' ids, `clash`) names one still in flight; that one
     runs on untouched."""
@@ -404,12 +414,8 @@ class LLMEngine:
             decode = self._token_text if req.sampling_params.detokenize else lambda token: None
             width = (len(steps[0]) - 2) // 2  # the batch's k, at least this row's
             for step, token in zip(steps, req.token_ids[before:], strict=False):
-                chosen, rank, ids, logprobs = step[0], int(step[1]), step[2 : 2 + k], step[2 + width : 2 + width + k]
-                entry = {token: Logprob(chosen, rank, decode(token))}
-                for i, (token_id, logprob) in enumerate(zip(map(int, ids), logprobs, strict=True), start=1):
-                    entry.setdefault(token_id, Logprob(logprob, i, decode(token_id)))
-                req.logprobs.append(entry)
-                req.cumulative_logprob += chosen
+                req.logprobs.append(logprob_entry(step, token, k, width, decode))
+                req.cumulative_logprob += step[0]
 
     def _record_prompt_logprobs(self, scoring: PromptScoring) -> None:
         """Keep the prompt logprobs a step scored, each at its prompt token's place (a recomputed one again)."""
@@ -420,12 +426,7 @@ class LLMEngine:
             if req.prompt_logprobs is None:
                 req.prompt_logprobs = [None] * req.num_prompt_tokens
             for position, row in zip(positions, rows, strict=False):
-                token = req.token_ids[position]
-                entry = {token: Logprob(row[0], int(row[1]), decode(token))}
-                ids, logprobs = row[2 : 2 + k], row[2 + scoring.k : 2 + scoring.k + k]
-                for rank, (token_id, logprob) in enumerate(zip(map(int, ids), logprobs, strict=True), start=1):
-                    entry.setdefault(token_id, Logprob(logprob, rank, decode(token_id)))
-                req.prompt_logprobs[position] = entry
+                req.prompt_logprobs[position] = logprob_entry(row, req.token_ids[position], k, scoring.k, decode)
 
     def _token_text(self, token_id: int) -> str | None:
         return None if self.tokenizer is None else self.tokenizer.decode([token_id])
