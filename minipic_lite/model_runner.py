@@ -460,7 +460,7 @@ class ModelRunner:
             return self.graphs.run(inputs, shape)
         hidden = self.model(inputs.input_ids, inputs.meta, self.kv_cache)
         if scoring is not None:
-            score(scoring, hidden, self.model.compute_logits)
+            score(scoring, hidden, self.model.compute_logits, self.config.model.vocab_size)
         return self.model.compute_logits(hidden[inputs.logits_indices]), None
 
     @torch.inference_mode()

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import minipic_lite as mp
+from minipic_lite import sampler
 from minipic_lite.sampler import token_logprobs
 
 PROMPTS = [
@@ -31,6 +32,21 @@ def test_token_logprobs_are_log_softmax_topk_and_rank():
 def test_no_top_tokens_is_the_sampled_tokens_alone():
     rows = token_logprobs(torch.zeros(2, 8), torch.tensor([1, 7]), 0)
     assert rows.shape == (2, 2) and rows[:, 1].tolist() == [8.0, 8.0]  # eight equal tokens: each ranks 8th
+
+
+def test_cpu_tiles_give_the_rows_of_one_pass(monkeypatch):
+    """On the CPU the rows go a few at a time; the tiles (the last one short) give what one pass gives."""
+    logits = torch.randn(7, 64, generator=torch.Generator().manual_seed(1)) * 3
+    tokens = torch.tensor([0, 5, 9, 63, 2, 2, 40])
+    monkeypatch.setattr(sampler, "CPU_TILE_BYTES", 1 << 30)
+    whole = token_logprobs(logits, tokens, 4)
+    monkeypatch.setattr(sampler, "CPU_TILE_BYTES", 3 * 4 * 64)  # tiles of 3 rows: 3 + 3 + 1
+    calls = []
+    monkeypatch.setattr(sampler, "_token_logprobs", lambda x, t, k: calls.append(len(x)) or whole_pass(x, t, k))
+    assert torch.equal(token_logprobs(logits, tokens, 4), whole) and calls == [3, 3, 1]
+
+
+whole_pass = sampler._token_logprobs
 
 
 @pytest.fixture(scope="module")

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import minipic_lite as mp
+from minipic_lite import prompt_logprobs
 from minipic_lite.chunks import ScheduledSeq, SchedulerOutput
 from minipic_lite.hashing import root_hash
 from minipic_lite.prompt_logprobs import plan_scoring
@@ -102,6 +103,18 @@ def test_every_prompt_token_is_transformers_log_softmax_before_it_over_chunks(ch
     plain = chunked.generate(PROMPTS[:1], mp.SamplingParams(max_tokens=2, temperature=0.0), use_tqdm=False)[0]
     assert plain.prompt_logprobs is None
     assert plain.token_ids == outs[0].token_ids
+
+
+def test_a_step_scored_in_several_passes_of_logits_is_scored_as_in_one(chunked, hf_model, monkeypatch):
+    """The step's rows go `LOGITS_PASS_BYTES` of logits at a time (here 5 rows): each pass scores its own targets."""
+    vocab = chunked.config.model.vocab_size
+    monkeypatch.setattr(prompt_logprobs, "LOGITS_PASS_BYTES", 5 * 4 * vocab + 3)
+    passes = []
+    spy = prompt_logprobs.token_logprobs
+    monkeypatch.setattr(prompt_logprobs, "token_logprobs", lambda x, t, k: passes.append(len(x)) or spy(x, t, k))
+    (out,) = chunked.generate(PROMPTS[0], mp.SamplingParams(max_tokens=1, prompt_logprobs=2), use_tqdm=False)
+    assert_prompt_logprobs_match(out, hf_model, 2)
+    assert sum(passes) == len(out.prompt_token_ids) - 1 and max(passes) == 5 and len(passes) > 2
 
 
 def test_a_cached_prompt_is_computed_again_for_its_logprobs_and_what_it_computes_is_cached(chunked, hf_model):
