@@ -139,8 +139,9 @@ class SamplingParams:
 
     def child(self, index: int) -> SamplingParams:
         """The params of completion `index` of n (vLLM's parallel sampling): one completion, with seed + index where
-        a seed is set."""
-        return replace(self, n=1, seed=None if self.seed is None else self.seed + index)
+        a seed is set. The first alone scores the prompt (`prompt_logprobs`): the others may then read it cached."""
+        seed = None if self.seed is None else self.seed + index
+        return replace(self, n=1, seed=seed, prompt_logprobs=self.prompt_logprobs if index == 0 else None)
 
     @property
     def has_token_rules(self) -> bool:

@@ -132,10 +132,15 @@ def test_a_cached_prompt_is_computed_again_for_its_logprobs_and_what_it_computes
     assert again.num_cached_tokens == 16 * ((num_prompt - 1) // 16)
 
 
-def test_n_completions_carry_the_prompts_logprobs(chunked, hf_model):
-    params = mp.SamplingParams(max_tokens=3, temperature=1.0, seed=2, n=2, prompt_logprobs=1)
-    (out,) = chunked.generate(PROMPTS[2], params, use_tqdm=False)
-    assert len(out.outputs) == 2
+def test_n_completions_carry_the_prompts_logprobs_computed_once(chunked, hf_model):
+    """The first completion scores the prompt; the others read its full blocks cached (block size 16)."""
+    params = mp.SamplingParams(max_tokens=3, temperature=1.0, seed=2, n=3, prompt_logprobs=1)
+    before = chunked.stats()["num_computed_tokens"]
+    (out,) = chunked.generate(PROMPTS[0], params, use_tqdm=False)
+    num_prompt = len(out.prompt_token_ids)
+    partial = num_prompt - 16 * ((num_prompt - 1) // 16)  # a later completion's last block, computed
+    assert chunked.stats()["num_computed_tokens"] - before == num_prompt + 2 * partial + 3 * 2
+    assert len(out.outputs) == 3
     assert_prompt_logprobs_match(out, hf_model, 1)
 
 
