@@ -199,7 +199,8 @@ class EngineLoop:
             try:
                 self.engine.add(req)
             except ValueError as e:  # a request id already in flight
-                sink(e)
+                with contextlib.suppress(Exception):  # NOTE: a consumer that is gone stops none of the batch's others
+                    sink(e)
             else:
                 self._sinks[req.request_id] = sink
 

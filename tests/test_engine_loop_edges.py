@@ -388,6 +388,29 @@ def test_a_duplicate_request_id_gets_the_error_and_leaves_the_first_request_its_
     run_with_timeout(loop.close)
 
 
+def test_a_sink_that_raises_on_a_refused_request_leaves_the_rest_of_its_batch_running():
+    """The batch's first id is in flight; its sink raises on that error (its consumer is gone): the batch's next
+    request is still added and runs to its end."""
+    loop = run_with_timeout(EngineLoop, CountingEngine)
+    gate = threading.Event()
+    loop.call(lambda e: gate.wait(WAIT_S), wait=False)
+    outs, done = [], threading.Event()
+
+    def sink(out):
+        if isinstance(out, ValueError):
+            raise RuntimeError("consumer gone")
+        outs.append(out)
+        if out.finished and out.request_id == "s":
+            done.set()
+
+    loop.submit([request("r", 3)], lambda out: None)
+    loop.submit([request("r", 3), request("s", 2)], sink)
+    gate.set()
+    assert done.wait(WAIT_S), "the batch's second request was never added"
+    assert [(o.request_id, o.finished) for o in outs if o.request_id == "s"] == [("s", False), ("s", True)]
+    run_with_timeout(loop.close)
+
+
 def test_abort_returns_once_its_request_is_freed_and_its_sink_has_the_final_output():
     """abort() waits for the loop: while the loop is busy it does not return; once it returns the engine holds no
     request and the sink got the "abort" output (the request had run 1 step)."""
