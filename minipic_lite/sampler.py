@@ -119,20 +119,31 @@ class Penalties:
     frequency: torch.Tensor  # (N,)
 
     @classmethod
-    def build(cls, params: list[SamplingParams], histories: list[tuple[list[int], int]], vocab: int, device):
+    def build(
+        cls,
+        params: list[SamplingParams],
+        histories: list[tuple[list[int], int]],
+        vocab: int,
+        device,
+        prompt_mask: torch.Tensor | None = None,
+    ):
         """histories: each row's token ids and how many of them are its prompt. The penalized rows' tokens go to the
-        device as (row, token) pairs in one copy and are scattered there: host work by tokens, not by rows x vocab."""
+        device as (row, token) pairs in one copy and are scattered there: host work by tokens, not by rows x vocab.
+        `prompt_mask` (N, V) bool: the prompts' tokens where the caller keeps them (`Sampler`: a request's row is
+        built once), else built here from `histories` too."""
         pairs = ([], [], [], [])  # prompt rows, prompt tokens, output rows, output tokens
         for row, (p, (token_ids, num_prompt)) in enumerate(zip(params, histories, strict=True)):
             if p.has_penalties:  # NOTE: a neutral row's tokens change nothing: they are not counted
-                pairs[0].extend([row] * num_prompt)
-                pairs[1].extend(token_ids[:num_prompt])
+                if prompt_mask is None:
+                    pairs[0].extend([row] * num_prompt)
+                    pairs[1].extend(token_ids[:num_prompt])
                 pairs[2].extend([row] * (len(token_ids) - num_prompt))
                 pairs[3].extend(token_ids[num_prompt:])
         flat = _to_device([x for part in pairs for x in part], torch.long, device)
         prompt_rows, prompt_ids, output_rows, output_ids = flat.split([len(part) for part in pairs])
-        prompt_mask = torch.zeros(len(params), vocab, dtype=torch.bool, device=device)
-        prompt_mask[prompt_rows, prompt_ids] = True
+        if prompt_mask is None:
+            prompt_mask = torch.zeros(len(params), vocab, dtype=torch.bool, device=device)
+            prompt_mask[prompt_rows, prompt_ids] = True
         output_counts = torch.zeros(len(params), vocab, dtype=torch.float32, device=device)
         output_counts.index_put_((output_rows, output_ids), torch.ones_like(output_ids, dtype=torch.float32),
                                  accumulate=True)  # fmt: skip
@@ -262,10 +273,27 @@ def warp(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
 class Sampler:
     def __init__(self, device: torch.device):
         self.device = device
-        self.generators: dict[int, torch.Generator] = {}
+        self.generators: dict[str, torch.Generator] = {}
+        self.prompt_masks: dict[str, torch.Tensor] = {}  # (V,) bool: a penalized request's prompt tokens
 
     def forget(self, request_id: str) -> None:
         self.generators.pop(request_id, None)
+        self.prompt_masks.pop(request_id, None)
+
+    def _prompt_mask(self, batch: SamplingBatch, histories: list[tuple[list[int], int]], vocab: int) -> torch.Tensor:
+        """(N, V) bool: the penalized rows' prompt tokens, each request's row built at its first step and kept (its
+        prompt never changes), so a long prompt's tokens go to the device once, not at every step."""
+        rows, zeros = [], None
+        for request_id, p, (token_ids, num_prompt) in zip(batch.request_ids, batch.params, histories, strict=True):
+            row = self.prompt_masks.get(request_id)
+            if row is None and p.has_penalties:
+                row = torch.zeros(vocab, dtype=torch.bool, device=self.device)
+                row[_to_device(token_ids[:num_prompt], torch.long, self.device)] = True
+                self.prompt_masks[request_id] = row
+            elif row is None:  # NOTE: a neutral row's tokens change nothing
+                row = zeros = torch.zeros(vocab, dtype=torch.bool, device=self.device) if zeros is None else zeros
+            rows.append(row)
+        return torch.stack(rows)
 
     def prepare(
         self,
@@ -293,7 +321,8 @@ class Sampler:
         if any(p.has_penalties for p in params):
             if histories is None or vocab is None:
                 raise ValueError("a penalty needs each row's token ids and the vocabulary's size")
-            batch.penalties = Penalties.build(params, histories, vocab, self.device)
+            prompt_mask = self._prompt_mask(batch, histories, vocab)
+            batch.penalties = Penalties.build(params, histories, vocab, self.device, prompt_mask)
         if batch.is_all_greedy:
             return batch
         dev = self.device

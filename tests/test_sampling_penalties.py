@@ -83,6 +83,32 @@ def test_counting_a_sampled_token_penalizes_it_at_the_next_step():
     assert penalties(logits)[:, [4, 9]].tolist() == [[-2.0, 0.0], [-1.0, -1.0]]
 
 
+def test_the_samplers_kept_prompt_rows_give_the_penalties_built_from_the_histories(monkeypatch):
+    """A request's prompt row is built at its first step and kept: later steps (longer outputs, other neighbours)
+    give what a build from the histories gives, and a forgotten id takes its new prompt's row."""
+    sampler, built = Sampler(CPU), []
+    monkeypatch.setattr(torch, "zeros", lambda *a, **k: built.append(a) or zeros(*a, **k))
+    params = [mp.SamplingParams(repetition_penalty=1.5), mp.SamplingParams(), mp.SamplingParams(frequency_penalty=1)]
+    steps = [
+        (["a", "b", "c"], [([1, 2, 3], 3), ([4, 5], 2), ([6, 7, 8], 2)]),
+        (["c", "a", "b"], [([6, 7, 8, 9], 2), ([1, 2, 3, 10], 3), ([4, 5, 11], 2)]),  # reordered, one token more
+    ]
+    for ids, histories in steps:
+        rows = [params[ord(i) - ord("a")] for i in ids]
+        ours = sampler.prepare(ids, rows, histories, VOCAB).penalties
+        expected = Penalties.build(rows, histories, VOCAB, CPU)
+        assert torch.equal(ours.prompt_mask, expected.prompt_mask)
+        assert torch.equal(ours.output_counts, expected.output_counts)
+    assert sorted(sampler.prompt_masks) == ["a", "c"], "a neutral row keeps no row"
+    assert sum(shape == (VOCAB,) for shape in built) == 2 + 2, "a and c's rows once; a neutral row per step"
+    sampler.forget("a")
+    other = sampler.prepare(["a"], [params[0]], [([20, 21], 2)], VOCAB).penalties
+    assert other.prompt_mask[0].nonzero()[:, 0].tolist() == [20, 21]
+
+
+zeros = torch.zeros
+
+
 @pytest.mark.parametrize("min_p", [0.05, 0.3, 1.0])
 def test_min_p_keeps_what_transformers_min_p_warper_keeps(min_p):
     from transformers import MinPLogitsWarper
