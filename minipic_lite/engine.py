@@ -227,6 +227,8 @@ class LLMEngine:
         where its TTFT starts, so the TTFT holds the checks, as vLLM's holds its input processing.
         """
         arrival_time = time.perf_counter() if arrival_time is None else arrival_time
+        if params.truncate_prompt_tokens is not None:
+            token_ids = self._truncated(token_ids, params.truncate_prompt_tokens, require_spans)
         token_ids, data = packed(token_ids)
         layout = self._check(token_ids, data, params, require_spans)
         if request_id is None:  # NOTE: past the ids a caller chose that are in flight ('0', '1', ... stay free of them)
@@ -247,6 +249,22 @@ class LLMEngine:
         for child in children:
             child.parent = parent
         return parent
+
+    def _truncated(self, token_ids: list[int] | Prompt, keep: int, require_spans: bool) -> list[int] | Prompt:
+        """The prompt's last `keep` tokens (-1: as many as leave one token to generate); a prompt with span markers
+        where they take effect is refused a cut (its spans would lose their blocks' alignment)."""
+        if keep == -1:
+            keep = self.config.scheduler.max_model_len - 1
+        if len(token_ids) <= keep:
+            return token_ids
+        cache, control = self.config.cache, self.config.control
+        markers = {control.ssep_id, control.pdep_id} - {None} if cache.position_free or cache.rerotate_spans else set()
+        if require_spans or isinstance(token_ids, Prompt) or not markers.isdisjoint(token_ids):
+            raise ValueError(
+                f"truncate_prompt_tokens={keep} would cut a prompt with span markers ({len(token_ids)} tokens): "
+                "its spans would lose their alignment to the KV blocks; shorten its pieces instead"
+            )
+        return list(token_ids[-keep:])
 
     def _id_is_free(self, request_id: str, n: int) -> bool:
         """No request in flight holds `request_id`, nor (n > 1) one of its completions' ids."""

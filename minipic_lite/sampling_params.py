@@ -43,6 +43,8 @@ class SamplingParams:
         detokenize: False gives token ids only (text stays ""), e.g. for a model without a tokenizer.
         n: how many completions of the prompt to sample (default 1), each on its own (vLLM's parallel sampling: with
             a seed, completion i draws with seed + i); they share the prompt's cached blocks.
+        truncate_prompt_tokens: None (default): a prompt must fit the context; k >= 1: keep the prompt's last k
+            tokens (vLLM's left truncation); -1: as many as fit (the model's context less one token to generate).
     """
 
     max_tokens: int = 64
@@ -66,6 +68,7 @@ class SamplingParams:
     skip_special_tokens: bool = True
     detokenize: bool = True  # False: token ids only (text stays ""), e.g. for models without a tokenizer
     n: int = 1  # NOTE: last, not first as in vLLM, so that a positional max_tokens keeps its place
+    truncate_prompt_tokens: int | None = None
 
     def __post_init__(self):
         for name in ("ignore_eos", "skip_special_tokens", "detokenize", "include_stop_str_in_output"):
@@ -118,6 +121,11 @@ class SamplingParams:
             if self.seed + self.n - 1 > SEED_MAX:  # completion i draws with seed + i
                 raise ValueError(f"seed + n - 1 must be at most 2**64 - 1 (completion i draws with seed + i), "
                                  f"got seed {self.seed!r} and n {self.n!r}")  # fmt: skip
+        if self.truncate_prompt_tokens is not None:
+            keep = _integer("truncate_prompt_tokens", self.truncate_prompt_tokens, "an int or None")
+            if keep < 1 and keep != -1:
+                raise ValueError(f"truncate_prompt_tokens must be None, -1 or an integer >= 1, got {keep!r}")
+            object.__setattr__(self, "truncate_prompt_tokens", keep)
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
             if value is not None:
