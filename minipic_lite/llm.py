@@ -164,12 +164,18 @@ class LLM:
         if isinstance(prompt, str):
             return self._text_tokens(prompt), prompt
         if _is_chat(prompt):
-            _check_messages(prompt)
-            text = self.tokenizer.apply_chat_template(list(prompt), tokenize=False, add_generation_prompt=True)
+            text = self._chat_text(prompt)
             return self._text_tokens(text), text
         if isinstance(prompt, list | tuple):
             return list(prompt), None
         raise TypeError(f"a prompt must be text, token ids, chat messages or a Prompt, got {type(prompt).__name__}")
+
+    def _chat_text(self, messages, add_generation_prompt: bool = True, **template_kwargs) -> str:
+        """A conversation through the model's chat template, as text."""
+        _check_messages(messages)
+        return self.tokenizer.apply_chat_template(
+            list(messages), tokenize=False, add_generation_prompt=add_generation_prompt, **template_kwargs
+        )
 
     def _text_tokens(self, text: str) -> list[int]:
         """Text's token ids; a span marker's text in it is refused where markers take effect (the composer alone
@@ -274,6 +280,37 @@ class LLM:
                 if req.request_id not in done and req.request_id not in refused:
                     self._loop.abort(req.request_id, only=req)
         return [done[req.request_id] for req in requests]
+
+    def chat(
+        self,
+        messages: list[dict] | Sequence[list[dict]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        chat_template_kwargs: dict | None = None,
+    ) -> list[RequestOutput]:
+        """vLLM's `LLM.chat`: one conversation (a list of {"role", "content"} messages) or a list of them, each through
+        the model's chat template, then `generate()`. `add_generation_prompt` opens the assistant's turn (the
+        default); `continue_final_message` continues the last message instead (a reply's start put in its mouth);
+        `chat_template_kwargs` go to the template (e.g. `{"enable_thinking": False}` for Qwen3's)."""
+        if self.tokenizer is None:
+            raise ValueError(f"{self.config.model_dir} has no tokenizer: chat() needs its chat template")
+        conversations = [messages] if _is_chat(messages) else list(messages)
+        kwargs = dict(chat_template_kwargs or {}, continue_final_message=continue_final_message)
+        texts = []
+        for i, conversation in enumerate(conversations):
+            if not _is_chat(conversation):
+                raise TypeError(f"conversation {i}: chat() takes lists of message dicts, got {conversation!r:.80}")
+            try:
+                texts.append(self._chat_text(conversation, add_generation_prompt, **kwargs))
+            except ValueError as e:
+                raise ValueError(f"conversation {i}: {e}") from None
+        return self.generate(texts, sampling_params, use_tqdm)
+
+    def get_tokenizer(self):
+        """The model's tokenizer (transformers'), or None for a model without one (vLLM's `LLM.get_tokenizer`)."""
+        return self.tokenizer
 
     def stream(
         self, prompt: PromptType, sampling_params: SamplingParams | None = None, request_id: str | None = None
