@@ -29,6 +29,7 @@ _EXPORTS = {
     "Piece": "minipic_lite.prompts",
     "Prompt": "minipic_lite.prompts",
     "PromptComposer": "minipic_lite.prompts",
+    "RequestOutputKind": "minipic_lite.sampling_params",
     "SamplingParams": "minipic_lite.sampling_params",
     "SegmentKind": "minipic_lite.spans",
 }
@@ -55,5 +56,5 @@ if TYPE_CHECKING:  # for editors and type checkers: the same names, eagerly
     from minipic_lite.llm import LLM, generate, get_default_llm  # noqa: F401
     from minipic_lite.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput  # noqa: F401
     from minipic_lite.prompts import RECIPES, Module, Param, Piece, Prompt, PromptComposer  # noqa: F401
-    from minipic_lite.sampling_params import SamplingParams  # noqa: F401
+    from minipic_lite.sampling_params import RequestOutputKind, SamplingParams  # noqa: F401
     from minipic_lite.spans import SegmentKind  # noqa: F401

@@ -30,7 +30,7 @@ from minipic_lite.outputs import CompletionOutput, Logprob, RequestMetrics, Requ
 from minipic_lite.prompt_logprobs import PromptScoring
 from minipic_lite.prompts import Prompt
 from minipic_lite.request import ParentRequest, Request
-from minipic_lite.sampling_params import SamplingParams
+from minipic_lite.sampling_params import RequestOutputKind, SamplingParams
 from minipic_lite.scheduler import Scheduler
 from minipic_lite.spans import SpanHashMemo, SpanLayout, span_layout
 from minipic_lite.state_cache import StateCache
@@ -227,6 +227,7 @@ class LLMEngine:
         where its TTFT starts, so the TTFT holds the checks, as vLLM's holds its input processing.
         """
         arrival_time = time.perf_counter() if arrival_time is None else arrival_time
+        stream = stream and params.output_kind != RequestOutputKind.FINAL_ONLY
         if params.truncate_prompt_tokens is not None:
             token_ids = self._truncated(token_ids, params.truncate_prompt_tokens, require_spans)
         token_ids, data = packed(token_ids)
@@ -484,11 +485,15 @@ class LLMEngine:
             text = self._decode(req)
         else:
             text = shown_text(self._text_so_far(req), req.sampling_params.stop)
-        has_logprobs = req.sampling_params.logprobs is not None
-        return CompletionOutput(
-            index, text, req.output_token_ids, req.cumulative_logprob if has_logprobs else None,
-            list(req.logprobs) if has_logprobs else None, req.finish_reason, req.stop_reason,
-        )  # fmt: skip
+        params = req.sampling_params
+        token_ids, logprobs = req.output_token_ids, list(req.logprobs) if params.logprobs is not None else None
+        if req.stream and params.output_kind == RequestOutputKind.DELTA:  # NOTE: a streamed text only grows
+            text, token_ids = text[req.num_sent_chars :], token_ids[req.num_sent_tokens :]
+            logprobs = None if logprobs is None else logprobs[req.num_sent_tokens :]
+            req.num_sent_chars += len(text)
+            req.num_sent_tokens += len(token_ids)
+        cumulative = req.cumulative_logprob if logprobs is not None else None
+        return CompletionOutput(index, text, token_ids, cumulative, logprobs, req.finish_reason, req.stop_reason)
 
     def _output(self, req: Request | ParentRequest) -> RequestOutput:
         """The caller's output of a request: its one completion, or a parent's n (the prompt's facts are the first
@@ -528,8 +533,10 @@ class LLMEngine:
 
     @staticmethod
     def _prompt_logprobs(req: Request) -> list | None:
-        if req.sampling_params.prompt_logprobs is None:
+        """The prompt's logprobs where asked; a DELTA stream's first output alone carries them."""
+        if req.sampling_params.prompt_logprobs is None or req.sent_prompt_logprobs:
             return None
+        req.sent_prompt_logprobs = req.stream and req.sampling_params.output_kind == RequestOutputKind.DELTA
         return list(req.prompt_logprobs or [None] * req.num_prompt_tokens)
 
     def _state_report(self, req: Request) -> StateReport | None:

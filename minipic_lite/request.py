@@ -86,6 +86,10 @@ class Request:
     logprobs: list[dict[int, Logprob]] = field(default_factory=list)  # per output token, where its params ask
     cumulative_logprob: float = 0.0
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None  # per prompt token, where its params ask
+    # a DELTA stream's (RequestOutputKind): the output tokens and characters of text its outputs carried so far
+    num_sent_tokens: int = 0
+    num_sent_chars: int = 0
+    sent_prompt_logprobs: bool = False
     arrival_time: float = field(default_factory=time.perf_counter)
     first_token_time: float | None = None
     finish_time: float | None = None

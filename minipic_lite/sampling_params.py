@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import enum
 import math
 import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+
+
+class RequestOutputKind(enum.IntEnum):
+    """What a streamed output holds (vLLM's): everything so far, what is new since the last output, or nothing until
+    the final one. `generate()` returns final outputs whatever the kind."""
+
+    CUMULATIVE = 0
+    DELTA = 1
+    FINAL_ONLY = 2
 
 
 @dataclass(frozen=True)
@@ -45,6 +55,9 @@ class SamplingParams:
             a seed, completion i draws with seed + i); they share the prompt's cached blocks.
         truncate_prompt_tokens: None (default): a prompt must fit the context; k >= 1: keep the prompt's last k
             tokens (vLLM's left truncation); -1: as many as fit (the model's context less one token to generate).
+        output_kind: a stream's outputs (`stream()`, `AsyncLLM.generate`): `RequestOutputKind.CUMULATIVE` (default)
+            the text, tokens and logprobs so far; `DELTA` only what is new since the output before (the prompt's
+            logprobs in the first); `FINAL_ONLY` the final output alone.
     """
 
     max_tokens: int = 64
@@ -69,6 +82,7 @@ class SamplingParams:
     detokenize: bool = True  # False: token ids only (text stays ""), e.g. for models without a tokenizer
     n: int = 1  # NOTE: last, not first as in vLLM, so that a positional max_tokens keeps its place
     truncate_prompt_tokens: int | None = None
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
 
     def __post_init__(self):
         for name in ("ignore_eos", "skip_special_tokens", "detokenize", "include_stop_str_in_output"):
@@ -121,6 +135,9 @@ class SamplingParams:
             if self.seed + self.n - 1 > SEED_MAX:  # completion i draws with seed + i
                 raise ValueError(f"seed + n - 1 must be at most 2**64 - 1 (completion i draws with seed + i), "
                                  f"got seed {self.seed!r} and n {self.n!r}")  # fmt: skip
+        if not isinstance(self.output_kind, RequestOutputKind):
+            kinds = ", ".join(kind.name for kind in RequestOutputKind)
+            raise TypeError(f"output_kind must be a RequestOutputKind ({kinds}), got {self.output_kind!r}")
         if self.truncate_prompt_tokens is not None:
             keep = _integer("truncate_prompt_tokens", self.truncate_prompt_tokens, "an int or None")
             if keep < 1 and keep != -1:
