@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import count
 
 import numpy as np
@@ -87,6 +87,13 @@ def find_stop(text: str, stop: Sequence[str], searched: int = 0) -> tuple[int, s
         if i >= 0:
             return i, s
     return None
+
+
+def bad_word_ids(tokenizer, words: tuple[str, ...]) -> tuple[tuple[int, ...], ...]:
+    """The token sequences that spell `words` (vLLM's `bad_words`): each word as it is and after a space (how it
+    reads at a text's start and inside it), each spelling once."""
+    spellings = (spelling for word in words for spelling in (word.lstrip(), " " + word.lstrip()))
+    return tuple(dict.fromkeys(tuple(tokenizer.encode(s, add_special_tokens=False)) for s in spellings))
 
 
 def logprob_entry(row: list[float], token: int, k: int, width: int, decode) -> dict[int, Logprob]:
@@ -186,8 +193,10 @@ class LLMEngine:
         if params.stop_token_ids and max(params.stop_token_ids) >= vocab:  # it could never be sampled
             bad = next(t for t in params.stop_token_ids if t >= vocab)
             raise ValueError(f"stop token id {bad} is outside the vocabulary [0, {vocab}): it can never be generated")
+        bad_word_tokens = [t for word in params.bad_words_token_ids or () for t in word]
         for name, ids in (("logit_bias", [t for t, _ in params.logit_bias or ()]),
-                          ("allowed_token_ids", params.allowed_token_ids or ())):  # fmt: skip
+                          ("allowed_token_ids", params.allowed_token_ids or ()),
+                          ("bad_words_token_ids", bad_word_tokens)):  # fmt: skip
             if ids and max(ids) >= vocab:
                 raise ValueError(f"{name} names token id {max(ids)}, outside the vocabulary [0, {vocab})")
         max_len = self.config.scheduler.max_model_len
@@ -228,6 +237,10 @@ class LLMEngine:
         """
         arrival_time = time.perf_counter() if arrival_time is None else arrival_time
         stream = stream and params.output_kind != RequestOutputKind.FINAL_ONLY
+        if params.bad_words is not None and params.bad_words_token_ids is None:
+            if self.tokenizer is None:
+                raise ValueError("bad_words need the model's tokenizer: give bad_words_token_ids instead")
+            params = replace(params, bad_words_token_ids=bad_word_ids(self.tokenizer, params.bad_words))
         if params.truncate_prompt_tokens is not None:
             token_ids = self._truncated(token_ids, params.truncate_prompt_tokens, require_spans)
         token_ids, data = packed(token_ids)

@@ -373,7 +373,8 @@ class ModelRunner:
             return InFlight(out, prompt_scoring=scoring)
         seqs = [s.seq for s in sampling]
         params = [seq.sampling_params for seq in seqs]
-        counted = any(p.has_penalties or p.min_tokens for p in params)  # NOTE: only these read the rows' tokens
+        # NOTE: only these read the rows' tokens
+        counted = any(p.has_penalties or p.min_tokens or p.bad_words_token_ids for p in params)
         histories = [(seq.token_ids, seq.num_prompt_tokens) for seq in seqs] if counted else None
         model = self.config.model
         batch = self.sampler.prepare([seq.request_id for seq in seqs], params, histories, model.vocab_size,

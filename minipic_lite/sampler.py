@@ -1,6 +1,6 @@
-"""Sampling on the device with no host sync: allowed tokens, logit bias, min_tokens, penalties, greedy, temperature,
-top-k, top-p, min-p and per-request seeds, in HF's order (the allowed set, the bias, the stop tokens blocked and the
-penalties on the raw logits, then temperature, top-k, top-p, min-p).
+"""Sampling on the device with no host sync: allowed tokens, logit bias, bad words, min_tokens, penalties, greedy,
+temperature, top-k, top-p, min-p and per-request seeds, in HF's order (the allowed set, the bias, the bad words and
+the stop tokens blocked and the penalties on the raw logits, then temperature, top-k, top-p, min-p).
 
 Sampling from softmax(l) is argmax(softmax(l) / E) with E ~ Exponential(1) (the "exponential race" form of
 the Gumbel-max trick): one elementwise op and an argmax, no multinomial and no `.item()`.
@@ -205,6 +205,48 @@ class TokenRules:
 
 
 @dataclass(slots=True)
+class BadWords:
+    """Each row's bad words (`SamplingParams.bad_words_token_ids`) as (row, word) pairs on the device: a word's last
+    token gets a logit of -inf where the row's output ends with the word's tokens before it. `recent` holds each row's
+    last W output tokens and takes each sample on the device (a burst's later steps need no host sync).
+
+        word " the cat" = [279, 2644]:  prefix [-1, ..., -1, 279] (-1: any), last 2644
+        recent (W = 3):  [-2, -2, 279]  (-2: before the output's start, matching no token)  ->  2644 blocked
+    """
+
+    rows: torch.Tensor  # (P,) long
+    prefixes: torch.Tensor  # (P, W) long: each word's tokens before its last, right-aligned, -1 where none
+    last: torch.Tensor  # (P,) long: each word's last token
+    recent: torch.Tensor  # (N, W) long: each row's last W output tokens, -2 before its first
+
+    @classmethod
+    def build(cls, params: list[SamplingParams], histories: list[tuple[list[int], int]], device):
+        """histories: each row's token ids and how many of them are its prompt (vLLM matches the output alone).
+        One copy to the device."""
+        pairs = [(row, word) for row, p in enumerate(params) for word in p.bad_words_token_ids or ()]
+        width = max(len(word) for _, word in pairs) - 1
+        prefixes = [[-1] * (width - len(word) + 1) + list(word[:-1]) for _, word in pairs]
+        recent = [([-2] * width + token_ids[num_prompt:])[len(token_ids) - num_prompt :]
+                  for token_ids, num_prompt in histories]  # fmt: skip
+        flat = _to_device([row for row, _ in pairs] + [word[-1] for _, word in pairs]
+                          + [t for prefix in prefixes for t in prefix] + [t for r in recent for t in r],
+                          torch.long, device)  # fmt: skip
+        rows, last, prefixes_t, recent_t = flat.split([len(pairs), len(pairs), len(pairs) * width, len(params) * width])
+        return cls(rows, prefixes_t.view(len(pairs), width), last, recent_t.view(len(params), width))
+
+    def __call__(self, logits: torch.Tensor) -> torch.Tensor:
+        """`logits` [N, V] float32 with each word whose prefix the output ends with blocked (a new tensor)."""
+        hit = ((self.recent[self.rows] == self.prefixes) | (self.prefixes == -1)).all(dim=-1)  # (P,)
+        blocked = torch.where(hit, -math.inf, 0.0)
+        return logits.index_put((self.rows, self.last), blocked, accumulate=True)  # NOTE: a token blocked twice
+
+    def advance(self, tokens: torch.Tensor) -> None:
+        """Take the tokens just sampled [N] into each row's recent tokens (on the device)."""
+        if self.recent.shape[1]:
+            self.recent.copy_(torch.cat([self.recent[:, 1:], tokens[:, None]], dim=1))
+
+
+@dataclass(slots=True)
 class MinTokens:
     """Rows that may not stop yet (`SamplingParams.min_tokens`): their stop tokens (end-of-sequence unless
     `ignore_eos`, and `stop_token_ids`) get a logit of -inf while `remaining` > 0, which counts down on the device at
@@ -250,6 +292,7 @@ class SamplingBatch:
     penalties: Penalties | None = None  # None: no row has a penalty
     min_tokens: MinTokens | None = None  # None: every row may stop
     token_rules: TokenRules | None = None  # None: no row has a logit bias or an allowed set
+    bad_words: BadWords | None = None  # None: no row has bad words
     num_logprobs: int | None = None  # the most top logprobs a row asks for; None: no row asks
 
 
@@ -304,12 +347,17 @@ class Sampler:
         eos_token_ids: Sequence[int] = (),
     ) -> SamplingBatch:
         """The batch's parameters on the device. `histories` (each row's token ids and its prompt's length) and
-        `vocab` are read where a row has a penalty or `min_tokens`, `eos_token_ids` where it has `min_tokens`."""
+        `vocab` are read where a row has a penalty, bad words or `min_tokens`, `eos_token_ids` where it has
+        `min_tokens`."""
         batch = SamplingBatch(request_ids, params, all(p.is_greedy for p in params))
         if any(p.has_token_rules for p in params):
             if vocab is None:
                 raise ValueError("a logit bias or an allowed set needs the vocabulary's size")
             batch.token_rules = TokenRules.build(params, vocab, self.device)
+        if any(p.bad_words_token_ids for p in params):
+            if histories is None:
+                raise ValueError("bad words need each row's token ids")
+            batch.bad_words = BadWords.build(params, histories, self.device)
         if any(p.min_tokens for p in params):
             if histories is None:
                 raise ValueError("min_tokens needs each row's token ids")
@@ -353,6 +401,9 @@ class Sampler:
         if batch.token_rules is not None:
             logits = batch.token_rules(logits)
             greedy_tokens = None  # NOTE: the graph's argmax was of the logits before the rules
+        if batch.bad_words is not None:
+            logits = batch.bad_words(logits.float())
+            greedy_tokens = None  # NOTE: the graph's argmax was of the logits before the words were blocked
         if batch.min_tokens is not None:
             logits = batch.min_tokens(logits)
             greedy_tokens = None  # NOTE: the graph's argmax was of the logits before the stop tokens were blocked
@@ -364,6 +415,8 @@ class Sampler:
         tokens = greedy_tokens if batch.is_all_greedy else self._sample(logits, batch, greedy_tokens)
         if batch.penalties is not None:
             batch.penalties.count(tokens)
+        if batch.bad_words is not None:
+            batch.bad_words.advance(tokens)
         return tokens
 
     def _sample(self, logits: torch.Tensor, batch: SamplingBatch, greedy_tokens: torch.Tensor) -> torch.Tensor:

@@ -55,6 +55,10 @@ class SamplingParams:
             a seed, completion i draws with seed + i); they share the prompt's cached blocks.
         truncate_prompt_tokens: None (default): a prompt must fit the context; k >= 1: keep the prompt's last k
             tokens (vLLM's left truncation); -1: as many as fit (the model's context less one token to generate).
+        bad_words: words that may not be generated (vLLM's): each word, and the word after a space, as the
+            tokenizer spells them; a word's last token is blocked where the output ends with its tokens before it.
+        bad_words_token_ids: the token sequences `bad_words` block, filled in by the engine with the model's
+            tokenizer (or given: each a non-empty sequence of token ids).
         output_kind: a stream's outputs (`stream()`, `AsyncLLM.generate`): `RequestOutputKind.CUMULATIVE` (default)
             the text, tokens and logprobs so far; `DELTA` only what is new since the output before (the prompt's
             logprobs in the first); `FINAL_ONLY` the final output alone.
@@ -83,6 +87,8 @@ class SamplingParams:
     n: int = 1  # NOTE: last, not first as in vLLM, so that a positional max_tokens keeps its place
     truncate_prompt_tokens: int | None = None
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    bad_words: tuple[str, ...] | None = None
+    bad_words_token_ids: tuple[tuple[int, ...], ...] | None = None
 
     def __post_init__(self):
         for name in ("ignore_eos", "skip_special_tokens", "detokenize", "include_stop_str_in_output"):
@@ -138,6 +144,19 @@ class SamplingParams:
         if not isinstance(self.output_kind, RequestOutputKind):
             kinds = ", ".join(kind.name for kind in RequestOutputKind)
             raise TypeError(f"output_kind must be a RequestOutputKind ({kinds}), got {self.output_kind!r}")
+        if self.bad_words is not None:
+            words = _sequence("bad_words", (self.bad_words,) if isinstance(self.bad_words, str) else self.bad_words)
+            if not words or any(not isinstance(w, str) or not w.strip() for w in words):
+                raise ValueError(f"bad_words must be non-empty words (or None), got {self.bad_words!r}")
+            object.__setattr__(self, "bad_words", words)
+        if self.bad_words_token_ids is not None:
+            sequences = tuple(
+                tuple(_token_id("bad_words_token_ids", t) for t in _sequence("bad_words_token_ids", seq))
+                for seq in _sequence("bad_words_token_ids", self.bad_words_token_ids)
+            )
+            if any(not seq for seq in sequences):
+                raise ValueError("bad_words_token_ids must hold non-empty sequences of token ids")
+            object.__setattr__(self, "bad_words_token_ids", sequences)
         if self.truncate_prompt_tokens is not None:
             keep = _integer("truncate_prompt_tokens", self.truncate_prompt_tokens, "an int or None")
             if keep < 1 and keep != -1:

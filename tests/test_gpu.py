@@ -2,6 +2,7 @@
 
 import os
 import re
+from dataclasses import replace
 
 import pytest
 import torch
@@ -184,6 +185,26 @@ def test_logit_bias_and_allowed_tokens_through_graph_bursts_give_the_eager_token
     outs = graphs.generate(prompts, params, use_tqdm=False)
     assert [o.token_ids for o in outs] == [o.token_ids for o in eager.generate(prompts, params, use_tqdm=False)]
     assert plain[0].token_ids[0] not in outs[0].token_ids and set(outs[1].token_ids) <= set(range(100, 300))
+    assert graphs.engine.stats.num_continuations > 0
+
+
+def test_bad_words_through_graph_bursts_give_the_eager_tokens(tiny_dir):
+    """A word's recent tokens taken on the device at every step of bursts and continuations: the eager tokens, and
+    no blocked pair in the output."""
+    kwargs = dict(device="cuda", dtype="float32", max_model_len=256, max_num_seqs=8, num_blocks=256)
+    graphs = mp.LLM(str(tiny_dir), num_scheduler_steps=8, async_scheduling=True, **kwargs)
+    eager = mp.LLM(str(tiny_dir), enforce_eager=True, num_scheduler_steps=1, async_scheduling=False, **kwargs)
+    gen = torch.Generator().manual_seed(23)
+    prompts = [torch.randint(6, 512, (n,), generator=gen).tolist() for n in (15, 40)]
+    greedy = mp.SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    plain = eager.generate(prompts, greedy, use_tqdm=False)
+    words = [[o.token_ids[5], o.token_ids[6]] for o in plain]  # a pair each output holds, mid-burst
+    params = [replace(greedy, bad_words_token_ids=(tuple(w),)) for w in words]
+    outs = graphs.generate(prompts, params, use_tqdm=False)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in eager.generate(prompts, params, use_tqdm=False)]
+    for out, word in zip(outs, words, strict=True):
+        assert tuple(word) not in set(zip(out.token_ids, out.token_ids[1:], strict=False))
+    assert [o.token_ids for o in outs] != [o.token_ids for o in plain]
     assert graphs.engine.stats.num_continuations > 0
 
 
