@@ -14,7 +14,7 @@
 # then off, then its GPU test), skinny60 (off and on alternated twice, the GPU test, the engine's decode off and
 # on), skinny61 (skinny60's last three), confirm61 (the row with the default routes in three processes, then the GPU
 # tests), decode1 (issue 13's batch-1 decode over 8k-32k keys: op, keys as stored, SDPA), confirm64 (confirm61's
-# three processes, then decode1; the GPU tests need no H200), next93s (only 200 ms after), next93b (the GPU tests), rag, ragphase, rag0, offload,
+# three processes, then decode1, then the GPU tests where time is left), next93s (only 200 ms after), next93b (the GPU tests), rag, ragphase, rag0, offload,
 # spans (uncached span scaling), host, hostdiag, splits, read, readprof (with ncu), readfloor, engineread, mixed,
 # smallkernels, gemm, skinny, l2, handoff, aftereffect, prefill (engine prefill vs transformers), engine (gpu_engine:
 # decode, prefill, profile), decode (the engine's decode, default schedule), ttftab / decodeab (.base's tree beside this
@@ -163,6 +163,7 @@ if want decode1 || want confirm64; then  # issue 13's open goal as the tree stan
     # against keys as stored (no rotation) and SDPA's default backend, each case's defaults only (no sweep)
     fits 150 && step decode1 150 env READ_SWEEP=0 python3 bench/gpu_read_profile.py --out "$OUT" \
         --cases b1x8k,b1x16k,b1x32k,b1x8k_cold
+    want confirm64 && fits 120 && step gpu_tests 120 $GPU_TESTS  # NOTE: 63 s on an H100 with the carried cache
 fi
 if want next93s; then  # next93's second half alone (the first prompt 200 ms after its documents): fits ~300 s of device
     step ttft_settle 150 python3 $TTFT_8X2048 --settle-ms 200 --tag=-next93
