@@ -49,6 +49,17 @@ def test_cpu_tiles_give_the_rows_of_one_pass(monkeypatch):
 whole_pass = sampler._token_logprobs
 
 
+def test_a_row_larger_than_a_cpu_tile_is_a_tile_of_its_own(monkeypatch):
+    """A row of more logprobs than CPU_TILE_BYTES holds still goes: one row a tile, giving what one pass gives."""
+    logits = torch.randn(3, 64, generator=torch.Generator().manual_seed(2)) * 3
+    tokens = torch.tensor([1, 63, 7])
+    whole = token_logprobs(logits, tokens, 2)
+    monkeypatch.setattr(sampler, "CPU_TILE_BYTES", 4 * 64 - 1)  # a byte short of one row
+    calls = []
+    monkeypatch.setattr(sampler, "_token_logprobs", lambda x, t, k: calls.append(len(x)) or whole_pass(x, t, k))
+    assert torch.equal(token_logprobs(logits, tokens, 2), whole) and calls == [1, 1, 1]
+
+
 @pytest.fixture(scope="module")
 def hf_steps(llm, hf_model):
     """transformers' greedy tokens and the float32 log-softmax of its logits at each of them, a prompt at a time."""

@@ -50,6 +50,12 @@ def test_completion_i_draws_with_seed_plus_i_and_the_seeds_must_stay_64_bit():
         mp.SamplingParams(n=3, seed=2**64 - 2)
 
 
+def test_a_seed_of_zero_is_a_seed_and_completion_i_draws_with_seed_i():
+    """Seed 0 is a seed like any other (not "no seed"): completion i of n draws with seed 0 + i."""
+    params = mp.SamplingParams(n=3, seed=0, temperature=0.5)
+    assert [params.child(i).seed for i in range(3)] == [0, 1, 2]
+
+
 def test_an_output_built_with_one_completion_lists_it_in_outputs():
     metrics = mp.RequestMetrics(arrival_time=0.0)
     out = mp.RequestOutput("r", None, [1], "hi", [5, 6], 0, True, "stop", metrics, stop_reason=6)
