@@ -267,15 +267,14 @@ class LLMEngine:
     def _truncated(self, token_ids: list[int] | Prompt, keep: int, require_spans: bool) -> list[int] | Prompt:
         """The prompt's last `keep` tokens (-1: as many as leave one token to generate); a prompt with span markers
         where they take effect is refused a cut (its spans would lose their blocks' alignment)."""
-        if keep == -1:
-            keep = self.config.scheduler.max_model_len - 1
+        asked, keep = keep, self.config.scheduler.max_model_len - 1 if keep == -1 else keep
         if len(token_ids) <= keep:
             return token_ids
         cache, control = self.config.cache, self.config.control
         markers = {control.ssep_id, control.pdep_id} - {None} if cache.position_free or cache.rerotate_spans else set()
         if require_spans or isinstance(token_ids, Prompt) or not markers.isdisjoint(token_ids):
             raise ValueError(
-                f"truncate_prompt_tokens={keep} would cut a prompt with span markers ({len(token_ids)} tokens): "
+                f"truncate_prompt_tokens={asked} would cut a prompt with span markers ({len(token_ids)} tokens): "
                 "its spans would lose their alignment to the KV blocks; shorten its pieces instead"
             )
         return list(token_ids[-keep:])
