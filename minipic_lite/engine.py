@@ -237,10 +237,11 @@ class LLMEngine:
         """
         arrival_time = time.perf_counter() if arrival_time is None else arrival_time
         stream = stream and params.output_kind != RequestOutputKind.FINAL_ONLY
-        if params.bad_words is not None and params.bad_words_token_ids is None:
+        if params.bad_words is not None:  # NOTE: beside any token sequences given: both are blocked
             if self.tokenizer is None:
                 raise ValueError("bad_words need the model's tokenizer: give bad_words_token_ids instead")
-            params = replace(params, bad_words_token_ids=bad_word_ids(self.tokenizer, params.bad_words))
+            spelled = (*(params.bad_words_token_ids or ()), *bad_word_ids(self.tokenizer, params.bad_words))
+            params = replace(params, bad_words_token_ids=tuple(dict.fromkeys(spelled)))
         if params.truncate_prompt_tokens is not None:
             token_ids = self._truncated(token_ids, params.truncate_prompt_tokens, require_spans)
         token_ids, data = packed(token_ids)

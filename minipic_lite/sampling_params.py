@@ -57,8 +57,8 @@ class SamplingParams:
             tokens (vLLM's left truncation); -1: as many as fit (the model's context less one token to generate).
         bad_words: words that may not be generated (vLLM's): each word, and the word after a space, as the
             tokenizer spells them; a word's last token is blocked where the output ends with its tokens before it.
-        bad_words_token_ids: the token sequences `bad_words` block, filled in by the engine with the model's
-            tokenizer (or given: each a non-empty sequence of token ids).
+        bad_words_token_ids: token sequences blocked as `bad_words`' are (each a non-empty sequence of token ids);
+            the engine adds the words' own, spelled by the model's tokenizer.
         output_kind: a stream's outputs (`stream()`, `AsyncLLM.generate`): `RequestOutputKind.CUMULATIVE` (default)
             the text, tokens and logprobs so far; `DELTA` only what is new since the output before (the prompt's
             logprobs in the first); `FINAL_ONLY` the final output alone.

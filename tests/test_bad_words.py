@@ -4,6 +4,7 @@ tokens against transformers' `generate(bad_words_ids=...)` on the real weights (
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -51,6 +52,11 @@ def test_the_sampler_never_draws_a_blocked_token_and_counts_its_own_samples():
     assert not ((drawn[:, :-1] == 5) & (drawn[:, 1:] == 6)).any() and (drawn == 5).any() and (drawn == 6).any()
 
 
+def test_bad_words_without_the_rows_token_ids_are_an_error():
+    with pytest.raises(ValueError, match="bad words need each row's token ids"):
+        Sampler(CPU).prepare(["0"], [mp.SamplingParams(bad_words_token_ids=[[5]])], None, 10)
+
+
 def test_each_word_is_blocked_as_spelled_alone_and_after_a_space(llm):
     tok = llm.tokenizer
     ids = bad_word_ids(tok, ("Red", " blue moon"))
@@ -67,6 +73,8 @@ def test_each_word_is_blocked_as_spelled_alone_and_after_a_space(llm):
         ({"bad_words_token_ids": [[]]}, "bad_words_token_ids must hold non-empty sequences"),
         ({"bad_words_token_ids": [[1, -2]]}, "bad_words_token_ids must hold non-negative int token ids"),
         ({"bad_words": 5}, "bad_words must be a sequence"),
+        ({"bad_words": ["ok", " "]}, "bad_words must be non-empty words"),
+        ({"bad_words": ["ok", 5]}, "bad_words must be non-empty words"),
     ],
 )
 def test_bad_words_that_are_not_words_are_an_error_naming_the_field(kwargs, error):
@@ -74,10 +82,40 @@ def test_bad_words_that_are_not_words_are_an_error_naming_the_field(kwargs, erro
         mp.SamplingParams(**kwargs)
 
 
+def test_bad_words_come_back_as_tuples_and_one_string_is_one_word():
+    """A string is one word (not its letters); the words and the token id sequences are kept as tuples of str / int."""
+    assert mp.SamplingParams(bad_words="Red").bad_words == ("Red",)
+    assert mp.SamplingParams(bad_words=["Red", " blue"]).bad_words == ("Red", " blue")
+    params = mp.SamplingParams(bad_words_token_ids=[[1, 2], (np.int64(3),)])
+    assert params.bad_words_token_ids == ((1, 2), (3,)) and type(params.bad_words_token_ids[1][0]) is int
+
+
+def test_a_word_given_twice_or_with_its_space_is_one_spelling_each(llm):
+    tok = llm.tokenizer
+    spelled = [tuple(tok.encode(s, add_special_tokens=False)) for s in ("Red", " Red")]
+    assert bad_word_ids(tok, ("Red", " Red", "Red")) == tuple(spelled)
+
+
+def test_a_graphs_argmax_of_a_blocked_token_is_not_taken():
+    """A greedy row given its argmax (a CUDA graph's, of the logits before the words were blocked) draws the next."""
+    sampler = Sampler(CPU)
+    batch = sampler.prepare(["0"], [mp.SamplingParams(temperature=0.0, bad_words_token_ids=[[4]])], [([1], 1)], 10)
+    logits = torch.zeros(1, 10)
+    logits[0, 4], logits[0, 7] = 5.0, 3.0
+    assert sampler(logits, batch, greedy_tokens=torch.tensor([4])).tolist() == [7]
+
+
 def test_bad_word_ids_outside_the_vocabulary_are_an_error(llm):
     vocab = llm.config.model.vocab_size
     with pytest.raises(ValueError, match=f"bad_words_token_ids names token id {vocab}, outside the vocabulary"):
         llm.generate("Hi", mp.SamplingParams(bad_words_token_ids=[[1, vocab]]), use_tqdm=False)
+
+
+def test_a_bad_words_first_token_outside_the_vocabulary_is_an_error_too(llm):
+    """Every token of a word is checked, not its last alone."""
+    vocab = llm.config.model.vocab_size
+    with pytest.raises(ValueError, match=f"bad_words_token_ids names token id {vocab}, outside the vocabulary"):
+        llm.generate("Hi", mp.SamplingParams(bad_words_token_ids=[[vocab, 1]]), use_tqdm=False)
 
 
 def test_bad_words_without_a_tokenizer_are_an_error_and_token_ids_work(tmp_path):
@@ -123,11 +161,14 @@ def test_greedy_tokens_are_transformers_with_the_same_bad_words(llm, hf_model, s
     assert ours.token_ids == hf_greedy(hf_model, out.prompt_token_ids, words, 40)
 
 
-def test_a_words_text_is_never_generated(llm, story):
+def test_a_words_text_is_never_generated_also_beside_given_token_ids(llm, story):
+    """`bad_words` alone, and beside `bad_words_token_ids` (both blocked: the words were once dropped there)."""
     out, _ = story
     word = out.text.split()[2].strip(".,!?\"'")
-    (ours,) = llm.generate(CHAT, mp.SamplingParams(max_tokens=40, temperature=0.0, bad_words=[word]), use_tqdm=False)
-    assert word in out.text and f" {word}" not in ours.text and not ours.text.startswith(word)
+    for given in (None, [[5]]):
+        params = mp.SamplingParams(max_tokens=40, temperature=0.0, bad_words=[word], bad_words_token_ids=given)
+        (ours,) = llm.generate(CHAT, params, use_tqdm=False)
+        assert word in out.text and f" {word}" not in ours.text and not ours.text.startswith(word)
 
 
 def test_each_of_n_completions_keeps_its_own_recent_tokens(llm, story):

@@ -4,6 +4,7 @@ oracle), the template's switches and keywords, and bad conversations refused by 
 import pytest
 
 import minipic_lite as mp
+from tests.conftest import save_tiny_llama
 
 GREEDY = mp.SamplingParams(max_tokens=6, temperature=0.0)
 ASK = [{"role": "user", "content": "Name a color."}]
@@ -53,3 +54,13 @@ def test_a_bad_conversation_is_refused_by_index_and_nothing_runs(llm):
     with pytest.raises(TypeError, match="conversation 1: chat\\(\\) takes lists of message dicts"):
         llm.chat([ASK, "plain text"], GREEDY, use_tqdm=False)
     assert llm.stats()["num_computed_tokens"] == before
+
+
+def test_chat_without_a_tokenizer_is_an_error_naming_the_template(tmp_path):
+    tiny = mp.LLM(str(save_tiny_llama(tmp_path, vocab_size=64)), device="cpu", dtype="float32", max_model_len=64)
+    try:
+        assert tiny.get_tokenizer() is None
+        with pytest.raises(ValueError, match="has no tokenizer: chat\\(\\) needs its chat template"):
+            tiny.chat(ASK, GREEDY, use_tqdm=False)
+    finally:
+        tiny.close()

@@ -35,6 +35,14 @@ def test_a_delta_streams_outputs_add_up_to_the_generated_one(llm):
     assert [len(c.token_ids) for c in cumulative] == list(range(1, len(deltas) + 1)), "the default is cumulative"
 
 
+def test_a_cumulative_stream_carries_the_prompts_logprobs_in_every_output(llm):
+    """Each cumulative output is whole, the prompt's logprobs with it (vLLM's), not only in the first."""
+    (whole,) = llm.generate(CHAT, params(max_tokens=3, prompt_logprobs=1), use_tqdm=False)
+    outputs = list(llm.stream(CHAT, params(max_tokens=3, prompt_logprobs=1)))
+    assert len(outputs) == 3 and whole.prompt_logprobs is not None
+    assert [o.prompt_logprobs for o in outputs] == [whole.prompt_logprobs] * 3
+
+
 def test_a_delta_stream_that_stops_at_a_string_adds_up_to_the_cut_text(llm):
     whole = llm.generate(CHAT, params(max_tokens=24), use_tqdm=False)[0].text
     stop = whole.split()[3]  # a word a few tokens in
