@@ -6,6 +6,7 @@ from itertools import pairwise
 
 import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from tokenizers.decoders import DecodeStream
 from transformers import PreTrainedTokenizerFast
 
 import minipic_lite as mp
@@ -138,6 +139,18 @@ def test_held_text_is_decoded_after_a_few_tokens_before_it():
     assert texts == ["The", "The ", "The 東"] and full == ["The", "The \ufffd", "The 東"]
 
 
+def test_held_text_keeps_a_replacement_character_before_its_whole_characters(smollm2):
+    """A lone continuation byte (no UTF-8: '\ufffd' for good) then ' 東' split over byte tokens: the stream holds both
+    back, and the held text keeps the '\ufffd' in front of the space, as the full decode does; only the end's go."""
+    lone = smollm2.convert_tokens_to_ids("Ģ")  # byte 0x80 in the byte-level alphabet
+    ids = [lone, *smollm2.encode(" 東", add_special_tokens=False)]
+    assert smollm2.convert_ids_to_tokens(ids) == ["Ģ", "Ġæ", "Ŀ", "±"]
+    detokenizer = Detokenizer(smollm2, skip_special_tokens=True)
+    texts = [detokenizer.update(ids[:n]) for n in range(1, len(ids) + 1)]
+    assert texts == ["", "\ufffd ", "\ufffd ", "\ufffd 東"] and detokenizer.is_incremental
+    assert [smollm2.decode(ids[:n]) for n in (2, 4)] == ["\ufffd \ufffd", "\ufffd 東"]
+
+
 def test_full_decodes_after_the_fallback_start_after_the_prompt_and_leave_out_an_incomplete_character():
     texts, full = pieces_read(["▁The", "<0x24>", "<0xC3>", "▁end", "<0xE6>"], first=1, reads=[2, 3, 4, 5])
     assert texts == ["$", "$", "\ufffd\ufffd end", "\ufffd\ufffd end"]  # the fallback from the 3rd read
@@ -245,3 +258,24 @@ def test_a_streamed_request_with_stop_strings_decodes_its_whole_output_once(llm,
     assert counting.calls[-1] == 16 and all(n <= CONTEXT_TOKENS + 3 for n in counting.calls[:-1]), counting.calls
     assert all(b.text.startswith(a.text) for a, b in pairwise(outputs))
     assert outputs[-1].text == llm.tokenizer.decode(outputs[-1].token_ids, skip_special_tokens=True)
+
+
+def test_a_request_keeps_one_decode_stream_and_feeds_it_each_output_token_once(llm, monkeypatch):
+    """The engine keeps a request's detokenizer across steps: one `DecodeStream`, fed each new token once (a fresh
+    one a step would read the whole output again, O(length²) per answer, with the same text)."""
+    streams, fed = [], []
+
+    class CountingDecodeStream:
+        def __init__(self, **kwargs):
+            self.stream = DecodeStream(**kwargs)
+            streams.append(self)
+
+        def step(self, backend, ids):
+            fed.append(len(ids))
+            return self.stream.step(backend, ids)
+
+    monkeypatch.setattr("minipic_lite.detokenizer.DecodeStream", CountingDecodeStream)
+    params = mp.SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True, stop=["\x00"])
+    outputs = list(llm.stream("Tell me about caches.", params))
+    assert len(outputs[-1].token_ids) == 16 and outputs[-1].finished
+    assert (len(streams), fed) == (1, [1] * 16)

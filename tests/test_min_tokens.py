@@ -183,8 +183,12 @@ def test_min_tokens_may_equal_max_tokens_and_then_gives_them_all(llm):
     assert not set(out.token_ids) & set(llm.config.model.eos_token_ids)
 
 
-def test_a_stop_string_in_the_text_of_the_min_tokens_th_token_is_not_taken(llm):
-    """As vLLM: the text is looked at from token min_tokens + 1 on (its new characters), not at token min_tokens."""
+@pytest.mark.parametrize("full_decode", [False, True], ids=["incremental", "full-decode"])
+def test_a_stop_string_in_the_text_of_the_min_tokens_th_token_is_not_taken(llm, monkeypatch, full_decode):
+    """As vLLM: the text is looked at from token min_tokens + 1 on (its new characters), not at token min_tokens;
+    also where the detokenizer decodes in full and tells no kept text (the stop string ends the min_tokens' text)."""
+    if full_decode:
+        monkeypatch.setattr("minipic_lite.detokenizer.DecodeStream", NoDecodeStream)
     prompt, stop = "1, 2, 3, 4,", ","
     plain = llm.generate(prompt, mp.SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True), use_tqdm=False)
     tokens, decode = plain[0].token_ids, llm.tokenizer.decode
@@ -194,3 +198,16 @@ def test_a_stop_string_in_the_text_of_the_min_tokens_th_token_is_not_taken(llm):
     out = llm.generate(prompt, params, use_tqdm=False)[0]
     assert (out.text, out.finish_reason, out.stop_reason) == (full[: full.index(stop, early)], "stop", stop)
     assert out.text.count(stop) == decode(tokens[:min_tokens]).count(stop) >= 1
+    assert decode(tokens[:min_tokens]).endswith(stop)  # what a search one character early would take
+
+
+def test_the_engine_takes_no_stop_token_before_min_tokens_even_one_the_sampler_let_through(llm, monkeypatch):
+    """The engine's own check: with the sampler's block of stop tokens patched out, EOS sampled at once still ends
+    nothing before min_tokens (greedy, the story prompt ends at once without min_tokens)."""
+    monkeypatch.setattr(MinTokens, "__call__", lambda self, logits: logits)
+    plain = llm.generate(STORY, mp.SamplingParams(max_tokens=5, temperature=0.0), use_tqdm=False)[0]
+    assert (len(plain.token_ids), plain.finish_reason) == (1, "stop")
+    params = mp.SamplingParams(max_tokens=5, temperature=0.0, min_tokens=5)
+    out = llm.generate(STORY, params, use_tqdm=False)[0]
+    assert (len(out.token_ids), out.finish_reason, out.stop_reason) == (5, "length", None)
+    assert out.token_ids[0] == plain.token_ids[0]  # the stop token came and was kept as a plain token

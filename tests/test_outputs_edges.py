@@ -36,3 +36,18 @@ def test_an_output_built_with_the_required_fields_only_has_no_stop_reason_nor_re
 
     out = RequestOutput("0", None, [1, 2], "", [], 0, False, None, RequestMetrics(arrival_time=0.0))
     assert (out.stop_reason, out.cache_report, out.state_report) == (None, [], None)
+
+
+def test_an_output_built_without_completions_lists_one_that_carries_every_flattened_field():
+    """`outputs` left empty: its one completion is index 0 with the flattened text, tokens, logprobs, cumulative
+    logprob, finish and stop reasons."""
+    from minipic_lite.outputs import CompletionOutput, Logprob, RequestOutput
+
+    logprobs = [{5: Logprob(-0.5, 1, "a")}, {6: Logprob(-1.0, 2, "b"), 7: Logprob(-0.25, 1, "c")}]
+    metrics = RequestMetrics(arrival_time=0.0)
+    out = RequestOutput(
+        "0", None, [1], "ab", [5, 6], 0, True, "stop", metrics, stop_reason="b", logprobs=logprobs,
+        cumulative_logprob=-1.5,
+    )  # fmt: skip
+    assert out.outputs == [CompletionOutput(0, "ab", [5, 6], -1.5, logprobs, "stop", "b")]
+    assert out.outputs[0].logprobs is out.logprobs and out.outputs[0].finished()

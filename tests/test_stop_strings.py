@@ -110,6 +110,7 @@ def test_a_streamed_output_never_shows_its_stop_string(engine, where, llm, burst
         ("Paris", ["Paris is"], ""),
         ("caf\ufffd", [], "caf"),  # an incomplete character's bytes: the next token may complete them
         ("caf\ufffd\ufffd", ["é!"], "caf"),
+        ("\ufffd\ufffd end\ufffd", [], "\ufffd\ufffd end"),  # no-UTF-8 bytes at the start stay; only the end's go
     ],
 )
 def test_an_unfinished_output_shows_only_what_its_final_text_keeps(text, stop, shown):
